@@ -1,0 +1,283 @@
+"""Deterministic, seeded session splits for continual visual search (pure numpy).
+
+Classes are relabelled to *protocol labels* (position in ``class_order``), so session 0 owns
+labels ``0..S-1`` and session t >= 1 owns the next C labels, as in the official CVS files.
+
+* **disjoint**: each session holds only its own new classes (all images, or a seeded sample of
+  ``samples_per_new_class`` per class); an old class never returns.
+* **blurry**: every session holds every class. Each class puts ``k`` "minor" images into each
+  of the L-1 sessions that do not own it and the rest of its share into its "major" session, so
+  the minor share per session is ``blurry_minor_percent`` (Rainbow-Memory / CVS blurry-M).
+* **general (S, C, M, L)**: session 0 is S classes x ``samples_per_new_class``; session t >= 1 is
+  C new classes x ``samples_per_new_class`` plus M% old-class data spread evenly over all classes
+  seen before, drawn from images no earlier session used.
+
+Every session pool is then split into train / val, stratified by label (scikit-learn's
+``train_test_split`` arithmetic). No image belongs to two sessions; val images are never trained on.
+See ``shared/spec/reference-implementation.md`` sections 2.2-2.5 for the official counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from fractions import Fraction
+
+import numpy as np
+
+SETUPS = ("disjoint", "blurry", "general")
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a, dtype=np.int64)
+    a.setflags(write=False)
+    return a
+
+
+def _exact(x: float) -> Fraction:
+    """Decimal value the user typed (0.05 -> 1/20), so floors/ceils do not trip on binary noise."""
+    return Fraction(repr(float(x)))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Session:
+    index: int                 # 0-based session number
+    train: np.ndarray          # int64 indices into the TRAIN split: training/gallery images
+    val: np.ndarray            # int64 indices into the TRAIN split: this session's val queries
+    new_classes: np.ndarray    # protocol labels introduced (as major/new classes) in this session
+    num_outputs: int           # classifier rows needed in this session
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SessionPlan:
+    setup: str
+    class_order: np.ndarray    # class_order[p] = ORIGINAL dataset label of protocol label p
+    sessions: tuple[Session, ...]
+
+    @property
+    def num_sessions(self) -> int:
+        return len(self.sessions)
+
+    def _check(self, s: int) -> None:
+        if not 0 <= s < len(self.sessions):
+            raise ValueError(f"session index s={s} out of range; valid: 0..{len(self.sessions) - 1}")
+
+    def to_protocol_labels(self, original_labels: np.ndarray) -> np.ndarray:
+        """Map original dataset labels to protocol labels; classes not in the order map to -1."""
+        labels = np.asarray(original_labels).astype(np.int64, copy=False)
+        top = int(self.class_order.max()) + 1 if self.class_order.size else 0
+        lut = np.full(top, -1, dtype=np.int64)
+        lut[self.class_order] = np.arange(self.class_order.size, dtype=np.int64)
+        out = np.full(labels.shape, -1, dtype=np.int64)
+        ok = (labels >= 0) & (labels < top)
+        out[ok] = lut[labels[ok]]
+        return out
+
+    def seen_classes(self, s: int) -> np.ndarray:
+        """Protocol labels seen up to and including session s (blurry: every session has all)."""
+        self._check(s)
+        if self.setup == "blurry":
+            return np.arange(self.class_order.size, dtype=np.int64)
+        return np.arange(self.sessions[s].num_outputs, dtype=np.int64)
+
+    def val_queries(self, s: int) -> np.ndarray:
+        """Accumulated val queries; blurry uses all sessions' val in every session (official loader)."""
+        self._check(s)
+        last = len(self.sessions) - 1 if self.setup == "blurry" else s
+        return np.sort(np.concatenate([self.sessions[u].val for u in range(last + 1)]))
+
+    def test_queries(self, s: int, test_protocol_labels: np.ndarray) -> np.ndarray:
+        """Indices of test images whose protocol label has been seen by session s."""
+        seen = self.seen_classes(s)
+        labels = np.asarray(test_protocol_labels).astype(np.int64, copy=False)
+        return np.flatnonzero(np.isin(labels, seen)).astype(np.int64)
+
+    def joint_train(self, s: int) -> np.ndarray:
+        """Union of train of sessions 0..s, for the joint-training upper bound (``--jt``)."""
+        self._check(s)
+        return np.sort(np.concatenate([self.sessions[u].train for u in range(s + 1)]))
+
+
+def _largest_remainder(total: int, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Split ``total`` over classes proportionally to ``counts`` (random tie-breaks, like sklearn)."""
+    n = int(counts.sum())
+    if n == 0 or total == 0:
+        return np.zeros_like(counts)
+    scaled = counts.astype(np.int64) * total
+    alloc, rem = scaled // n, scaled % n
+    short = total - int(alloc.sum())
+    if short:
+        tie = rng.permutation(counts.size)
+        order = np.lexsort((tie, -rem))  # largest remainder first, ties random
+        alloc[order[:short]] += 1
+    return alloc
+
+
+def _stratified_split(pool: np.ndarray, plabels: np.ndarray, frac: Fraction,
+                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified train/val split of one session pool; n_val = ceil(frac * len) as in scikit-learn."""
+    n_val = math.ceil(frac * pool.size)
+    if n_val == 0:
+        return np.sort(pool), np.empty(0, np.int64)
+    lab = plabels[pool]
+    classes, inv, counts = np.unique(lab, return_inverse=True, return_counts=True)
+    per_class = _largest_remainder(n_val, counts, rng)
+    perm = rng.permutation(pool.size)
+    perm = perm[np.argsort(inv[perm], kind="stable")]          # grouped by class, random within
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank = np.arange(pool.size) - np.repeat(starts, counts)
+    is_val = rank < np.repeat(per_class, counts)
+    return np.sort(pool[perm[~is_val]]), np.sort(pool[perm[is_val]])
+
+
+def _general_shares(first: int, per: int, L: int, spc: int, m: Fraction) -> list[int]:
+    """Per-old-class image count for each session (index 0 unused): floor(N_new*M/(1-M)/n_old)."""
+    shares = [0]
+    for t in range(1, L):
+        n_old = first + (t - 1) * per
+        shares.append(math.floor(per * spc * m / (1 - m) / n_old))
+    return shares
+
+
+def make_session_plan(train_labels: np.ndarray, *, setup: str, num_sessions: int,
+                      first_classes: int, classes_per_session: int,
+                      old_class_percent: float = 0.0, samples_per_new_class: int | None = None,
+                      blurry_minor_percent: float = 10.0, val_fraction: float = 0.1,
+                      num_classes: int | None = None, shuffle_classes: bool = True,
+                      seed: int = 0) -> SessionPlan:
+    """Cut the train split into ``num_sessions`` sessions (see module docstring).
+
+    ``num_classes``, if given, is the size of the dataset's label space: labels must lie in
+    ``[0, num_classes)``. The class order is a permutation of the classes present in
+    ``train_labels``; only its first ``first_classes + (num_sessions-1)*classes_per_session``
+    entries are used and kept in ``class_order``.
+    """
+    if setup not in SETUPS:
+        raise ValueError(f"setup={setup!r} is unknown; use one of {SETUPS}")
+    if num_sessions < 1:
+        raise ValueError(f"num_sessions={num_sessions} must be >= 1")
+    if first_classes < 1:
+        raise ValueError(f"first_classes={first_classes} must be >= 1")
+    if num_sessions > 1 and classes_per_session < 1:
+        raise ValueError(f"classes_per_session={classes_per_session} must be >= 1 when num_sessions > 1")
+    if not 0 <= old_class_percent < 100:
+        raise ValueError(f"old_class_percent={old_class_percent} must lie in [0, 100)")
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction={val_fraction} must lie in [0, 1)")
+    if samples_per_new_class is not None and samples_per_new_class < 1:
+        raise ValueError(f"samples_per_new_class={samples_per_new_class} must be >= 1 or None")
+    if setup == "blurry":
+        if num_sessions > 1 and first_classes != classes_per_session:
+            raise ValueError(f"blurry needs first_classes ({first_classes}) == classes_per_session "
+                             f"({classes_per_session}); set them equal")
+        if not 0 < blurry_minor_percent < 100:
+            raise ValueError(f"blurry_minor_percent={blurry_minor_percent} must lie in (0, 100) for setup='blurry'")
+
+    labels = np.asarray(train_labels)
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"train_labels must be a 1-D integer array, got shape {labels.shape} dtype {labels.dtype}")
+    labels = labels.astype(np.int64, copy=False)
+    if labels.size and labels.min() < 0:
+        raise ValueError("train_labels must be non-negative original dataset labels")
+    if num_classes is not None and labels.size and labels.max() >= num_classes:
+        raise ValueError(f"num_classes={num_classes} but train_labels contain label {int(labels.max())}; "
+                         f"pass num_classes > max label or None")
+
+    present = np.unique(labels)
+    L, S, C = num_sessions, first_classes, classes_per_session if num_sessions > 1 else 0
+    needed = S + (L - 1) * C
+    if needed > present.size:
+        raise ValueError(f"first_classes + (num_sessions-1)*classes_per_session = {S} + {L - 1}*{C} = {needed} "
+                         f"exceeds the {present.size} classes present; lower num_sessions, first_classes "
+                         f"or classes_per_session")
+
+    ss_order, ss_sample, ss_val = np.random.SeedSequence(seed).spawn(3)
+    order = np.random.default_rng(ss_order).permutation(present) if shuffle_classes else present
+    class_order = _frozen(order[:needed])
+
+    # Protocol labels of the train images and, per used class, its images in a seeded random order.
+    lut = np.full(int(present.max()) + 1, -1, dtype=np.int64)
+    lut[class_order] = np.arange(needed)
+    plabels = lut[labels]
+    perm = np.random.default_rng(ss_sample).permutation(labels.size)
+    perm = perm[plabels[perm] >= 0]
+    perm = perm[np.argsort(plabels[perm], kind="stable")]
+    counts = np.bincount(plabels[perm], minlength=needed)
+    groups = np.split(perm, np.cumsum(counts)[:-1])
+
+    intro = np.concatenate([np.zeros(S, np.int64), np.repeat(np.arange(1, L), C)])  # session of each class
+    if samples_per_new_class is not None and samples_per_new_class > counts.min():
+        p = int(np.argmin(counts))
+        raise ValueError(f"samples_per_new_class={samples_per_new_class} exceeds the {counts[p]} images of "
+                         f"class {int(class_order[p])}; lower samples_per_new_class or pass None")
+
+    pools: list[list[np.ndarray]] = [[] for _ in range(L)]
+    if setup == "disjoint":
+        for p in range(needed):
+            take = counts[p] if samples_per_new_class is None else samples_per_new_class
+            pools[intro[p]].append(groups[p][:take])
+    elif setup == "blurry":
+        b = _exact(blurry_minor_percent) / 100
+        for p in range(needed):
+            n = int(counts[p]) if samples_per_new_class is None else samples_per_new_class
+            if L == 1:
+                k, major = 0, n
+            else:
+                k = math.floor(n * b / (L - 1))
+                major = math.floor(k * (L - 1) * (1 - b) / b + Fraction(1, 2))
+                if k == 0:
+                    raise ValueError(f"class {int(class_order[p])} has {n} images: too few for "
+                                     f"blurry_minor_percent={blurry_minor_percent} over num_sessions={L} "
+                                     f"(need >= {math.ceil((L - 1) / b)}); raise blurry_minor_percent or "
+                                     f"samples_per_new_class, or use fewer sessions")
+            g = groups[p]
+            pools[intro[p]].append(g[:major])
+            pos = major
+            for u in range(L):
+                if u != intro[p]:
+                    pools[u].append(g[pos:pos + k])
+                    pos += k
+    else:  # general
+        m = _exact(old_class_percent) / 100
+
+        def need(spc: int) -> np.ndarray:
+            later = np.cumsum(_general_shares(S, C, L, spc, m)[::-1])[::-1]   # sum of shares t..L-1
+            tail = np.append(later[1:], 0)                                       # shares after intro
+            return spc + tail[intro]
+
+        spc = samples_per_new_class
+        if spc is None:
+            spc = int(counts.min())
+            while spc > 0 and np.any(need(spc) > counts):
+                spc -= 1
+            if spc == 0:
+                raise ValueError(f"no samples_per_new_class >= 1 fits old_class_percent={old_class_percent} "
+                                 f"with the available images; lower old_class_percent")
+        short = np.flatnonzero(need(spc) > counts)
+        if short.size:
+            p = int(short[0])
+            raise ValueError(f"class {int(class_order[p])} needs {int(need(spc)[p])} images (samples_per_new_class="
+                             f"{spc} plus later old-class shares at old_class_percent={old_class_percent}) but has "
+                             f"{counts[p]}; lower samples_per_new_class or old_class_percent, or pass "
+                             f"samples_per_new_class=None")
+        shares = _general_shares(S, C, L, spc, m)
+        for p in range(needed):
+            g = groups[p]
+            pools[intro[p]].append(g[:spc])
+            pos = spc
+            for u in range(intro[p] + 1, L):
+                pools[u].append(g[pos:pos + shares[u]])
+                pos += shares[u]
+
+    frac = _exact(val_fraction)
+    val_rng = np.random.default_rng(ss_val)
+    sessions = []
+    for t in range(L):
+        pool = np.concatenate(pools[t]) if pools[t] else np.empty(0, np.int64)
+        train, val = _stratified_split(pool, plabels, frac, val_rng)
+        lo = 0 if t == 0 else S + (t - 1) * C
+        hi = S if t == 0 else lo + C
+        outputs = needed if setup == "blurry" else hi
+        sessions.append(Session(index=t, train=_frozen(train), val=_frozen(val),
+                                new_classes=_frozen(np.arange(lo, hi)), num_outputs=outputs))
+    return SessionPlan(setup=setup, class_order=class_order, sessions=tuple(sessions))

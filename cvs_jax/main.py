@@ -1,0 +1,34 @@
+"""Entry point: ``python -m cvs_jax.main --config configs/<name>.py --workdir DIR``.
+
+Any config field can be overridden with ``--config.<key>=<value>``; an unknown key
+is refused by ml_collections before anything runs.  Rerunning the same command
+resumes after the last completed session.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from cvs_jax import trainer
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/<name>.py file.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, gallery, metrics and results.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    try:
+        trainer.run(_CONFIG.value, _WORKDIR.value)
+    except (ValueError, FileNotFoundError, FloatingPointError) as e:
+        # Configuration and data problems: one clear message, no traceback.
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,30 @@
+"""Registry of methods: one place that maps ``config.method`` to its definition."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import ml_collections
+
+from cvs_jax.methods.base import Method, StepInputs
+from cvs_jax.methods.cvs import make_cvs
+
+FINETUNE = Method(name="finetune", description="lower bound: L_c only, no replay, no re-extraction")
+JOINT = Method(name="joint", train_on="cumulative", reextract_gallery=True,
+               description="upper bound: trains on all data seen so far (warm start) and re-embeds the gallery")
+
+METHODS: dict[str, Callable[[ml_collections.ConfigDict], Method]] = {
+    "finetune": lambda config: FINETUNE,
+    "joint": lambda config: JOINT,
+    "cvs": make_cvs,
+}
+
+
+def get_method(config: ml_collections.ConfigDict) -> Method:
+    if config.method not in METHODS:
+        raise ValueError(f"method={config.method!r} is unknown; choose one of {sorted(METHODS)} "
+                         f"(e.g. --config.method=finetune).")
+    return METHODS[config.method](config)
+
+
+__all__ = ["METHODS", "Method", "StepInputs", "get_method"]

@@ -1,0 +1,91 @@
+"""The one jit-compiled training step and the jitted embedding function.
+
+The step is a pure function of (state, frozen previous model, batch, per-session
+constants, lr, key): the current model runs in train mode and, when the method
+needs it, the frozen previous model (its parameters a pytree argument, BatchNorm
+on running statistics, no gradient) runs on the same augmented batch in the same
+compiled program.  Under ``jax.jit`` with the batch sharded over a ``data`` mesh
+axis, BatchNorm statistics and batch-wide losses see the global batch, so results
+do not depend on the number of devices.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+
+from cvs_jax import augment
+from cvs_jax.losses import normalized_softmax_loss
+from cvs_jax.methods import Method, StepInputs
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: Any        # {"net": backbone + embedding params, "head": [K, D] cosine head}
+    batch_stats: Any
+    opt_state: Any
+
+
+def make_optimizer(*, momentum: float, nesterov: bool, weight_decay: float) -> optax.GradientTransformation:
+    """Coupled L2 decay + SGD(Nesterov) with unit LR; the step scales by the epoch's LR.
+
+    Passing the LR as an argument keeps one compiled step for every epoch and session.
+    Adding ``wd * param`` to the gradient before momentum is PyTorch's SGD weight decay.
+    """
+    return optax.chain(optax.add_decayed_weights(weight_decay),
+                       optax.sgd(1.0, momentum=momentum, nesterov=nesterov))
+
+
+def make_train_step(model, tx: optax.GradientTransformation, method: Method, *, temperature: float,
+                    loss_weights: Mapping[str, float], mean, std, crop_padding: int, flip: bool):
+    """Returns ``step(state, frozen, batch, aux, lr, key) -> (state, metrics)`` (jitted)."""
+
+    def loss_fn(params, batch_stats, frozen, images, labels, aux):
+        emb, new_vars = model.apply({"params": params["net"], "batch_stats": batch_stats}, images,
+                                    train=True, mutable=["batch_stats"])
+        terms = {"L_c": normalized_softmax_loss(emb, params["head"], labels, temperature,
+                                                valid_classes=aux["valid_classes"])}
+        total = terms["L_c"]
+        if frozen is not None and method.extra_terms is not None:
+            old_emb = None
+            if method.uses_old_model:
+                old_emb = model.apply({"params": frozen["params"]["net"], "batch_stats": frozen["batch_stats"]},
+                                      images, train=False)
+                old_emb = jax.lax.stop_gradient(old_emb)
+            inputs = StepInputs(new_emb=emb, old_emb=old_emb, labels=labels, head=params["head"],
+                                old_head=jax.lax.stop_gradient(frozen["params"]["head"]), aux=aux)
+            for name, value in method.extra_terms(inputs).items():
+                terms[name] = value
+                total = total + loss_weights[name] * value
+        return total, (terms, new_vars["batch_stats"])
+
+    @jax.jit
+    def step(state: TrainState, frozen, batch, aux, lr, key):
+        key = jax.random.fold_in(key, state.step)
+        images = augment.preprocess_train(key, batch["images"], mean=mean, std=std,
+                                          padding=crop_padding, flip=flip)
+        (total, (terms, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state.params, state.batch_stats, frozen, images, batch["labels"], aux)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = jax.tree.map(lambda p, u: p + lr * u, state.params, updates)
+        metrics = dict(terms, loss=total, grad_norm=optax.tree.norm(grads), lr=lr)
+        return TrainState(step=state.step + 1, params=params, batch_stats=batch_stats,
+                          opt_state=opt_state), metrics
+
+    return step
+
+
+def make_embed_fn(model, *, mean, std):
+    """``embed(params, batch_stats, images_u8) -> raw embeddings`` in eval mode (jitted)."""
+
+    @jax.jit
+    def embed(params, batch_stats, images):
+        x = augment.preprocess_eval(images, mean=mean, std=std)
+        return model.apply({"params": params["net"], "batch_stats": batch_stats}, x, train=False)
+
+    return embed

@@ -1,0 +1,287 @@
+"""The continual visual-search protocol, session after session (one readable trainer).
+
+Sections: (1) set-up: data, session plan, mesh, model, compiled functions;
+(2) resume from the last completed session; (3) per session: training data,
+head growth, epochs with validation recall@1 and best-model selection, test
+recall@K against the accumulated gallery, gallery update, replay memory,
+checkpoint; (4) results table and ``results.json``.
+
+Protocol details follow the official code (spec §1.4, §2.5, §4, §5): model
+selection on accumulated validation queries against (stored gallery + the
+session's images embedded by the current model); test queries embedded by the
+newest model against a gallery whose older rows were made by older models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from cvs_jax import evaluate, losses, memory, schedules
+from cvs_jax.checkpoint import SessionCheckpoints
+from cvs_jax.data import sources, splits
+from cvs_jax.gallery import Gallery
+from cvs_jax.methods import Method, get_method
+from cvs_jax.models import build_model, grow_head, init_head
+from cvs_jax.run_log import RunLog, format_eta
+from cvs_jax.train_step import TrainState, make_embed_fn, make_optimizer, make_train_step
+
+
+@dataclasses.dataclass
+class Protocol:
+    """The data of a run: images, protocol labels and the session plan."""
+
+    dataset: sources.ImageDataset
+    plan: splits.SessionPlan
+    train_labels: np.ndarray  # protocol labels of the train split (-1: class not used)
+    test_labels: np.ndarray
+
+    @classmethod
+    def build(cls, config: ml_collections.ConfigDict) -> "Protocol":
+        d = config.data
+        dataset = sources.load_dataset(d.name, data_dir=d.data_dir, manual_dir=d.manual_dir)
+        plan = splits.make_session_plan(
+            dataset.train.labels, setup=d.setup, num_sessions=d.num_sessions,
+            first_classes=d.first_classes, classes_per_session=d.classes_per_session,
+            old_class_percent=d.old_class_percent, samples_per_new_class=d.samples_per_new_class,
+            blurry_minor_percent=d.blurry_minor_percent, val_fraction=d.val_fraction,
+            num_classes=dataset.num_classes, shuffle_classes=d.shuffle_classes, seed=config.seed)
+        return cls(dataset, plan, plan.to_protocol_labels(dataset.train.labels),
+                   plan.to_protocol_labels(dataset.test.labels))
+
+    @property
+    def num_classes(self) -> int:
+        return max(s.num_outputs for s in self.plan.sessions)
+
+    def training_indices(self, method: Method, s: int) -> np.ndarray:
+        return self.plan.joint_train(s) if method.train_on == "cumulative" else self.plan.sessions[s].train
+
+
+class Embedder:
+    """Embeds uint8 images in fixed-size, device-sharded chunks (one compile per chunk size)."""
+
+    def __init__(self, model, config, sharding: NamedSharding):
+        self._fn = make_embed_fn(model, mean=config.data.mean, std=config.data.std)
+        self._chunk = config.train.eval_batch_size
+        self._sharding = sharding
+
+    def __call__(self, variables: dict, images: np.ndarray) -> np.ndarray:
+        out = []
+        for start in range(0, images.shape[0], self._chunk):
+            chunk = images[start:start + self._chunk]
+            n = chunk.shape[0]
+            if n < self._chunk:
+                chunk = np.concatenate([chunk, np.zeros((self._chunk - n,) + chunk.shape[1:], chunk.dtype)])
+            emb = self._fn(variables["params"], variables["batch_stats"], jax.device_put(chunk, self._sharding))
+            out.append(np.asarray(emb)[:n])
+        if not out:
+            return np.zeros((0, self._fn_dim(variables)), np.float32)
+        return np.concatenate(out).astype(np.float32)
+
+    @staticmethod
+    def _fn_dim(variables) -> int:
+        return int(variables["params"]["head"].shape[1])
+
+
+def _epoch_order(seed: int, session: int, epoch: int, n: int) -> np.ndarray:
+    """The sample order of an epoch, a pure function of (seed, session, epoch): resumable."""
+    return np.random.default_rng([seed, session, epoch]).permutation(n)
+
+
+def _results_table(per_session: list[dict], ks) -> str:
+    head = "| session | " + " | ".join(f"R@{k}" for k in ks) + " |"
+    rows = [head, "|" + "---|" * (len(ks) + 1)]
+    for r in per_session:
+        rows.append(f"| {r['session'] + 1} | " + " | ".join(f"{100 * r['recall'][str(k)]:.2f}" for k in ks) + " |")
+    ar = evaluate.average_recall([{k: r["recall"][str(k)] for k in ks} for r in per_session])
+    rows.append("| **AR** | " + " | ".join(f"**{100 * ar[k]:.2f}**" for k in ks) + " |")
+    return "\n".join(rows)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """Runs (or resumes) the whole continual protocol; returns the contents of results.json."""
+    # ---------------------------------------------------------------- 1. set-up
+    method = get_method(config)
+    os.makedirs(workdir, exist_ok=True)
+    log = RunLog(workdir)
+    ks = tuple(int(k) for k in config.eval.ks)
+    n_dev = jax.device_count()
+    if config.train.batch_size % n_dev:
+        raise ValueError(f"train.batch_size={config.train.batch_size} is not divisible by the "
+                         f"{n_dev} devices; choose a multiple of {n_dev}.")
+    if config.train.eval_batch_size % n_dev:
+        raise ValueError(f"train.eval_batch_size={config.train.eval_batch_size} is not divisible by "
+                         f"the {n_dev} devices; choose a multiple of {n_dev}.")
+    mesh = jax.make_mesh((n_dev,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    batch_sharding = NamedSharding(mesh, P("data"))
+    replicated = NamedSharding(mesh, P())
+
+    t0 = time.time()
+    proto = Protocol.build(config)
+    plan = proto.plan
+    images = proto.dataset.train.images
+    log.print(f"data: {proto.dataset.name} {images.shape[0]} train / {proto.dataset.test.images.shape[0]} test "
+              f"images, setup={plan.setup}, {plan.num_sessions} sessions, {proto.num_classes} classes "
+              f"({time.time() - t0:.1f}s)")
+
+    model = build_model(config.model.name, width=config.model.width, layout=config.model.layout,
+                        embed_dim=config.model.embed_dim)
+    tx = make_optimizer(momentum=config.train.momentum, nesterov=config.train.nesterov,
+                        weight_decay=config.train.weight_decay)
+    step_fn = make_train_step(model, tx, method, temperature=config.train.temperature,
+                              loss_weights=dict(config.loss_weights), mean=config.data.mean,
+                              std=config.data.std, crop_padding=config.augment.crop_padding,
+                              flip=config.augment.flip)
+    embed = Embedder(model, config, batch_sharding)
+
+    root = jax.random.key(config.seed)
+    init_key, head_key, step_key = jax.random.split(root, 3)
+    dummy = jnp.zeros((1,) + images.shape[1:], jnp.float32)
+    init_vars = model.init(init_key, dummy, train=False)
+    variables = {
+        "params": {"net": init_vars["params"], "head": init_head(head_key, proto.num_classes, config.model.embed_dim)},
+        "batch_stats": init_vars["batch_stats"],
+    }
+
+    # ---------------------------------------------------------------- 2. resume
+    ckpts = SessionCheckpoints(os.path.join(workdir, "checkpoints"))
+    gallery = Gallery.empty(config.model.embed_dim)
+    mem = {"source_ids": np.zeros((0,), np.int64), "labels": np.zeros((0,), np.int32)}
+    per_session: list[dict] = []
+    start = 0
+    last = ckpts.latest_session()
+    if last is not None:
+        like = {"variables": variables, "opt_state": tx.init(variables["params"])}
+        restored = ckpts.restore(last, model_like=like)
+        variables = restored["model"]["variables"]
+        gallery = Gallery.from_dict(restored["gallery"])
+        mem = {"source_ids": np.asarray(restored["meta"]["memory"]["source_ids"], np.int64),
+               "labels": np.asarray(restored["meta"]["memory"]["labels"], np.int32)}
+        per_session = restored["meta"]["per_session"]
+        start = last + 1
+        log.print(f"resumed after session {last + 1}: gallery {len(gallery)} rows, memory {len(mem['labels'])}")
+
+    # ---------------------------------------------------------------- 3. sessions
+    for s in range(start, plan.num_sessions):
+        sess = plan.sessions[s]
+        prev_outputs = plan.sessions[s - 1].num_outputs if s > 0 else 0
+        frozen = jax.device_put(variables, replicated) if s > 0 else None
+
+        # 3a. training data: the session's (or all seen) images, plus replayed exemplars.
+        idx = proto.training_indices(method, s)
+        if method.uses_memory and s > 0:
+            idx = np.concatenate([idx, mem["source_ids"]])
+        labels = proto.train_labels[idx]
+        bs = config.train.batch_size
+        steps_per_epoch = len(idx) // bs
+        if steps_per_epoch == 0:
+            raise ValueError(f"session {s + 1} has {len(idx)} training images, fewer than "
+                             f"train.batch_size={bs}; lower the batch size.")
+
+        # 3b. head growth and per-session constants.
+        params = dict(variables["params"])
+        params["head"] = grow_head(params["head"], jax.random.fold_in(head_key, s), prev_outputs, sess.num_outputs)
+        aux = {"valid_classes": jnp.int32(sess.num_outputs), "old_classes": jnp.int32(prev_outputs)}
+        if method.uses_centers:
+            centers, center_mask = losses.class_centers(
+                gallery.embeddings, gallery.labels, proto.num_classes, gallery_sessions=gallery.sessions,
+                per_session_mean=config.cvs.per_session_centers)
+            aux["centers"], aux["center_mask"] = jnp.asarray(centers), jnp.asarray(center_mask)
+        aux = jax.device_put(aux, replicated)
+        state = jax.device_put(TrainState(step=jnp.int32(0), params=params, batch_stats=variables["batch_stats"],
+                                          opt_state=tx.init(params)), replicated)
+
+        # 3c. what validation and the gallery see in this session.
+        gal_idx = proto.training_indices(method, s)
+        stored = Gallery.empty(config.model.embed_dim) if method.reextract_gallery else gallery
+        val_idx = plan.val_queries(s)
+        test_idx = plan.test_queries(s, proto.test_labels)
+
+        def search(vars_, query_images, query_labels):
+            g_emb = np.concatenate([stored.embeddings, embed(vars_, images[gal_idx])])
+            g_lab = np.concatenate([stored.labels, proto.train_labels[gal_idx]])
+            return evaluate.recall_at_k(embed(vars_, query_images), query_labels, g_emb, g_lab, ks)
+
+        log.print(f"== session {s + 1}/{plan.num_sessions} [{method.name}]: {len(idx)} train images "
+                  f"({steps_per_epoch} steps/epoch), {sess.num_outputs} classes, gallery {len(stored)} stored "
+                  f"+ {len(gal_idx)} new, {len(val_idx)} val / {len(test_idx)} test queries")
+        best = {"r1": -1.0, "epoch": -1, "variables": None}
+        session_key = jax.random.fold_in(step_key, s)
+        t_session = time.time()
+        for epoch in range(config.train.epochs):
+            lr = schedules.epoch_lr(config.train.schedule, epoch, config.train.lr, config.train.epochs)
+            order = _epoch_order(config.seed, s, epoch, len(idx))
+            t_epoch = time.time()
+            sums: dict[str, float] = {}
+            for i in range(steps_per_epoch):
+                b = order[i * bs:(i + 1) * bs]
+                batch = jax.device_put({"images": images[idx[b]], "labels": labels[b].astype(np.int32)},
+                                       batch_sharding)
+                state, metrics = step_fn(state, frozen, batch, aux, jnp.float32(lr), session_key)
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + v  # device scalars; summed lazily
+            epoch_metrics = {k: float(v) / steps_per_epoch for k, v in sums.items()}
+            if not np.isfinite(epoch_metrics["loss"]):
+                raise FloatingPointError(f"loss is {epoch_metrics['loss']} in session {s + 1}, epoch {epoch + 1}; "
+                                         f"lower train.lr. Checkpoints of completed sessions are intact.")
+            train_time = time.time() - t_epoch
+            cur = {"params": state.params, "batch_stats": state.batch_stats}
+            val_r1 = search(cur, images[val_idx], proto.train_labels[val_idx])[1]
+            if val_r1 > best["r1"]:  # strict improvement, as the official code
+                best = {"r1": val_r1, "epoch": epoch, "variables": jax.tree.map(lambda x: x.copy(), cur)}
+            done = (epoch + 1) / config.train.epochs
+            eta = (time.time() - t_session) / done * (1 - done)
+            log.write(session=s + 1, epoch=epoch + 1, step=int(state.step), val_recall1=val_r1,
+                      images_per_s=steps_per_epoch * bs / train_time, **epoch_metrics)
+            terms = " ".join(f"{k}={v:.4f}" for k, v in epoch_metrics.items() if k.startswith("L_"))
+            log.print(f"session {s + 1}/{plan.num_sessions} epoch {epoch + 1}/{config.train.epochs} "
+                      f"step {int(state.step)} lr={lr:.5f} loss={epoch_metrics['loss']:.4f} {terms} "
+                      f"val R@1={100 * val_r1:.2f} {steps_per_epoch * bs / train_time:.0f} img/s ETA {format_eta(eta)}")
+
+        # 3d. test with the selected model against the accumulated gallery.
+        variables = jax.device_get(best["variables"])
+        test_recall = search(variables, proto.dataset.test.images[test_idx], proto.test_labels[test_idx])
+        new_emb = embed(variables, images[gal_idx])
+        if method.reextract_gallery:
+            gallery = Gallery.empty(config.model.embed_dim).append(new_emb, proto.train_labels[gal_idx], s, gal_idx)
+        else:
+            gallery = gallery.append(new_emb, proto.train_labels[gal_idx], s, gal_idx)
+
+        # 3e. replay memory: re-herd (session images + previous exemplars) with the selected model.
+        if method.uses_memory:
+            pool = np.concatenate([plan.sessions[s].train, mem["source_ids"]])
+            sel_ids, sel_labels = memory.rebuild_memory(embed(variables, images[pool]), proto.train_labels[pool],
+                                                        pool, config.memory.budget)
+            mem = {"source_ids": np.asarray(sel_ids, np.int64), "labels": np.asarray(sel_labels, np.int32)}
+
+        record = {"session": s, "recall": {str(k): v for k, v in test_recall.items()}, "best_epoch": best["epoch"] + 1,
+                  "val_recall1": best["r1"], "train_images": int(len(idx)), "gallery_rows": len(gallery),
+                  "test_queries": int(len(test_idx)), "seconds": round(time.time() - t_session, 1)}
+        per_session.append(record)
+        log.write(session=s + 1, **{f"test_recall{k}": v for k, v in test_recall.items()})
+        log.print(f"session {s + 1} test: " + " ".join(f"R@{k}={100 * v:.2f}" for k, v in test_recall.items())
+                  + f" (best epoch {best['epoch'] + 1}, val R@1 {100 * best['r1']:.2f})")
+        ckpts.save(s, model={"variables": variables, "opt_state": jax.device_get(state.opt_state)},
+                   gallery=gallery.as_dict(),
+                   meta={"per_session": per_session, "memory": {k: v.tolist() for k, v in mem.items()}})
+    ckpts.close()
+
+    # ---------------------------------------------------------------- 4. results
+    ar = evaluate.average_recall([{k: r["recall"][str(k)] for k in ks} for r in per_session])
+    results = {"method": method.name, "dataset": config.data.name, "setup": plan.setup, "seed": config.seed,
+               "per_session": per_session, "average_recall": {str(k): v for k, v in ar.items()}}
+    if jax.process_index() == 0:
+        with open(os.path.join(workdir, "results.json"), "w") as f:
+            json.dump(results, f, indent=2)
+    log.print(f"\nresults ({method.name}, {config.data.name}, {plan.setup}; recall in %):\n"
+              + _results_table(per_session, ks))
+    return results

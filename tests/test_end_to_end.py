@@ -1,0 +1,98 @@
+"""The whole protocol on tiny local data: finetune, joint, resume, CVS loss terms."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from configs import fashion_mnist_general
+from cvs_jax import trainer
+from cvs_jax.checkpoint import SessionCheckpoints
+from tests.tiny_data import write_fashion_idx
+
+
+@pytest.fixture(scope="module")
+def manual_dir(tmp_path_factory):
+    return write_fashion_idx(str(tmp_path_factory.mktemp("idx")), train_per_class=60, test_per_class=10)
+
+
+def tiny_config(manual_dir, tmp_path, method="finetune", sessions=3):
+    c = fashion_mnist_general.get_config()
+    c.method = method
+    c.data.manual_dir = manual_dir
+    c.data.data_dir = str(tmp_path / "tfds")
+    c.data.num_sessions = sessions
+    c.data.first_classes = 4
+    c.data.classes_per_session = 2
+    c.data.samples_per_new_class = 40
+    c.model.width = 4
+    c.model.embed_dim = 8
+    c.train.epochs = 2
+    c.train.batch_size = 16
+    c.train.eval_batch_size = 64
+    c.memory.budget = 30
+    return c
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_finetune_two_sessions(manual_dir, tmp_path):
+    c = tiny_config(manual_dir, tmp_path, sessions=2)
+    wd = str(tmp_path / "ft")
+    res = trainer.run(c, wd)
+    assert len(res["per_session"]) == 2
+    with open(os.path.join(wd, "results.json")) as f:
+        assert json.load(f) == json.loads(json.dumps(res))
+    for r in res["per_session"]:
+        assert 0.0 <= r["recall"]["1"] <= r["recall"]["2"] <= r["recall"]["4"] <= 1.0
+    ar1 = np.mean([r["recall"]["1"] for r in res["per_session"]])
+    assert res["average_recall"]["1"] == pytest.approx(ar1)
+    # the gallery holds each session's train images once, made by that session's model
+    ck = SessionCheckpoints(os.path.join(wd, "checkpoints"))
+    assert ck.latest_session() == 1
+    rows = [r["gallery_rows"] for r in res["per_session"]]
+    assert rows[1] > rows[0] > 0
+    metrics = read_jsonl(os.path.join(wd, "metrics.jsonl"))
+    assert {m["session"] for m in metrics} == {1, 2}
+    assert all(np.isfinite(m["loss"]) for m in metrics if "loss" in m)
+
+
+def test_joint_reextracts_gallery(manual_dir, tmp_path):
+    c = tiny_config(manual_dir, tmp_path, method="joint", sessions=2)
+    wd = str(tmp_path / "jt")
+    res = trainer.run(c, wd)
+    # joint trains on everything seen so far, and its gallery is the same union re-embedded
+    assert res["per_session"][1]["train_images"] == res["per_session"][1]["gallery_rows"]
+    assert res["per_session"][1]["train_images"] > res["per_session"][0]["train_images"]
+
+
+def test_resume_after_completed_session_reproduces_results(manual_dir, tmp_path):
+    c = tiny_config(manual_dir, tmp_path, sessions=3)
+    full = trainer.run(c, str(tmp_path / "full"))
+    wd = str(tmp_path / "interrupted")
+    trainer.run(c, wd)
+    # simulate a crash during the last session: its checkpoint and the results never got written
+    shutil.rmtree(os.path.join(wd, "checkpoints", "2"))
+    os.remove(os.path.join(wd, "results.json"))
+    resumed = trainer.run(c, wd)
+    for r in resumed["per_session"] + full["per_session"]:
+        r.pop("seconds")  # wall time is the only thing allowed to differ
+    assert resumed == full
+
+
+def test_cvs_logs_nonzero_loss_terms_from_session_two(manual_dir, tmp_path):
+    c = tiny_config(manual_dir, tmp_path, method="cvs", sessions=3)
+    wd = str(tmp_path / "cvs")
+    res = trainer.run(c, wd)
+    assert len(res["per_session"]) == 3
+    epochs = [m for m in read_jsonl(os.path.join(wd, "metrics.jsonl")) if "loss" in m]
+    first = [m for m in epochs if m["session"] == 1]
+    later = [m for m in epochs if m["session"] > 1]
+    assert first and all("L_m" not in m and "L_d" not in m for m in first)
+    assert later and all(m["L_m"] > 0 and m["L_d"] > 0 for m in later)
+    assert all(m["loss"] > m["L_c"] for m in later)

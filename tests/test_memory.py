@@ -1,0 +1,139 @@
+"""iCaRL herding and per-class memory rebuild (spec Sec. 4)."""
+
+import numpy as np
+import pytest
+
+from cvs_jax.memory import herding_select, rebuild_memory
+
+SEEDS = [0, 1, 2, 3, 4]
+
+
+def ref_herding(emb, m):
+    """Greedy rule transcribed literally: loop over candidates, strict < keeps the first."""
+    z = np.asarray(emb, np.float64)
+    z = z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12)
+    mu = z.mean(axis=0)
+    s = np.zeros_like(mu)
+    remaining = list(range(len(z)))
+    picks = []
+    for k in range(1, m + 1):
+        if not remaining:
+            break
+        best, best_j = np.inf, None
+        for j in remaining:
+            dist = np.linalg.norm(mu - (s + z[j]) / k)
+            if dist < best:
+                best, best_j = dist, j
+        picks.append(best_j)
+        remaining.remove(best_j)
+        s = s + z[best_j]
+    return np.array(picks, np.int64)
+
+
+def official_style_herding(emb, m):
+    """The official addNewExemplars loop (np.delete bookkeeping), float32, returning indices."""
+    z = np.asarray(emb, np.float32)
+    z = z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12)
+    mean = np.mean(z, axis=0)
+    ids = np.arange(len(z))
+    acc = np.zeros_like(mean)
+    out = []
+    for i in range(m):
+        x = np.linalg.norm(mean - (acc + z) / (i + 1), axis=1)
+        idx = np.argmin(x)
+        acc += z[idx]
+        out.append(ids[idx])
+        z, ids = np.delete(z, idx, axis=0), np.delete(ids, idx)
+        if len(z) == 0:
+            break
+    return np.array(out, np.int64)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_herding_matches_literal_greedy(seed):
+    rng = np.random.default_rng(seed)
+    n, d = int(rng.integers(10, 40)), int(rng.integers(4, 17))
+    emb = rng.normal(size=(n, d)) * rng.uniform(0.5, 3.0, size=(n, 1))
+    m = int(rng.integers(1, n))
+    np.testing.assert_array_equal(herding_select(emb, m), ref_herding(emb, m))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_herding_float32_matches_official_loop(seed):
+    rng = np.random.default_rng(100 + seed)
+    emb = rng.normal(size=(30, 8)).astype(np.float32)
+    np.testing.assert_array_equal(herding_select(emb, 12), official_style_herding(emb, 12))
+
+
+@pytest.mark.parametrize("seed", SEEDS[:3])
+def test_herding_m_ge_n_returns_permutation(seed):
+    rng = np.random.default_rng(seed)
+    emb = rng.normal(size=(9, 5))
+    for m in (9, 25):
+        picks = herding_select(emb, m)
+        assert sorted(picks.tolist()) == list(range(9))
+        np.testing.assert_array_equal(picks, ref_herding(emb, 9))
+
+
+def test_herding_edge_cases():
+    assert herding_select(np.ones((4, 3)), 0).shape == (0,)
+    # identical rows tie everywhere: lowest index first
+    np.testing.assert_array_equal(herding_select(np.ones((5, 3)), 3), [0, 1, 2])
+    # scale-invariant (rows are normalised first)
+    rng = np.random.default_rng(7)
+    emb = rng.normal(size=(12, 4))
+    np.testing.assert_array_equal(
+        herding_select(emb, 6), herding_select(emb * rng.uniform(0.1, 10, (12, 1)), 6)
+    )
+
+
+def _pool(seed, counts, d=6):
+    rng = np.random.default_rng(seed)
+    labels = np.concatenate([np.full(c, k) for k, c in enumerate(counts)])
+    perm = rng.permutation(len(labels))
+    labels = labels[perm]
+    emb = rng.normal(size=(len(labels), d)) + labels[:, None] * 0.1
+    ids = np.arange(len(labels)) + 1000
+    return emb, labels, ids
+
+
+@pytest.mark.parametrize("seed", SEEDS[:3])
+def test_rebuild_memory_quota_order_and_budget(seed):
+    counts = [30, 12, 3, 25, 40]  # class 2 has fewer items than the quota
+    emb, labels, ids = _pool(seed, counts)
+    for budget in (50, 53, 5):
+        sel_ids, sel_lab = rebuild_memory(emb, labels, ids, budget)
+        quota = budget // len(counts)
+        assert len(sel_ids) <= budget
+        assert len(sel_ids) == sum(min(quota, c) for c in counts)
+        assert np.all(np.diff(sel_lab) >= 0)  # grouped by ascending class
+        start = 0
+        for c in range(len(counts)):
+            rows = np.flatnonzero(labels == c)
+            want = ids[rows[ref_herding(emb[rows], quota)]]
+            got = sel_ids[start : start + len(want)]
+            np.testing.assert_array_equal(got, want)  # pick order within the class
+            np.testing.assert_array_equal(sel_lab[start : start + len(want)], c)
+            start += len(want)
+
+
+def test_rebuild_memory_exact_budget_when_divisible():
+    emb, labels, ids = _pool(0, [20] * 5)
+    sel_ids, _ = rebuild_memory(emb, labels, ids, 25)
+    assert len(sel_ids) == 25 and len(set(sel_ids.tolist())) == 25
+
+
+def test_rebuild_memory_spec_totals():
+    # Spec 4: CIFAR disjoint buffer 2000 with 60 classes -> 33 per class, 1980 stored.
+    emb, labels, ids = _pool(1, [40] * 60, d=4)
+    sel_ids, sel_lab = rebuild_memory(emb, labels, ids, 2000)
+    assert len(sel_ids) == 1980
+    np.testing.assert_array_equal(np.bincount(sel_lab), 33)
+
+
+def test_rebuild_memory_budget_too_small():
+    emb, labels, ids = _pool(0, [3, 3, 3])
+    with pytest.raises(ValueError, match=r"memory_budget.*at least the number of classes seen.*N=3"):
+        rebuild_memory(emb, labels, ids, 2)
+    sel_ids, _ = rebuild_memory(emb, labels, ids, 3)
+    assert len(sel_ids) == 3

@@ -1,0 +1,55 @@
+"""Model shapes, both stems, small grey inputs, and head growth."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cvs_jax.models import build_model, grow_head, init_head
+
+
+@pytest.mark.parametrize("layout,shape", [("cifar", (2, 28, 28, 1)), ("imagenet", (2, 64, 64, 3)),
+                                          ("cifar", (2, 32, 32, 3))])
+def test_tiny_resnet_embeds(layout, shape):
+    model = build_model("tiny", width=8, layout=layout, embed_dim=16)
+    x = jnp.ones(shape)
+    variables = model.init(jax.random.key(0), x, train=False)
+    emb = model.apply(variables, x, train=False)
+    assert emb.shape == (2, 16)
+    emb_train, updates = model.apply(variables, x, train=True, mutable=["batch_stats"])
+    assert emb_train.shape == (2, 16) and "batch_stats" in updates
+
+
+def test_resnet18_structure():
+    model = build_model("resnet18", width=64, layout="cifar", embed_dim=128)
+    variables = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.ones((1, 32, 32, 3)), train=False))
+    n_params = sum(np.prod(p.shape) for p in jax.tree.leaves(variables["params"]))
+    # ResNet-18 CIFAR body (11.17M) + 512x128 embedding; shortcut convs keep BN+ReLU as in GDumb.
+    assert 11.1e6 < n_params < 11.3e6
+    assert variables["params"]["embedding"]["kernel"].shape == (512, 128)
+
+
+def test_unknown_model_refused():
+    with pytest.raises(ValueError, match="model.name"):
+        build_model("resnet7", width=8, layout="cifar", embed_dim=16)
+
+
+def test_head_growth_keeps_old_rows_and_reinitialises_new():
+    head = init_head(jax.random.key(0), 10, 8)
+    grown = grow_head(head, jax.random.key(1), old_classes=4, new_classes=6)
+    np.testing.assert_array_equal(grown[:4], head[:4])
+    assert not np.allclose(grown[4:6], head[4:6])
+    np.testing.assert_array_equal(grown[6:], head[6:])
+    assert np.abs(np.asarray(grown)).max() <= 1 / np.sqrt(8)
+    with pytest.raises(ValueError):
+        grow_head(head, jax.random.key(1), old_classes=6, new_classes=4)
+
+
+def test_schedule_matches_official_values():
+    from cvs_jax.schedules import epoch_lr
+    want = {0: 0.003, 1: 0.03, 2: 0.03, 3: 0.01515, 4: 0.03, 5: 0.025651, 7: 0.004649, 15: 0.00143,
+            31: 0.000585, 127: 0.000318, 191: 0.015514, 255: 0.000304}
+    for e, lr in want.items():
+        assert epoch_lr("official", e, 0.03, 256) == pytest.approx(lr, abs=2e-6), e
+    assert epoch_lr("cosine", 0, 0.03, 10) == pytest.approx(0.03)
+    assert epoch_lr("cosine", 5, 0.03, 10) == pytest.approx((0.03 + 0.0003) / 2)
