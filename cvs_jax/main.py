@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from cvs_jax import trainer
@@ -22,6 +22,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
     try:
         trainer.run(_CONFIG.value, _WORKDIR.value)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:

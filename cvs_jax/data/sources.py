@@ -277,13 +277,11 @@ def _load_tfds(name: str, *, data_dir: str) -> ImageDataset:
   test = _read_generic_split(test_source)
   logging.info('Read %s from %s in %.2f s.', name, builder.data_dir,
                time.perf_counter() - t0)
-  label_feature = builder.info.features['label']
-  num_classes = label_feature.num_classes
   return ImageDataset(
       name=name,
       train=train,
       test=test,
-      class_names=tuple(label_feature.names[:num_classes]),
+      class_names=tuple(builder.info.features['label'].names),
   )
 
 
@@ -296,6 +294,8 @@ def _read_generic_split(source: Sequence[Any]) -> Split:
     records = source.__getitems__(list(range(start, stop)))
     if images is None:
       first = np.asarray(records[0]['image'])
+      if first.dtype != np.uint8:
+        raise ValueError(f'Expected uint8 images, got {first.dtype}.')
       images = np.empty((n, *first.shape), np.uint8)
       labels = np.empty((n,), np.int32)
     for j, record in enumerate(records):
