@@ -11,6 +11,7 @@ import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+import tensorflow_datasets as tfds
 
 from cvs_jax import trainer
 
@@ -23,6 +24,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
+    tfds.disable_progress_bar()  # one-off dataset preparation; our own progress lines follow
     try:
         trainer.run(_CONFIG.value, _WORKDIR.value)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
