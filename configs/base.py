@@ -34,6 +34,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.width = 64
     c.model.layout = "cifar"
     c.model.embed_dim = 128
+    c.model.dtype = "float32"  # "bfloat16": bf16 convolutions; params, embeddings and losses stay f32
 
     c.train = ml_collections.ConfigDict()
     c.train.epochs = 256
