@@ -12,6 +12,8 @@ def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.method = "finetune"
     c.seed = 0
+    c.overwrite = False       # True: move a different run found in --workdir aside and start anew
+    c.log_every_steps = 0     # >0: progress lines inside epochs too (0: one line per epoch)
 
     c.data = ml_collections.ConfigDict()
     c.data.name = config_dict.placeholder(str)
@@ -46,6 +48,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.nesterov = True
     c.train.weight_decay = 1e-4
     c.train.temperature = 0.05
+    c.train.checkpoint_every_steps = 500  # mid-session checkpoints (plus one after every epoch)
 
     c.augment = ml_collections.ConfigDict()
     c.augment.crop_padding = 4

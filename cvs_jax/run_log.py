@@ -24,6 +24,22 @@ class RunLog:
             with open(self._path, "a") as f:
                 f.write(json.dumps(record) + "\n")
 
+    def truncate(self, *, session: int, step: int | None) -> None:
+        """Drops records written after (session, step) by a run that crashed, so a resumed
+        run's ``metrics.jsonl`` equals an uninterrupted one's.  ``step=None``: keep the
+        whole session."""
+        if not self._main or not os.path.exists(self._path):
+            return
+        with open(self._path) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+        limit = (session, float("inf") if step is None else step)
+        kept = [r for r in records if (r["session"], r["step"]) <= limit]
+        if len(kept) != len(records):
+            tmp = self._path + ".tmp"
+            with open(tmp, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in kept)
+            os.replace(tmp, self._path)
+
     def print(self, message: str) -> None:
         if self._main:
             print(message, flush=True)

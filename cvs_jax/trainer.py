@@ -26,8 +26,8 @@ import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from cvs_jax import evaluate, losses, memory, schedules
-from cvs_jax.checkpoint import SessionCheckpoints
+from cvs_jax import config_checks, evaluate, faults, losses, memory, schedules, workdir as workdir_lib
+from cvs_jax.checkpoint import Checkpoints
 from cvs_jax.data import sources, splits
 from cvs_jax.gallery import Gallery
 from cvs_jax.methods import Method, get_method
@@ -107,20 +107,18 @@ def _results_table(per_session: list[dict], ks) -> str:
     return "\n".join(rows)
 
 
+_NO_BAD_STEP = np.iinfo(np.int32).max
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Runs (or resumes) the whole continual protocol; returns the contents of results.json."""
     # ---------------------------------------------------------------- 1. set-up
+    n_dev = jax.device_count()
+    config_checks.check(config, num_devices=n_dev)  # before any data loading or compilation
+    workdir_lib.prepare(config, workdir)
     method = get_method(config)
-    os.makedirs(workdir, exist_ok=True)
     log = RunLog(workdir)
     ks = tuple(int(k) for k in config.eval.ks)
-    n_dev = jax.device_count()
-    if config.train.batch_size % n_dev:
-        raise ValueError(f"train.batch_size={config.train.batch_size} is not divisible by the "
-                         f"{n_dev} devices; choose a multiple of {n_dev}.")
-    if config.train.eval_batch_size % n_dev:
-        raise ValueError(f"train.eval_batch_size={config.train.eval_batch_size} is not divisible by "
-                         f"the {n_dev} devices; choose a multiple of {n_dev}.")
     mesh = jax.make_mesh((n_dev,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     batch_sharding = NamedSharding(mesh, P("data"))
     replicated = NamedSharding(mesh, P())
@@ -134,7 +132,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
               f"({time.time() - t0:.1f}s)")
 
     model = build_model(config.model.name, width=config.model.width, layout=config.model.layout,
-                        embed_dim=config.model.embed_dim)
+                        embed_dim=config.model.embed_dim, dtype=config.model.dtype)
     tx = make_optimizer(momentum=config.train.momentum, nesterov=config.train.nesterov,
                         weight_decay=config.train.weight_decay)
     step_fn = make_train_step(model, tx, method, temperature=config.train.temperature,
@@ -151,23 +149,25 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         "params": {"net": init_vars["params"], "head": init_head(head_key, proto.num_classes, config.model.embed_dim)},
         "batch_stats": init_vars["batch_stats"],
     }
+    opt_template = tx.init(variables["params"])
 
     # ---------------------------------------------------------------- 2. resume
-    ckpts = SessionCheckpoints(os.path.join(workdir, "checkpoints"))
+    session_ckpts = Checkpoints(os.path.join(workdir, "checkpoints", "sessions"), max_to_keep=None, log=log.print)
+    progress_ckpts = Checkpoints(os.path.join(workdir, "checkpoints", "progress"), max_to_keep=2, log=log.print)
     gallery = Gallery.empty(config.model.embed_dim)
     mem = {"source_ids": np.zeros((0,), np.int64), "labels": np.zeros((0,), np.int32)}
     per_session: list[dict] = []
     start = 0
-    last = ckpts.latest_session()
-    if last is not None:
-        like = {"variables": variables, "opt_state": tx.init(variables["params"])}
-        restored = ckpts.restore(last, model_like=like)
-        variables = restored["model"]["variables"]
-        gallery = Gallery.from_dict(restored["gallery"])
-        mem = {"source_ids": np.asarray(restored["meta"]["memory"]["source_ids"], np.int64),
-               "labels": np.asarray(restored["meta"]["memory"]["labels"], np.int32)}
-        per_session = restored["meta"]["per_session"]
+    restored = session_ckpts.restore_latest({"variables": variables, "opt_state": opt_template, "gallery": None})
+    if restored is not None:
+        last, items = restored
+        variables = items["variables"]
+        gallery = Gallery.from_dict(items["gallery"])
+        mem = {"source_ids": np.asarray(items["meta"]["memory"]["source_ids"], np.int64),
+               "labels": np.asarray(items["meta"]["memory"]["labels"], np.int32)}
+        per_session = items["meta"]["per_session"]
         start = last + 1
+        log.truncate(session=last + 1, step=None)
         log.print(f"resumed after session {last + 1}: gallery {len(gallery)} rows, memory {len(mem['labels'])}")
 
     # ---------------------------------------------------------------- 3. sessions
@@ -184,8 +184,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         bs = config.train.batch_size
         steps_per_epoch = len(idx) // bs
         if steps_per_epoch == 0:
-            raise ValueError(f"session {s + 1} has {len(idx)} training images, fewer than "
-                             f"train.batch_size={bs}; lower the batch size.")
+            raise config_checks.ConfigError(f"session {s + 1} has {len(idx)} training images, fewer than "
+                                            f"train.batch_size={bs}; lower the batch size.")
+        total_steps = steps_per_epoch * config.train.epochs
 
         # 3b. head growth and per-session constants.
         params = dict(variables["params"])
@@ -197,10 +198,24 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                 per_session_mean=config.cvs.per_session_centers)
             aux["centers"], aux["center_mask"] = jnp.asarray(centers), jnp.asarray(center_mask)
         aux = jax.device_put(aux, replicated)
-        state = jax.device_put(TrainState(step=jnp.int32(0), params=params, batch_stats=variables["batch_stats"],
-                                          opt_state=tx.init(params)), replicated)
+        state = TrainState(step=jnp.int32(0), params=params, batch_stats=variables["batch_stats"],
+                           opt_state=tx.init(params))
+        cur = {"params": state.params, "batch_stats": state.batch_stats}
+        best = {"r1": -1.0, "epoch": -1, "variables": cur}
+        sums: dict[str, jax.Array] = {}
 
-        # 3c. what validation and the gallery see in this session.
+        # 3c. mid-session resume: training state, best model so far, running sums of the epoch.
+        progress = progress_ckpts.restore_latest({"state": state, "best": cur, "sums": None})
+        if progress is not None and progress[1]["meta"]["session"] == s:
+            items = progress[1]
+            state, meta = items["state"], items["meta"]
+            best = {"r1": meta["best_r1"], "epoch": meta["best_epoch"], "variables": items["best"]}
+            sums = {k: jnp.asarray(v) for k, v in (items["sums"] or {}).items()}
+            log.truncate(session=s + 1, step=int(state.step))
+            log.print(f"resumed session {s + 1} at step {int(state.step)}/{total_steps}")
+        state = jax.device_put(state, replicated)
+
+        # 3d. what validation and the gallery see in this session.
         gal_idx = proto.training_indices(method, s)
         stored = Gallery.empty(config.model.embed_dim) if method.reextract_gallery else gallery
         val_idx = plan.val_queries(s)
@@ -208,55 +223,76 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
         def search(vars_, query_images, query_labels):
             g_emb = np.concatenate([stored.embeddings, embed(vars_, images[gal_idx])])
+            faults.maybe_fail("validation")
             g_lab = np.concatenate([stored.labels, proto.train_labels[gal_idx]])
             return evaluate.recall_at_k(embed(vars_, query_images), query_labels, g_emb, g_lab, ks)
+
+        def check_finite(bad_step):
+            bad = int(bad_step)
+            if bad != _NO_BAD_STEP:
+                raise FloatingPointError(
+                    f"the loss became NaN/inf at step {bad + 1} of session {s + 1} ({method.name}); lower "
+                    f"train.lr or check the data. Checkpoints up to the last good step are intact.")
+
+        def save_progress(step):
+            faults.fail_while_writing("progress_write", progress_ckpts.directory)
+            progress_ckpts.save(s * 10**9 + step, {"state": state, "best": best["variables"], "sums": sums},
+                                {"session": s, "step": step, "best_r1": best["r1"], "best_epoch": best["epoch"]})
 
         log.print(f"== session {s + 1}/{plan.num_sessions} [{method.name}]: {len(idx)} train images "
                   f"({steps_per_epoch} steps/epoch), {sess.num_outputs} classes, gallery {len(stored)} stored "
                   f"+ {len(gal_idx)} new, {len(val_idx)} val / {len(test_idx)} test queries")
-        best = {"r1": -1.0, "epoch": -1, "variables": None}
         session_key = jax.random.fold_in(step_key, s)
-        t_session = time.time()
-        for epoch in range(config.train.epochs):
+        t_session, steps_at_start = time.time(), int(state.step)
+        bad_step = jnp.int32(_NO_BAD_STEP)
+        step, t_epoch = int(state.step), time.time()
+        while step < total_steps:
+            epoch, i = divmod(step, steps_per_epoch)
             lr = schedules.epoch_lr(config.train.schedule, epoch, config.train.lr, config.train.epochs)
-            order = _epoch_order(config.seed, s, epoch, len(idx))
-            t_epoch = time.time()
-            sums: dict[str, float] = {}
-            for i in range(steps_per_epoch):
-                b = order[i * bs:(i + 1) * bs]
-                batch = jax.device_put({"images": images[idx[b]], "labels": labels[b].astype(np.int32)},
-                                       batch_sharding)
-                state, metrics = step_fn(state, frozen, batch, aux, jnp.float32(lr), session_key)
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v  # device scalars; summed lazily
+            b = _epoch_order(config.seed, s, epoch, len(idx))[i * bs:(i + 1) * bs]
+            batch = jax.device_put({"images": images[idx[b]], "labels": labels[b].astype(np.int32)}, batch_sharding)
+            state, metrics = step_fn(state, frozen, batch, aux, jnp.float32(lr), session_key)
+            bad_step = jnp.minimum(bad_step, jnp.where(jnp.isfinite(metrics["loss"]), _NO_BAD_STEP, step))
+            sums = {k: sums[k] + v if k in sums else v for k, v in metrics.items()}  # on device, no sync
+            step += 1
+            faults.maybe_fail("step")
+            if config.log_every_steps and step % config.log_every_steps == 0 and step % steps_per_epoch:
+                done = (step - steps_at_start) / max(total_steps - steps_at_start, 1)
+                log.print(f"  session {s + 1} epoch {epoch + 1} step {step}/{total_steps} "
+                          f"ETA {format_eta((time.time() - t_session) / done * (1 - done))}")
+            if step % steps_per_epoch:
+                if config.train.checkpoint_every_steps and step % config.train.checkpoint_every_steps == 0:
+                    check_finite(bad_step)
+                    save_progress(step)
+                continue
+            # end of an epoch: validation recall@1, best model, metrics, checkpoint.
+            check_finite(bad_step)
             epoch_metrics = {k: float(v) / steps_per_epoch for k, v in sums.items()}
-            if not np.isfinite(epoch_metrics["loss"]):
-                raise FloatingPointError(f"loss is {epoch_metrics['loss']} in session {s + 1}, epoch {epoch + 1}; "
-                                         f"lower train.lr. Checkpoints of completed sessions are intact.")
+            sums = {}
             train_time = time.time() - t_epoch
             cur = {"params": state.params, "batch_stats": state.batch_stats}
             val_r1 = search(cur, images[val_idx], proto.train_labels[val_idx])[1]
             if val_r1 > best["r1"]:  # strict improvement, as the official code
-                best = {"r1": val_r1, "epoch": epoch, "variables": jax.tree.map(lambda x: x.copy(), cur)}
-            done = (epoch + 1) / config.train.epochs
+                best = {"r1": val_r1, "epoch": epoch, "variables": cur}
+            done = (step - steps_at_start) / max(total_steps - steps_at_start, 1)
             eta = (time.time() - t_session) / done * (1 - done)
-            log.write(session=s + 1, epoch=epoch + 1, step=int(state.step), val_recall1=val_r1,
-                      images_per_s=steps_per_epoch * bs / train_time, **epoch_metrics)
+            ips = steps_per_epoch * bs / max(train_time, 1e-9)
+            log.write(session=s + 1, epoch=epoch + 1, step=step, val_recall1=val_r1, images_per_s=ips, **epoch_metrics)
             terms = " ".join(f"{k}={v:.4f}" for k, v in epoch_metrics.items() if k.startswith("L_"))
             log.print(f"session {s + 1}/{plan.num_sessions} epoch {epoch + 1}/{config.train.epochs} "
-                      f"step {int(state.step)} lr={lr:.5f} loss={epoch_metrics['loss']:.4f} {terms} "
-                      f"val R@1={100 * val_r1:.2f} {steps_per_epoch * bs / train_time:.0f} img/s ETA {format_eta(eta)}")
+                      f"step {step} lr={lr:.5f} loss={epoch_metrics['loss']:.4f} {terms} "
+                      f"val R@1={100 * val_r1:.2f} {ips:.0f} img/s ETA {format_eta(eta)}")
+            save_progress(step)
+            t_epoch = time.time()
 
-        # 3d. test with the selected model against the accumulated gallery.
+        # 3e. test with the selected model against the accumulated gallery.
         variables = jax.device_get(best["variables"])
         test_recall = search(variables, proto.dataset.test.images[test_idx], proto.test_labels[test_idx])
         new_emb = embed(variables, images[gal_idx])
-        if method.reextract_gallery:
-            gallery = Gallery.empty(config.model.embed_dim).append(new_emb, proto.train_labels[gal_idx], s, gal_idx)
-        else:
-            gallery = gallery.append(new_emb, proto.train_labels[gal_idx], s, gal_idx)
+        base = Gallery.empty(config.model.embed_dim) if method.reextract_gallery else gallery
+        gallery = base.append(new_emb, proto.train_labels[gal_idx], s, gal_idx)
 
-        # 3e. replay memory: re-herd (session images + previous exemplars) with the selected model.
+        # 3f. replay memory: re-herd (session images + previous exemplars) with the selected model.
         if method.uses_memory:
             pool = np.concatenate([plan.sessions[s].train, mem["source_ids"]])
             sel_ids, sel_labels = memory.rebuild_memory(embed(variables, images[pool]), proto.train_labels[pool],
@@ -267,21 +303,24 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                   "val_recall1": best["r1"], "train_images": int(len(idx)), "gallery_rows": len(gallery),
                   "test_queries": int(len(test_idx)), "seconds": round(time.time() - t_session, 1)}
         per_session.append(record)
-        log.write(session=s + 1, **{f"test_recall{k}": v for k, v in test_recall.items()})
+        log.write(session=s + 1, step=total_steps + 1, **{f"test_recall{k}": v for k, v in test_recall.items()})
         log.print(f"session {s + 1} test: " + " ".join(f"R@{k}={100 * v:.2f}" for k, v in test_recall.items())
                   + f" (best epoch {best['epoch'] + 1}, val R@1 {100 * best['r1']:.2f})")
-        ckpts.save(s, model={"variables": variables, "opt_state": jax.device_get(state.opt_state)},
-                   gallery=gallery.as_dict(),
-                   meta={"per_session": per_session, "memory": {k: v.tolist() for k, v in mem.items()}})
-    ckpts.close()
+        faults.fail_while_writing("session_write", session_ckpts.directory)
+        session_ckpts.save(s, {"variables": variables, "opt_state": state.opt_state, "gallery": gallery.as_dict()},
+                           {"per_session": per_session, "memory": {k: v.tolist() for k, v in mem.items()}})
+    session_ckpts.close()
+    progress_ckpts.close()
 
     # ---------------------------------------------------------------- 4. results
     ar = evaluate.average_recall([{k: r["recall"][str(k)] for k in ks} for r in per_session])
     results = {"method": method.name, "dataset": config.data.name, "setup": plan.setup, "seed": config.seed,
                "per_session": per_session, "average_recall": {str(k): v for k, v in ar.items()}}
     if jax.process_index() == 0:
-        with open(os.path.join(workdir, "results.json"), "w") as f:
+        tmp = os.path.join(workdir, "results.json.tmp")
+        with open(tmp, "w") as f:
             json.dump(results, f, indent=2)
+        os.replace(tmp, os.path.join(workdir, "results.json"))
     log.print(f"\nresults ({method.name}, {config.data.name}, {plan.setup}; recall in %):\n"
               + _results_table(per_session, ks))
     return results

@@ -9,7 +9,7 @@ import pytest
 
 from configs import fashion_mnist_general
 from cvs_jax import trainer
-from cvs_jax.checkpoint import SessionCheckpoints
+from cvs_jax.checkpoint import Checkpoints
 from tests.tiny_data import write_fashion_idx
 
 
@@ -53,8 +53,8 @@ def test_finetune_two_sessions(manual_dir, tmp_path):
     ar1 = np.mean([r["recall"]["1"] for r in res["per_session"]])
     assert res["average_recall"]["1"] == pytest.approx(ar1)
     # the gallery holds each session's train images once, made by that session's model
-    ck = SessionCheckpoints(os.path.join(wd, "checkpoints"))
-    assert ck.latest_session() == 1
+    ck = Checkpoints(os.path.join(wd, "checkpoints", "sessions"), max_to_keep=None)
+    assert ck.steps() == [0, 1]
     rows = [r["gallery_rows"] for r in res["per_session"]]
     assert rows[1] > rows[0] > 0
     metrics = read_jsonl(os.path.join(wd, "metrics.jsonl"))
@@ -77,7 +77,8 @@ def test_resume_after_completed_session_reproduces_results(manual_dir, tmp_path)
     wd = str(tmp_path / "interrupted")
     trainer.run(c, wd)
     # simulate a crash during the last session: its checkpoint and the results never got written
-    shutil.rmtree(os.path.join(wd, "checkpoints", "2"))
+    shutil.rmtree(os.path.join(wd, "checkpoints", "sessions", "2"))
+    shutil.rmtree(os.path.join(wd, "checkpoints", "progress"))
     os.remove(os.path.join(wd, "results.json"))
     resumed = trainer.run(c, wd)
     for r in resumed["per_session"] + full["per_session"]:

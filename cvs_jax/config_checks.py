@@ -1,0 +1,68 @@
+"""Refuse bad configurations before any data loading or compilation.
+
+Each problem stops the run with one message naming the field and the fix.  Checks
+that need the dataset (class counts of datasets we do not know statically, image
+counts per class) happen in the splitter, still before any compilation.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+
+from cvs_jax import schedules
+from cvs_jax.data import splits
+from cvs_jax.methods import METHODS
+
+# Classes of the datasets we know without opening them (for early S/C/L checks).
+KNOWN_NUM_CLASSES = {"fashion_mnist_local": 10, "fashion_mnist": 10, "mnist": 10, "cifar10": 10,
+                     "cifar100": 100, "tiny_imagenet_zip": 200, "stanford_dogs": 120}
+LOCAL_BUILDERS = ("fashion_mnist_local", "tiny_imagenet_zip")
+
+
+class ConfigError(ValueError):
+    """A configuration problem the user must fix (one message: field, problem, fix)."""
+
+
+def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
+    d, t = config.data, config.train
+    if config.method not in METHODS:
+        raise ConfigError(f"method={config.method!r} is unknown; choose one of {sorted(METHODS)}.")
+    if d.setup not in splits.SETUPS:
+        raise ConfigError(f"data.setup={d.setup!r} is unknown; choose one of {list(splits.SETUPS)}.")
+    if d.name is None:
+        raise ConfigError("data.name is not set; set --config.data.name (e.g. fashion_mnist_local).")
+    if t.schedule not in schedules.SCHEDULES:
+        raise ConfigError(f"train.schedule={t.schedule!r} is unknown; choose one of {list(schedules.SCHEDULES)}.")
+    if not 0 <= d.old_class_percent < 100:
+        raise ConfigError(f"data.old_class_percent={d.old_class_percent} (M) must be in [0, 100).")
+    if d.num_sessions < 1 or d.first_classes < 1 or (d.num_sessions > 1 and d.classes_per_session < 1):
+        raise ConfigError("data.num_sessions (L), data.first_classes (S) and data.classes_per_session (C) "
+                          "must be positive.")
+    total = d.first_classes + (d.num_sessions - 1) * d.classes_per_session
+    if d.name in KNOWN_NUM_CLASSES and d.setup != "blurry" and total > KNOWN_NUM_CLASSES[d.name]:
+        raise ConfigError(f"S + (L-1)*C = {d.first_classes} + ({d.num_sessions}-1)*{d.classes_per_session} = "
+                          f"{total} classes, but {d.name} has {KNOWN_NUM_CLASSES[d.name]}; lower "
+                          f"data.num_sessions, data.first_classes or data.classes_per_session.")
+    if t.batch_size < 1 or t.batch_size % num_devices:
+        raise ConfigError(f"train.batch_size={t.batch_size} is not a positive multiple of the {num_devices} "
+                          f"devices; choose a multiple of {num_devices}.")
+    if t.eval_batch_size < 1 or t.eval_batch_size % num_devices:
+        raise ConfigError(f"train.eval_batch_size={t.eval_batch_size} is not a positive multiple of the "
+                          f"{num_devices} devices; choose a multiple of {num_devices}.")
+    if t.epochs < 1:
+        raise ConfigError(f"train.epochs={t.epochs} must be at least 1.")
+    if t.checkpoint_every_steps < 0:
+        raise ConfigError(f"train.checkpoint_every_steps={t.checkpoint_every_steps} must be >= 0 (0: epoch ends only).")
+    method = METHODS[config.method](config)
+    if method.uses_memory:
+        classes = KNOWN_NUM_CLASSES.get(d.name, total) if d.setup == "blurry" else total
+        if config.memory.budget < classes:
+            raise ConfigError(f"memory.budget={config.memory.budget} is smaller than the {classes} classes the "
+                              f"run will have seen; raise memory.budget to at least {classes}.")
+    if d.name in LOCAL_BUILDERS and d.manual_dir is not None:
+        manual = os.path.expanduser(d.manual_dir)
+        if not os.path.isdir(manual):
+            raise ConfigError(f"data.manual_dir={d.manual_dir!r} does not exist; point it at the folder holding "
+                              f"the {d.name} source files (see README, Data).")

@@ -1,0 +1,188 @@
+"""Multi-device and multi-host plumbing: one ``data`` mesh, per-process batch slices.
+
+One process drives all of its local devices (``jax.devices()`` spans every
+process once ``jax.distributed.initialize`` has run).  The whole run uses a
+single 1-axis mesh named ``data``; batches are sharded over it and the model
+state is replicated.  In a multi-host run every process loads only its own rows
+of each global batch (``process_slice``) and ``global_batch`` assembles the
+global ``jax.Array`` from those per-process pieces, so no host ever reads the
+whole batch.  With one process all of this is exactly ``jax.device_put``.
+
+Turning multi-host on is explicit (``maybe_initialize(True)``, or the
+environment variable ``CVS_JAX_MULTIHOST=1``); the coordinator address, the
+process count and the process id then come from, in order: the arguments,
+``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``, or
+JAX's cluster auto-detection (SLURM, Open MPI, Kubernetes, Cloud TPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+DATA_AXIS = "data"
+ENV_FLAG = "CVS_JAX_MULTIHOST"
+
+_log = logging.getLogger(__name__)
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else None
+
+
+def _slurm_local_device_ids() -> list[int] | None:
+    """All GPUs of the node when SLURM runs one task per node.
+
+    JAX's SLURM auto-detection sets ``local_device_ids=[SLURM_LOCALID]``, i.e. one
+    GPU per process, which silently leaves every other GPU of the node idle when
+    the job runs one process per node.  With one task per node we hand the
+    process every GPU SLURM gave the node (``SLURM_GPUS_ON_NODE``).
+    """
+    if "SLURM_JOB_ID" not in os.environ or "JAX_LOCAL_DEVICE_IDS" in os.environ:
+        return None
+    per_node = os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get("SLURM_NTASKS_PER_NODE")
+    gpus = _env_int("SLURM_GPUS_ON_NODE")
+    if per_node is None or gpus is None:
+        return None
+    # SLURM writes e.g. "1(x4)" or "1,1": one task per node when every entry starts with 1.
+    if all(part.split("(")[0] == "1" for part in per_node.split(",")):
+        return list(range(gpus))
+    return None
+
+
+def multihost_requested(enabled: bool = False) -> bool:
+    """True when the config flag or ``CVS_JAX_MULTIHOST=1`` asks for a multi-process run."""
+    return bool(enabled) or os.environ.get(ENV_FLAG, "").lower() in ("1", "true", "yes")
+
+
+def maybe_initialize(enabled: bool = False, *, coordinator_address: str | None = None,
+                     num_processes: int | None = None, process_id: int | None = None,
+                     local_device_ids: Sequence[int] | None = None) -> bool:
+    """Calls ``jax.distributed.initialize`` once, only when multi-host is requested.
+
+    Must run before anything touches a JAX backend (``jax.devices()``, the first
+    array).  Returns True when this process is part of a multi-process run.
+    Calling it again, or with multi-host off, is a no-op.
+    """
+    if not multihost_requested(enabled):
+        return False
+    if jax.distributed.is_initialized():
+        return True
+    kwargs: dict[str, Any] = {}
+    coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    num_processes = num_processes if num_processes is not None else _env_int("JAX_NUM_PROCESSES")
+    process_id = process_id if process_id is not None else _env_int("JAX_PROCESS_ID")
+    if local_device_ids is None:
+        local_device_ids = _slurm_local_device_ids()
+    for name, value in (("coordinator_address", coordinator_address), ("num_processes", num_processes),
+                        ("process_id", process_id), ("local_device_ids", local_device_ids)):
+        if value is not None:
+            kwargs[name] = value
+    _log.info("jax.distributed.initialize(%s)", ", ".join(f"{k}={v!r}" for k, v in kwargs.items()))
+    jax.distributed.initialize(**kwargs)
+    return True
+
+
+def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """The 1-axis ``data`` mesh over all global devices (every process's), Auto axis type."""
+    n = len(devices) if devices is not None else jax.device_count()
+    return jax.make_mesh((n,), (DATA_AXIS,), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P(DATA_AXIS))
+
+
+def replicated_sharding(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def _process_row_blocks(mesh: Mesh, global_rows: int) -> list[tuple[int, int]]:
+    """The sorted, merged [start, stop) row ranges of a ``P('data')`` array this process holds."""
+    if global_rows % mesh.devices.size:
+        raise ValueError(f"a global batch of {global_rows} rows does not split over "
+                         f"{mesh.devices.size} devices; choose a multiple of {mesh.devices.size}.")
+    index_map = batch_sharding(mesh).addressable_devices_indices_map((global_rows,))
+    spans = sorted({(sl[0].start or 0, global_rows if sl[0].stop is None else sl[0].stop)
+                    for sl in index_map.values()})
+    merged: list[list[int]] = []
+    for a, b in spans:
+        if merged and merged[-1][1] == a:
+            merged[-1][1] = b
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def process_rows(global_batch_size: int, mesh: Mesh | None = None) -> np.ndarray:
+    """Indices of the global batch rows this process must load, in the order ``global_batch`` expects."""
+    mesh = mesh or data_mesh()
+    return np.concatenate([np.arange(a, b) for a, b in _process_row_blocks(mesh, global_batch_size)])
+
+
+def process_slice(global_batch_size: int, mesh: Mesh | None = None) -> tuple[int, int]:
+    """The [start, stop) rows of every global batch that this process loads.
+
+    With one process this is ``(0, global_batch_size)``.  With several, each
+    process's devices hold one contiguous run of rows of the ``data`` axis
+    (``jax.make_mesh`` orders devices process by process); a mesh that breaks
+    that raises here, and ``process_rows`` gives the general index list.
+    """
+    blocks = _process_row_blocks(mesh or data_mesh(), global_batch_size)
+    if len(blocks) != 1:
+        raise ValueError(f"this process's devices hold rows {blocks} of the batch, not one contiguous "
+                         f"slice; use process_rows() instead.")
+    return blocks[0]
+
+
+def global_batch(local_arrays: Any, mesh: Mesh | None = None) -> Any:
+    """The global, ``data``-sharded ``jax.Array`` (pytree) of a batch from this process's rows.
+
+    ``local_arrays`` is a pytree of host arrays holding rows ``process_slice(B)``
+    of the global batch of ``B`` rows (all of them with one process).  Single
+    process: the same array as ``jax.device_put(x, NamedSharding(mesh, P('data')))``.
+    """
+    mesh = mesh or data_mesh()
+    sharding = batch_sharding(mesh)
+    n_proc_rows = None
+    for leaf in jax.tree.leaves(local_arrays):
+        if n_proc_rows is None:
+            n_proc_rows = np.shape(leaf)[0]
+        elif np.shape(leaf)[0] != n_proc_rows:
+            raise ValueError("the leaves of a batch have different numbers of rows")
+    if jax.process_count() == 1:
+        return jax.device_put(local_arrays, sharding)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), local_arrays)
+
+
+def replicate(tree: Any, mesh: Mesh | None = None) -> Any:
+    """Places a pytree (host values, identical on every process) replicated on every device of the mesh."""
+    mesh = mesh or data_mesh()
+    sharding = replicated_sharding(mesh)
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)
+
+    def put(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return jax.device_put(x, sharding)  # already global: reshard on device
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+    return jax.tree.map(put, tree)
+
+
+def to_host(x: Any) -> Any:
+    """A pytree of (possibly multi-host, sharded) arrays as full numpy arrays on every process."""
+    def get(a):
+        if isinstance(a, jax.Array) and not a.is_fully_addressable and not a.is_fully_replicated:
+            from jax.experimental import multihost_utils
+            return np.asarray(multihost_utils.process_allgather(a, tiled=True))
+        return np.asarray(a)
+
+    return jax.tree.map(get, x)

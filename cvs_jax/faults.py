@@ -1,0 +1,53 @@
+"""Fault injection for the crash-and-resume tests: ``CVS_JAX_FAULT=<point>:<n>``.
+
+When the variable is set, the process kills itself with SIGKILL (like ``kill -9``,
+no clean-up) at the n-th time it passes the named point.  Points: ``step`` (after a
+training step), ``validation`` (between embedding the gallery and the queries),
+``progress_write`` / ``session_write`` (while orbax writes a mid-session or
+session-end checkpoint, i.e. with a partial temporary directory on disk).
+Unset, every call is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+_counts: dict[str, int] = {}
+
+
+def _armed(point: str) -> bool:
+    spec = os.environ.get("CVS_JAX_FAULT", "")
+    if not spec:
+        return False
+    name, _, n = spec.partition(":")
+    if name != point:
+        return False
+    _counts[point] = _counts.get(point, 0) + 1
+    return _counts[point] == int(n or 1)
+
+
+def _kill() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def maybe_fail(point: str) -> None:
+    if _armed(point):
+        _kill()
+
+
+def fail_while_writing(point: str, directory: str) -> None:
+    """If armed, kills the process as soon as a temporary checkpoint directory appears."""
+    if not _armed(point):
+        return
+
+    def watch():
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if os.path.isdir(directory) and any("tmp" in d for d in os.listdir(directory)):
+                _kill()
+            time.sleep(0.0005)
+
+    threading.Thread(target=watch, daemon=True).start()
