@@ -356,23 +356,33 @@ def _apply_lut(image, lut):
 
 
 @functools.lru_cache(maxsize=1)
-def _autocontrast_exceptions() -> np.ndarray:
-    """Keys ``lo*65536 + hi*256 + ix`` where Pillow's float64 ``int(ix*scale + offset)`` is one below
-    the exact ``floor((ix - lo) * 255 / (hi - lo))`` (exact integer results landing at k - 1e-14).
+def _autocontrast_exceptions():
+    """Where Pillow's float64 ``int(ix * scale + offset)`` (scale = 255/(hi-lo), offset = -lo*scale)
+    is one *below* the exact ``floor((ix - lo) * 255 / (hi - lo))``: exact integer results that land
+    at k - 1e-14 (e.g. lo=0, hi=25 maps 25 -> 254).  12094 (lo, hi, ix) triples in 5958 (lo, hi)
+    pairs, at most 17 per pair.
+
+    Returns (row [65536] int32: row of pair lo*256+hi in ``ix_table`` or -1,
+             ix_table [n_pairs, 17] int32: the exceptional ix, padded with -1).
     """
-    keys = []
+    per_pair = {}
     ix_all = np.arange(256, dtype=np.float64)
     for lo in range(256):
         for hi in range(lo + 1, 256):
             scale = 255.0 / (hi - lo)
             offset = -lo * scale
-            ix = ix_all[lo:hi + 1]
-            got = np.trunc(ix * scale + offset)
-            exact = ((np.arange(lo, hi + 1) - lo) * 255) // (hi - lo)
+            got = np.trunc(ix_all[lo:hi + 1] * scale + offset)
+            exact = (np.arange(hi - lo + 1) * 255) // (hi - lo)
             bad = np.nonzero(got != exact)[0]
             if bad.size:
-                keys.append(lo * 65536 + hi * 256 + lo + bad)
-    return np.sort(np.concatenate(keys)).astype(np.int32)
+                per_pair[lo * 256 + hi] = lo + bad
+    width = max(len(v) for v in per_pair.values())
+    row = np.full((65536,), -1, np.int32)
+    ix_table = np.full((len(per_pair), width), -1, np.int32)
+    for r, (pair, ixs) in enumerate(sorted(per_pair.items())):
+        row[pair] = r
+        ix_table[r, :len(ixs)] = ixs
+    return row, ix_table
 
 
 def auto_contrast(image, magnitude=None):
@@ -382,15 +392,16 @@ def auto_contrast(image, magnitude=None):
     hist = _histograms(image)
     nz = hist > 0
     ix = jnp.arange(256, dtype=jnp.int32)
-    lo = jnp.argmax(nz, axis=-1).astype(jnp.int32)[:, None]
-    hi = (255 - jnp.argmax(nz[:, ::-1], axis=-1)).astype(jnp.int32)[:, None]
+    lo = jnp.argmax(nz, axis=-1).astype(jnp.int32)                  # [C]
+    hi = (255 - jnp.argmax(nz[:, ::-1], axis=-1)).astype(jnp.int32)
     d = jnp.maximum(hi - lo, 1)
-    exact = jnp.floor_divide((ix[None, :] - lo) * 255, d)
-    table = jnp.asarray(_autocontrast_exceptions())
-    q = lo * 65536 + hi * 256 + ix[None, :]
-    pos = jnp.clip(jnp.searchsorted(table, q), 0, table.shape[0] - 1)
-    lut = jnp.clip(exact - (table[pos] == q).astype(jnp.int32), 0, 255)
-    lut = jnp.where(hi <= lo, ix[None, :], lut)
+    exact = jnp.floor_divide((ix[None, :] - lo[:, None]) * 255, d[:, None])
+    row_np, ix_np = _autocontrast_exceptions()
+    row = jnp.asarray(row_np)[lo * 256 + hi]                           # [C]
+    cand = jnp.where((row >= 0)[:, None], jnp.asarray(ix_np)[jnp.maximum(row, 0)], -1)  # [C, 17]
+    below = jnp.any(ix[None, :, None] == cand[:, None, :], axis=-1)     # [C, 256]
+    lut = jnp.clip(exact - below.astype(jnp.int32), 0, 255)
+    lut = jnp.where((hi <= lo)[:, None], ix[None, :], lut)
     return _apply_lut(image, lut)
 
 
@@ -668,15 +679,45 @@ def apply_op(image, op_id, mag_idx, sign_idx=1, center=(0, 0), op_ids=ALL_OPS):
     return jax.lax.switch(jnp.asarray(compact)[op_id], branches, image, *args)
 
 
+# Randomness: one ``jax.random.bits`` draw of uint32 words per batch (a single threefry call keeps
+# compile time down), turned into the reference's draws word by word.
+
+def _randint(word, n: int):
+    """Uniform in {0..n-1} (modulo bias < n / 2**32)."""
+    return (word % jnp.uint32(n)).astype(jnp.int32)
+
+
+def _uniform(word):
+    """Uniform in [0, 1) on a 2**-24 grid, like ``random.random()`` for ``u < p`` tests."""
+    return jnp.right_shift(word, jnp.uint32(8)).astype(jnp.float32) * jnp.float32(2.0 ** -24)
+
+
+def _op_randomness(words, h: int, w: int):
+    """(sign_idx, (cy, cx)) from 3 words: ``random.choice([-1, 1])`` and the Cutout centre."""
+    return _randint(words[0], 2), (_randint(words[1], h), _randint(words[2], w))
+
+
 def random_op(key, image, op_id, mag_idx, op_ids=ALL_OPS):
     """``apply_op`` with the op's own randomness drawn from ``key``: the sign
     (``random.choice([-1, 1])``, used by signed ops only) and the Cutout centre
     (``cy ~ U{0..H-1}``, ``cx ~ U{0..W-1}``)."""
     h, w, _ = image.shape
-    k_sign, k_y, k_x = jax.random.split(key, 3)
-    sign_idx = jax.random.bernoulli(k_sign).astype(jnp.int32)
-    center = (jax.random.randint(k_y, (), 0, h), jax.random.randint(k_x, (), 0, w))
+    sign_idx, center = _op_randomness(jax.random.bits(key, (3,), jnp.uint32), h, w)
     return apply_op(image, op_id, mag_idx, sign_idx, center, op_ids)
+
+
+def _apply_in_sequence(image, ops, mags, applied, op_words, op_ids):
+    """op[i] (if applied[i]) for i = 0, 1 in order, op i's sign / centre from op_words[i] (3 words).
+    A ``lax.scan`` so that the switch over the ops is compiled once, not once per slot."""
+    h, w, _ = image.shape
+
+    def body(img, xs):
+        o, m, a, words = xs
+        sign_idx, center = _op_randomness(words, h, w)
+        return jnp.where(a, apply_op(img, o, m, sign_idx, center, op_ids), img), None
+
+    out, _ = jax.lax.scan(body, image, (ops, mags, applied, op_words))
+    return out
 
 
 def _policy_arrays():
@@ -689,46 +730,35 @@ def _policy_arrays():
     return p1, o1, m1, p2, o2, m2
 
 
-def _cifar10_one(key, image, return_choices=False):
-    arrays = _policy_arrays()
-    used = tuple(sorted(set(arrays[1].tolist()) | set(arrays[4].tolist())))   # 13 of the 15 ops
-    p1, o1, m1, p2, o2, m2 = (jnp.asarray(a) for a in arrays)
-    k_sel, k_u1, k_u2, k_op1, k_op2 = jax.random.split(key, 5)
-    s = jax.random.randint(k_sel, (), 0, len(CIFAR10_POLICY))        # random.randint(0, 24)
-    apply1 = jax.random.uniform(k_u1) < p1[s]                         # random.random() < p1
-    apply2 = jax.random.uniform(k_u2) < p2[s]
-    out = jnp.where(apply1, random_op(k_op1, image, o1[s], m1[s], used), image)
-    out = jnp.where(apply2, random_op(k_op2, out, o2[s], m2[s], used), out)
-    if return_choices:
-        return out, (s, apply1, apply2)
-    return out
+def _check_batch(images_u8):
+    if images_u8.ndim != 4 or images_u8.shape[-1] not in (1, 3) or images_u8.dtype != jnp.uint8:
+        raise ValueError(f"expected a uint8 batch [B, H, W, C] with C in (1, 3), got "
+                         f"{images_u8.shape} {images_u8.dtype}")
 
 
 def cifar10_policy(key, images_u8, *, return_choices: bool = False):
     """AutoAugment ``CIFAR10Policy`` per image of a uint8 batch [B, H, W, C] -> same shape/dtype.
 
-    Each image: one of the 25 sub-policies uniformly, then op1 with prob p1 and op2 with prob p2
-    (magnitudes from the AutoAugment tables, random sign where the reference draws one).
-    ``return_choices=True`` also returns (sub-policy index, op1 applied, op2 applied) per image.
+    Each image: one of the 25 sub-policies uniformly (``random.randint(0, 24)``), then op1 if
+    ``u1 < p1`` and op2 if ``u2 < p2`` (magnitudes from the AutoAugment tables, random sign where the
+    reference draws one).  ``return_choices=True`` also returns, per image, (sub-policy index,
+    op1 applied, op2 applied).
     """
-    keys = jax.random.split(key, images_u8.shape[0])
-    return jax.vmap(lambda k, im: _cifar10_one(k, im, return_choices))(keys, images_u8)
+    _check_batch(images_u8)
+    arrays = _policy_arrays()
+    used = tuple(sorted(set(arrays[1].tolist()) | set(arrays[4].tolist())))   # 13 of the 15 ops
+    p1, o1, m1, p2, o2, m2 = (jnp.asarray(a) for a in arrays)
+    words = jax.random.bits(key, (images_u8.shape[0], 9), jnp.uint32)
 
+    def one(wd, image):
+        s = _randint(wd[0], len(CIFAR10_POLICY))
+        applied = jnp.stack([_uniform(wd[1]) < p1[s], _uniform(wd[2]) < p2[s]])
+        out = _apply_in_sequence(image, jnp.stack([o1[s], o2[s]]), jnp.stack([m1[s], m2[s]]), applied,
+                                 wd[3:].reshape(2, 3), used)
+        return out, (s, applied[0], applied[1])
 
-def _rand_augment_one(key, image, return_choices=False):
-    op_table = jnp.asarray([OP_ID[n] for n in RANDAUGMENT_OPS], jnp.int32)
-    k_o1, k_m1, k_o2, k_m2, k_u1, k_u2, k_a1, k_a2 = jax.random.split(key, 8)
-    o1 = op_table[jax.random.randint(k_o1, (), 0, len(RANDAUGMENT_OPS))]
-    m1 = jax.random.randint(k_m1, (), 1, 10)
-    o2 = op_table[jax.random.randint(k_o2, (), 0, len(RANDAUGMENT_OPS))]
-    m2 = jax.random.randint(k_m2, (), 1, 10)
-    apply1 = jax.random.uniform(k_u1) < RANDAUGMENT_PROB
-    apply2 = jax.random.uniform(k_u2) < RANDAUGMENT_PROB
-    out = jnp.where(apply1, random_op(k_a1, image, o1, m1), image)
-    out = jnp.where(apply2, random_op(k_a2, out, o2, m2), out)
-    if return_choices:
-        return out, (o1, m1, apply1, o2, m2, apply2)
-    return out
+    out, choices = jax.vmap(one)(words, images_u8)
+    return (out, choices) if return_choices else out
 
 
 def rand_augment(key, images_u8, *, return_choices: bool = False):
@@ -737,8 +767,20 @@ def rand_augment(key, images_u8, *, return_choices: bool = False):
     The reference draws one of the 135 x 135 ordered pairs of (op, magnitude index) uniformly,
     i.e. op1, m1, op2, m2 independent, ops uniform over the 15 ops (the same op may repeat),
     magnitude index uniform in 1..9, and applies each op with p = 0.5 (``SubPolicy``).
-    ``return_choices=True`` also returns (op1 id, m1, applied1, op2 id, m2, applied2) per image,
-    op ids indexing ``OP_NAMES``.
+    ``return_choices=True`` also returns, per image, (op1 id, m1, op1 applied, op2 id, m2,
+    op2 applied), op ids indexing ``OP_NAMES``.
     """
-    keys = jax.random.split(key, images_u8.shape[0])
-    return jax.vmap(lambda k, im: _rand_augment_one(k, im, return_choices))(keys, images_u8)
+    _check_batch(images_u8)
+    op_table = jnp.asarray([OP_ID[n] for n in RANDAUGMENT_OPS], jnp.int32)
+    n_ops, n_mag = len(RANDAUGMENT_OPS), len(RANDAUGMENT_MAGNITUDES)
+    words = jax.random.bits(key, (images_u8.shape[0], 12), jnp.uint32)
+
+    def one(wd, image):
+        ops = op_table[_randint(wd[0:2], n_ops)]
+        mags = _randint(wd[2:4], n_mag) + RANDAUGMENT_MAGNITUDES[0]
+        applied = _uniform(wd[4:6]) < RANDAUGMENT_PROB
+        out = _apply_in_sequence(image, ops, mags, applied, wd[6:].reshape(2, 3), ALL_OPS)
+        return out, (ops[0], mags[0], applied[0], ops[1], mags[1], applied[1])
+
+    out, choices = jax.vmap(one)(words, images_u8)
+    return (out, choices) if return_choices else out

@@ -7,21 +7,22 @@ most similar gallery rows carries the query's label.
 The search is exact and deterministic, and sharded over the ``data`` axis of a
 device mesh (all devices by default):
 
-* gallery rows are split over the devices (padded to ``rows_per_device x
-  n_devices``; padded rows score -inf and never win), normalised once;
-* each device scans its rows in blocks of ``gallery_block``: one matmul of a
-  query chunk against the block, ``lax.top_k``, and a merge with the running
-  top-K, so device memory stays bounded by ``chunk x gallery_block`` scores;
+* gallery rows are split over the devices and normalised once; each device holds
+  a whole number of scan blocks of ``gallery_block`` rows (padded rows score -inf
+  and never win), so a growing gallery recompiles only when it needs a new block;
+* each device scans its rows block by block: one matmul of a query chunk against
+  the block, ``lax.top_k``, and a merge with the running top-K, so device memory
+  stays bounded by ``chunk x gallery_block`` scores whatever the gallery size;
 * the K candidates of every device (K x n_devices per query) are merged into the
-  global top-K, ties broken by the lowest global gallery index, so the result is
-  the same for any device count and equals a brute-force stable sort;
-* queries are processed in chunks of ``chunk`` (padded: one compile per shape).
+  global top-K, ties broken by the lowest global gallery index.  The block shape
+  does not depend on the device count, so the result is bitwise the same on any
+  number of devices and equals a brute-force stable sort of the same scores;
+* queries are processed in chunks of ``chunk`` rows (zero-padded: one compile).
 
-Rows per device are rounded up to a bucket so a growing gallery recompiles only
-when it crosses a bucket boundary.  ``recall_at_k_blocked`` streams a gallery
-that lives on disk (a memory-mapped ``.npy``, or any array-like read by row
-slices, e.g. a TensorStore/zarr array) block by block, keeping only one or two
-blocks in host memory and a running top-K per query on the devices.
+``recall_at_k_blocked`` streams a gallery that lives on disk (a memory-mapped
+``.npy``, or any array-like read by row slices, e.g. a TensorStore/zarr array)
+block by block, keeping at most two blocks in host memory and a running top-K
+per query on the devices: a 10M x 128 gallery never sits in host memory whole.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from cvs_jax import distributed
 
 _SENTINEL = np.iinfo(np.int32).max  # index of "no candidate yet"; sorts after every real row on ties
 DEFAULT_PRECISION = jax.lax.Precision.HIGHEST  # exact f32 scores (no TF32 on GPUs), as faiss
+DEFAULT_BLOCK = 4096  # gallery rows per device per scan step; also the recompile granularity
 
 
 def _normalize(x):
@@ -154,12 +156,15 @@ def _empty_topk(mesh: Mesh, rows: int, k: int):
             _host_to_mesh(np.full((rows, k), _SENTINEL, np.int32), replicated, rows))
 
 
-def _layout(n: int, n_dev: int, gallery_bucket: int, gallery_block: int) -> tuple[int, int]:
-    """(rows per device, scan block): rows per device a multiple of the bucket share and of the block."""
-    rows_per_dev = _ceil_to(max(-(-n // n_dev), 1), max(1, -(-gallery_bucket // n_dev)))
-    if rows_per_dev <= gallery_block:
-        return rows_per_dev, rows_per_dev
-    return _ceil_to(rows_per_dev, gallery_block), gallery_block
+def _rows_per_device(n: int, n_dev: int, gallery_block: int) -> int:
+    """Rows per device: the fewest whole scan blocks that hold ``n`` rows over ``n_dev`` devices.
+
+    The scan block does not depend on the device count, so every score comes out of
+    the same ``[chunk, D] x [D, gallery_block]`` matmul whatever the mesh: results are
+    bitwise the same on 1 or 8 devices (a shape-dependent kernel choice, e.g. a
+    split-K GEMM on a GPU, could otherwise flip near-ties).
+    """
+    return _ceil_to(max(n, 1), n_dev * gallery_block) // n_dev
 
 
 class ShardedGallery:
@@ -170,8 +175,8 @@ class ShardedGallery:
     resharded on device, for benchmarks that generate data there).
     """
 
-    def __init__(self, embeddings, *, mesh: Mesh | None = None, gallery_bucket: int = 4096,
-                 gallery_block: int = 32768, precision=DEFAULT_PRECISION, base: int = 0):
+    def __init__(self, embeddings, *, mesh: Mesh | None = None, gallery_block: int = DEFAULT_BLOCK,
+                 precision=DEFAULT_PRECISION, base: int = 0, rows_per_device: int | None = None):
         self.mesh = _resolve_mesh(mesh)
         self.n = int(embeddings.shape[0])
         if self.n == 0:
@@ -180,7 +185,11 @@ class ShardedGallery:
         self.base = base
         self.precision = precision
         n_dev = _n_dev(self.mesh)
-        self.rows_per_dev, self.scan_block = _layout(self.n, n_dev, gallery_bucket, gallery_block)
+        self.scan_block = gallery_block
+        self.rows_per_dev = rows_per_device or _rows_per_device(self.n, n_dev, gallery_block)
+        if self.rows_per_dev % gallery_block or self.rows_per_dev * n_dev < self.n:
+            raise ValueError(f"rows_per_device={self.rows_per_dev} must be a multiple of gallery_block="
+                             f"{gallery_block} and hold the {self.n} rows over {n_dev} devices")
         rows = self.rows_per_dev * n_dev
         sharding = NamedSharding(self.mesh, P(distributed.DATA_AXIS))
         if isinstance(embeddings, jax.Array):
@@ -259,24 +268,26 @@ def _pad_ranks(labels: np.ndarray, k: int) -> np.ndarray:
     return labels
 
 
-def topk_indices(query_emb, gallery_emb, k: int, *, chunk: int = 1024, gallery_bucket: int = 4096,
-                 gallery_block: int = 32768, mesh: Mesh | None = None,
-                 precision=DEFAULT_PRECISION) -> tuple[np.ndarray, np.ndarray]:
+def topk_indices(query_emb, gallery_emb, k: int, *, chunk: int = 1024, gallery_block: int = DEFAULT_BLOCK,
+                 mesh: Mesh | None = None, precision=DEFAULT_PRECISION) -> tuple[np.ndarray, np.ndarray]:
     """``(scores, indices)`` ``[Q, min(k, N)]`` of the nearest gallery rows (cosine), best first."""
-    gallery = ShardedGallery(gallery_emb, mesh=mesh, gallery_bucket=gallery_bucket,
-                             gallery_block=gallery_block, precision=precision)
+    gallery = ShardedGallery(gallery_emb, mesh=mesh, gallery_block=gallery_block, precision=precision)
     return gallery.topk(query_emb, k, chunk=chunk)
 
 
 def topk_labels(query_emb, gallery_emb, gallery_labels, k: int, *, chunk: int = 1024,
-                gallery_bucket: int = 4096, gallery_block: int = 32768, mesh: Mesh | None = None,
+                gallery_bucket: int = DEFAULT_BLOCK, mesh: Mesh | None = None,
                 precision=DEFAULT_PRECISION) -> np.ndarray:
-    """Labels of the ``k`` nearest gallery rows (cosine) for every query, ``[Q, k]`` (-1: no row)."""
+    """Labels of the ``k`` nearest gallery rows (cosine) for every query, ``[Q, k]`` (-1: no row).
+
+    ``gallery_bucket``: gallery rows per device per scan step (the padding and
+    recompile granularity), ``gallery_block`` elsewhere.
+    """
     gallery_labels = np.asarray(gallery_labels, np.int32)
     if np.shape(gallery_emb)[0] == 0:
         raise ValueError("the gallery is empty: nothing to search")
-    _, idx = topk_indices(query_emb, gallery_emb, k, chunk=chunk, gallery_bucket=gallery_bucket,
-                          gallery_block=gallery_block, mesh=mesh, precision=precision)
+    _, idx = topk_indices(query_emb, gallery_emb, k, chunk=chunk, gallery_block=gallery_bucket,
+                          mesh=mesh, precision=precision)
     return _pad_ranks(gallery_labels[idx], k)
 
 
@@ -287,8 +298,7 @@ def _recall_from_labels(nearest: np.ndarray, query_labels: np.ndarray, ks) -> di
 
 def recall_at_k(query_emb, query_labels, gallery_emb, gallery_labels,
                 ks: Sequence[int] = (1, 2, 4), *, chunk: int = 1024, mesh: Mesh | None = None,
-                gallery_bucket: int = 4096, gallery_block: int = 32768,
-                precision=DEFAULT_PRECISION) -> dict[int, float]:
+                gallery_block: int = DEFAULT_BLOCK, precision=DEFAULT_PRECISION) -> dict[int, float]:
     """``{k: fraction of queries with a same-label row among their k nearest}``.
 
     The gallery is sharded over ``mesh``'s ``data`` axis (``None``: all devices).
@@ -297,7 +307,7 @@ def recall_at_k(query_emb, query_labels, gallery_emb, gallery_labels,
     if query_labels.shape[0] == 0:
         raise ValueError("no queries to evaluate")
     nearest = topk_labels(query_emb, gallery_emb, gallery_labels, max(ks), chunk=chunk, mesh=mesh,
-                          gallery_bucket=gallery_bucket, gallery_block=gallery_block, precision=precision)
+                          gallery_bucket=gallery_block, precision=precision)
     return _recall_from_labels(nearest, query_labels, ks)
 
 
@@ -307,7 +317,7 @@ def open_gallery(path: str) -> np.ndarray:
 
 
 def topk_indices_blocked(query_emb, gallery: Any, k: int, *, block_rows: int = 1 << 20, chunk: int = 1024,
-                         gallery_block: int = 32768, mesh: Mesh | None = None,
+                         gallery_block: int = DEFAULT_BLOCK, mesh: Mesh | None = None,
                          precision=DEFAULT_PRECISION, prefetch: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-k over a gallery streamed from disk in blocks of ``block_rows`` rows.
 
@@ -328,7 +338,8 @@ def topk_indices_blocked(query_emb, gallery: Any, k: int, *, block_rows: int = 1
         raise ValueError("the gallery is empty: nothing to search")
     k_eff = min(k, n)
     n_dev = _n_dev(mesh)
-    block_rows = _ceil_to(min(block_rows, n), n_dev)
+    # every block (the last, shorter one too) has the same per-device layout: one compile.
+    block_rows = _ceil_to(min(block_rows, n), n_dev * gallery_block)
     chunks = list(_query_chunks(query_emb, chunk, mesh))
     if not chunks:
         return np.zeros((0, k_eff), np.float32), np.zeros((0, k_eff), np.int32)
@@ -344,9 +355,8 @@ def topk_indices_blocked(query_emb, gallery: Any, k: int, *, block_rows: int = 1
             block = pending.result() if prefetch else read(start)
             if prefetch and j + 1 < len(starts):
                 pending = pool.submit(read, starts[j + 1])
-            # every block (the last one too) uses the same per-device layout: one compile.
-            g = ShardedGallery(block, mesh=mesh, gallery_bucket=block_rows, gallery_block=gallery_block,
-                               precision=precision, base=start)
+            g = ShardedGallery(block, mesh=mesh, gallery_block=gallery_block, precision=precision,
+                               base=start, rows_per_device=block_rows // n_dev)
             del block
             for c, qn in enumerate(chunks):
                 running[c] = g.search_chunk(qn.array, k_eff, *running[c])
