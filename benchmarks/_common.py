@@ -1,0 +1,109 @@
+"""Shared helpers of the benchmarks: timing, device peaks, a Markdown table printer.
+
+Peak numbers are vendor datasheet figures (dense, no sparsity) keyed by a
+substring of ``jax.Device.device_kind``; for a CPU (or an unknown device) the
+peaks are estimated in the same run with a jitted f32 matmul and a jitted copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import sys
+import time
+from typing import Callable, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)  # for ``configs``
+
+
+@dataclasses.dataclass(frozen=True)
+class Peaks:
+    name: str
+    f32: float   # FLOP/s, full-precision f32 (CUDA cores; what Precision.HIGHEST gets)
+    tf32: float  # FLOP/s, TF32 tensor cores (f32 matmul at default precision on NVIDIA)
+    bf16: float  # FLOP/s, bf16 tensor cores, dense
+    hbm: float   # bytes/s, device memory bandwidth
+    source: str
+
+
+# Datasheet numbers (dense).  Order matters: first substring match wins.
+GPU_PEAKS: Sequence[tuple[str, Peaks]] = (
+    ("H200", Peaks("H200 SXM", 66.9e12, 494.7e12, 989.4e12, 4.8e12, "datasheet")),
+    ("H100 PCIe", Peaks("H100 PCIe", 51.2e12, 378e12, 756e12, 2.0e12, "datasheet")),
+    ("H100 NVL", Peaks("H100 NVL", 60e12, 417.5e12, 835e12, 3.9e12, "datasheet")),
+    ("H100", Peaks("H100 SXM", 66.9e12, 494.7e12, 989.4e12, 3.35e12, "datasheet")),
+    ("A100-SXM4-80GB", Peaks("A100 SXM 80GB", 19.5e12, 156e12, 312e12, 2.039e12, "datasheet")),
+    ("A100 80GB PCIe", Peaks("A100 PCIe 80GB", 19.5e12, 156e12, 312e12, 1.935e12, "datasheet")),
+    ("A100", Peaks("A100 40GB", 19.5e12, 156e12, 312e12, 1.555e12, "datasheet")),
+    ("L4", Peaks("L4", 30.3e12, 60e12, 121e12, 0.3e12, "datasheet")),
+)
+
+
+def block(x):
+    import jax
+
+    return jax.block_until_ready(x)
+
+
+def time_fn(fn: Callable[[], object], *, repeats: int = 3, min_time: float = 0.0) -> float:
+    """Best wall time of ``repeats`` calls of ``fn`` (each blocked until ready), after one warm-up."""
+    block(fn())
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        block(fn())
+        best = min(best, time.perf_counter() - t0)
+        if min_time and best > min_time:
+            break
+    return best
+
+
+def measure_cpu_peaks(n: int = 1024, copy_mb: int = 256) -> Peaks:
+    """Measured f32 matmul FLOP/s and copy bandwidth of the default JAX device."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    mm = jax.jit(lambda x: x @ x)
+    t = time_fn(lambda: mm(a), repeats=5)
+    flops = 2 * n ** 3 / t
+    m = copy_mb * (1 << 20) // 4
+    x = jnp.ones((m,), jnp.float32)
+    cp = jax.jit(lambda v: v * 1.0000001)  # read + write every byte once
+    tc = time_fn(lambda: cp(x), repeats=5)
+    bw = 2 * m * 4 / tc
+    return Peaks(f"{jax.devices()[0].device_kind} ({os.cpu_count()} cores)", flops, flops, flops, bw,
+                 f"measured: {n}^3 f32 matmul, {copy_mb} MiB read+write")
+
+
+def device_peaks() -> Peaks:
+    import jax
+
+    kind = jax.devices()[0].device_kind
+    if jax.devices()[0].platform == "gpu":
+        for key, peaks in GPU_PEAKS:
+            if key in kind:
+                return peaks
+    return measure_cpu_peaks()
+
+
+def environment() -> str:
+    import jax
+
+    d = jax.devices()
+    return (f"jax {jax.__version__}, {len(d)} x {d[0].device_kind} ({d[0].platform}), "
+            f"python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} host cores")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,117 @@
+"""Throughput of the CVS training step: steps/s and images/s, f32 vs bf16, batch 16 vs 256.
+
+The step is the trainer's own (``cvs_jax.train_step.make_train_step``) with the
+CVS method: the current model in train mode, the frozen previous model in eval
+mode on the same augmented batch, and all three losses (L_c + 10 L_m + L_d),
+i.e. a session >= 2 step.  The batch is sharded over all local devices
+(``cvs_jax.distributed``), the state replicated, exactly as in the trainer.
+Every configuration runs in the same process, so the printed ratios compare
+like with like.
+
+Usage:
+  python benchmarks/train_step.py                 # ResNet-18 (CIFAR stem, width 64), batch 16 and 256, f32 and bf16
+  python benchmarks/train_step.py --quick         # tiny CPU run: width 8, batch 16 and 64, few steps
+  python benchmarks/train_step.py --batches 16,128,256 --dtypes bfloat16 --steps 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import _common  # noqa: F401  (puts the repo root on sys.path)
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from configs import cifar100_general
+from cvs_jax import distributed
+from cvs_jax.methods import get_method
+from cvs_jax.models import build_model, init_head
+from cvs_jax.train_step import TrainState, make_optimizer, make_train_step
+
+NUM_CLASSES, OLD_CLASSES, VALID_CLASSES = 100, 20, 40
+
+
+def build(config, dtype: str, mesh):
+    model = build_model(config.model.name, width=config.model.width, layout=config.model.layout,
+                        embed_dim=config.model.embed_dim, dtype=dtype)
+    tx = make_optimizer(momentum=config.train.momentum, nesterov=config.train.nesterov,
+                        weight_decay=config.train.weight_decay)
+    step = make_train_step(model, tx, get_method(config), temperature=config.train.temperature,
+                           loss_weights=dict(config.loss_weights), mean=config.data.mean, std=config.data.std,
+                           crop_padding=config.augment.crop_padding, flip=config.augment.flip)
+    k_init, k_head, k_c = jax.random.split(jax.random.key(0), 3)
+    v = model.init(k_init, jnp.zeros((1, 32, 32, 3), jnp.float32), train=False)
+    params = {"net": v["params"], "head": init_head(k_head, NUM_CLASSES, config.model.embed_dim)}
+    variables = {"params": params, "batch_stats": v["batch_stats"]}
+    centers = jax.random.normal(k_c, (NUM_CLASSES, config.model.embed_dim))
+    centers = centers / jnp.linalg.norm(centers, axis=1, keepdims=True)
+    aux = {"valid_classes": jnp.int32(VALID_CLASSES), "old_classes": jnp.int32(OLD_CLASSES),
+           "centers": centers, "center_mask": jnp.arange(NUM_CLASSES) < OLD_CLASSES}
+    state = TrainState(step=jnp.int32(0), params=params, batch_stats=v["batch_stats"], opt_state=tx.init(params))
+    return step, distributed.replicate(state, mesh), distributed.replicate(variables, mesh), \
+        distributed.replicate(aux, mesh)
+
+
+def bench(config, dtype: str, batch: int, steps: int, mesh) -> dict:
+    step, state, frozen, aux = build(config, dtype, mesh)
+    rng = np.random.default_rng(0)
+    lo, hi = distributed.process_slice(batch, mesh)
+    images = rng.integers(0, 256, size=(batch, 32, 32, 3), dtype=np.uint8)
+    labels = rng.integers(0, VALID_CLASSES, size=(batch,)).astype(np.int32)  # old and new classes
+    data = distributed.global_batch({"images": images[lo:hi], "labels": labels[lo:hi]}, mesh)
+    lr, key = jnp.float32(0.03), jax.random.key(1)
+    t0 = time.perf_counter()
+    state, m = step(state, frozen, data, aux, lr, key)  # compile + first step
+    jax.block_until_ready(state)
+    compile_s = time.perf_counter() - t0
+    state, m = step(state, frozen, data, aux, lr, key)  # one more warm-up step
+    jax.block_until_ready(state)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        state, m = step(state, frozen, data, aux, lr, key)
+    jax.block_until_ready((state, m))
+    dt = time.perf_counter() - t0
+    assert np.isfinite(float(m["loss"])) and float(m["L_m"]) >= 0 and float(m["L_d"]) >= 0
+    return {"dtype": dtype, "batch": batch, "steps_per_s": steps / dt, "images_per_s": steps * batch / dt,
+            "ms_per_step": 1000 * dt / steps, "compile_s": compile_s, "loss": float(m["loss"])}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny CPU run: width 8, batch 16 and 64, 5 steps")
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--width", type=int, default=None, help="base width (default 64; 8 with --quick)")
+    p.add_argument("--batches", default=None, help="comma-separated global batch sizes (default 16,256)")
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per configuration (default 50)")
+    a = p.parse_args()
+    width = a.width or (8 if a.quick else 64)
+    batches = [int(b) for b in (a.batches or ("16,64" if a.quick else "16,256")).split(",")]
+    steps = a.steps or (5 if a.quick else 50)
+    dtypes = a.dtypes.split(",")
+
+    config = cifar100_general.get_config()  # method cvs, ResNet-18 CIFAR stem, embed 128
+    config.model.name, config.model.width = a.model, width
+    mesh = distributed.data_mesh()
+    print(f"# CVS train step (current + frozen old model, L_c + L_m + L_d): {a.model} width {width}, "
+          f"32x32x3, {steps} timed steps\n# {_common.environment()}\n")
+    rows = [bench(config, dt, b, steps, mesh) for b in batches for dt in dtypes]
+    print(_common.table(["batch", "dtype", "steps/s", "images/s", "ms/step", "compile s"],
+                        [[r["batch"], r["dtype"], r["steps_per_s"], r["images_per_s"], r["ms_per_step"],
+                          r["compile_s"]] for r in rows]))
+    by = {(r["batch"], r["dtype"]): r for r in rows}
+    ratios = []
+    if "float32" in dtypes and "bfloat16" in dtypes:
+        ratios += [f"bf16 / f32 images/s at batch {b}: {by[(b, 'bfloat16')]['images_per_s'] / by[(b, 'float32')]['images_per_s']:.2f}x"
+                   for b in batches]
+    if len(batches) > 1:
+        ratios += [f"batch {batches[-1]} / batch {batches[0]} images/s ({dt}): "
+                   f"{by[(batches[-1], dt)]['images_per_s'] / by[(batches[0], dt)]['images_per_s']:.2f}x"
+                   for dt in dtypes]
+    print("\n" + "\n".join(ratios))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Bad input stops early with one message that names the problem and the fix."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configs import fashion_mnist_general
+from cvs_jax import config_checks, trainer
+from cvs_jax.data.sources import DatasetNotFoundError
+from tests.tiny_data import write_fashion_idx
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def manual_dir(tmp_path_factory):
+    return write_fashion_idx(str(tmp_path_factory.mktemp("idx")), train_per_class=40, test_per_class=6)
+
+
+@pytest.fixture
+def config(manual_dir, tmp_path):
+    c = fashion_mnist_general.get_config()
+    c.data.manual_dir = manual_dir
+    c.data.data_dir = str(tmp_path / "tfds")
+    c.data.num_sessions = 2
+    c.data.samples_per_new_class = 30
+    c.model.width = 4
+    c.model.embed_dim = 8
+    c.train.epochs = 1
+    c.train.batch_size = 16
+    c.train.eval_batch_size = 64
+    c.memory.budget = 20
+    return c
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("method", "sgd", "method='sgd' is unknown"),
+    ("data.setup", "mixed", "data.setup='mixed' is unknown"),
+    ("data.num_sessions", 9, "S + (L-1)*C"),                      # 4 + 8*2 = 20 classes > 10
+    ("data.old_class_percent", 100.0, "must be in [0, 100)"),
+    ("data.old_class_percent", -5.0, "must be in [0, 100)"),
+    ("train.schedule", "step", "train.schedule='step' is unknown"),
+    ("data.manual_dir", "/nonexistent/fashion", "data.manual_dir='/nonexistent/fashion' does not exist"),
+])
+def test_config_refused_before_any_work(config, tmp_path, field, value, message):
+    group, _, key = field.rpartition(".")
+    setattr(config[group] if group else config, key, value)
+    with pytest.raises(config_checks.ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")
+                       .replace(")", r"\)").replace("*", r"\*").replace("+", r"\+")):
+        trainer.run(config, str(tmp_path / "wd"))
+    assert not os.path.exists(str(tmp_path / "tfds"))  # refused before the dataset was even built
+
+
+def test_budget_smaller_than_classes(config, tmp_path):
+    config.method = "cvs"
+    config.memory.budget = 5  # the run sees 6 classes
+    with pytest.raises(config_checks.ConfigError, match="memory.budget=5 is smaller than the 6 classes"):
+        trainer.run(config, str(tmp_path / "wd"))
+
+
+def test_batch_not_divisible_by_devices(config):
+    config.train.batch_size = 15
+    with pytest.raises(config_checks.ConfigError, match="train.batch_size=15 .* multiple of the 2 devices"):
+        config_checks.check(config, num_devices=2)
+
+
+def test_missing_dataset_files(config, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    config.data.manual_dir = str(empty)
+    with pytest.raises(DatasetNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        trainer.run(config, str(tmp_path / "wd"))
+
+
+def test_unknown_dataset(config, tmp_path):
+    config.data.name = "not_a_dataset"
+    with pytest.raises(DatasetNotFoundError, match="not_a_dataset"):
+        trainer.run(config, str(tmp_path / "wd"))
+
+
+def test_workdir_with_other_config_refused_then_moved_aside(config, tmp_path):
+    wd = str(tmp_path / "wd")
+    trainer.run(config, wd)
+    with open(os.path.join(wd, "results.json")) as f:
+        first = json.load(f)
+    config.train.lr = 0.01
+    with pytest.raises(config_checks.ConfigError, match=r"different config \(train.lr: 0.03 -> 0.01\).*overwrite=True"):
+        trainer.run(config, wd)
+    config.overwrite = True
+    trainer.run(config, wd)
+    moved = [d for d in os.listdir(wd) if d.startswith("previous-")]
+    assert len(moved) == 1  # the old run is kept, not deleted
+    with open(os.path.join(wd, moved[0], "results.json")) as f:
+        assert json.load(f) == first
+
+
+def test_nan_loss_stops_with_step_and_session(config, tmp_path):
+    wd = str(tmp_path / "wd")
+    config.train.lr = 1e38
+    with pytest.raises(FloatingPointError, match=r"NaN/inf at step \d+ of session 1"):
+        trainer.run(config, wd)
+    assert not os.path.exists(os.path.join(wd, "results.json"))
+
+
+def test_cli_prints_one_line_and_exits_2(manual_dir, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "cvs_jax.main", "--config", "configs/fashion_mnist_general.py",
+                           "--workdir", str(tmp_path / "wd"), "--config.method=nope"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: method='nope' is unknown")
+    proc = subprocess.run([sys.executable, "-m", "cvs_jax.main", "--config", "configs/fashion_mnist_general.py",
+                           "--workdir", str(tmp_path / "wd"), "--config.trian.lr=1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "trian" in proc.stderr
