@@ -62,6 +62,9 @@ class Checkpoints:
         return {k: ({} if isinstance(out[k], dict) and _EMPTY in out[k] else out[k])
                 for k in list(templates) + ["meta"]}
 
+    def restore(self, step: int, templates: dict[str, Any]) -> dict[str, Any]:
+        return self._restore(step, templates)
+
     def restore_latest(self, templates: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
         """The newest readable checkpoint as (step, items); unreadable ones are moved aside.
 

@@ -1,5 +1,8 @@
-"""What a person watches and plots: progress lines with ETA, and ``metrics.jsonl``.
+"""What a person watches and plots: progress lines with ETA, ``metrics.jsonl`` and TensorBoard.
 
+Every scalar record goes to ``metrics.jsonl`` (one JSON object per line: easy to load
+with pandas) and to TensorBoard event files under ``tensorboard/`` (written with
+tensorboardX, which needs no TensorFlow), with the run's cumulative step as x-axis.
 Only process 0 prints and writes, so multi-host runs stay readable.
 """
 
@@ -16,13 +19,26 @@ class RunLog:
     def __init__(self, workdir: str):
         self._path = os.path.join(workdir, "metrics.jsonl")
         self._main = jax.process_index() == 0
-
-    def write(self, **record) -> None:
-        """Appends one JSON line (session, epoch, step and scalar metrics)."""
+        self._tb = None
         if self._main:
-            record["time"] = round(time.time(), 3)
-            with open(self._path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), flush_secs=30)
+
+    def write(self, *, global_step: int, **record) -> None:
+        """Appends one JSON line (session, epoch, step and scalar metrics) and its TB scalars."""
+        if not self._main:
+            return
+        record["time"] = round(time.time(), 3)
+        with open(self._path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        for k, v in record.items():
+            if k not in ("session", "epoch", "step", "time") and isinstance(v, (int, float)):
+                self._tb.add_scalar(k, v, global_step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
 
     def truncate(self, *, session: int, step: int | None) -> None:
         """Drops records written after (session, step) by a run that crashed, so a resumed

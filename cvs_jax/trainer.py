@@ -26,8 +26,9 @@ import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from cvs_jax import config_checks, evaluate, faults, losses, memory, schedules, workdir as workdir_lib
+from cvs_jax import config_checks, evaluate, faults, losses, memory, plots, schedules, workdir as workdir_lib
 from cvs_jax.checkpoint import Checkpoints
+from cvs_jax.compatibility import compatibility_matrix
 from cvs_jax.data import sources, splits
 from cvs_jax.gallery import Gallery
 from cvs_jax.methods import Method, get_method
@@ -64,6 +65,19 @@ class Protocol:
 
     def training_indices(self, method: Method, s: int) -> np.ndarray:
         return self.plan.joint_train(s) if method.train_on == "cumulative" else self.plan.sessions[s].train
+
+    def session_class_counts(self, method: Method) -> np.ndarray:
+        """``[session, class]`` counts of the images each session trains on (without replay)."""
+        return np.stack([np.bincount(self.train_labels[self.training_indices(method, s)],
+                                     minlength=self.num_classes) for s in range(self.plan.num_sessions)])
+
+    def description(self) -> dict:
+        """What ``protocol.json`` records: class names in protocol order and the session sizes."""
+        names = self.dataset.class_names
+        return {"dataset": self.dataset.name, "setup": self.plan.setup, "image_shape": list(self.dataset.image_shape),
+                "class_names": [names[int(c)] for c in self.plan.class_order],
+                "sessions": [{"train": int(len(s.train)), "val": int(len(s.val)), "num_outputs": s.num_outputs,
+                              "new_classes": s.new_classes.tolist()} for s in self.plan.sessions]}
 
 
 class Embedder:
@@ -131,6 +145,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
               f"images, setup={plan.setup}, {plan.num_sessions} sessions, {proto.num_classes} classes "
               f"({time.time() - t0:.1f}s)")
 
+    if jax.process_index() == 0:
+        with open(os.path.join(workdir, "protocol.json"), "w") as f:
+            json.dump(proto.description(), f, indent=1)
+
     model = build_model(config.model.name, width=config.model.width, layout=config.model.layout,
                         embed_dim=config.model.embed_dim, dtype=config.model.dtype)
     tx = make_optimizer(momentum=config.train.momentum, nesterov=config.train.nesterov,
@@ -187,6 +205,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             raise config_checks.ConfigError(f"session {s + 1} has {len(idx)} training images, fewer than "
                                             f"train.batch_size={bs}; lower the batch size.")
         total_steps = steps_per_epoch * config.train.epochs
+        steps_before = sum(r["steps"] for r in per_session)  # x-axis of the run's TensorBoard curves
 
         # 3b. head growth and per-session constants.
         params = dict(variables["params"])
@@ -277,7 +296,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             done = (step - steps_at_start) / max(total_steps - steps_at_start, 1)
             eta = (time.time() - t_session) / done * (1 - done)
             ips = steps_per_epoch * bs / max(train_time, 1e-9)
-            log.write(session=s + 1, epoch=epoch + 1, step=step, val_recall1=val_r1, images_per_s=ips, **epoch_metrics)
+            log.write(global_step=steps_before + step, session=s + 1, epoch=epoch + 1, step=step,
+                      val_recall1=val_r1, images_per_s=ips, **epoch_metrics)
             terms = " ".join(f"{k}={v:.4f}" for k, v in epoch_metrics.items() if k.startswith("L_"))
             log.print(f"session {s + 1}/{plan.num_sessions} epoch {epoch + 1}/{config.train.epochs} "
                       f"step {step} lr={lr:.5f} loss={epoch_metrics['loss']:.4f} {terms} "
@@ -301,26 +321,41 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
         record = {"session": s, "recall": {str(k): v for k, v in test_recall.items()}, "best_epoch": best["epoch"] + 1,
                   "val_recall1": best["r1"], "train_images": int(len(idx)), "gallery_rows": len(gallery),
-                  "test_queries": int(len(test_idx)), "seconds": round(time.time() - t_session, 1)}
+                  "test_queries": int(len(test_idx)), "steps": total_steps,
+                  "seconds": round(time.time() - t_session, 1)}
         per_session.append(record)
-        log.write(session=s + 1, step=total_steps + 1, **{f"test_recall{k}": v for k, v in test_recall.items()})
+        log.write(global_step=steps_before + total_steps, session=s + 1, step=total_steps + 1,
+                  **{f"test_recall{k}": v for k, v in test_recall.items()})
         log.print(f"session {s + 1} test: " + " ".join(f"R@{k}={100 * v:.2f}" for k, v in test_recall.items())
                   + f" (best epoch {best['epoch'] + 1}, val R@1 {100 * best['r1']:.2f})")
         faults.fail_while_writing("session_write", session_ckpts.directory)
         session_ckpts.save(s, {"variables": variables, "opt_state": state.opt_state, "gallery": gallery.as_dict()},
                            {"per_session": per_session, "memory": {k: v.tolist() for k, v in mem.items()}})
-    session_ckpts.close()
-    progress_ckpts.close()
-
-    # ---------------------------------------------------------------- 4. results
+    # ---------------------------------------------------------------- 4. results, pictures
     ar = evaluate.average_recall([{k: r["recall"][str(k)] for k in ks} for r in per_session])
     results = {"method": method.name, "dataset": config.data.name, "setup": plan.setup, "seed": config.seed,
                "per_session": per_session, "average_recall": {str(k): v for k, v in ar.items()}}
+    last_test = plan.test_queries(plan.num_sessions - 1, proto.test_labels)
+
+    def embed_queries(i):
+        vars_i = session_ckpts.restore(i, {"variables": variables})["variables"]
+        return embed(vars_i, proto.dataset.test.images[last_test])
+
+    compat = compatibility_matrix(plan.num_sessions, gallery, embed_queries, proto.test_labels[last_test])
+    results["compatibility_recall1"] = [[None if np.isnan(v) else float(v) for v in row] for row in compat]
+    session_ckpts.close()
+    progress_ckpts.close()
+    log.close()
     if jax.process_index() == 0:
         tmp = os.path.join(workdir, "results.json.tmp")
         with open(tmp, "w") as f:
             json.dump(results, f, indent=2)
         os.replace(tmp, os.path.join(workdir, "results.json"))
+        title = f"{config.data.name} / {plan.setup} / {method.name}"
+        plots.recall_per_session([results], os.path.join(workdir, "recall_per_session.png"))
+        plots.class_distribution(proto.session_class_counts(method), os.path.join(workdir, "class_distribution.png"),
+                                 f"{config.data.name} / {plan.setup}: training images per session")
+        plots.compatibility(compat, os.path.join(workdir, "compatibility.png"), title)
     log.print(f"\nresults ({method.name}, {config.data.name}, {plan.setup}; recall in %):\n"
               + _results_table(per_session, ks))
     return results

@@ -59,6 +59,14 @@ def test_finetune_two_sessions(manual_dir, tmp_path):
     assert rows[1] > rows[0] > 0
     metrics = read_jsonl(os.path.join(wd, "metrics.jsonl"))
     assert {m["session"] for m in metrics} == {1, 2}
+    # what a person looks at afterwards
+    for name in ("recall_per_session.png", "class_distribution.png", "compatibility.png", "protocol.json"):
+        assert os.path.getsize(os.path.join(wd, name)) > 0, name
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(wd, "tensorboard")))
+    compat = np.array(res["compatibility_recall1"], dtype=float)
+    assert compat.shape == (2, 2) and np.isnan(compat[0, 1]) and np.isfinite(compat[1]).all()
+    # the diagonal entry of the first session is session 1's own test recall@1 (same model, same rows)
+    assert compat[0, 0] == pytest.approx(res["per_session"][0]["recall"]["1"])
     assert all(np.isfinite(m["loss"]) for m in metrics if "loss" in m)
 
 

@@ -1,0 +1,36 @@
+"""Backward-compatibility matrix: how well model i searches the gallery rows made by session j.
+
+Entry [i, j] (i >= j) is recall@1 of test queries embedded by the selected model of
+session i against only the gallery rows added in session j (still embedded by model
+j), for the queries whose class has rows in that part.  The diagonal is ordinary
+same-model retrieval; entries below it measure backward compatibility, the property
+CVS is built for.  Entries i < j (a model searching a future gallery) are NaN.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from cvs_jax import evaluate
+from cvs_jax.gallery import Gallery
+
+
+def compatibility_matrix(num_sessions: int, gallery: Gallery, embed_queries: Callable[[int], np.ndarray],
+                         query_labels: np.ndarray) -> np.ndarray:
+    """``embed_queries(i)`` embeds all ``query_labels``' images with the model of session i."""
+    m = np.full((num_sessions, num_sessions), np.nan)
+    for i in range(num_sessions):
+        q = None
+        for j in range(i + 1):
+            part = gallery.sessions == j
+            if not part.any():
+                continue
+            keep = np.isin(query_labels, np.unique(gallery.labels[part]))
+            if not keep.any():
+                continue
+            q = embed_queries(i) if q is None else q
+            m[i, j] = evaluate.recall_at_k(q[keep], query_labels[keep], gallery.embeddings[part],
+                                           gallery.labels[part], ks=(1,))[1]
+    return m

@@ -1,0 +1,78 @@
+"""The pictures a person looks at after a run (PNG, matplotlib's Agg backend, no display).
+
+* recall@1 per session, one line per method (the paper's Fig. 4 style);
+* the class distribution of the sessions: training images per class per session (Fig. 3 style);
+* the backward-compatibility matrix (see ``compatibility.py``).
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def recall_per_session(results: list[dict], path: str) -> None:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in results:
+        sessions = [s["session"] + 1 for s in r["per_session"]]
+        ax.plot(sessions, [100 * s["recall"]["1"] for s in r["per_session"]], marker="o",
+                label=f"{r['method']} (AR@1 {100 * r['average_recall']['1']:.2f})")
+    ax.set_xlabel("session")
+    ax.set_ylabel("recall@1 (%)")
+    ax.set_title(f"{results[0]['dataset']} / {results[0]['setup']}")
+    ax.set_xticks(sessions)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def class_distribution(counts: np.ndarray, path: str, title: str) -> None:
+    """``counts[s, c]``: training images of (protocol) class c in session s."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 1]})
+    im = ax1.imshow(counts, aspect="auto", interpolation="nearest", cmap="viridis")
+    ax1.set_xlabel("class (protocol order)")
+    ax1.set_ylabel("session")
+    ax1.set_yticks(range(counts.shape[0]), [str(s + 1) for s in range(counts.shape[0])])
+    fig.colorbar(im, ax=ax1, label="training images")
+    seen = np.zeros(counts.shape[1], bool)
+    new, old = [], []
+    for row in counts:
+        present = row > 0
+        new.append(row[present & ~seen].sum())
+        old.append(row[present & seen].sum())
+        seen |= present
+    x = np.arange(1, counts.shape[0] + 1)
+    ax2.bar(x, new, label="new classes")
+    ax2.bar(x, old, bottom=new, label="seen classes")
+    ax2.set_xlabel("session")
+    ax2.set_ylabel("training images")
+    ax2.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def compatibility(matrix: np.ndarray, path: str, title: str) -> None:
+    fig, ax = plt.subplots(figsize=(1.0 + 0.6 * matrix.shape[0], 0.8 + 0.6 * matrix.shape[0]))
+    im = ax.imshow(100 * matrix, vmin=0, vmax=100, cmap="magma")
+    n = matrix.shape[0]
+    for i in range(n):
+        for j in range(n):
+            if np.isfinite(matrix[i, j]):
+                ax.text(j, i, f"{100 * matrix[i, j]:.0f}", ha="center", va="center",
+                        color="white" if matrix[i, j] < 0.6 else "black", fontsize=8)
+    ax.set_xticks(range(n), [str(j + 1) for j in range(n)])
+    ax.set_yticks(range(n), [str(i + 1) for i in range(n)])
+    ax.set_xlabel("gallery rows made by session j")
+    ax.set_ylabel("queries embedded by model i")
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax, label="recall@1 (%)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
