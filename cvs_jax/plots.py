@@ -49,6 +49,7 @@ def class_distribution(counts: np.ndarray, path: str, title: str) -> None:
     x = np.arange(1, counts.shape[0] + 1)
     ax2.bar(x, new, label="new classes")
     ax2.bar(x, old, bottom=new, label="seen classes")
+    ax2.set_xticks(x)
     ax2.set_xlabel("session")
     ax2.set_ylabel("training images")
     ax2.legend()
@@ -59,9 +60,9 @@ def class_distribution(counts: np.ndarray, path: str, title: str) -> None:
 
 
 def compatibility(matrix: np.ndarray, path: str, title: str) -> None:
-    fig, ax = plt.subplots(figsize=(1.0 + 0.6 * matrix.shape[0], 0.8 + 0.6 * matrix.shape[0]))
-    im = ax.imshow(100 * matrix, vmin=0, vmax=100, cmap="magma")
     n = matrix.shape[0]
+    fig, ax = plt.subplots(figsize=(max(5.5, 2.5 + 0.6 * n), max(4.5, 1.5 + 0.6 * n)))
+    im = ax.imshow(100 * matrix, vmin=0, vmax=100, cmap="magma")
     for i in range(n):
         for j in range(n):
             if np.isfinite(matrix[i, j]):
@@ -71,7 +72,7 @@ def compatibility(matrix: np.ndarray, path: str, title: str) -> None:
     ax.set_yticks(range(n), [str(i + 1) for i in range(n)])
     ax.set_xlabel("gallery rows made by session j")
     ax.set_ylabel("queries embedded by model i")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     fig.colorbar(im, ax=ax, label="recall@1 (%)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
