@@ -1,0 +1,166 @@
+"""Search a trained run's gallery with image files, or add images to it.
+
+    python -m cvs_jax.search --workdir DIR --images a.png b.jpg [--k 5]
+    python -m cvs_jax.search --workdir DIR --images new/*.png --add [--label CLASS]
+
+Queries are embedded by the newest session's selected model (the run's last
+completed session checkpoint) and searched by cosine similarity against the whole
+gallery: the rows of every session (each embedded by its own session's model,
+never re-extracted) plus the rows added with ``--add``.  ``--add`` embeds the
+images with the newest model and appends them, persisted with orbax under
+``checkpoints/additions``; it never changes the session checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from PIL import Image
+
+from cvs_jax.checkpoint import Checkpoints
+from cvs_jax.gallery import Gallery
+from cvs_jax.models import build_model, init_head
+from cvs_jax.train_step import make_embed_fn
+
+
+class SearchError(ValueError):
+    pass
+
+
+def load_images(paths: list[str], shape: tuple[int, int, int]) -> np.ndarray:
+    """Reads image files as uint8 [N, H, W, C] in the dataset's size and channel count."""
+    h, w, c = shape
+    out = []
+    for p in paths:
+        try:
+            with Image.open(p) as im:
+                im = im.convert("L" if c == 1 else "RGB").resize((w, h), Image.BILINEAR)
+                arr = np.asarray(im, np.uint8)
+        except (OSError, ValueError) as e:
+            raise SearchError(f"cannot read image {p!r} ({e}); pass PNG/JPEG files.") from e
+        out.append(arr.reshape(h, w, c))
+    return np.stack(out)
+
+
+class Run:
+    """The newest model and the full gallery of a finished (or partly finished) run."""
+
+    def __init__(self, workdir: str):
+        self.workdir = workdir
+        for name in ("config.json", "protocol.json"):
+            if not os.path.exists(os.path.join(workdir, name)):
+                raise SearchError(f"{workdir} holds no cvs_jax run ({name} is missing); pass the --workdir of "
+                                  f"a run of python -m cvs_jax.main.")
+        with open(os.path.join(workdir, "config.json")) as f:
+            self.config = ml_collections.ConfigDict(json.load(f))
+        with open(os.path.join(workdir, "protocol.json")) as f:
+            self.protocol = json.load(f)
+        c = self.config
+        self.model = build_model(c.model.name, width=c.model.width, layout=c.model.layout,
+                                 embed_dim=c.model.embed_dim, dtype=c.model.dtype)
+        shape = tuple(self.protocol["image_shape"])
+        init = self.model.init(jax.random.key(0), jnp.zeros((1,) + shape), train=False)
+        template = {"params": {"net": init["params"], "head": init_head(jax.random.key(0),
+                                                                         len(self.protocol["class_names"]),
+                                                                         c.model.embed_dim)},
+                    "batch_stats": init["batch_stats"]}
+        self._sessions = Checkpoints(os.path.join(workdir, "checkpoints", "sessions"), max_to_keep=None)
+        restored = self._sessions.restore_latest({"variables": template, "gallery": None})
+        if restored is None:
+            raise SearchError(f"{workdir} has no completed session yet; wait for the first session to finish.")
+        self.session, items = restored
+        self.variables = items["variables"]
+        self.gallery = Gallery.from_dict(items["gallery"])
+        self._additions = Checkpoints(os.path.join(workdir, "checkpoints", "additions"), max_to_keep=2)
+        added = self._additions.restore_latest({"rows": None})
+        self.added_sources: list[str] = []
+        self.added = Gallery.empty(c.model.embed_dim)
+        if added is not None:
+            self.added = Gallery.from_dict(added[1]["rows"])
+            self.added_sources = added[1]["meta"]["sources"]
+        self._embed = make_embed_fn(self.model, mean=c.data.mean, std=c.data.std)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.protocol["image_shape"])
+
+    def embed(self, images: np.ndarray) -> np.ndarray:
+        return np.asarray(self._embed(self.variables["params"], self.variables["batch_stats"], jnp.asarray(images)))
+
+    def search(self, images: np.ndarray, k: int) -> list[list[dict]]:
+        q = self.embed(images)
+        emb = np.concatenate([self.gallery.embeddings, self.added.embeddings])
+        labels = np.concatenate([self.gallery.labels, self.added.labels])
+        sessions = np.concatenate([self.gallery.sessions, self.added.sessions])
+        sources = [f"train[{i}]" for i in self.gallery.source_ids] + list(self.added_sources)
+        qn = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
+        gn = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+        scores = qn @ gn.T
+        names = self.protocol["class_names"]
+        out = []
+        for row in scores:
+            top = np.argsort(-row, kind="stable")[:k]
+            out.append([{"rank": r + 1, "score": float(row[j]), "label": int(labels[j]),
+                         "class": names[labels[j]] if labels[j] >= 0 else "?",
+                         "session": int(sessions[j]) + 1, "source": sources[j]} for r, j in enumerate(top)])
+        return out
+
+    def add(self, images: np.ndarray, paths: list[str], label: int) -> None:
+        rows = Gallery(self.embed(images), np.full(len(paths), label, np.int32),
+                       np.full(len(paths), self.session, np.int32), np.full(len(paths), -1, np.int64))
+        merged = Gallery(*(np.concatenate([a, b]) for a, b in zip(
+            (self.added.embeddings, self.added.labels, self.added.sessions, self.added.source_ids),
+            (rows.embeddings, rows.labels, rows.sessions, rows.source_ids))))
+        step = (max(self._additions.steps()) + 1) if self._additions.steps() else 0
+        self._additions.save(step, {"rows": merged.as_dict()},
+                             {"sources": self.added_sources + [os.path.abspath(p) for p in paths]})
+        self.added, self.added_sources = merged, self.added_sources + [os.path.abspath(p) for p in paths]
+
+    def label_of(self, name: str | None) -> int:
+        if name is None:
+            return -1
+        names = self.protocol["class_names"]
+        if name in names:
+            return names.index(name)
+        if name.lstrip("-").isdigit() and -1 <= int(name) < len(names):
+            return int(name)
+        raise SearchError(f"--label {name!r} is neither a class name nor a label; known classes: "
+                          f"{', '.join(names[:10])}{', ...' if len(names) > 10 else ''}.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cvs_jax.search", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--images", nargs="+", required=True)
+    parser.add_argument("--k", type=int, default=5, help="gallery rows to print per query")
+    parser.add_argument("--add", action="store_true", help="add the images to the gallery instead of searching")
+    parser.add_argument("--label", default=None, help="class name or label of the images added with --add")
+    args = parser.parse_args(argv)
+    try:
+        run = Run(args.workdir)
+        images = load_images(args.images, run.image_shape)
+        if args.add:
+            run.add(images, args.images, run.label_of(args.label))
+            print(f"added {len(args.images)} images to the gallery of {args.workdir} (model of session "
+                  f"{run.session + 1}); gallery now {len(run.gallery) + len(run.added)} rows")
+            return 0
+        for path, hits in zip(args.images, run.search(images, args.k)):
+            print(f"{path}  (model of session {run.session + 1}, gallery {len(run.gallery) + len(run.added)} rows)")
+            for h in hits:
+                print(f"  {h['rank']:>2}. score {h['score']:.4f}  label {h['label']:>4} {h['class']:<20} "
+                      f"session {h['session']}  {h['source']}")
+        return 0
+    except SearchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
