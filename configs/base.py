@@ -53,6 +53,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.augment = ml_collections.ConfigDict()
     c.augment.crop_padding = 4
     c.augment.flip = True
+    c.augment.policy = "none"  # "cifar10": AutoAugment CIFAR-10 policy; "randaugment": RandAugment (spec §1.6)
 
     # Weights of the loss terms added to L_c (CVS: L = L_c + 10 L_m + 1 L_d).
     c.loss_weights = ml_collections.ConfigDict({"L_m": 10.0, "L_d": 1.0})

@@ -15,6 +15,7 @@ def get_config(variant: str = "cvs"):
     c.data.name = "cifar100"
     c.data.setup = "general"
     c.data.num_sessions = 5
+    c.augment.policy = "cifar10"  # AutoAugment CIFAR-10 policy after crop + flip
     c.data.first_classes = 20
     c.data.classes_per_session = 20
     c.data.old_class_percent = 10.0

@@ -26,4 +26,5 @@ def get_config():
     c.model.layout = "imagenet"
     c.train.batch_size = 64
     c.memory.budget = 4000
+    c.augment.policy = "randaugment"
     return c

@@ -10,6 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from cvs_jax import autoaugment
+
 
 def normalize(images_u8: jax.Array, mean, std) -> jax.Array:
     x = images_u8.astype(jnp.float32) / 255.0
@@ -39,8 +41,19 @@ def random_crop_flip(key: jax.Array, images: jax.Array, padding: int, flip: bool
     return jax.vmap(lambda k, im: _crop_flip_one(k, im, padding, flip))(keys, images)
 
 
-def preprocess_train(key, images_u8, *, mean, std, padding: int, flip: bool):
-    images = random_crop_flip(key, images_u8, padding, flip)  # on uint8: zero padding = black, as torchvision
+POLICIES = ("none", "cifar10", "randaugment")
+
+
+def preprocess_train(key, images_u8, *, mean, std, padding: int, flip: bool, policy: str = "none"):
+    """Crop + flip, then the AutoAugment/RandAugment policy on uint8, then normalise (spec §1.6)."""
+    crop_key, policy_key = jax.random.split(key)
+    images = random_crop_flip(crop_key, images_u8, padding, flip)  # on uint8: zero padding = black, as torchvision
+    if policy == "cifar10":
+        images = autoaugment.cifar10_policy(policy_key, images)
+    elif policy == "randaugment":
+        images = autoaugment.rand_augment(policy_key, images)
+    elif policy != "none":
+        raise ValueError(f"augment.policy={policy!r} is unknown; choose one of {POLICIES}.")
     return normalize(images, mean, std)
 
 

@@ -11,7 +11,7 @@ import os
 
 import ml_collections
 
-from cvs_jax import schedules
+from cvs_jax import augment, schedules
 from cvs_jax.data import splits
 from cvs_jax.methods import METHODS
 
@@ -35,6 +35,8 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
         raise ConfigError("data.name is not set; set --config.data.name (e.g. fashion_mnist_local).")
     if t.schedule not in schedules.SCHEDULES:
         raise ConfigError(f"train.schedule={t.schedule!r} is unknown; choose one of {list(schedules.SCHEDULES)}.")
+    if config.augment.policy not in augment.POLICIES:
+        raise ConfigError(f"augment.policy={config.augment.policy!r} is unknown; choose one of {list(augment.POLICIES)}.")
     if not 0 <= d.old_class_percent < 100:
         raise ConfigError(f"data.old_class_percent={d.old_class_percent} (M) must be in [0, 100).")
     if d.num_sessions < 1 or d.first_classes < 1 or (d.num_sessions > 1 and d.classes_per_session < 1):

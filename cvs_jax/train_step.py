@@ -42,7 +42,8 @@ def make_optimizer(*, momentum: float, nesterov: bool, weight_decay: float) -> o
 
 
 def make_train_step(model, tx: optax.GradientTransformation, method: Method, *, temperature: float,
-                    loss_weights: Mapping[str, float], mean, std, crop_padding: int, flip: bool):
+                    loss_weights: Mapping[str, float], mean, std, crop_padding: int, flip: bool,
+                    policy: str = "none"):
     """Returns ``step(state, frozen, batch, aux, lr, key) -> (state, metrics)`` (jitted)."""
 
     def loss_fn(params, batch_stats, frozen, images, labels, aux):
@@ -68,7 +69,7 @@ def make_train_step(model, tx: optax.GradientTransformation, method: Method, *, 
     def step(state: TrainState, frozen, batch, aux, lr, key):
         key = jax.random.fold_in(key, state.step)
         images = augment.preprocess_train(key, batch["images"], mean=mean, std=std,
-                                          padding=crop_padding, flip=flip)
+                                          padding=crop_padding, flip=flip, policy=policy)
         (total, (terms, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             state.params, state.batch_stats, frozen, images, batch["labels"], aux)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)

@@ -156,7 +156,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     step_fn = make_train_step(model, tx, method, temperature=config.train.temperature,
                               loss_weights=dict(config.loss_weights), mean=config.data.mean,
                               std=config.data.std, crop_padding=config.augment.crop_padding,
-                              flip=config.augment.flip)
+                              flip=config.augment.flip, policy=config.augment.policy)
     embed = Embedder(model, config, batch_sharding)
 
     root = jax.random.key(config.seed)
