@@ -173,7 +173,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     session_ckpts = Checkpoints(os.path.join(workdir, "checkpoints", "sessions"), max_to_keep=None, log=log.print)
     progress_ckpts = Checkpoints(os.path.join(workdir, "checkpoints", "progress"), max_to_keep=2, log=log.print)
     gallery = Gallery.empty(config.model.embed_dim)
-    mem = {"source_ids": np.zeros((0,), np.int64), "labels": np.zeros((0,), np.int32)}
+    # replay memory; "built_after" = the last session whose images it has seen (-1: none yet)
+    mem = {"source_ids": np.zeros((0,), np.int64), "labels": np.zeros((0,), np.int32), "built_after": -1}
     per_session: list[dict] = []
     start = 0
     restored = session_ckpts.restore_latest({"variables": variables, "opt_state": opt_template, "gallery": None})
@@ -181,8 +182,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         last, items = restored
         variables = items["variables"]
         gallery = Gallery.from_dict(items["gallery"])
-        mem = {"source_ids": np.asarray(items["meta"]["memory"]["source_ids"], np.int64),
-               "labels": np.asarray(items["meta"]["memory"]["labels"], np.int32)}
+        stored_mem = items["meta"]["memory"]
+        mem = {"source_ids": np.asarray(stored_mem["source_ids"], np.int64),
+               "labels": np.asarray(stored_mem["labels"], np.int32), "built_after": stored_mem["built_after"]}
         per_session = items["meta"]["per_session"]
         start = last + 1
         log.truncate(session=last + 1, step=None)
@@ -194,7 +196,17 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         prev_outputs = plan.sessions[s - 1].num_outputs if s > 0 else 0
         frozen = jax.device_put(variables, replicated) if s > 0 else None
 
-        # 3a. training data: the session's (or all seen) images, plus replayed exemplars.
+        # 3a. replay memory: re-herd (previous session's images + exemplars) with that session's
+        # selected model, as the official code does for session 1 (and equivalently at the end of
+        # later sessions); a run that shares session 1 with another method builds it here too.
+        if method.uses_memory and s > 0 and mem["built_after"] != s - 1:
+            pool = np.concatenate([plan.sessions[s - 1].train, mem["source_ids"]])
+            sel_ids, sel_labels = memory.rebuild_memory(embed(variables, images[pool]), proto.train_labels[pool],
+                                                        pool, config.memory.budget)
+            mem = {"source_ids": np.asarray(sel_ids, np.int64), "labels": np.asarray(sel_labels, np.int32),
+                   "built_after": s - 1}
+
+        # training data: the session's (or all seen) images, plus replayed exemplars.
         idx = proto.training_indices(method, s)
         if method.uses_memory and s > 0:
             idx = np.concatenate([idx, mem["source_ids"]])
@@ -312,13 +324,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         base = Gallery.empty(config.model.embed_dim) if method.reextract_gallery else gallery
         gallery = base.append(new_emb, proto.train_labels[gal_idx], s, gal_idx)
 
-        # 3f. replay memory: re-herd (session images + previous exemplars) with the selected model.
-        if method.uses_memory:
-            pool = np.concatenate([plan.sessions[s].train, mem["source_ids"]])
-            sel_ids, sel_labels = memory.rebuild_memory(embed(variables, images[pool]), proto.train_labels[pool],
-                                                        pool, config.memory.budget)
-            mem = {"source_ids": np.asarray(sel_ids, np.int64), "labels": np.asarray(sel_labels, np.int32)}
-
         record = {"session": s, "recall": {str(k): v for k, v in test_recall.items()}, "best_epoch": best["epoch"] + 1,
                   "val_recall1": best["r1"], "train_images": int(len(idx)), "gallery_rows": len(gallery),
                   "test_queries": int(len(test_idx)), "steps": total_steps,
@@ -330,7 +335,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                   + f" (best epoch {best['epoch'] + 1}, val R@1 {100 * best['r1']:.2f})")
         faults.fail_while_writing("session_write", session_ckpts.directory)
         session_ckpts.save(s, {"variables": variables, "opt_state": state.opt_state, "gallery": gallery.as_dict()},
-                           {"per_session": per_session, "memory": {k: v.tolist() for k, v in mem.items()}})
+                           {"per_session": per_session,
+                            "memory": {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in mem.items()}})
     # ---------------------------------------------------------------- 4. results, pictures
     ar = evaluate.average_recall([{k: r["recall"][str(k)] for k in ks} for r in per_session])
     results = {"method": method.name, "dataset": config.data.name, "setup": plan.setup, "seed": config.seed,

@@ -24,7 +24,8 @@ CACHE = os.environ.get("CVS_JAX_TEST_CACHE", "/tmp/cvs_jax_xla_cache")
 
 
 # ----------------------------------------------------------------------------- worker side
-def _tiny_cvs_config(manual_dir: str, data_dir: str, *, sessions: int, epochs: int, dtype: str, seed: int):
+def _tiny_cvs_config(manual_dir: str, data_dir: str, *, sessions: int, epochs: int, dtype: str, seed: int,
+                     width: int = 4, embed_dim: int = 8):
     from configs import fashion_mnist_general
 
     c = fashion_mnist_general.get_config()
@@ -36,8 +37,8 @@ def _tiny_cvs_config(manual_dir: str, data_dir: str, *, sessions: int, epochs: i
     c.data.first_classes = 4
     c.data.classes_per_session = 2
     c.data.samples_per_new_class = 40
-    c.model.width = 4
-    c.model.embed_dim = 8
+    c.model.width = width
+    c.model.embed_dim = embed_dim
     c.model.dtype = dtype
     c.train.epochs = epochs
     c.train.batch_size = 16
@@ -55,6 +56,8 @@ def _worker(argv) -> None:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--width", type=int, default=4)
+    p.add_argument("--embed_dim", type=int, default=8)
     a = p.parse_args(argv)
 
     import jax
@@ -75,7 +78,7 @@ def _worker(argv) -> None:
 
         trainer.make_train_step = recording_make_train_step  # to count the step's compilations
         c = _tiny_cvs_config(a.manual_dir, os.path.join(a.workdir, "tfds"), sessions=a.sessions,
-                             epochs=a.epochs, dtype=a.dtype, seed=a.seed)
+                             epochs=a.epochs, dtype=a.dtype, seed=a.seed, width=a.width, embed_dim=a.embed_dim)
         t0 = time.time()
         res = trainer.run(c, os.path.join(a.workdir, "run"))
         out["seconds"] = time.time() - t0
