@@ -19,6 +19,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.name = config_dict.placeholder(str)
     c.data.data_dir = "~/tensorflow_datasets"
     c.data.manual_dir = config_dict.placeholder(str)
+    c.data.on_corrupt = "refuse"  # undecodable source images: "refuse" (stop, name one) or "skip" (count them)
     c.data.setup = "general"
     c.data.num_sessions = 5
     c.data.first_classes = 20

@@ -33,6 +33,8 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
         raise ConfigError(f"data.setup={d.setup!r} is unknown; choose one of {list(splits.SETUPS)}.")
     if d.name is None:
         raise ConfigError("data.name is not set; set --config.data.name (e.g. fashion_mnist_local).")
+    if d.on_corrupt not in ("refuse", "skip"):
+        raise ConfigError(f"data.on_corrupt={d.on_corrupt!r} is unknown; choose 'refuse' or 'skip'.")
     if t.schedule not in schedules.SCHEDULES:
         raise ConfigError(f"train.schedule={t.schedule!r} is unknown; choose one of {list(schedules.SCHEDULES)}.")
     if config.augment.policy not in augment.POLICIES:

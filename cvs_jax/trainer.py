@@ -49,7 +49,8 @@ class Protocol:
     @classmethod
     def build(cls, config: ml_collections.ConfigDict) -> "Protocol":
         d = config.data
-        dataset = sources.load_dataset(d.name, data_dir=d.data_dir, manual_dir=d.manual_dir)
+        dataset = sources.load_dataset(d.name, data_dir=d.data_dir, manual_dir=d.manual_dir,
+                                       on_corrupt=d.on_corrupt)
         plan = splits.make_session_plan(
             dataset.train.labels, setup=d.setup, num_sessions=d.num_sessions,
             first_classes=d.first_classes, classes_per_session=d.classes_per_session,

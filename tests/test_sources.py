@@ -431,3 +431,17 @@ def test_standard_image_feature_dataset_decodes_without_tf(tmp_path):
   got = sorted((im.tobytes(), int(l))
                for im, l in zip(ds.train.images, ds.train.labels))
   assert got == expected
+
+
+def test_tiny_imagenet_corrupt_images_refused_or_skipped(tmp_path):
+  files = _tiny_files(seed=3)
+  wnid = sorted(_WNIDS)[0]
+  broken = f'train/{wnid}/images/{wnid}_{_TRAIN_INDICES[0]}.JPEG'
+  files[broken] = b'\xff\xd8 not really a jpeg'
+  _write_tiny_zip(str(tmp_path / 'manual' / 'tiny.zip'), files)
+  kwargs = dict(data_dir=str(tmp_path / 'data'), manual_dir=str(tmp_path / 'manual'))
+  with pytest.raises(sources.CorruptImagesError, match=r'1 source image\(s\) could not be decoded.*on_corrupt=skip'):
+    sources.load_dataset('tiny_imagenet_zip', **kwargs)
+  ds = sources.load_dataset('tiny_imagenet_zip', on_corrupt='skip', **kwargs)
+  assert len(ds.train) == len(_WNIDS) * len(_TRAIN_INDICES) - 1  # the broken one is left out, counted
+  assert np.bincount(ds.train.labels)[0] == len(_TRAIN_INDICES) - 1

@@ -77,8 +77,13 @@ class ImageDataset:
     return tuple(int(d) for d in self.train.images.shape[1:])  # type: ignore[return-value]
 
 
+class CorruptImagesError(ValueError):
+  """The source had undecodable images and the config says to refuse them."""
+
+
 def load_dataset(
-    name: str, *, data_dir: str, manual_dir: str | None = None
+    name: str, *, data_dir: str, manual_dir: str | None = None,
+    on_corrupt: str = 'refuse',
 ) -> ImageDataset:
   """Loads a dataset's train and test splits into memory.
 
@@ -96,12 +101,17 @@ def load_dataset(
     DatasetNotFoundError: the source files / prepared copy are missing (raised
       before any long work; the message says what to do).
     SourceMismatchError: `data_dir` holds a copy prepared from other files.
+    CorruptImagesError: undecodable source images with `on_corrupt='refuse'`
+      (with `'skip'` they are left out and counted in the log).
   """
+  if on_corrupt not in ('refuse', 'skip'):
+    raise ValueError(f"data.on_corrupt={on_corrupt!r}: use 'refuse' or 'skip'.")
   data_dir = os.path.expanduser(data_dir)
   base = name.split('/', 1)[0].split(':', 1)[0]
   start = time.perf_counter()
   if base in BUILDERS:
-    dataset = _load_local(name, data_dir=data_dir, manual_dir=manual_dir)
+    dataset = _load_local(name, data_dir=data_dir, manual_dir=manual_dir,
+                          on_corrupt=on_corrupt)
   else:
     dataset = _load_tfds(name, data_dir=data_dir)
   logging.info(
@@ -125,7 +135,7 @@ def _prepared_configs(cls: type[LocalBuilder], data_dir: str) -> list[str]:
 
 
 def _load_local(
-    name: str, *, data_dir: str, manual_dir: str | None
+    name: str, *, data_dir: str, manual_dir: str | None, on_corrupt: str
 ) -> ImageDataset:
   base, _, config = name.partition('/')
   config = config or None
@@ -175,6 +185,18 @@ def _load_local(
     logging.info('Prepared %s in %.1f s.', full_name, time.perf_counter() - t0)
     # Re-open from disk so that everything is read back as stored.
     builder = cls(data_dir=data_dir, file_format='array_record', **kwargs)
+
+  skipped = [f for split in ('train', 'test')
+             for f in (builder.info.metadata or {}).get(f'skipped_{split}', [])]
+  if skipped:
+    if on_corrupt == 'refuse':
+      raise CorruptImagesError(
+          f'{full_name}: {len(skipped)} source image(s) could not be decoded'
+          f' (e.g. {skipped[0]}); replace the files, or set'
+          ' --config.data.on_corrupt=skip to train without them.')
+    logging.warning('%s: skipped %d undecodable image(s), e.g. %s', full_name,
+                    len(skipped), skipped[0])
+    print(f'{full_name}: skipped {len(skipped)} undecodable image(s), e.g. {skipped[0]}')
 
   t0 = time.perf_counter()
   raw = builder.as_data_source(

@@ -376,29 +376,42 @@ class TinyImagenetZip(LocalBuilder):
     ))
     self.info.metadata['wnids'] = list(index.wnids)
     return {
-        'train': self._generate_examples(source, index.train),
-        'test': self._generate_examples(source, index.test),
+        'train': self._generate_examples(source, index.train, 'train'),
+        'test': self._generate_examples(source, index.test, 'test'),
     }
 
-  def _generate_examples(self, source: TinySource, items):
-    """Yields examples in order.
+  def _generate_examples(self, source: TinySource, items, split: str = ''):
+    """Yields examples in order; undecodable images are skipped and recorded.
 
     Reading + JPEG decoding of the next block runs in a background thread
     while TFDS serializes and writes the current one (a pipeline; more
     decoding threads do not help: per-image work is mostly under the GIL).
+    The names of skipped files go to ``info.metadata['skipped_<split>']``;
+    ``load_dataset(..., on_corrupt='refuse')`` refuses a dataset that has any.
     """
     block = 1024
+    skipped = self.info.metadata.setdefault(f'skipped_{split}', [])
 
     def load(chunk):
-      return [decode_image(source.read(rel), rel) for rel, _ in chunk]
+      out = []
+      for rel, _ in chunk:
+        try:
+          out.append(decode_image(source.read(rel), rel))
+        except (OSError, ValueError, SyntaxError) as e:  # PIL's errors for broken files
+          out.append(None)
+          skipped.append(f'{rel}: {type(e).__name__}')
+      return out
 
     chunks = [items[s:s + block] for s in range(0, len(items), block)]
+    i = 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
       pending = pool.submit(load, chunks[0]) if chunks else None
       for c, chunk in enumerate(chunks):
         images = pending.result()
         if c + 1 < len(chunks):
           pending = pool.submit(load, chunks[c + 1])
-        for offset, (image, (_, label)) in enumerate(zip(images, chunk)):
-          i = c * block + offset
+        for image, (_, label) in zip(images, chunk):
+          if image is None:
+            continue
           yield i, {'image': image, 'label': label, 'id': i}
+          i += 1
