@@ -56,8 +56,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.augment.flip = True
     c.augment.policy = "none"  # "cifar10": AutoAugment CIFAR-10 policy; "randaugment": RandAugment (spec §1.6)
 
-    # Weights of the loss terms added to L_c (CVS: L = L_c + 10 L_m + 1 L_d).
-    c.loss_weights = ml_collections.ConfigDict({"L_m": 10.0, "L_d": 1.0})
+    # Weights of the loss terms added to L_c (CVS: L = L_c + 10 L_m + 1 L_d). Baselines: official
+    # alpha = 1 for BCT / LwF / MMD; the EWC/RWalk coefficient is not given by the paper (our choice).
+    c.loss_weights = ml_collections.ConfigDict({"L_m": 10.0, "L_d": 1.0, "L_bct": 1.0, "L_kd": 1.0, "L_mmd": 1.0,
+                                                "L_mmd_kd": 1.0, "L_reg": 100.0})
 
     # CVS switches (ablations) and the paper's written variants; defaults = official code.
     c.cvs = ml_collections.ConfigDict()
@@ -65,6 +67,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.cvs.use_ld = True                 # inter-session coherence L_d
     c.cvs.replay = True                 # herded exemplars join the training data
     c.cvs.margin = 0.1
+    # L_m alternatives (supplement ablation): triplet (official), batch_hard, dark_knowledge, mlkd_absolute,
+    # mlkd_relative, rkd_distance, rkd_angle, darkrank
+    c.cvs.lm_loss = "triplet"
     c.cvs.squared_triplet = False       # paper Eq. 3 writes squared distances; the code does not square
     c.cvs.per_batch_coherence = False   # paper Eq. 4 divides by the batch size; the code by #old samples
     c.cvs.per_session_centers = False   # paper Eq. 1 averages per session; the code pools all rows

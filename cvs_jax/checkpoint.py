@@ -65,13 +65,17 @@ class Checkpoints:
     def restore(self, step: int, templates: dict[str, Any]) -> dict[str, Any]:
         return self._restore(step, templates)
 
-    def restore_latest(self, templates: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    def restore_latest(self, templates: dict[str, Any], steps: range | None = None
+                       ) -> tuple[int, dict[str, Any]] | None:
         """The newest readable checkpoint as (step, items); unreadable ones are moved aside.
 
         ``templates`` maps item name -> a pytree with the expected structure (or None
-        for items restored as saved, e.g. plain numpy dicts).
+        for items restored as saved, e.g. plain numpy dicts).  ``steps`` limits the
+        search to a range of checkpoint numbers (e.g. one session's).
         """
         for step in reversed(self.steps()):
+            if steps is not None and step not in steps:
+                continue
             try:
                 return step, self._restore(step, templates)
             except Exception as e:  # orbax raises many types for truncated/corrupt files

@@ -93,3 +93,58 @@ def rebuild_memory(embeddings, labels, source_ids, budget: int):
         sel_rows.append(rows[herding_select(emb[rows], quota)])
     order = np.concatenate(sel_rows)
     return ids[order], lab[order]
+
+
+def reservoir_update(memory_ids, seen: int, stream_ids, budget: int, rng: np.random.Generator):
+    """Reservoir sampling (Vitter's algorithm R) of a stream into a memory of ``budget`` slots.
+
+    Every stream item seen so far is in the memory with probability budget/seen, whatever
+    the session it came from (the RWalk memory of the Rainbow-Memory code base).
+    Returns ``(memory_ids, seen)``.
+    """
+    mem = list(np.asarray(memory_ids))
+    for item in np.asarray(stream_ids):
+        if len(mem) < budget:
+            mem.append(item)
+        else:
+            j = int(rng.integers(0, seen + 1))
+            if j < budget:
+                mem[j] = item
+        seen += 1
+    return np.asarray(mem, dtype=np.asarray(stream_ids).dtype), seen
+
+
+def uncertainty_select(uncertainty, labels, source_ids, budget: int):
+    """Rainbow Memory's diversity-aware selection: per class, sort the candidates by their
+    uncertainty under perturbations and take ``floor(budget / classes)`` of them evenly
+    spaced along that ranking (easy, typical and hard samples alike).
+
+    Returns ``(selected_source_ids, selected_labels)`` ordered by class, then rank.
+    """
+    unc = np.asarray(uncertainty, np.float64)
+    lab = np.asarray(labels).reshape(-1)
+    ids = np.asarray(source_ids)
+    classes = np.unique(lab)
+    if budget < classes.size:
+        raise ValueError(f"memory_budget={budget} must be at least the number of classes seen, N={classes.size}")
+    quota = budget // max(classes.size, 1)
+    rows = []
+    for c in classes:
+        members = np.flatnonzero(lab == c)
+        ranked = members[np.argsort(unc[members], kind="stable")]
+        if ranked.size <= quota:
+            rows.append(ranked)
+        else:
+            rows.append(ranked[np.unique(np.linspace(0, ranked.size - 1, quota).round().astype(int))])
+    order = np.concatenate(rows) if rows else np.zeros((0,), int)
+    return ids[order], lab[order]
+
+
+def prediction_uncertainty(predictions: np.ndarray) -> np.ndarray:
+    """Rainbow's uncertainty from ``predictions[T, N]`` (labels predicted under T
+    perturbations): 1 - (votes of the most frequent label) / T."""
+    t, n = predictions.shape
+    votes = np.zeros(n)
+    for i in range(n):
+        votes[i] = np.bincount(predictions[:, i]).max()
+    return 1.0 - votes / t

@@ -58,7 +58,7 @@ def make_train_step(model, tx: optax.GradientTransformation, method: Method, *, 
                 old_emb = model.apply({"params": frozen["params"]["net"], "batch_stats": frozen["batch_stats"]},
                                       images, train=False)
                 old_emb = jax.lax.stop_gradient(old_emb)
-            inputs = StepInputs(new_emb=emb, old_emb=old_emb, labels=labels, head=params["head"],
+            inputs = StepInputs(params=params, new_emb=emb, old_emb=old_emb, labels=labels, head=params["head"],
                                 old_head=jax.lax.stop_gradient(frozen["params"]["head"]), aux=aux)
             for name, value in method.extra_terms(inputs).items():
                 terms[name] = value

@@ -26,7 +26,8 @@ import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from cvs_jax import config_checks, evaluate, faults, losses, memory, plots, schedules, workdir as workdir_lib
+from cvs_jax import (augment, config_checks, evaluate, faults, importance, losses, memory, plots, schedules,
+                     workdir as workdir_lib)
 from cvs_jax.checkpoint import Checkpoints
 from cvs_jax.compatibility import compatibility_matrix
 from cvs_jax.data import sources, splits
@@ -123,6 +124,60 @@ def _results_table(per_session: list[dict], ks) -> str:
 
 
 _NO_BAD_STEP = np.iinfo(np.int32).max
+_PROGRESS_STRIDE = 10**9  # progress checkpoint number = session * stride + step
+_RAINBOW_PERTURBATIONS = 8
+
+
+def _make_uncertainty_fn(model, config):
+    """Labels predicted by a model under random train-time perturbations (Rainbow Memory)."""
+
+    @jax.jit
+    def predict(variables, images, key, valid_classes):
+        x = augment.preprocess_train(key, images, mean=config.data.mean, std=config.data.std,
+                                     padding=config.augment.crop_padding, flip=config.augment.flip,
+                                     policy=config.augment.policy)
+        emb = model.apply({"params": variables["params"]["net"], "batch_stats": variables["batch_stats"]}, x,
+                          train=False)
+        logits = losses.cosine_logits(emb, variables["params"]["head"])
+        return jnp.argmax(jnp.where(jnp.arange(logits.shape[1])[None] < valid_classes, logits, -jnp.inf), axis=1)
+
+    def uncertainty(variables, images, valid_classes, seed):
+        chunk = config.train.eval_batch_size
+        preds = np.zeros((_RAINBOW_PERTURBATIONS, images.shape[0]), np.int64)
+        for t in range(_RAINBOW_PERTURBATIONS):
+            key = jax.random.fold_in(jax.random.key(seed), t)
+            for start in range(0, images.shape[0], chunk):
+                part = images[start:start + chunk]
+                n = part.shape[0]
+                if n < chunk:
+                    part = np.concatenate([part, np.zeros((chunk - n,) + part.shape[1:], part.dtype)])
+                preds[t, start:start + n] = np.asarray(predict(variables, jnp.asarray(part),
+                                                               jax.random.fold_in(key, start), valid_classes))[:n]
+        return memory.prediction_uncertainty(preds)
+
+    return uncertainty
+
+
+def _update_memory(method: Method, config, proto: "Protocol", mem: dict, variables, embed, uncertainty_fn, s: int):
+    """The replay memory after session s-1, by the method's policy, under ``memory.budget``."""
+    prev = proto.plan.sessions[s - 1].train
+    budget = config.memory.budget
+    if method.memory_policy == "reservoir":
+        rng = np.random.default_rng([config.seed, s, 7])
+        ids, seen = memory.reservoir_update(mem["source_ids"], mem["seen"], prev, budget, rng)
+        return {"source_ids": ids.astype(np.int64), "labels": proto.train_labels[ids].astype(np.int32),
+                "built_after": s - 1, "seen": seen}
+    pool = np.concatenate([prev, mem["source_ids"]])
+    images = proto.dataset.train.images[pool]
+    if method.memory_policy == "herding":
+        ids, labels = memory.rebuild_memory(embed(variables, images), proto.train_labels[pool], pool, budget)
+    elif method.memory_policy == "rainbow":
+        unc = uncertainty_fn(variables, images, jnp.int32(proto.plan.sessions[s - 1].num_outputs), config.seed + s)
+        ids, labels = memory.uncertainty_select(unc, proto.train_labels[pool], pool, budget)
+    else:
+        raise ValueError(f"unknown memory policy {method.memory_policy!r}")
+    return {"source_ids": np.asarray(ids, np.int64), "labels": np.asarray(labels, np.int32),
+            "built_after": s - 1, "seen": mem["seen"] + len(prev)}
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -159,6 +214,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                               std=config.data.std, crop_padding=config.augment.crop_padding,
                               flip=config.augment.flip, policy=config.augment.policy)
     embed = Embedder(model, config, batch_sharding)
+    fisher_grad_fn = importance.make_batch_grad_fn(model, mean=config.data.mean, std=config.data.std,
+                                                   temperature=config.train.temperature)
+    uncertainty_fn = _make_uncertainty_fn(model, config) if method.memory_policy == "rainbow" else None
 
     root = jax.random.key(config.seed)
     init_key, head_key, step_key = jax.random.split(root, 3)
@@ -175,17 +233,23 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     progress_ckpts = Checkpoints(os.path.join(workdir, "checkpoints", "progress"), max_to_keep=2, log=log.print)
     gallery = Gallery.empty(config.model.embed_dim)
     # replay memory; "built_after" = the last session whose images it has seen (-1: none yet)
-    mem = {"source_ids": np.zeros((0,), np.int64), "labels": np.zeros((0,), np.int32), "built_after": -1}
+    mem = {"source_ids": np.zeros((0,), np.int64), "labels": np.zeros((0,), np.int32), "built_after": -1, "seen": 0}
+    # EWC/RWalk: importance and anchor of the regularized network, same "built_after" convention
+    reg: dict = {}
+    reg_built_after = -1
     per_session: list[dict] = []
     start = 0
-    restored = session_ckpts.restore_latest({"variables": variables, "opt_state": opt_template, "gallery": None})
+    restored = session_ckpts.restore_latest({"variables": variables, "opt_state": opt_template, "gallery": None,
+                                             "regularizer": None})
     if restored is not None:
         last, items = restored
         variables = items["variables"]
         gallery = Gallery.from_dict(items["gallery"])
         stored_mem = items["meta"]["memory"]
         mem = {"source_ids": np.asarray(stored_mem["source_ids"], np.int64),
-               "labels": np.asarray(stored_mem["labels"], np.int32), "built_after": stored_mem["built_after"]}
+               "labels": np.asarray(stored_mem["labels"], np.int32), "built_after": stored_mem["built_after"],
+               "seen": stored_mem["seen"]}
+        reg, reg_built_after = items["regularizer"], items["meta"]["regularizer_built_after"]
         per_session = items["meta"]["per_session"]
         start = last + 1
         log.truncate(session=last + 1, step=None)
@@ -197,38 +261,57 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         prev_outputs = plan.sessions[s - 1].num_outputs if s > 0 else 0
         frozen = jax.device_put(variables, replicated) if s > 0 else None
 
-        # 3a. replay memory: re-herd (previous session's images + exemplars) with that session's
-        # selected model, as the official code does for session 1 (and equivalently at the end of
-        # later sessions); a run that shares session 1 with another method builds it here too.
+        # 3a. what carries over from session s-1, computed with its selected model at the start of
+        # session s (the official code builds session 1's exemplars this way); a run that shares
+        # session 1 with another method builds them here too.
         if method.uses_memory and s > 0 and mem["built_after"] != s - 1:
-            pool = np.concatenate([plan.sessions[s - 1].train, mem["source_ids"]])
-            sel_ids, sel_labels = memory.rebuild_memory(embed(variables, images[pool]), proto.train_labels[pool],
-                                                        pool, config.memory.budget)
-            mem = {"source_ids": np.asarray(sel_ids, np.int64), "labels": np.asarray(sel_labels, np.int32),
-                   "built_after": s - 1}
+            mem = _update_memory(method, config, proto, mem, variables, embed, uncertainty_fn, s)
+        if method.importance != "none" and s > 0 and reg_built_after != s - 1:
+            prev = plan.sessions[s - 1].train
+            fisher = importance.session_fisher(method.importance, fisher_grad_fn, variables, images[prev],
+                                               proto.train_labels[prev], plan.sessions[s - 1].num_outputs,
+                                               config.train.batch_size)
+            # online accumulation over sessions; the anchor is the latest selected model
+            total = fisher if not reg else jax.tree.map(jnp.add, reg["importance"], fisher)
+            reg = {"importance": jax.device_get(total), "anchor": jax.device_get(variables["params"]["net"])}
+            reg_built_after = s - 1
 
         # training data: the session's (or all seen) images, plus replayed exemplars.
         idx = proto.training_indices(method, s)
-        if method.uses_memory and s > 0:
-            idx = np.concatenate([idx, mem["source_ids"]])
-        labels = proto.train_labels[idx]
+        mem_idx = mem["source_ids"] if (method.uses_memory and s > 0) else np.zeros((0,), np.int64)
+        half = method.half_memory_batches and len(mem_idx) > 0
+        if not half:
+            idx = np.concatenate([idx, mem_idx])
         bs = config.train.batch_size
-        steps_per_epoch = len(idx) // bs
+        steps_per_epoch = len(idx) // (bs // 2 if half else bs)
         if steps_per_epoch == 0:
             raise config_checks.ConfigError(f"session {s + 1} has {len(idx)} training images, fewer than "
                                             f"train.batch_size={bs}; lower the batch size.")
         total_steps = steps_per_epoch * config.train.epochs
         steps_before = sum(r["steps"] for r in per_session)  # x-axis of the run's TensorBoard curves
 
-        # 3b. head growth and per-session constants.
+        def batch_indices(epoch: int, i: int) -> np.ndarray:
+            """Dataset indices of step i of an epoch: a pure function of (seed, session, epoch, i)."""
+            if not half:
+                return idx[_epoch_order(config.seed, s, epoch, len(idx))[i * bs:(i + 1) * bs]]
+            h = bs // 2  # Rainbow: half session stream, half memory
+            stream = idx[_epoch_order(config.seed, s, epoch, len(idx))[i * h:(i + 1) * h]]
+            rng = np.random.default_rng([config.seed, s, epoch, i, 1])
+            return np.concatenate([stream, mem_idx[rng.integers(0, len(mem_idx), bs - h)]])
+
+        # 3b. head growth, method extras and per-session constants.
         params = dict(variables["params"])
         params["head"] = grow_head(params["head"], jax.random.fold_in(head_key, s), prev_outputs, sess.num_outputs)
+        if method.extra_params is not None and s > 0:
+            params.update(method.extra_params(variables["params"]))
         aux = {"valid_classes": jnp.int32(sess.num_outputs), "old_classes": jnp.int32(prev_outputs)}
         if method.uses_centers:
             centers, center_mask = losses.class_centers(
                 gallery.embeddings, gallery.labels, proto.num_classes, gallery_sessions=gallery.sessions,
                 per_session_mean=config.cvs.per_session_centers)
             aux["centers"], aux["center_mask"] = jnp.asarray(centers), jnp.asarray(center_mask)
+        if method.importance != "none" and s > 0:
+            aux["reg_importance"], aux["reg_anchor"] = reg["importance"], reg["anchor"]
         aux = jax.device_put(aux, replicated)
         state = TrainState(step=jnp.int32(0), params=params, batch_stats=variables["batch_stats"],
                            opt_state=tx.init(params))
@@ -237,8 +320,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         sums: dict[str, jax.Array] = {}
 
         # 3c. mid-session resume: training state, best model so far, running sums of the epoch.
-        progress = progress_ckpts.restore_latest({"state": state, "best": cur, "sums": None})
-        if progress is not None and progress[1]["meta"]["session"] == s:
+        progress = progress_ckpts.restore_latest({"state": state, "best": cur, "sums": None},
+                                                 steps=range(s * _PROGRESS_STRIDE, (s + 1) * _PROGRESS_STRIDE))
+        if progress is not None:
             items = progress[1]
             state, meta = items["state"], items["meta"]
             best = {"r1": meta["best_r1"], "epoch": meta["best_epoch"], "variables": items["best"]}
@@ -268,7 +352,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
         def save_progress(step):
             faults.fail_while_writing("progress_write", progress_ckpts.directory)
-            progress_ckpts.save(s * 10**9 + step, {"state": state, "best": best["variables"], "sums": sums},
+            progress_ckpts.save(s * _PROGRESS_STRIDE + step, {"state": state, "best": best["variables"], "sums": sums},
                                 {"session": s, "step": step, "best_r1": best["r1"], "best_epoch": best["epoch"]})
 
         log.print(f"== session {s + 1}/{plan.num_sessions} [{method.name}]: {len(idx)} train images "
@@ -281,8 +365,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         while step < total_steps:
             epoch, i = divmod(step, steps_per_epoch)
             lr = schedules.epoch_lr(config.train.schedule, epoch, config.train.lr, config.train.epochs)
-            b = _epoch_order(config.seed, s, epoch, len(idx))[i * bs:(i + 1) * bs]
-            batch = jax.device_put({"images": images[idx[b]], "labels": labels[b].astype(np.int32)}, batch_sharding)
+            b = batch_indices(epoch, i)
+            batch = jax.device_put({"images": images[b], "labels": proto.train_labels[b].astype(np.int32)},
+                                   batch_sharding)
             state, metrics = step_fn(state, frozen, batch, aux, jnp.float32(lr), session_key)
             bad_step = jnp.minimum(bad_step, jnp.where(jnp.isfinite(metrics["loss"]), _NO_BAD_STEP, step))
             sums = {k: sums[k] + v if k in sums else v for k, v in metrics.items()}  # on device, no sync
@@ -308,7 +393,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                 best = {"r1": val_r1, "epoch": epoch, "variables": cur}
             done = (step - steps_at_start) / max(total_steps - steps_at_start, 1)
             eta = (time.time() - t_session) / done * (1 - done)
-            ips = steps_per_epoch * bs / max(train_time, 1e-9)
+            ips = steps_per_epoch * bs / max(train_time, 1e-9)  # images trained per second
             log.write(global_step=steps_before + step, session=s + 1, epoch=epoch + 1, step=step,
                       val_recall1=val_r1, images_per_s=ips, **epoch_metrics)
             terms = " ".join(f"{k}={v:.4f}" for k, v in epoch_metrics.items() if k.startswith("L_"))
@@ -320,6 +405,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
         # 3e. test with the selected model against the accumulated gallery.
         variables = jax.device_get(best["variables"])
+        variables["params"] = {k: variables["params"][k] for k in ("net", "head")}  # method extras end here
         test_recall = search(variables, proto.dataset.test.images[test_idx], proto.test_labels[test_idx])
         new_emb = embed(variables, images[gal_idx])
         base = Gallery.empty(config.model.embed_dim) if method.reextract_gallery else gallery
@@ -335,8 +421,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         log.print(f"session {s + 1} test: " + " ".join(f"R@{k}={100 * v:.2f}" for k, v in test_recall.items())
                   + f" (best epoch {best['epoch'] + 1}, val R@1 {100 * best['r1']:.2f})")
         faults.fail_while_writing("session_write", session_ckpts.directory)
-        session_ckpts.save(s, {"variables": variables, "opt_state": state.opt_state, "gallery": gallery.as_dict()},
-                           {"per_session": per_session,
+        session_ckpts.save(s, {"variables": variables, "opt_state": state.opt_state, "gallery": gallery.as_dict(),
+                               "regularizer": reg},
+                           {"per_session": per_session, "regularizer_built_after": reg_built_after,
                             "memory": {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in mem.items()}})
     # ---------------------------------------------------------------- 4. results, pictures
     ar = evaluate.average_recall([{k: r["recall"][str(k)] for k in ks} for r in per_session])

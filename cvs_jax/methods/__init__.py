@@ -7,6 +7,7 @@ from typing import Callable
 import ml_collections
 
 from cvs_jax.methods.base import Method, StepInputs
+from cvs_jax.methods.baselines import make_bct, make_ewc, make_lwf, make_mmd, make_rainbow, make_rwalk
 from cvs_jax.methods.cvs import make_cvs
 
 FINETUNE = Method(name="finetune", description="lower bound: L_c only, no replay, no re-extraction")
@@ -17,6 +18,12 @@ METHODS: dict[str, Callable[[ml_collections.ConfigDict], Method]] = {
     "finetune": lambda config: FINETUNE,
     "joint": lambda config: JOINT,
     "cvs": make_cvs,
+    "bct": make_bct,
+    "lwf": make_lwf,
+    "mmd": make_mmd,
+    "ewc": make_ewc,
+    "rwalk": make_rwalk,
+    "rainbow": make_rainbow,
 }
 
 

@@ -10,7 +10,7 @@ evaluator are shared, so all methods run on identical splits and seeds.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 
@@ -19,6 +19,7 @@ import jax
 class StepInputs:
     """Everything a method's loss terms may read inside the jitted step."""
 
+    params: Mapping[str, Any]     # current parameters: "net", "head" and any method extras
     new_emb: jax.Array            # [B, D] current model, train mode
     old_emb: jax.Array | None     # [B, D] frozen previous model, eval mode (None if unused)
     labels: jax.Array             # [B] protocol labels
@@ -37,7 +38,14 @@ class Method:
     train_on: str = "session"           # "session": the session's data; "cumulative": all data seen so far
     reextract_gallery: bool = False      # True only for the joint upper bound
     uses_old_model: bool = False         # run the frozen previous model in the step (sessions >= 1)
-    uses_memory: bool = False            # herded replay memory joins the training data
+    memory_policy: str = "none"          # "herding" (iCaRL), "reservoir", "rainbow" (uncertainty) or "none"
+    half_memory_batches: bool = False    # Rainbow: every batch half session data, half memory
     uses_centers: bool = False           # per-class centres of the stored gallery (L_d)
+    importance: str = "none"             # "ewc" / "rwalk": parameter importance for a quadratic penalty
+    extra_params: Callable[[Mapping[str, Any]], dict] | None = None  # trainable extras from the frozen params
     extra_terms: TermFn | None = None    # added to L_c from session 1 on
     description: str = ""
+
+    @property
+    def uses_memory(self) -> bool:
+        return self.memory_policy != "none"

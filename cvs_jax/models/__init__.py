@@ -1,21 +1,46 @@
 """Model zoo: ResNet embedding networks and the growing cosine head."""
 
 from cvs_jax.models.heads import grow_head, init_head
-from cvs_jax.models.resnet import ResNetEmbedding
+from cvs_jax.models.resnet import Bottleneck, ResNetEmbedding, TorchvisionResNet
 
 # Named architectures. ``tiny`` is the test/demo model: same code path, 1 block per stage.
+# ``resnet50`` (bottleneck blocks) exists only in the torchvision layout.
 ARCHITECTURES = {
     "resnet18": dict(stage_sizes=(2, 2, 2, 2)),
     "resnet34": dict(stage_sizes=(3, 4, 6, 3)),
+    "resnet50": dict(stage_sizes=(3, 4, 6, 3), block="bottleneck"),
     "tiny": dict(stage_sizes=(1, 1, 1)),
 }
+LAYOUTS = ("cifar", "imagenet", "torchvision")
 
 
-def build_model(name: str, *, width: int, layout: str, embed_dim: int, dtype="float32") -> ResNetEmbedding:
+def build_model(name: str, *, width: int, layout: str, embed_dim: int, dtype="float32",
+                frozen_bn: bool = False, bn_eps: float | None = None):
+    """The embedding network ``name`` in ``layout``.
+
+    * ``cifar`` / ``imagenet``: the official CIFAR / Tiny-ImageNet ResNets (``ResNetEmbedding``,
+      BN eps 1e-6, basic blocks only).
+    * ``torchvision``: ``TorchvisionResNet`` (torchvision block layout, BN eps ``bn_eps`` or 1e-5),
+      the layout that ImageNet-pretrained weights (``models.pretrained``) load into.
+    ``frozen_bn``: every BN uses its running statistics, also when ``train=True``.
+    """
     if name not in ARCHITECTURES:
         raise ValueError(f"model.name={name!r} is unknown; choose one of {sorted(ARCHITECTURES)}.")
-    return ResNetEmbedding(width=width, layout=layout, embed_dim=embed_dim, dtype=dtype,
-                           **ARCHITECTURES[name])
+    if layout not in LAYOUTS:
+        raise ValueError(f"model.layout={layout!r}: use one of {LAYOUTS}.")
+    arch = dict(ARCHITECTURES[name])
+    block = arch.pop("block", "basic")
+    if layout == "torchvision":
+        return TorchvisionResNet(block=block, width=width, embed_dim=embed_dim, dtype=dtype, frozen_bn=frozen_bn,
+                                 bn_eps=1e-5 if bn_eps is None else bn_eps, **arch)
+    if block != "basic":
+        raise ValueError(f"model.name={name!r} has {block} blocks, which exist only in model.layout='torchvision'.")
+    if bn_eps is not None and bn_eps != 1e-6:
+        raise ValueError(f"bn_eps={bn_eps}: the {layout!r} layout uses the official eps 1e-6; "
+                         f"other values need model.layout='torchvision'.")
+    return ResNetEmbedding(width=width, layout=layout, embed_dim=embed_dim, dtype=dtype, frozen_bn=frozen_bn,
+                           **arch)
 
 
-__all__ = ["ARCHITECTURES", "ResNetEmbedding", "build_model", "grow_head", "init_head"]
+__all__ = ["ARCHITECTURES", "Bottleneck", "LAYOUTS", "ResNetEmbedding", "TorchvisionResNet", "build_model",
+           "grow_head", "init_head"]

@@ -7,6 +7,15 @@ Two layouts (spec §1.5):
   * ``imagenet``: 7x7/2 stem + 3x3/2 max-pool; block conv-BN-ReLU, conv-BN-ReLU,
     add, ReLU (a ReLU before and after the addition).
 BatchNorm eps is 1e-6 and momentum 0.1 in PyTorch terms (0.9 in Flax terms).
+
+A third family, ``TorchvisionResNet`` (``layout="torchvision"``), is the torchvision
+ResNet used with ImageNet-pretrained weights for fine-grained data (spec §1.5, §1.7):
+7x7/2 stem + 3x3/2 max-pool, torchvision BasicBlock or Bottleneck (v1.5: stride on the
+3x3 conv, expansion 4), projection shortcut conv1x1+BN *without* ReLU, ReLU after the
+addition, BN eps 1e-5; ``frozen_bn`` makes every BN use its running statistics also in
+training (the official fine-grained code keeps all BN layers in eval mode). Its module
+names mirror torchvision's state-dict keys (``conv1``, ``bn1``, ``layer1_0/conv1``,
+``layer1_0/downsample_0``...) so that ``pretrained.py`` can import torchvision weights.
 The network returns the raw (un-normalised) embedding, which is what the gallery
 stores; the cosine classifier lives outside the module (see ``heads.py``) so
 that an old head can be applied to a new embedding without re-tracing the net.
@@ -43,6 +52,7 @@ class ConvBNReLU(nn.Module):
     stride: int
     relu: bool = True
     dtype: jnp.dtype = jnp.float32
+    frozen_bn: bool = False
 
     @nn.compact
     def __call__(self, x, train: bool):
@@ -50,7 +60,7 @@ class ConvBNReLU(nn.Module):
         x = nn.Conv(self.features, (self.kernel, self.kernel), (self.stride, self.stride),
                     padding=[(pad, pad), (pad, pad)], use_bias=False,
                     kernel_init=_conv_init, dtype=self.dtype)(x)
-        x = nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-6,
+        x = nn.BatchNorm(use_running_average=self.frozen_bn or not train, momentum=0.9, epsilon=1e-6,
                          dtype=self.dtype)(x)
         return nn.relu(x) if self.relu else x
 
@@ -60,10 +70,11 @@ class BasicBlock(nn.Module):
     stride: int
     layout: str  # "cifar" or "imagenet"
     dtype: jnp.dtype = jnp.float32
+    frozen_bn: bool = False
 
     @nn.compact
     def __call__(self, x, train: bool):
-        conv = functools.partial(ConvBNReLU, dtype=self.dtype)
+        conv = functools.partial(ConvBNReLU, dtype=self.dtype, frozen_bn=self.frozen_bn)
         y = conv(self.features, 3, self.stride)(x, train)
         y = conv(self.features, 3, 1)(y, train)
         shortcut = x
@@ -81,21 +92,116 @@ class ResNetEmbedding(nn.Module):
     layout: str = "cifar"
     embed_dim: int = 128
     dtype: jnp.dtype = jnp.float32
+    frozen_bn: bool = False  # BN always uses running statistics (also when train=True)
 
     @nn.compact
     def __call__(self, x, train: bool):
         x = x.astype(self.dtype)
         if self.layout == "cifar":
-            x = ConvBNReLU(self.width, 3, 1, dtype=self.dtype)(x, train)
+            x = ConvBNReLU(self.width, 3, 1, dtype=self.dtype, frozen_bn=self.frozen_bn)(x, train)
         elif self.layout == "imagenet":
-            x = ConvBNReLU(self.width, 7, 2, dtype=self.dtype)(x, train)
+            x = ConvBNReLU(self.width, 7, 2, dtype=self.dtype, frozen_bn=self.frozen_bn)(x, train)
             x = nn.max_pool(x, (3, 3), (2, 2), padding=[(1, 1), (1, 1)])
         else:
             raise ValueError(f"model.layout={self.layout!r}: use 'cifar' or 'imagenet'.")
         for i, blocks in enumerate(self.stage_sizes):
             for b in range(blocks):
                 stride = 2 if (i > 0 and b == 0) else 1
-                x = BasicBlock(self.width * 2**i, stride, self.layout, dtype=self.dtype)(x, train)
+                x = BasicBlock(self.width * 2**i, stride, self.layout, dtype=self.dtype,
+                               frozen_bn=self.frozen_bn)(x, train)
+        x = jnp.mean(x, axis=(1, 2)).astype(jnp.float32)
+        fan_in = x.shape[-1]
+        return nn.Dense(self.embed_dim, kernel_init=_torch_linear_init(fan_in),
+                        bias_init=_torch_linear_init(fan_in), name="embedding")(x)
+
+
+# ------------------------------------------------------------------ torchvision layout
+BOTTLENECK_EXPANSION = 4
+
+
+def _tv_conv(features: int, kernel: int, stride: int, name: str, dtype) -> nn.Conv:
+    pad = (kernel - 1) // 2
+    return nn.Conv(features, (kernel, kernel), (stride, stride), padding=[(pad, pad), (pad, pad)],
+                   use_bias=False, kernel_init=_conv_init, dtype=dtype, name=name)
+
+
+def _tv_bn(name: str, train: bool, frozen: bool, eps: float, dtype) -> nn.BatchNorm:
+    return nn.BatchNorm(use_running_average=frozen or not train, momentum=0.9, epsilon=eps, dtype=dtype,
+                        name=name)
+
+
+class TorchvisionBasicBlock(nn.Module):
+    """torchvision BasicBlock: conv3x3-BN-ReLU, conv3x3-BN, + shortcut (conv1x1-BN), ReLU."""
+
+    planes: int
+    stride: int
+    bn_eps: float = 1e-5
+    frozen_bn: bool = False
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        bn = functools.partial(_tv_bn, train=train, frozen=self.frozen_bn, eps=self.bn_eps, dtype=self.dtype)
+        y = nn.relu(bn("bn1")(_tv_conv(self.planes, 3, self.stride, "conv1", self.dtype)(x)))
+        y = bn("bn2")(_tv_conv(self.planes, 3, 1, "conv2", self.dtype)(y))
+        shortcut = x
+        if self.stride != 1 or x.shape[-1] != self.planes:
+            shortcut = bn("downsample_1")(_tv_conv(self.planes, 1, self.stride, "downsample_0", self.dtype)(x))
+        return nn.relu(y + shortcut)
+
+
+class Bottleneck(nn.Module):
+    """torchvision Bottleneck (v1.5): conv1x1-BN-ReLU, conv3x3(stride)-BN-ReLU, conv1x1(4x)-BN,
+    + shortcut (conv1x1(stride)-BN, no ReLU), ReLU after the addition."""
+
+    planes: int
+    stride: int
+    bn_eps: float = 1e-5
+    frozen_bn: bool = False
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        out = self.planes * BOTTLENECK_EXPANSION
+        bn = functools.partial(_tv_bn, train=train, frozen=self.frozen_bn, eps=self.bn_eps, dtype=self.dtype)
+        y = nn.relu(bn("bn1")(_tv_conv(self.planes, 1, 1, "conv1", self.dtype)(x)))
+        y = nn.relu(bn("bn2")(_tv_conv(self.planes, 3, self.stride, "conv2", self.dtype)(y)))
+        y = bn("bn3")(_tv_conv(out, 1, 1, "conv3", self.dtype)(y))
+        shortcut = x
+        if self.stride != 1 or x.shape[-1] != out:
+            shortcut = bn("downsample_1")(_tv_conv(out, 1, self.stride, "downsample_0", self.dtype)(x))
+        return nn.relu(y + shortcut)
+
+
+class TorchvisionResNet(nn.Module):
+    """torchvision ResNet body -> global average pool -> Linear(embed_dim) named ``embedding``.
+
+    ``block="bottleneck"`` with ``stage_sizes=(3, 4, 6, 3)`` is ResNet-50 (2048-d pooled features).
+    Module names follow torchvision (``conv1``, ``bn1``, ``layer{i}_{b}``) for weight import.
+    """
+
+    stage_sizes: Sequence[int] = (3, 4, 6, 3)
+    block: str = "bottleneck"   # "bottleneck" or "basic"
+    width: int = 64
+    embed_dim: int = 128
+    bn_eps: float = 1e-5
+    frozen_bn: bool = False
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        if self.block not in ("bottleneck", "basic"):
+            raise ValueError(f"block={self.block!r}: use 'bottleneck' or 'basic'.")
+        x = x.astype(self.dtype)
+        x = _tv_conv(self.width, 7, 2, "conv1", self.dtype)(x)
+        x = nn.relu(_tv_bn("bn1", train, self.frozen_bn, self.bn_eps, self.dtype)(x))
+        x = nn.max_pool(x, (3, 3), (2, 2), padding=[(1, 1), (1, 1)])
+        cls = Bottleneck if self.block == "bottleneck" else TorchvisionBasicBlock
+        for i, blocks in enumerate(self.stage_sizes):
+            for b in range(blocks):
+                stride = 2 if (i > 0 and b == 0) else 1
+                x = cls(self.width * 2**i, stride, bn_eps=self.bn_eps, frozen_bn=self.frozen_bn,
+                        dtype=self.dtype, name=f"layer{i + 1}_{b}")(x, train)
         x = jnp.mean(x, axis=(1, 2)).astype(jnp.float32)
         fan_in = x.shape[-1]
         return nn.Dense(self.embed_dim, kernel_init=_torch_linear_init(fan_in),

@@ -1,0 +1,55 @@
+"""Parameter importance (diagonal Fisher) of the previous session's model, for EWC and RWalk.
+
+Computed once at the start of each session from the previous session's training
+images (no augmentation, BatchNorm on running statistics) with the previous selected
+model, so that it is a pure function of a completed session: a resumed run and a run
+that shares session 1 with another method compute the same values.
+* ``ewc``: F = sum_b g_b^2 * n_b / N with labels = the model's own predictions
+  (Rainbow-Memory's ``EWC.calculate_importance``);
+* ``rwalk``: EWC++ running average F <- 0.5 g_b^2 + 0.5 F over the batches with the
+  true labels (the fork's training-time Fisher, replayed over the session's batches).
+The network is regularized, the cosine head is not (the fork excludes its head).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cvs_jax import augment, losses, regularizers
+
+
+def make_batch_grad_fn(model, *, mean, std, temperature: float):
+    @jax.jit
+    def grad_fn(variables, images, labels, valid_classes, use_predictions):
+        x = augment.preprocess_eval(images, mean=mean, std=std)
+
+        def loss(net):
+            emb = model.apply({"params": net, "batch_stats": variables["batch_stats"]}, x, train=False)
+            logits = losses.cosine_logits(emb, variables["params"]["head"])
+            masked = jnp.where(jnp.arange(logits.shape[1])[None] < valid_classes, logits, -jnp.inf)
+            target = jnp.where(use_predictions, jnp.argmax(masked, axis=1), labels)
+            return losses.normalized_softmax_loss(emb, variables["params"]["head"], target, temperature,
+                                                  valid_classes=valid_classes)
+
+        return jax.grad(loss)(variables["params"]["net"])
+
+    return grad_fn
+
+
+def session_fisher(kind: str, grad_fn, variables, images: np.ndarray, labels: np.ndarray, valid_classes: int,
+                   batch_size: int):
+    n = images.shape[0]
+    fisher = jax.tree.map(jnp.zeros_like, variables["params"]["net"])
+    first = True
+    for start in range(0, n - batch_size + 1, batch_size):  # full batches: one compiled shape
+        g = grad_fn(variables, jnp.asarray(images[start:start + batch_size]),
+                    jnp.asarray(labels[start:start + batch_size], jnp.int32), jnp.int32(valid_classes),
+                    kind == "ewc")
+        if kind == "ewc":
+            fisher = jax.tree.map(lambda f, gi: f + gi ** 2 * (batch_size / n), fisher, g)
+        else:
+            fisher = regularizers.update_ewcpp_importance(fisher, g, alpha=0.5, init_if_zero=first)
+        first = False
+    return fisher

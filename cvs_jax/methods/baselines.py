@@ -1,0 +1,75 @@
+"""The paper's baselines on the shared trainer, all with the normalized-softmax head (spec §6).
+
+* ``bct``: influence loss, CE of the frozen old classifier on the new embedding of
+  old-class samples; herded replay in the disjoint setup only (official launch script).
+* ``lwf``: T=2 distillation of the old head's outputs into a *trainable* copy of the
+  old head applied to the new embedding (the official code registers the copy on the
+  new network).
+* ``mmd``: Gaussian-kernel MMD between new and old raw embeddings, plus KD of the old
+  head on new-class samples.
+* ``ewc``: Fisher-weighted quadratic penalty on the network (head excluded), Fisher from
+  the previous session's data with predicted labels; no memory.
+* ``rwalk``: the same penalty with an EWC++ running Fisher (alpha 0.5) plus reservoir
+  memory.  The path-integral score of RWalk is identically zero in the author's fork
+  (see ``regularizers.py``), so the fork's behaviour is reproduced: importance = Fisher.
+* ``rainbow``: Rainbow Memory, uncertainty-based memory under the budget (classes spread
+  over the uncertainty ranking), batches half memory / half session data.
+Extra terms are weighted by ``config.loss_weights`` (official alpha = 1 for BCT/LwF/MMD).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from cvs_jax import distillation, losses, regularizers
+from cvs_jax.methods.base import Method, StepInputs
+
+
+def make_bct(config: ml_collections.ConfigDict) -> Method:
+    def terms(x: StepInputs):
+        return {"L_bct": distillation.bct_influence_loss(x.new_emb, x.old_head, x.labels, x.aux["old_classes"])}
+
+    replay = "herding" if config.data.setup == "disjoint" else "none"
+    return Method(name="bct", memory_policy=replay, extra_terms=terms,
+                  description="BCT influence loss" + (" with herded replay" if replay != "none" else ""))
+
+
+def make_lwf(config: ml_collections.ConfigDict) -> Method:
+    def terms(x: StepInputs):
+        new = losses.cosine_logits(x.new_emb, x.params["lwf_head"])
+        old = losses.cosine_logits(x.old_emb, x.old_head)
+        return {"L_kd": distillation.lwf_kd_loss(new, old, num_old_classes=x.aux["old_classes"])}
+
+    return Method(name="lwf", uses_old_model=True, extra_terms=terms,
+                  extra_params=lambda frozen: {"lwf_head": frozen["head"]},
+                  description="LwF: T=2 KD into a trainable copy of the old head")
+
+
+def make_mmd(config: ml_collections.ConfigDict) -> Method:
+    def terms(x: StepInputs):
+        new = losses.cosine_logits(x.new_emb, x.head)
+        old = losses.cosine_logits(x.old_emb, x.old_head)
+        return {"L_mmd": distillation.mmd_loss(x.new_emb, x.old_emb),
+                "L_mmd_kd": distillation.mmd_kd_new_class_loss(new, old, x.labels, x.aux["old_classes"])}
+
+    return Method(name="mmd", uses_old_model=True, extra_terms=terms,
+                  description="MMD between new and old embeddings + KD on new classes")
+
+
+def _penalty(x: StepInputs):
+    return {"L_reg": regularizers.ewc_penalty(x.params["net"], x.aux["reg_anchor"], x.aux["reg_importance"])}
+
+
+def make_ewc(config: ml_collections.ConfigDict) -> Method:
+    return Method(name="ewc", importance="ewc", extra_terms=_penalty,
+                  description="EWC: Fisher-weighted quadratic penalty, no memory")
+
+
+def make_rwalk(config: ml_collections.ConfigDict) -> Method:
+    return Method(name="rwalk", importance="rwalk", memory_policy="reservoir", extra_terms=_penalty,
+                  description="RWalk (as the author's fork): EWC++ Fisher penalty + reservoir memory")
+
+
+def make_rainbow(config: ml_collections.ConfigDict) -> Method:
+    return Method(name="rainbow", memory_policy="rainbow", half_memory_batches=True,
+                  description="Rainbow Memory: uncertainty-based memory, half-memory batches")
