@@ -19,6 +19,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.name = config_dict.placeholder(str)
     c.data.data_dir = "~/tensorflow_datasets"
     c.data.manual_dir = config_dict.placeholder(str)
+    c.data.official_split_dir = config_dict.placeholder(str)  # official CVS JSON session files (CIFAR-100)
     c.data.on_corrupt = "refuse"  # undecodable source images: "refuse" (stop, name one) or "skip" (count them)
     c.data.setup = "general"
     c.data.num_sessions = 5
@@ -37,6 +38,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.width = 64
     c.model.layout = "cifar"
     c.model.embed_dim = 128
+    c.model.frozen_bn = False  # fine-grained recipe: BatchNorm frozen on its ImageNet statistics
+    c.model.pretrained = config_dict.placeholder(str)  # torchvision ResNet-50 weights (.npz or .pth)
     c.model.dtype = "float32"  # "bfloat16": bf16 convolutions; params, embeddings and losses stay f32
 
     c.train = ml_collections.ConfigDict()

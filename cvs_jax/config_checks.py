@@ -14,6 +14,7 @@ import ml_collections
 from cvs_jax import augment, schedules
 from cvs_jax.data import splits
 from cvs_jax.methods import METHODS
+from cvs_jax.models.pretrained import CONVERT_ONE_LINER
 
 # Classes of the datasets we know without opening them (for early S/C/L checks).
 KNOWN_NUM_CLASSES = {"fashion_mnist_local": 10, "fashion_mnist": 10, "mnist": 10, "cifar10": 10,
@@ -65,6 +66,12 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
         if config.memory.budget < classes:
             raise ConfigError(f"memory.budget={config.memory.budget} is smaller than the {classes} classes the "
                               f"run will have seen; raise memory.budget to at least {classes}.")
+    if config.model.pretrained is not None and not os.path.isfile(os.path.expanduser(config.model.pretrained)):
+        raise ConfigError(f"model.pretrained={config.model.pretrained!r} does not exist; download torchvision's "
+                          f"resnet50-0676ba61.pth and convert it: {CONVERT_ONE_LINER} (or unset model.pretrained).")
+    if d.official_split_dir is not None and not os.path.isdir(os.path.expanduser(d.official_split_dir)):
+        raise ConfigError(f"data.official_split_dir={d.official_split_dir!r} does not exist; point it at the "
+                          f"official cifar100_*.json session files (e.g. ../shared/data/cvs-official-splits/cifar100).")
     if d.name in LOCAL_BUILDERS and d.manual_dir is not None:
         manual = os.path.expanduser(d.manual_dir)
         if not os.path.isdir(manual):

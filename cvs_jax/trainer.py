@@ -30,10 +30,11 @@ from cvs_jax import (augment, config_checks, evaluate, faults, importance, losse
                      workdir as workdir_lib)
 from cvs_jax.checkpoint import Checkpoints
 from cvs_jax.compatibility import compatibility_matrix
-from cvs_jax.data import sources, splits
+from cvs_jax.data import official_splits, sources, splits
 from cvs_jax.gallery import Gallery
 from cvs_jax.methods import Method, get_method
 from cvs_jax.models import build_model, grow_head, init_head
+from cvs_jax.models.pretrained import load_torchvision_resnet50, merge_pretrained
 from cvs_jax.run_log import RunLog, format_eta
 from cvs_jax.train_step import TrainState, make_embed_fn, make_optimizer, make_train_step
 
@@ -52,6 +53,11 @@ class Protocol:
         d = config.data
         dataset = sources.load_dataset(d.name, data_dir=d.data_dir, manual_dir=d.manual_dir,
                                        on_corrupt=d.on_corrupt)
+        if d.official_split_dir is not None:  # the official CVS JSON session files (CIFAR-100)
+            plan = official_splits.official_plan_for_dataset(os.path.expanduser(d.official_split_dir), d.setup,
+                                                             dataset)
+            return cls(dataset, plan, plan.to_protocol_labels(dataset.train.labels),
+                       plan.to_protocol_labels(dataset.test.labels))
         plan = splits.make_session_plan(
             dataset.train.labels, setup=d.setup, num_sessions=d.num_sessions,
             first_classes=d.first_classes, classes_per_session=d.classes_per_session,
@@ -206,7 +212,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             json.dump(proto.description(), f, indent=1)
 
     model = build_model(config.model.name, width=config.model.width, layout=config.model.layout,
-                        embed_dim=config.model.embed_dim, dtype=config.model.dtype)
+                        embed_dim=config.model.embed_dim, dtype=config.model.dtype,
+                        frozen_bn=config.model.frozen_bn)
     tx = make_optimizer(momentum=config.train.momentum, nesterov=config.train.nesterov,
                         weight_decay=config.train.weight_decay)
     step_fn = make_train_step(model, tx, method, temperature=config.train.temperature,
@@ -222,6 +229,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     init_key, head_key, step_key = jax.random.split(root, 3)
     dummy = jnp.zeros((1,) + images.shape[1:], jnp.float32)
     init_vars = model.init(init_key, dummy, train=False)
+    if config.model.pretrained is not None:  # ImageNet weights (fine-grained recipe), refused early if absent
+        init_vars = merge_pretrained(init_vars, load_torchvision_resnet50(os.path.expanduser(config.model.pretrained)))
     variables = {
         "params": {"net": init_vars["params"], "head": init_head(head_key, proto.num_classes, config.model.embed_dim)},
         "batch_stats": init_vars["batch_stats"],

@@ -308,9 +308,16 @@ def _load_tfds(name: str, *, data_dir: str) -> ImageDataset:
 
 
 def _read_generic_split(source: Sequence[Any]) -> Split:
-  """Reads all records of a TFDS data source with `image` and `label`."""
+  """Reads all records of a TFDS data source with `image` and `label`.
+
+  TFDS shuffles records when it prepares a dataset; when records carry an `id`
+  like `train_01234` (e.g. `cifar100`), the split is put back in the original
+  release order, which index-based session splits (and the official CVS split
+  files) refer to.
+  """
   n = len(source)
   images = labels = None
+  ids = []
   for start in range(0, n, _CHUNK):
     stop = min(n, start + _CHUNK)
     records = source.__getitems__(list(range(start, stop)))
@@ -323,6 +330,16 @@ def _read_generic_split(source: Sequence[Any]) -> Split:
     for j, record in enumerate(records):
       images[start + j] = record['image']
       labels[start + j] = record['label']
+      if 'id' in record:
+        ids.append(record['id'])
   if images is None:
     raise ValueError('Empty split.')
+  if len(ids) == n:
+    from cvs_jax.data.official_splits import original_order  # pylint: disable=g-import-not-at-top
+    try:
+      perm = original_order(ids)
+    except ValueError:
+      perm = None  # ids without a numeric position: keep the stored order
+    if perm is not None:
+      images, labels = images[perm], labels[perm]
   return Split(images=images, labels=labels)

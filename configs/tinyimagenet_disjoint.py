@@ -1,0 +1,15 @@
+"""Tiny-ImageNet, disjoint: 20 new classes per session, all their images (spec §2.3).
+
+Same recipe as ``tinyimagenet_general`` (ResNet-18 ImageNet stem, batch 64, budget 4000,
+5% validation, RandAugment, 256 epochs); only the split differs.
+"""
+
+from configs import tinyimagenet_general
+
+
+def get_config():
+    c = tinyimagenet_general.get_config()
+    c.data.setup = "disjoint"
+    c.data.samples_per_new_class = None  # all 500 images of each class
+    c.memory.budget = 4000
+    return c
