@@ -13,15 +13,17 @@ from tests.tiny_data import write_fashion_idx
 def test_runner_table_and_shared_first_session(tmp_path):
     manual = write_fashion_idx(str(tmp_path / "idx"), train_per_class=60, test_per_class=10)
     c = tiny_config(manual, tmp_path, sessions=2)
+    c.train.epochs = 1
     wd = str(tmp_path / "cmp")
-    rows = compare.run_comparison(c, wd, ["finetune", "cvs", "joint"], [0])
-    assert [r["method"] for r in rows] == ["finetune", "cvs", "joint"]
+    methods = ["finetune", "cvs", "joint", "bct", "lwf", "mmd", "ewc", "rwalk", "rainbow"]
+    rows = compare.run_comparison(c, wd, methods, [0])
+    assert [r["method"] for r in rows] == methods
     with open(os.path.join(wd, "comparison.md")) as f:
         table = f.read()
-    for m in ("finetune", "cvs", "joint"):
+    for m in methods:
         assert f"| {m} |" in table
     with open(os.path.join(wd, "comparison.csv")) as f:
-        assert [r["method"] for r in csv.DictReader(f)] == ["finetune", "cvs", "joint"]
+        assert [r["method"] for r in csv.DictReader(f)] == methods
     assert os.path.getsize(os.path.join(wd, "comparison.png")) > 0
     # session 1 was trained once: every method reports the same session-1 recall ...
     first = {r["method"]: r["recall1_per_session"][0] for r in rows}

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from cvs_jax import memory
 from cvs_jax.memory import herding_select, rebuild_memory
 
 SEEDS = [0, 1, 2, 3, 4]
@@ -137,3 +138,45 @@ def test_rebuild_memory_budget_too_small():
         rebuild_memory(emb, labels, ids, 2)
     sel_ids, _ = rebuild_memory(emb, labels, ids, 3)
     assert len(sel_ids) == 3
+
+
+# ---------------------------------------------------------------------------
+# Reservoir (RWalk) and uncertainty-based (Rainbow) memories
+# ---------------------------------------------------------------------------
+
+
+def test_reservoir_respects_budget_and_is_uniform():
+    budget, n = 20, 200
+    counts = np.zeros(n)
+    for seed in range(400):
+        rng = np.random.default_rng(seed)
+        mem, seen = memory.reservoir_update(np.zeros((0,), np.int64), 0, np.arange(100), budget, rng)
+        mem, seen = memory.reservoir_update(mem, seen, np.arange(100, 200), budget, rng)  # a second session
+        assert seen == n and len(mem) == budget and len(np.unique(mem)) == budget
+        counts[mem] += 1
+    freq = counts / 400
+    # every item of either session is kept with probability budget / n = 0.1
+    assert abs(freq[:100].mean() - 0.1) < 0.01 and abs(freq[100:].mean() - 0.1) < 0.01
+    assert freq.max() < 0.2
+
+
+def test_uncertainty_select_spreads_over_the_ranking():
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(4), 25)
+    unc = rng.uniform(size=100)
+    ids = np.arange(100) + 1000
+    sel_ids, sel_labels = memory.uncertainty_select(unc, labels, ids, budget=22)
+    assert len(sel_ids) == 4 * (22 // 4) <= 22
+    for c in range(4):
+        members = np.flatnonzero(labels == c)
+        chosen = sel_ids[sel_labels == c] - 1000
+        assert len(chosen) == 5
+        # the least and the most uncertain sample of the class are both kept
+        assert members[np.argmin(unc[members])] in chosen and members[np.argmax(unc[members])] in chosen
+    with pytest.raises(ValueError, match="memory_budget=3"):
+        memory.uncertainty_select(unc, labels, ids, budget=3)
+
+
+def test_prediction_uncertainty():
+    preds = np.array([[0, 1, 2], [0, 1, 1], [0, 2, 1], [0, 1, 0]])  # T=4 perturbations, 3 samples
+    np.testing.assert_allclose(memory.prediction_uncertainty(preds), [0.0, 0.25, 0.5])
