@@ -9,16 +9,17 @@ of the device (peaks from ``_common.GPU_PEAKS``; on a CPU measured in this run):
   ``Precision.HIGHEST``: no TF32), and at the TF32 peak for reference;
 * memory floor: the gallery read once (N D 4 bytes) at the memory bandwidth;
 * score floor: each of the Q N scores written and read once (XLA materialises the
-  ``chunk x gallery_block`` score tile before ``top_k``), 8 Q N bytes.
+  ``chunk x gallery_block`` score tile before ``top_k``; an assumption to check
+  in a profile), 8 Q N bytes.
 
 The gallery is generated on the device (no host copy of 10M rows).  ``--disk``
-also times ``recall_at_k_blocked`` on the same gallery written to a ``.npy`` file
+also times ``topk_indices_blocked`` on the same gallery written to a ``.npy`` file
 (memory-mapped, streamed in blocks), which includes the disk reads.
 
 Usage:
   python benchmarks/search.py                        # 50k, 1M, 10M rows; 10k queries
   python benchmarks/search.py --quick                # CPU-sized: 50k and 200k rows, 1k queries
-  python benchmarks/search.py --rows 1000000 --chunk 4096 --gallery_block 65536 --disk /scratch
+  python benchmarks/search.py --rows 1000000 --chunk 4096 --gallery_block 131072 --disk /scratch
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def main():
     p.add_argument("--queries", type=int, default=None, help="default 10000 (1000 with --quick)")
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--k", type=int, default=4)
-    p.add_argument("--chunk", type=int, default=None, help="queries per step (default 1024; 4096 on GPU)")
+    p.add_argument("--chunk", type=int, default=None, help="queries per step (default 1024; 2048 on GPU)")
     p.add_argument("--gallery_block", type=int, default=None,
                    help="gallery rows per device per step (default 4096 on CPU, 65536 on GPU)")
     p.add_argument("--repeats", type=int, default=3)
@@ -60,7 +61,7 @@ def main():
     on_gpu = jax.devices()[0].platform == "gpu"
     rows = [int(r) for r in (a.rows or ("50000,200000" if a.quick else "50000,1000000,10000000")).split(",")]
     nq = a.queries or (1000 if a.quick else 10000)
-    chunk = a.chunk or (4096 if on_gpu else 1024)
+    chunk = a.chunk or (2048 if on_gpu else 1024)
     gblock = a.gallery_block or (65536 if on_gpu else 4096)
     peaks = _common.device_peaks()
     print(f"# exact cosine top-{a.k} search, D={a.dim}, {nq} queries, chunk {chunk}, gallery_block {gblock}\n"

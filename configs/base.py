@@ -80,6 +80,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.memory = ml_collections.ConfigDict()
     c.memory.budget = 2000
 
+    c.distributed = ml_collections.ConfigDict()
+    c.distributed.multihost = False  # True (or env CVS_JAX_MULTIHOST=1): jax.distributed.initialize() first
+
     c.eval = ml_collections.ConfigDict()
     c.eval.ks = (1, 2, 4)
     return c

@@ -14,9 +14,10 @@ device mesh (all devices by default):
   the block, ``lax.top_k``, and a merge with the running top-K, so device memory
   stays bounded by ``chunk x gallery_block`` scores whatever the gallery size;
 * the K candidates of every device (K x n_devices per query) are merged into the
-  global top-K, ties broken by the lowest global gallery index.  The block shape
-  does not depend on the device count, so the result is bitwise the same on any
-  number of devices and equals a brute-force stable sort of the same scores;
+  global top-K, ties broken by the lowest global gallery index.  The matmul shape
+  (``chunk x D x gallery_block``) does not depend on the device count, so for a
+  given ``chunk`` and ``gallery_block`` the scores and indices are bitwise the same
+  on any number of devices (and processes), and equal a stable sort of the scores;
 * queries are processed in chunks of ``chunk`` rows (zero-padded: one compile).
 
 ``recall_at_k_blocked`` streams a gallery that lives on disk (a memory-mapped
@@ -64,8 +65,14 @@ def _ceil_to(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
+@functools.lru_cache(maxsize=1)
+def _default_mesh() -> Mesh:
+    return distributed.data_mesh()
+
+
 def _resolve_mesh(mesh: Mesh | None) -> Mesh:
-    return mesh if mesh is not None else distributed.data_mesh()
+    """``mesh``, or the ``data`` mesh over all devices (the trainer's mesh: the same compiled search)."""
+    return mesh if mesh is not None else _default_mesh()
 
 
 def _n_dev(mesh: Mesh) -> int:
@@ -214,14 +221,12 @@ class ShardedGallery:
     def topk(self, query_emb, k: int, *, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
         """``(scores [Q, k'], indices [Q, k'])`` of the ``k' = min(k, N)`` nearest rows (cosine)."""
         k_eff = min(k, self.n)
-        out_v, out_i = [], []
-        for qn in _query_chunks(query_emb, chunk, self.mesh):
-            v, i = self.search_chunk(qn.array, k_eff)
-            out_v.append(np.asarray(v)[:qn.rows])
-            out_i.append(np.asarray(i)[:qn.rows])
-        if not out_v:
+        # dispatch every chunk before fetching any result: host transfers overlap device work
+        results = [(self.search_chunk(qn.array, k_eff), qn.rows) for qn in _query_chunks(query_emb, chunk, self.mesh)]
+        if not results:
             return np.zeros((0, k_eff), np.float32), np.zeros((0, k_eff), np.int32)
-        return np.concatenate(out_v), np.concatenate(out_i)
+        return (np.concatenate([np.asarray(v)[:rows] for (v, _), rows in results]),
+                np.concatenate([np.asarray(i)[:rows] for (_, i), rows in results]))
 
 
 class _AsFloat32:
@@ -327,7 +332,8 @@ def topk_indices_blocked(query_emb, gallery: Any, k: int, *, block_rows: int = 1
     sharded over the devices (each device receives only its rows), and every query
     chunk's running top-k (kept on the devices) is merged with the block's; the next
     block is read by a background thread meanwhile.  Host memory holds at most two
-    blocks, never the whole gallery.  Same result as ``topk_indices`` on the whole
+    blocks, device memory at most two blocks (plus their normalised copies), never
+    the whole gallery.  Same result as ``topk_indices`` on the whole
     gallery (ties: lowest global index).
     """
     if isinstance(gallery, str):
@@ -358,9 +364,12 @@ def topk_indices_blocked(query_emb, gallery: Any, k: int, *, block_rows: int = 1
             g = ShardedGallery(block, mesh=mesh, gallery_block=gallery_block, precision=precision,
                                base=start, rows_per_device=block_rows // n_dev)
             del block
+            previous = running[-1]
             for c, qn in enumerate(chunks):
                 running[c] = g.search_chunk(qn.array, k_eff, *running[c])
             del g
+            # at most two blocks in flight on the devices: wait until the previous block is searched
+            jax.block_until_ready(previous)
     vals = np.concatenate([np.asarray(v)[:qn.rows] for (v, _), qn in zip(running, chunks)])
     idx = np.concatenate([np.asarray(i)[:qn.rows] for (_, i), qn in zip(running, chunks)])
     return vals, idx

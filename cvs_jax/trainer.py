@@ -24,10 +24,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from cvs_jax import (augment, config_checks, evaluate, faults, importance, losses, memory, plots, schedules,
-                     workdir as workdir_lib)
+from cvs_jax import (augment, config_checks, distributed, evaluate, faults, importance, losses, memory, plots,
+                     schedules, workdir as workdir_lib)
 from cvs_jax.checkpoint import Checkpoints
 from cvs_jax.compatibility import compatibility_matrix
 from cvs_jax.data import official_splits, sources, splits
@@ -91,10 +90,11 @@ class Protocol:
 class Embedder:
     """Embeds uint8 images in fixed-size, device-sharded chunks (one compile per chunk size)."""
 
-    def __init__(self, model, config, sharding: NamedSharding):
+    def __init__(self, model, config, mesh):
         self._fn = make_embed_fn(model, mean=config.data.mean, std=config.data.std)
         self._chunk = config.train.eval_batch_size
-        self._sharding = sharding
+        self._mesh = mesh
+        self._lo, self._hi = distributed.process_slice(self._chunk, mesh)  # this process's rows of a chunk
 
     def __call__(self, variables: dict, images: np.ndarray) -> np.ndarray:
         out = []
@@ -103,8 +103,9 @@ class Embedder:
             n = chunk.shape[0]
             if n < self._chunk:
                 chunk = np.concatenate([chunk, np.zeros((self._chunk - n,) + chunk.shape[1:], chunk.dtype)])
-            emb = self._fn(variables["params"], variables["batch_stats"], jax.device_put(chunk, self._sharding))
-            out.append(np.asarray(emb)[:n])
+            emb = self._fn(variables["params"], variables["batch_stats"],
+                           distributed.global_batch(chunk[self._lo:self._hi], self._mesh))
+            out.append(distributed.to_host(emb)[:n])
         if not out:
             return np.zeros((0, self._fn_dim(variables)), np.float32)
         return np.concatenate(out).astype(np.float32)
@@ -189,15 +190,14 @@ def _update_memory(method: Method, config, proto: "Protocol", mem: dict, variabl
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Runs (or resumes) the whole continual protocol; returns the contents of results.json."""
     # ---------------------------------------------------------------- 1. set-up
+    distributed.maybe_initialize(config.distributed.multihost)  # before anything touches the devices
     n_dev = jax.device_count()
     config_checks.check(config, num_devices=n_dev)  # before any data loading or compilation
     workdir_lib.prepare(config, workdir)
     method = get_method(config)
     log = RunLog(workdir)
     ks = tuple(int(k) for k in config.eval.ks)
-    mesh = jax.make_mesh((n_dev,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
-    batch_sharding = NamedSharding(mesh, P("data"))
-    replicated = NamedSharding(mesh, P())
+    mesh = distributed.data_mesh()  # one "data" axis over every device of every process
 
     t0 = time.time()
     proto = Protocol.build(config)
@@ -220,7 +220,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                               loss_weights=dict(config.loss_weights), mean=config.data.mean,
                               std=config.data.std, crop_padding=config.augment.crop_padding,
                               flip=config.augment.flip, policy=config.augment.policy)
-    embed = Embedder(model, config, batch_sharding)
+    embed = Embedder(model, config, mesh)
     fisher_grad_fn = importance.make_batch_grad_fn(model, mean=config.data.mean, std=config.data.std,
                                                    temperature=config.train.temperature)
     uncertainty_fn = _make_uncertainty_fn(model, config) if method.memory_policy == "rainbow" else None
@@ -268,7 +268,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     for s in range(start, plan.num_sessions):
         sess = plan.sessions[s]
         prev_outputs = plan.sessions[s - 1].num_outputs if s > 0 else 0
-        frozen = jax.device_put(variables, replicated) if s > 0 else None
+        frozen = distributed.replicate(variables, mesh) if s > 0 else None
 
         # 3a. what carries over from session s-1, computed with its selected model at the start of
         # session s (the official code builds session 1's exemplars this way); a run that shares
@@ -297,6 +297,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             raise config_checks.ConfigError(f"session {s + 1} has {len(idx)} training images, fewer than "
                                             f"train.batch_size={bs}; lower the batch size.")
         total_steps = steps_per_epoch * config.train.epochs
+        lo, hi = distributed.process_slice(bs, mesh)
         steps_before = sum(r["steps"] for r in per_session)  # x-axis of the run's TensorBoard curves
 
         def batch_indices(epoch: int, i: int) -> np.ndarray:
@@ -321,7 +322,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             aux["centers"], aux["center_mask"] = jnp.asarray(centers), jnp.asarray(center_mask)
         if method.importance != "none" and s > 0:
             aux["reg_importance"], aux["reg_anchor"] = reg["importance"], reg["anchor"]
-        aux = jax.device_put(aux, replicated)
+        aux = distributed.replicate(aux, mesh)
         state = TrainState(step=jnp.int32(0), params=params, batch_stats=variables["batch_stats"],
                            opt_state=tx.init(params))
         cur = {"params": state.params, "batch_stats": state.batch_stats}
@@ -338,7 +339,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             sums = {k: jnp.asarray(v) for k, v in (items["sums"] or {}).items()}
             log.truncate(session=s + 1, step=int(state.step))
             log.print(f"resumed session {s + 1} at step {int(state.step)}/{total_steps}")
-        state = jax.device_put(state, replicated)
+        state = distributed.replicate(state, mesh)
 
         # 3d. what validation and the gallery see in this session.
         gal_idx = proto.training_indices(method, s)
@@ -374,9 +375,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         while step < total_steps:
             epoch, i = divmod(step, steps_per_epoch)
             lr = schedules.epoch_lr(config.train.schedule, epoch, config.train.lr, config.train.epochs)
-            b = batch_indices(epoch, i)
-            batch = jax.device_put({"images": images[b], "labels": proto.train_labels[b].astype(np.int32)},
-                                   batch_sharding)
+            b = batch_indices(epoch, i)[lo:hi]  # each process loads only its rows of the global batch
+            batch = distributed.global_batch({"images": images[b], "labels": proto.train_labels[b].astype(np.int32)},
+                                             mesh)
             state, metrics = step_fn(state, frozen, batch, aux, jnp.float32(lr), session_key)
             bad_step = jnp.minimum(bad_step, jnp.where(jnp.isfinite(metrics["loss"]), _NO_BAD_STEP, step))
             sums = {k: sums[k] + v if k in sums else v for k, v in metrics.items()}  # on device, no sync

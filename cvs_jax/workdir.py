@@ -12,13 +12,15 @@ import json
 import os
 import time
 
+import jax
 import ml_collections
 
 from cvs_jax.config_checks import ConfigError
 
 # Fields that may change between a run and its resumption.
 OPERATIONAL = ("overwrite", "data.data_dir", "data.manual_dir", "train.eval_batch_size",
-               "train.checkpoint_every_steps", "log_every_steps")
+               "train.checkpoint_every_steps", "log_every_steps",
+               "distributed.multihost")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -60,5 +62,6 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
             print(f"moved the previous run in {workdir} to {aside}")
         else:
             return
-    with open(path, "w") as f:
-        json.dump(current, f, indent=2)
+    if jax.process_index() == 0:
+        with open(path, "w") as f:
+            json.dump(current, f, indent=2)

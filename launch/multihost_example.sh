@@ -16,7 +16,7 @@
 #   JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=2 launch/multihost_example.sh localhost:12345 2 1 ...
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  sed -n '2,20p' "$0"; exit 2
+  awk 'NR > 1 && /^#/ {print} /^set /{exit}' "$0"; exit 2
 fi
 COORD="$1"; NPROC="$2"; PID="$3"; shift 3
 cd "$(dirname "$0")/.."

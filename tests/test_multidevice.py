@@ -4,15 +4,17 @@ Each check that needs N devices runs in a fresh Python process started with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` (the CPU backend then has
 N devices; the flag must be set before JAX starts, hence the subprocess).  The
 worker half of this file (``python tests/test_multidevice.py --worker ...``)
-trains the tiny CVS config with ``cvs_jax.trainer.run`` and prints a JSON summary.
+trains the tiny CVS config with ``cvs_jax.trainer.run``, runs the sharded search,
+or acts as one of two ``jax.distributed`` processes, and prints a JSON summary.
+Runtime on 2 shared CPU cores: ~1.5-2 min with a warm XLA cache, ~4 min cold.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import socket
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -121,6 +123,11 @@ def _multiproc_worker(workdir: str) -> None:
     batch = distributed.global_batch({"x": full[lo:hi], "w": np.arange(b, dtype=np.float32)[lo:hi]}, mesh)
     total, weighted = jax.jit(lambda t: (t["x"].sum(), (t["x"] * t["w"][:, None]).sum(0)),
                               out_shardings=distributed.replicated_sharding(mesh))(batch)
+    try:
+        distributed.process_slice(6, mesh)  # 6 rows do not split over 4 devices
+        refused = False
+    except ValueError:
+        refused = True
     rng = np.random.default_rng(7)
     g = rng.normal(size=(5000, 8)).astype(np.float32)
     g[1::2] = g[0::2]
@@ -130,7 +137,7 @@ def _multiproc_worker(workdir: str) -> None:
     np.save(path, g)
     _, idx_disk = evaluate.topk_indices_blocked(q, path, 5, chunk=32, gallery_block=256, block_rows=1024)
     out = {"processes": jax.process_count(), "devices": jax.device_count(), "local": jax.local_device_count(),
-           "slice": [lo, hi], "total": float(total), "weighted": np.asarray(weighted).tolist(),
+           "slice": [lo, hi], "odd_batch_refused": refused, "total": float(total), "weighted": np.asarray(weighted).tolist(),
            "gathered_ok": bool(np.array_equal(distributed.to_host(batch)["x"], full)),
            "idx": idx.tolist(), "idx_disk": idx_disk.tolist()}
     print("RESULT " + json.dumps(out), flush=True)
@@ -327,10 +334,55 @@ def test_two_processes_build_global_batches_and_search(tmp_path):
     for pid, out in enumerate(outs):
         assert (out["processes"], out["devices"], out["local"]) == (2, 4, 2)
         assert out["slice"] == [4 * pid, 4 * pid + 4]  # each process loads its own half of the batch
+        assert out["odd_batch_refused"]
         assert out["total"] == float(np.arange(24).sum())
         assert out["weighted"] == [float(sum((3 * i + j) * i for i in range(8))) for j in range(3)]
         assert out["gathered_ok"]
         assert np.array_equal(np.asarray(out["idx"]), want) and np.array_equal(np.asarray(out["idx_disk"]), want)
+
+
+# ----------------------------------------------------------------------------- in-process (1 device)
+def test_single_process_global_batch_is_device_put():
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from cvs_jax import distributed
+
+    mesh = distributed.data_mesh()
+    assert mesh.axis_names == ("data",) and mesh.devices.size == jax.device_count()
+    assert distributed.process_slice(16, mesh) == (0, 16)
+    assert np.array_equal(distributed.process_rows(16, mesh), np.arange(16))
+    x = {"images": np.arange(16 * 4, dtype=np.uint8).reshape(16, 2, 2), "labels": np.arange(16, dtype=np.int32)}
+    got = distributed.global_batch(x, mesh)
+    want = jax.device_put(x, NamedSharding(mesh, P("data")))
+    for k in x:
+        assert got[k].sharding == want[k].sharding and np.array_equal(got[k], want[k])
+    rep = distributed.replicate({"w": np.ones(3)}, mesh)
+    assert rep["w"].sharding == NamedSharding(mesh, P())
+    assert np.array_equal(distributed.to_host(got)["labels"], x["labels"])
+
+
+def test_multihost_is_opt_in_and_slurm_one_task_per_node_gets_all_gpus(monkeypatch):
+    from cvs_jax import distributed
+
+    monkeypatch.delenv("CVS_JAX_MULTIHOST", raising=False)
+    assert not distributed.multihost_requested(False)
+    assert distributed.maybe_initialize(False) is False  # no jax.distributed.initialize
+    monkeypatch.setenv("CVS_JAX_MULTIHOST", "1")
+    assert distributed.multihost_requested(False)
+    for key in ("SLURM_JOB_ID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_GPUS_ON_NODE",
+                "JAX_LOCAL_DEVICE_IDS"):
+        monkeypatch.delenv(key, raising=False)
+    assert distributed._slurm_local_device_ids() is None  # not under SLURM
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_GPUS_ON_NODE", "4")
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "1(x2)")
+    assert distributed._slurm_local_device_ids() == [0, 1, 2, 3]
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "4(x2)")  # one task per GPU: JAX's own default applies
+    assert distributed._slurm_local_device_ids() is None
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "1(x2)")
+    monkeypatch.setenv("JAX_LOCAL_DEVICE_IDS", "0,1")  # set by the user / sbatch script: left to JAX
+    assert distributed._slurm_local_device_ids() is None
 
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--worker":
