@@ -6,8 +6,7 @@ import os
 import pytest
 
 from cvs_jax import compare, trainer
-from tests.test_end_to_end import tiny_config
-from tests.tiny_data import write_fashion_idx
+from tests.tiny_data import tiny_config, write_fashion_idx
 
 
 def test_runner_table_and_shared_first_session(tmp_path):

@@ -7,33 +7,14 @@ import shutil
 import numpy as np
 import pytest
 
-from configs import fashion_mnist_general
 from cvs_jax import trainer
 from cvs_jax.checkpoint import Checkpoints
-from tests.tiny_data import write_fashion_idx
+from tests.tiny_data import tiny_config, write_fashion_idx
 
 
 @pytest.fixture(scope="module")
 def manual_dir(tmp_path_factory):
     return write_fashion_idx(str(tmp_path_factory.mktemp("idx")), train_per_class=60, test_per_class=10)
-
-
-def tiny_config(manual_dir, tmp_path, method="finetune", sessions=3):
-    c = fashion_mnist_general.get_config()
-    c.method = method
-    c.data.manual_dir = manual_dir
-    c.data.data_dir = str(tmp_path / "tfds")
-    c.data.num_sessions = sessions
-    c.data.first_classes = 4
-    c.data.classes_per_session = 2
-    c.data.samples_per_new_class = 40
-    c.model.width = 4
-    c.model.embed_dim = 8
-    c.train.epochs = 2
-    c.train.batch_size = 16
-    c.train.eval_batch_size = 64
-    c.memory.budget = 30
-    return c
 
 
 def read_jsonl(path):

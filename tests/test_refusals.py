@@ -7,32 +7,22 @@ import sys
 
 import pytest
 
-from configs import fashion_mnist_general
 from cvs_jax import config_checks, trainer
 from cvs_jax.data.sources import DatasetNotFoundError
-from tests.tiny_data import write_fashion_idx
+from tests.tiny_data import tiny_config, write_fashion_idx
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def manual_dir(tmp_path_factory):
-    return write_fashion_idx(str(tmp_path_factory.mktemp("idx")), train_per_class=40, test_per_class=6)
+    return write_fashion_idx(str(tmp_path_factory.mktemp("idx")), train_per_class=60, test_per_class=6)
 
 
 @pytest.fixture
 def config(manual_dir, tmp_path):
-    c = fashion_mnist_general.get_config()
-    c.data.manual_dir = manual_dir
-    c.data.data_dir = str(tmp_path / "tfds")
-    c.data.num_sessions = 2
-    c.data.samples_per_new_class = 30
-    c.model.width = 4
-    c.model.embed_dim = 8
+    c = tiny_config(manual_dir, tmp_path, sessions=2)
     c.train.epochs = 1
-    c.train.batch_size = 16
-    c.train.eval_batch_size = 64
-    c.memory.budget = 20
     return c
 
 

@@ -9,8 +9,7 @@ from PIL import Image
 
 from cvs_jax import search, trainer
 from cvs_jax.data import sources
-from tests.test_end_to_end import tiny_config
-from tests.tiny_data import write_fashion_idx
+from tests.tiny_data import tiny_config, write_fashion_idx
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Small real-format datasets written by the tests themselves (no downloads).
+"""Small real-format datasets written by the tests themselves (no downloads), and the tiny config.
 
 ``write_fashion_idx`` writes gzipped IDX files in the Fashion-MNIST layout whose
 classes are learnable: each class is a fixed random 28x28 template plus noise and
@@ -12,6 +12,8 @@ import os
 import struct
 
 import numpy as np
+
+from configs import fashion_mnist_general
 
 
 def _write_idx(path: str, array: np.ndarray) -> None:
@@ -40,3 +42,21 @@ def write_fashion_idx(directory: str, train_per_class: int = 60, test_per_class:
         _write_idx(os.path.join(directory, f"{prefix}-images-idx3-ubyte.gz"), images)
         _write_idx(os.path.join(directory, f"{prefix}-labels-idx1-ubyte.gz"), labels)
     return directory
+
+
+def tiny_config(manual_dir, tmp_path, method="finetune", sessions=3):
+    c = fashion_mnist_general.get_config()
+    c.method = method
+    c.data.manual_dir = manual_dir
+    c.data.data_dir = str(tmp_path / "tfds")
+    c.data.num_sessions = sessions
+    c.data.first_classes = 4
+    c.data.classes_per_session = 2
+    c.data.samples_per_new_class = 40
+    c.model.width = 4
+    c.model.embed_dim = 8
+    c.train.epochs = 2
+    c.train.batch_size = 16
+    c.train.eval_batch_size = 64
+    c.memory.budget = 30
+    return c
