@@ -54,3 +54,31 @@ class Gallery:
     def from_dict(cls, d) -> "Gallery":
         return cls(np.asarray(d["embeddings"], np.float32), np.asarray(d["labels"], np.int32),
                    np.asarray(d["sessions"], np.int32), np.asarray(d["source_ids"], np.int64))
+
+
+class RowConcat:
+    """Read-only row view of several arrays stacked vertically, without copying them.
+
+    Lets the evaluator stream (stored gallery rows + this session's new rows) in blocks
+    (``evaluate.recall_at_k_blocked``) instead of concatenating them, so a large gallery
+    is never held twice in host memory during the per-epoch validation.
+    """
+
+    def __init__(self, parts):
+        self._parts = [p for p in parts if p.shape[0]]
+        self._starts = np.cumsum([0] + [p.shape[0] for p in self._parts])
+        width = self._parts[0].shape[1:] if self._parts else (0,)
+        self.shape = (int(self._starts[-1]),) + tuple(width)
+        self.dtype = np.dtype(np.float32)
+
+    def __getitem__(self, item):
+        if not isinstance(item, slice) or item.step not in (None, 1):
+            raise TypeError("RowConcat supports contiguous row slices only")
+        start, stop, _ = item.indices(self.shape[0])
+        out = []
+        for part, lo in zip(self._parts, self._starts[:-1]):
+            a, b = max(start - lo, 0), min(stop - lo, part.shape[0])
+            if a < b:
+                out.append(np.asarray(part[a:b], np.float32))
+        return np.concatenate(out) if out else np.zeros((0,) + self.shape[1:], np.float32)
+

@@ -30,7 +30,7 @@ from cvs_jax import (augment, config_checks, distributed, evaluate, faults, impo
 from cvs_jax.checkpoint import Checkpoints
 from cvs_jax.compatibility import compatibility_matrix
 from cvs_jax.data import official_splits, sources, splits
-from cvs_jax.gallery import Gallery
+from cvs_jax.gallery import Gallery, RowConcat
 from cvs_jax.methods import Method, get_method
 from cvs_jax.models import build_model, grow_head, init_head
 from cvs_jax.models.pretrained import load_torchvision_resnet50, merge_pretrained
@@ -348,10 +348,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         test_idx = plan.test_queries(s, proto.test_labels)
 
         def search(vars_, query_images, query_labels):
-            g_emb = np.concatenate([stored.embeddings, embed(vars_, images[gal_idx])])
+            # stored rows + the session's rows by the current model, streamed without a joint copy
+            g_emb = RowConcat([stored.embeddings, embed(vars_, images[gal_idx])])
             faults.maybe_fail("validation")
             g_lab = np.concatenate([stored.labels, proto.train_labels[gal_idx]])
-            return evaluate.recall_at_k(embed(vars_, query_images), query_labels, g_emb, g_lab, ks)
+            return evaluate.recall_at_k_blocked(embed(vars_, query_images), query_labels, g_emb, g_lab, ks,
+                                                mesh=mesh)
 
         def check_finite(bad_step):
             bad = int(bad_step)

@@ -164,3 +164,19 @@ def test_explicit_mesh_and_no_recompile_while_the_gallery_grows_within_a_block()
         _, idx = evaluate.topk_indices(q, g, 2, mesh=mesh, gallery_block=512, chunk=8)
         assert np.array_equal(idx, _stable_topk(q, g, 2))
     assert fn._cache_size() - before <= 1
+
+
+def test_row_concat_streams_like_a_concatenation():
+    from cvs_jax.gallery import RowConcat
+
+    rng = np.random.default_rng(5)
+    a = rng.normal(size=(70, 8)).astype(np.float32)
+    b = rng.normal(size=(45, 8)).astype(np.float32)
+    labels = rng.integers(0, 5, size=115)
+    q = rng.normal(size=(30, 8)).astype(np.float32)
+    ql = rng.integers(0, 5, size=30)
+    view = RowConcat([a, np.zeros((0, 8), np.float32), b])
+    np.testing.assert_array_equal(view[60:80], np.concatenate([a, b])[60:80])
+    whole = evaluate.recall_at_k(q, ql, np.concatenate([a, b]), labels)
+    streamed = evaluate.recall_at_k_blocked(q, ql, view, labels, block_rows=32)
+    assert streamed == whole
