@@ -34,6 +34,10 @@ def config(manual_dir, tmp_path):
     ("data.old_class_percent", -5.0, "must be in [0, 100)"),
     ("train.schedule", "step", "train.schedule='step' is unknown"),
     ("data.manual_dir", "/nonexistent/fashion", "data.manual_dir='/nonexistent/fashion' does not exist"),
+    ("model.pretrained", "/nonexistent/resnet50.npz", "model.pretrained='/nonexistent/resnet50.npz' does not exist"),
+    ("data.official_split_dir", "/nonexistent/splits", "data.official_split_dir='/nonexistent/splits' does not exist"),
+    ("data.on_corrupt", "ignore", "data.on_corrupt='ignore' is unknown"),
+    ("augment.policy", "autoaug", "augment.policy='autoaug' is unknown"),
 ])
 def test_config_refused_before_any_work(config, tmp_path, field, value, message):
     group, _, key = field.rpartition(".")
