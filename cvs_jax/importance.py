@@ -7,7 +7,9 @@ that shares session 1 with another method compute the same values.
 * ``ewc``: F = sum_b g_b^2 * n_b / N with labels = the model's own predictions
   (Rainbow-Memory's ``EWC.calculate_importance``);
 * ``rwalk``: EWC++ running average F <- 0.5 g_b^2 + 0.5 F over the batches with the
-  true labels (the fork's training-time Fisher, replayed over the session's batches).
+  true labels (the fork's training-time Fisher, replayed over the session's batches),
+  continued across sessions and, as in the RWalk paper, divided by its maximum before use
+  (unnormalised it reached 1.6 and made SGD with momentum diverge at weight 10).
 The network is regularized, the cosine head is not (the fork excludes its head).
 """
 
@@ -39,10 +41,12 @@ def make_batch_grad_fn(model, *, mean, std, temperature: float):
 
 
 def session_fisher(kind: str, grad_fn, variables, images: np.ndarray, labels: np.ndarray, valid_classes: int,
-                   batch_size: int):
+                   batch_size: int, running=None):
+    """``ewc``: this session's Fisher.  ``rwalk``: the EWC++ running Fisher continued from
+    ``running`` (the previous sessions' value): one running average over the whole stream."""
     n = images.shape[0]
-    fisher = jax.tree.map(jnp.zeros_like, variables["params"]["net"])
-    first = True
+    fisher = jax.tree.map(jnp.zeros_like, variables["params"]["net"]) if running is None else running
+    first = running is None
     for start in range(0, n - batch_size + 1, batch_size):  # full batches: one compiled shape
         g = grad_fn(variables, jnp.asarray(images[start:start + batch_size]),
                     jnp.asarray(labels[start:start + batch_size], jnp.int32), jnp.int32(valid_classes),

@@ -279,10 +279,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             prev = plan.sessions[s - 1].train
             fisher = importance.session_fisher(method.importance, fisher_grad_fn, variables, images[prev],
                                                proto.train_labels[prev], plan.sessions[s - 1].num_outputs,
-                                               config.train.batch_size)
-            # online accumulation over sessions; the anchor is the latest selected model
-            total = fisher if not reg else jax.tree.map(jnp.add, reg["importance"], fisher)
-            reg = {"importance": jax.device_get(total), "anchor": jax.device_get(variables["params"]["net"])}
+                                               config.train.batch_size,
+                                               running=reg.get("running") if method.importance == "rwalk" else None)
+            anchor = jax.device_get(variables["params"]["net"])  # the latest selected model
+            if method.importance == "rwalk":  # running Fisher, normalised to a maximum of 1
+                top = max(float(jnp.max(x)) for x in jax.tree.leaves(fisher))
+                reg = {"running": jax.device_get(fisher), "anchor": anchor,
+                       "importance": jax.device_get(jax.tree.map(lambda f: f / max(top, 1e-12), fisher))}
+            else:  # online EWC: Fisher summed over sessions
+                total = fisher if not reg else jax.tree.map(jnp.add, reg["importance"], fisher)
+                reg = {"importance": jax.device_get(total), "anchor": anchor}
             reg_built_after = s - 1
 
         # training data: the session's (or all seen) images, plus replayed exemplars.
