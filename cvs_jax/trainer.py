@@ -15,6 +15,7 @@ newest model against a gallery whose older rows were made by older models.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -115,6 +116,7 @@ class Embedder:
         return int(variables["params"]["head"].shape[1])
 
 
+@functools.lru_cache(maxsize=2)  # called every step; the permutation is drawn once per epoch
 def _epoch_order(seed: int, session: int, epoch: int, n: int) -> np.ndarray:
     """The sample order of an epoch, a pure function of (seed, session, epoch): resumable."""
     return np.random.default_rng([seed, session, epoch]).permutation(n)
