@@ -79,7 +79,31 @@ def measure_cpu_peaks(n: int = 1024, copy_mb: int = 256) -> Peaks:
                  f"measured: {n}^3 f32 matmul, {copy_mb} MiB read+write")
 
 
-def device_peaks() -> Peaks:
+def measure_gpu_peaks(n: int = 8192, copy_mb: int = 4096) -> Peaks:
+    """Measured ceilings of the default GPU: f32 (HIGHEST), TF32 (DEFAULT) and bf16 matmuls on
+    random data, and a large copy counting bytes read plus bytes written (METHOD: measure, don't trust
+    the datasheet)."""
+    import jax
+    import jax.numpy as jnp
+
+    def rate(dtype, precision):
+        a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
+        b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
+        mm = jax.jit(lambda x, y: jnp.dot(x, y, precision=precision))
+        return 2 * n ** 3 / time_fn(lambda: mm(a, b), repeats=10)
+
+    hi = jax.lax.Precision.HIGHEST
+    f32, tf32 = rate(jnp.float32, hi), rate(jnp.float32, jax.lax.Precision.DEFAULT)
+    bf16 = rate(jnp.bfloat16, jax.lax.Precision.DEFAULT)
+    m = copy_mb * (1 << 20) // 4
+    x = jax.random.normal(jax.random.key(2), (m,), jnp.float32)
+    cp = jax.jit(lambda v: v * 1.0000001)
+    bw = 2 * m * 4 / time_fn(lambda: cp(x), repeats=10)
+    return Peaks(jax.devices()[0].device_kind, f32, tf32, bf16, bw,
+                 f"measured: {n}^3 matmuls on random data, {copy_mb} MiB read+write")
+
+
+def datasheet_peaks() -> Peaks | None:
     import jax
 
     kind = jax.devices()[0].device_kind
@@ -87,6 +111,20 @@ def device_peaks() -> Peaks:
         for key, peaks in GPU_PEAKS:
             if key in kind:
                 return peaks
+    return None
+
+
+def describe(p: Peaks) -> str:
+    return (f"{p.name} ({p.source}): f32 {p.f32 / 1e12:.1f}, tf32 {p.tf32 / 1e12:.1f}, bf16 {p.bf16 / 1e12:.1f} "
+            f"TFLOP/s, memory {p.hbm / 1e9:,.0f} GB/s")
+
+
+def device_peaks() -> Peaks:
+    """The ceilings the floors use: measured in this run (GPU and CPU alike)."""
+    import jax
+
+    if jax.devices()[0].platform == "gpu":
+        return measure_gpu_peaks()
     return measure_cpu_peaks()
 
 

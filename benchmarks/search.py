@@ -36,6 +36,8 @@ import numpy as np
 
 from cvs_jax import evaluate
 
+_PRECISIONS = {"highest": jax.lax.Precision.HIGHEST, "default": jax.lax.Precision.DEFAULT}
+
 
 def make_gallery(n: int, d: int, seed: int = 0) -> jax.Array:
     """A random ``[n, d]`` f32 gallery generated on the devices, in pieces to bound peak memory."""
@@ -56,6 +58,9 @@ def main():
     p.add_argument("--gallery_block", type=int, default=None,
                    help="gallery rows per device per step (default 4096 on CPU, 65536 on GPU)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--precisions", default="highest",
+                   help="comma-separated matmul precisions: highest (exact f32, the default evaluator), default "
+                        "(TF32 on NVIDIA GPUs); others are compared with the first for top-k agreement")
     p.add_argument("--disk", default=None, help="directory for the .npy gallery of the streamed (disk) variant")
     a = p.parse_args()
     on_gpu = jax.devices()[0].platform == "gpu"
@@ -64,15 +69,17 @@ def main():
     chunk = a.chunk or (2048 if on_gpu else 1024)
     gblock = a.gallery_block or (65536 if on_gpu else 4096)
     peaks = _common.device_peaks()
+    sheet = _common.datasheet_peaks()
+    precisions = a.precisions.split(",")
     print(f"# exact cosine top-{a.k} search, D={a.dim}, {nq} queries, chunk {chunk}, gallery_block {gblock}\n"
-          f"# {_common.environment()}\n# peaks ({peaks.source}): f32 {peaks.f32 / 1e12:.2f} TFLOP/s, "
-          f"tf32 {peaks.tf32 / 1e12:.2f} TFLOP/s, memory {peaks.hbm / 1e9:.0f} GB/s ({peaks.name})\n")
+          f"# {_common.environment()}\n# floors use {_common.describe(peaks)}"
+          + (f"\n# datasheet: {_common.describe(sheet)}" if sheet else "") + "\n")
     queries = np.asarray(jax.random.normal(jax.random.key(99), (nq, a.dim), jnp.float32))
     out = []
     for n in rows:
         g = make_gallery(n, a.dim)
         t0 = time.perf_counter()
-        sg = evaluate.ShardedGallery(g, gallery_block=gblock)
+        sg = evaluate.ShardedGallery(g, gallery_block=gblock, precision=_PRECISIONS[precisions[0]])
         jax.block_until_ready(sg.embeddings)
         place_s = time.perf_counter() - t0
         del g
@@ -81,6 +88,12 @@ def main():
         row = {"rows": n, "measured_s": t, "tflops": flops / t / 1e12, "flop_floor_s": flops / peaks.f32,
                "tf32_floor_s": flops / peaks.tf32, "mem_floor_s": n * a.dim * 4 / peaks.hbm,
                "score_floor_s": 8.0 * nq * n / peaks.hbm, "place_s": place_s, "qps": nq / t}
+        ref_idx = sg.topk(queries, a.k, chunk=chunk)[1]
+        for name in precisions[1:]:
+            sg.precision = _PRECISIONS[name]
+            row[f"{name}_s"] = _common.time_fn(lambda: sg.topk(queries, a.k, chunk=chunk), repeats=a.repeats)
+            row[f"{name}_same"] = float(np.mean(sg.topk(queries, a.k, chunk=chunk)[1] == ref_idx))
+        sg.precision = _PRECISIONS[precisions[0]]
         if a.disk:
             path = os.path.join(tempfile.mkdtemp(dir=a.disk), "gallery.npy")
             mm = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n, a.dim))
@@ -100,6 +113,10 @@ def main():
              r["mem_floor_s"], r["score_floor_s"],
              r["measured_s"] / max(r["flop_floor_s"], r["mem_floor_s"], r["score_floor_s"]), r["place_s"]]
             for r in out]
+    for name in precisions[1:]:
+        headers += [f"{name} s", f"{name} same top-k"]
+        for b, r in zip(body, out):
+            b += [r[f"{name}_s"], r[f"{name}_same"]]
     if a.disk:
         headers.append("streamed from disk s")
         for b, r in zip(body, out):

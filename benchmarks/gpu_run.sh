@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One lease of a GPU machine: everything we measure or check there, in two parts that each fit a
+# 10-minute call.  Logs go to $OUT (or /tmp/gpu_out).  Wheels missing on the machine (ml_collections,
+# tfds without TensorFlow, ...) are carried in .whl/ and the Fashion-MNIST IDX files in .fmnist/
+# (see BENCHMARKS.md, "How the GPU figures were taken").
+#   bash benchmarks/gpu_run.sh a    # GPU test subset, JAX train-step benchmark, PyTorch mirror
+#   bash benchmarks/gpu_run.sh b    # search benchmark, the demo comparison (9 methods) on the GPU
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_out}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/env_$1.txt"
+python3 -c "import jax, flax, optax, orbax.checkpoint as o; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())" | tee -a "$OUT/env_$1.txt"
+case "$1" in
+  a)
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -x --timeout 200 tests/test_losses.py tests/test_evaluate.py \
+      tests/test_distillation.py tests/test_regularizers.py tests/test_augment.py tests/test_models.py \
+      2>&1 | tail -25 | tee "$OUT/tests.txt"
+    python3 benchmarks/train_step.py 2>&1 | tee "$OUT/train_step.txt"
+    python3 benchmarks/train_step_torch.py 2>&1 | tee "$OUT/train_step_torch.txt"
+    ;;
+  b)
+    python3 benchmarks/search.py --precisions highest,default --disk /tmp 2>&1 | tee "$OUT/search.txt"
+    start=$(date +%s)
+    python3 -m cvs_jax.compare --config configs/fashion_mnist_general.py --workdir /tmp/cmp_gpu \
+      --methods finetune,joint,cvs,bct,lwf,mmd,ewc,rwalk,rainbow --seeds 0 \
+      --config.data.manual_dir="$PWD/.fmnist" --config.data.data_dir=/tmp/tfds 2>&1 | tail -40 | tee "$OUT/compare.txt"
+    echo "compare wall s: $(( $(date +%s) - start ))" | tee -a "$OUT/compare.txt"
+    cp /tmp/cmp_gpu/*.md /tmp/cmp_gpu/*.csv "$OUT/" 2>/dev/null
+    ;;
+esac
