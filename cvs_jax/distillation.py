@@ -417,7 +417,7 @@ def rkd_angle_loss(
         # here noise would even be blown up to a random unit vector).
         u = jnp.where(eye, 0.0, x[None, :, :] - x[:, None, :])
         u = l2_normalize(u)
-        return jnp.einsum("ijc,ikc->ijk", u, u)
+        return jnp.einsum("ijc,ikc->ijk", u, u, precision=jax.lax.Precision.HIGHEST)
 
     return _masked_mean(_smooth_l1(angles(a) - angles(o)), trip)
 

@@ -284,6 +284,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                                                config.train.batch_size,
                                                running=reg.get("running") if method.importance == "rwalk" else None)
             anchor = jax.device_get(variables["params"]["net"])  # the latest selected model
+            leaves = [np.asarray(x) for x in jax.tree.leaves(fisher)]
+            print(f"importance ({method.importance}) from session {s}: max {max(x.max() for x in leaves):.3g}, "
+                  f"mean {sum(x.sum() for x in leaves) / sum(x.size for x in leaves):.3g} over "
+                  f"{sum(x.size for x in leaves)} weights", flush=True)
             if method.importance == "rwalk":  # running Fisher, normalised to a maximum of 1
                 top = max(float(jnp.max(x)) for x in jax.tree.leaves(fisher))
                 reg = {"running": jax.device_get(fisher), "anchor": anchor,
