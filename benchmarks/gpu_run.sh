@@ -46,3 +46,41 @@ case "$1" in
     cp /tmp/cmp_gpu/*.md "$OUT/" 2>/dev/null
     ;;
 esac
+case "$1" in
+  d)  # determinism: two identical runs with and without config.deterministic; its cost on the step
+    timeout 200 python3 -m pytest -q -p no:cacheprovider --timeout 150 tests/test_evaluate.py tests/test_losses.py \
+      tests/test_regularizers.py 2>&1 | tail -5 | tee "$OUT/tests.txt"
+    for det in False True; do
+      for rep in 1 2; do
+        python3 -m cvs_jax.main --config configs/fashion_mnist_general.py --workdir /tmp/det_${det}_$rep \
+          --config.method=cvs --config.data.num_sessions=2 --config.deterministic=$det \
+          --config.data.manual_dir="$PWD/.fmnist" --config.data.data_dir=/tmp/tfds > /tmp/det_${det}_$rep.log 2>&1 || tail -5 /tmp/det_${det}_$rep.log
+      done
+      python3 - "$det" <<'PY' | tee -a "$OUT/determinism.txt"
+import json, sys
+det = sys.argv[1]
+def load(r):
+    res = json.load(open(f"/tmp/det_{det}_{r}/results.json"))
+    keep = [{k: v for k, v in p.items() if k != "seconds"} for p in res["per_session"]]
+    rows = [json.loads(l) for l in open(f"/tmp/det_{det}_{r}/metrics.jsonl")]
+    losses = [{k: v for k, v in m.items() if k.startswith("L_") or k in ("loss", "step", "val_recall1")} for m in rows]
+    return keep, losses
+(ra, la), (rb, lb) = load(1), load(2)
+print(f"deterministic={det}: recalls identical {ra == rb}; logged losses identical {la == lb} ({len(la)} lines); "
+      f"session-2 R@1 {ra[1]['recall']['1']:.6f} vs {rb[1]['recall']['1']:.6f}; last loss {la[-1].get('loss')} vs {lb[-1].get('loss')}")
+PY
+    done
+    python3 benchmarks/train_step.py --batches 16,256 --dtypes float32,bfloat16 2>&1 | grep -E "^\| " | tee "$OUT/step_nondet.txt"
+    XLA_FLAGS=--xla_gpu_deterministic_ops=true python3 benchmarks/train_step.py --batches 16,256 --dtypes float32,bfloat16 \
+      2>&1 | grep -E "^\| " | tee "$OUT/step_det.txt"
+    ;;
+  e)  # the nine-method demo comparison on the GPU (current code)
+    start=$(date +%s)
+    python3 -m cvs_jax.compare --config configs/fashion_mnist_general.py --workdir /tmp/cmp_gpu \
+      --methods finetune,joint,cvs,bct,lwf,mmd,ewc,rwalk,rainbow --seeds 0 \
+      --config.data.manual_dir="$PWD/.fmnist" --config.data.data_dir=/tmp/tfds 2>&1 \
+      | grep -E "importance|error|^\| " | tee "$OUT/compare.txt"
+    echo "compare wall s: $(( $(date +%s) - start ))" | tee -a "$OUT/compare.txt"
+    cp /tmp/cmp_gpu/comparison.md /tmp/cmp_gpu/comparison.csv "$OUT/" 2>/dev/null
+    ;;
+esac

@@ -14,6 +14,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.seed = 0
     c.overwrite = False       # True: move a different run found in --workdir aside and start anew
     c.log_every_steps = 0     # >0: progress lines inside epochs too (0: one line per epoch)
+    c.deterministic = False   # True: bit-reproducible GPU runs (XLA deterministic ops; slower, see BENCHMARKS.md)
 
     c.data = ml_collections.ConfigDict()
     c.data.name = config_dict.placeholder(str)
@@ -77,6 +78,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.cvs.squared_triplet = False       # paper Eq. 3 writes squared distances; the code does not square
     c.cvs.per_batch_coherence = False   # paper Eq. 4 divides by the batch size; the code by #old samples
     c.cvs.per_session_centers = False   # paper Eq. 1 averages per session; the code pools all rows
+
+    # EWC / RWalk parameter importance. normalize: divide the (summed / running) Fisher by its maximum
+    # before use, as the RWalk paper does; then L_reg's weight bounds the stiffest parameter's curvature.
+    # Unnormalised (the fork's raw values) RWalk diverged on the demo, and EWC on one of two H100 runs.
+    c.importance = ml_collections.ConfigDict()
+    c.importance.normalize = True
 
     c.memory = ml_collections.ConfigDict()
     c.memory.budget = 2000

@@ -25,7 +25,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from cvs_jax import plots, trainer
+from cvs_jax import determinism, plots, trainer
 from cvs_jax.config_checks import ConfigError
 from cvs_jax.methods import METHODS
 
@@ -121,6 +121,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)
+    determinism.apply(_CONFIG.value.deterministic)  # before the first JAX computation
     try:
         run_comparison(_CONFIG.value, _WORKDIR.value, _METHODS.value, [int(s) for s in _SEEDS.value])
     except (ValueError, FileNotFoundError, FloatingPointError) as e:

@@ -8,8 +8,10 @@ that shares session 1 with another method compute the same values.
   (Rainbow-Memory's ``EWC.calculate_importance``);
 * ``rwalk``: EWC++ running average F <- 0.5 g_b^2 + 0.5 F over the batches with the
   true labels (the fork's training-time Fisher, replayed over the session's batches),
-  continued across sessions and, as in the RWalk paper, divided by its maximum before use
-  (unnormalised it reached 1.6 and made SGD with momentum diverge at weight 10).
+  continued across sessions.
+The trainer divides either by its maximum before use when ``importance.normalize`` (the
+default, as in the RWalk paper): unnormalised, RWalk's reached 1.6 and made SGD with
+momentum diverge at weight 10, and EWC diverged in one of two H100 runs of the demo.
 The network is regularized, the cosine head is not (the fork excludes its head).
 """
 
@@ -57,3 +59,24 @@ def session_fisher(kind: str, grad_fn, variables, images: np.ndarray, labels: np
             fisher = regularizers.update_ewcpp_importance(fisher, g, alpha=0.5, init_if_zero=first)
         first = False
     return fisher
+
+
+def accumulate(kind: str, previous_raw, fisher, *, normalize: bool):
+    """``(raw, used)``: the importance carried to the next session and the one the penalty uses.
+
+    ``ewc``: raw = previous raw + this session's Fisher (online EWC); ``rwalk``: raw = the
+    running Fisher ``session_fisher`` continued.  ``used`` = raw / max(raw) when ``normalize``.
+    """
+    if kind == "ewc" and previous_raw is not None:
+        fisher = jax.tree.map(jnp.add, previous_raw, fisher)
+    raw = jax.device_get(fisher)
+    top = max(float(np.max(x)) for x in jax.tree.leaves(raw))
+    used = jax.tree.map(lambda f: f / max(top, 1e-12), raw) if normalize else raw
+    return raw, used
+
+
+def describe(raw) -> str:
+    leaves = [np.asarray(x) for x in jax.tree.leaves(raw)]
+    return (f"max {max(float(x.max()) for x in leaves):.3g}, mean "
+            f"{sum(float(x.sum()) for x in leaves) / sum(x.size for x in leaves):.3g} over "
+            f"{sum(x.size for x in leaves)} weights")

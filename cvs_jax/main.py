@@ -13,7 +13,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 import tensorflow_datasets as tfds
 
-from cvs_jax import trainer
+from cvs_jax import determinism, trainer
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/<name>.py file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, gallery, metrics and results.")
@@ -25,6 +25,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
     tfds.disable_progress_bar()  # one-off dataset preparation; our own progress lines follow
+    determinism.apply(_CONFIG.value.deterministic)  # before the first JAX computation
     try:
         trainer.run(_CONFIG.value, _WORKDIR.value)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:

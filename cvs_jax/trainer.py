@@ -281,20 +281,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             prev = plan.sessions[s - 1].train
             fisher = importance.session_fisher(method.importance, fisher_grad_fn, variables, images[prev],
                                                proto.train_labels[prev], plan.sessions[s - 1].num_outputs,
-                                               config.train.batch_size,
-                                               running=reg.get("running") if method.importance == "rwalk" else None)
-            anchor = jax.device_get(variables["params"]["net"])  # the latest selected model
-            leaves = [np.asarray(x) for x in jax.tree.leaves(fisher)]
-            print(f"importance ({method.importance}) from session {s}: max {max(x.max() for x in leaves):.3g}, "
-                  f"mean {sum(x.sum() for x in leaves) / sum(x.size for x in leaves):.3g} over "
-                  f"{sum(x.size for x in leaves)} weights", flush=True)
-            if method.importance == "rwalk":  # running Fisher, normalised to a maximum of 1
-                top = max(float(jnp.max(x)) for x in jax.tree.leaves(fisher))
-                reg = {"running": jax.device_get(fisher), "anchor": anchor,
-                       "importance": jax.device_get(jax.tree.map(lambda f: f / max(top, 1e-12), fisher))}
-            else:  # online EWC: Fisher summed over sessions
-                total = fisher if not reg else jax.tree.map(jnp.add, reg["importance"], fisher)
-                reg = {"importance": jax.device_get(total), "anchor": anchor}
+                                               config.train.batch_size, running=reg.get("raw")
+                                               if method.importance == "rwalk" else None)
+            raw, used = importance.accumulate(method.importance, reg.get("raw"), fisher,
+                                              normalize=config.importance.normalize)
+            log.print(f"importance ({method.importance}) after session {s}: {importance.describe(raw)}"
+                      + (", normalised to max 1" if config.importance.normalize else ""))
+            reg = {"raw": raw, "importance": used, "anchor": jax.device_get(variables["params"]["net"])}
             reg_built_after = s - 1
 
         # training data: the session's (or all seen) images, plus replayed exemplars.
