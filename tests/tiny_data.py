@@ -60,3 +60,136 @@ def tiny_config(manual_dir, tmp_path, method="finetune", sessions=3):
     c.train.eval_batch_size = 64
     c.memory.budget = 30
     return c
+
+
+# --------------------------------------------------------------------------
+# Fine-grained datasets (stanford_dogs_256, inat_m, product_m) from synthetic
+# images. Preparation resizes every image to `_resize.STORED_SIZE` (256); for
+# quick runs patch it first, e.g. `monkeypatch.setattr(_resize, "STORED_SIZE", 32)`
+# (from cvs_jax.data.builders import _resize), in the same test that loads.
+
+
+def fake_class_image(rng: np.random.Generator, label: int, size: tuple[int, int]) -> np.ndarray:
+    """A uint8 [h, w, 3] image of class `label`: a fixed 6x6 colour pattern, upscaled, plus noise.
+
+    Classes are learnable (as in `make_images`); sizes vary so the resize + centre crop matters.
+    """
+    from PIL import Image
+
+    pattern = np.random.default_rng(10_000 + label).integers(0, 256, (6, 6, 3), dtype=np.uint8)
+    h, w = size
+    image = np.asarray(Image.fromarray(pattern).resize((w, h), Image.BILINEAR), np.float32)
+    image += rng.normal(0, 25, image.shape)
+    return np.clip(image, 0, 255).astype(np.uint8)
+
+
+def _jpeg_bytes(image: np.ndarray) -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(image).save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+def _random_size(rng: np.random.Generator) -> tuple[int, int]:
+    return int(rng.integers(40, 71)), int(rng.integers(40, 71))
+
+
+def write_fake_product10k(root, num_classes: int = 4, per_class=25, seed: int = 0, layout: str = "folder") -> str:
+    """Writes a Product-10K-like manual dir (train.csv + train/ or train.zip); returns its path.
+
+    Use: `manual_dir = write_fake_product10k(tmp_path / "p10k", num_classes=6, per_class=25)`, then
+    `sources.load_dataset("product_m", data_dir=str(tmp_path / "tfds"), manual_dir=manual_dir)`.
+    Classes have original ids 3 * k + 5 (k = 0..num_classes-1), listed in a shuffled csv order;
+    `per_class` is an int or one count per class (classes under 20 images are dropped by product_m).
+    Images are JPEGs of 40-70 px sides named `<k>_<i>.jpg`; `layout` is "folder" or "zip".
+    """
+    import zipfile
+
+    root = os.fspath(root)
+    os.makedirs(root, exist_ok=True)
+    counts = [per_class] * num_classes if np.isscalar(per_class) else list(per_class)
+    if len(counts) != num_classes:
+        raise ValueError(f"per_class has {len(counts)} counts for {num_classes} classes")
+    rng = np.random.default_rng(seed)
+    rows = [(f"{k}_{i}.jpg", 3 * k + 5) for k in range(num_classes) for i in range(counts[k])]
+    rows = [rows[j] for j in rng.permutation(len(rows))]
+    files = {name: _jpeg_bytes(fake_class_image(rng, cls, _random_size(rng))) for name, cls in rows}
+    with open(os.path.join(root, "train.csv"), "w") as f:
+        f.write("name,class,group\n")
+        f.writelines(f"{name},{cls},{cls % 3}\n" for name, cls in rows)
+    if layout == "folder":
+        os.makedirs(os.path.join(root, "train"), exist_ok=True)
+        for name, data in files.items():
+            with open(os.path.join(root, "train", name), "wb") as f:
+                f.write(data)
+    elif layout == "zip":
+        with zipfile.ZipFile(os.path.join(root, "train.zip"), "w") as zf:
+            for name, data in files.items():
+                zf.writestr(f"train/{name}", data)
+    else:
+        raise ValueError(f"layout={layout!r}: use 'folder' or 'zip'")
+    return root
+
+
+# Source label id of fake class k, per source dataset (non-contiguous, unsorted on purpose).
+FAKE_SOURCE_LABEL = {
+    "stanford_dogs": lambda k: (7 * k + 3) % 120,
+    "i_naturalist2017": lambda k: (389 * k + 17) % 5089,
+}
+_FAKE_SPLITS = {"stanford_dogs": ("train", "test"), "i_naturalist2017": ("train", "validation")}
+
+
+def write_fake_tfds_source(data_dir, name: str, num_classes: int, train_per_class, test_per_class, seed: int = 0) -> str:
+    """Prepares a small fake copy of the standard TFDS dataset `name` in `data_dir` (array_record).
+
+    `name` is "stanford_dogs" (source of stanford_dogs_256) or "i_naturalist2017" (source of
+    inat_m). The copy has the real builder's name, version and features, so the real reading
+    code runs on it: no monkeypatching, no TensorFlow (images are JPEG bytes made with PIL).
+    Fake class k has source label `FAKE_SOURCE_LABEL[name](k)`; `train_per_class` and
+    `test_per_class` are ints or one count per class; images have 40-70 px sides. Use:
+    `write_fake_tfds_source(tmp_path / "tfds", "i_naturalist2017", 5, [9, 9, 3, 9, 9], 2)` then
+    (with inat_m's MIN_TRAIN_PER_CLASS, TRAIN_PER_CLASS, NUM_CLASSES patched small)
+    `sources.load_dataset("inat_m", data_dir=str(tmp_path / "tfds"))`.
+    Returns `data_dir`.
+    """
+    import tensorflow_datasets as tfds
+
+    if name not in _FAKE_SPLITS:
+        raise ValueError(f"name={name!r}: use one of {sorted(_FAKE_SPLITS)}")
+    data_dir = os.fspath(data_dir)
+    per_split = {}
+    for split, per_class in zip(_FAKE_SPLITS[name], (train_per_class, test_per_class)):
+        counts = [per_class] * num_classes if np.isscalar(per_class) else list(per_class)
+        if len(counts) != num_classes:
+            raise ValueError(f"{split}: {len(counts)} counts for {num_classes} classes")
+        per_split[split] = counts
+    rng = np.random.default_rng(seed)
+    label_of = FAKE_SOURCE_LABEL[name]
+
+    def examples(split):
+        counts = per_split[split]
+        for k in range(num_classes):
+            label = label_of(k)
+            for i in range(counts[k]):
+                image = _jpeg_bytes(fake_class_image(rng, label, _random_size(rng)))
+                key = f"{split}_{k}_{i}"
+                if name == "stanford_dogs":
+                    filename = f"n{2085620 + label:08d}-Breed{label}/n{2085620 + label:08d}_{split}{i}.jpg"
+                    yield key, {"image": image, "image/filename": filename, "label": label, "objects": []}
+                else:
+                    yield key, {"id": f"{rng.integers(1 << 62):016x}", "image": image, "label": label, "supercategory": 0}
+
+    real = tfds.builder_cls(name)
+
+    class FakeSource(real, skip_registration=True):
+        def _split_generators(self, dl_manager):
+            if name == "stanford_dogs":
+                self.info.features["label"].names = [f"n{2085620 + l:08d}-breed{l}" for l in range(120)]
+            return {split: examples(split) for split in _FAKE_SPLITS[name]}
+
+    FakeSource.name = name
+    FakeSource(data_dir=data_dir, file_format="array_record").download_and_prepare()
+    return data_dir

@@ -31,8 +31,11 @@ import tensorflow_datasets as tfds
 
 from cvs_jax.data.builders import DatasetNotFoundError
 from cvs_jax.data.builders import FashionMnistLocal
+from cvs_jax.data.builders import InatM
 from cvs_jax.data.builders import LocalBuilder
+from cvs_jax.data.builders import ProductM
 from cvs_jax.data.builders import SourceMismatchError
+from cvs_jax.data.builders import StanfordDogs256
 from cvs_jax.data.builders import TinyImagenetZip
 
 __all__ = [
@@ -46,7 +49,8 @@ __all__ = [
 
 # The one registry of our offline builders: name -> builder class.
 BUILDERS: dict[str, type[LocalBuilder]] = {
-    cls.name: cls for cls in (FashionMnistLocal, TinyImagenetZip)
+    cls.name: cls for cls in (FashionMnistLocal, TinyImagenetZip,
+                              StanfordDogs256, InatM, ProductM)
 }
 
 _CHUNK = 8192  # Records per `__getitems__` call.
@@ -147,7 +151,8 @@ def _load_local(
 
   # Cheap look at the source files (headers / zip directory only).
   try:
-    source = cls.inspect_source(manual_dir, config)
+    source = cls.inspect_source(
+        data_dir if cls.SOURCE_IN_DATA_DIR else manual_dir, config)
     missing = None
   except DatasetNotFoundError as e:
     source, missing = None, e

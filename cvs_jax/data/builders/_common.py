@@ -65,6 +65,10 @@ class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   DEFAULT_MANUAL_DIR: ClassVar[str | None] = None
   # Short description of the expected files, used in error messages.
   MANUAL_FILES_HINT: ClassVar[str] = ''
+  # True for builders derived from a standard TFDS dataset prepared in the
+  # data_dir (stanford_dogs_256, inat_m): `inspect_source` is then given the
+  # data_dir instead of a manual dir.
+  SOURCE_IN_DATA_DIR: ClassVar[bool] = False
 
   @classmethod
   def inspect_source(

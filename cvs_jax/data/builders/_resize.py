@@ -1,0 +1,77 @@
+"""The one resize rule of the fine-grained builders: shorter side -> 256, centre crop.
+
+Why: Stanford Dogs, iNat-M and Product-M images vary in size, while our
+builders store fixed-shape uint8 arrays (fast raw-bytes reading). Storing the
+torchvision `Resize(256)` + `CenterCrop(256)` result keeps everything the
+training pipeline needs: `RandomResizedCrop(224)` for training works on it, and
+its centre 224x224 equals torchvision `Resize(256)` + `CenterCrop(224)` of the
+original image exactly (the 256 crop's offset plus 16 is the 224 crop's offset,
+rounding included), which is how the CVS code evaluates.
+
+Interpolation: PIL BILINEAR, which antialiases when shrinking; it is what
+torchvision's `Resize` does on PIL images by default.
+
+`STORED_SIZE` is read when a builder defines its features (not at import), so
+tests can `monkeypatch.setattr(_resize, 'STORED_SIZE', 32)` for quick smoke
+runs; the size is part of each prepared copy's source fingerprint, so a copy
+prepared at one size is refused (SourceMismatchError) when asked at another.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+STORED_SIZE = 256
+
+
+def stored_size() -> int:
+  """The current `STORED_SIZE` (looked up at call time, so tests can patch it)."""
+  return int(STORED_SIZE)
+
+
+def resized_shape(width: int, height: int, size: int) -> tuple[int, int]:
+  """(width, height) with the shorter side = `size`, as torchvision's Resize(size).
+
+  The longer side is truncated (`int(size * long / short)`), as in torchvision.
+  """
+  if width <= height:
+    return size, int(size * height / width)
+  return int(size * width / height), size
+
+
+def to_square_uint8(pil_image, size: int | None = None) -> np.ndarray:
+  """PIL image -> uint8 [size, size, 3]: RGB, shorter side resized, centre crop.
+
+  Args:
+    pil_image: any PIL image (greyscale, palette, CMYK, RGBA... converted to
+      RGB first, as torchvision's ImageFolder loader does).
+    size: output side; default `STORED_SIZE` (read now).
+  """
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  size = stored_size() if size is None else int(size)
+  img = pil_image if pil_image.mode == 'RGB' else pil_image.convert('RGB')
+  width, height = resized_shape(img.width, img.height, size)
+  if (width, height) != img.size:
+    img = img.resize((width, height), Image.BILINEAR)
+  left = int(round((width - size) / 2.0))  # torchvision's CenterCrop offsets
+  top = int(round((height - size) / 2.0))
+  img = img.crop((left, top, left + size, top + size))
+  array = np.asarray(img, dtype=np.uint8)
+  if array.shape != (size, size, 3):
+    raise AssertionError(f'resize gave {array.shape}, expected {(size, size, 3)}')
+  return array
+
+
+def decode_to_square(data: bytes, size: int) -> np.ndarray:
+  """Encoded image bytes (JPEG, PNG, ...) -> uint8 [size, size, 3].
+
+  Raises PIL's errors (OSError, ValueError, SyntaxError...) for broken files.
+  """
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  with Image.open(io.BytesIO(data)) as img:
+    img.load()
+    return to_square_uint8(img, size)
