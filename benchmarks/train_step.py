@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import cifar100_general
-from cvs_jax import distributed
+from cvs_jax import augment, distributed
 from cvs_jax.methods import get_method
 from cvs_jax.models import build_model, init_head
 from cvs_jax.train_step import TrainState, make_optimizer, make_train_step
@@ -39,8 +39,7 @@ def build(config, dtype: str, mesh):
     tx = make_optimizer(momentum=config.train.momentum, nesterov=config.train.nesterov,
                         weight_decay=config.train.weight_decay)
     step = make_train_step(model, tx, get_method(config), temperature=config.train.temperature,
-                           loss_weights=dict(config.loss_weights), mean=config.data.mean, std=config.data.std,
-                           crop_padding=config.augment.crop_padding, flip=config.augment.flip)
+                           loss_weights=dict(config.loss_weights), pipeline=augment.Pipeline.from_config(config))
     k_init, k_head, k_c = jax.random.split(jax.random.key(0), 3)
     v = model.init(k_init, jnp.zeros((1, 32, 32, 3), jnp.float32), train=False)
     params = {"net": v["params"], "head": init_head(k_head, NUM_CLASSES, config.model.embed_dim)}

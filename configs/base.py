@@ -30,6 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.samples_per_new_class = config_dict.placeholder(int)
     c.data.blurry_minor_percent = 10.0
     c.data.val_fraction = 0.1
+    c.data.val_per_class = config_dict.placeholder(int)  # Product-M: 2 val queries per class (val_fraction=0)
     c.data.shuffle_classes = True
     c.data.mean = (0.5071, 0.4867, 0.4408)
     c.data.std = (0.2675, 0.2565, 0.2761)
@@ -56,6 +57,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.checkpoint_every_steps = 500  # mid-session checkpoints (plus one after every epoch)
 
     c.augment = ml_collections.ConfigDict()
+    c.augment.crop = "pad"    # "pad": RandomCrop(crop_padding) (CIFAR, Tiny); "resized": RandomResizedCrop(size), eval CenterCrop(size)
+    c.augment.size = config_dict.placeholder(int)  # output side of the "resized" crops (224 for fine-grained data)
     c.augment.crop_padding = 4
     c.augment.flip = True
     c.augment.policy = "none"  # "cifar10": AutoAugment CIFAR-10 policy; "randaugment": RandAugment (spec §1.6)

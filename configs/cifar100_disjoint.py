@@ -3,13 +3,13 @@
 The paper's recipe (configs/base.py): ResNet-18 with the CIFAR stem, 5 sessions, batch 16,
 256 epochs, memory budget 2000, 10% validation split.  Method defaults to cvs; pass
 ``--config.method=finetune|joint|...`` for the others and ``configs/cifar100_disjoint.py:<variant>``
-for the ablations in ``configs/ablations.py``.  Needs TFDS ``cifar100`` prepared in ArrayRecord format.
+for the ablations in ``configs/variants.py`` (and ``:smoke``).  Needs TFDS ``cifar100`` prepared in ArrayRecord format.
 """
 
-from configs import ablations, base
+from configs import base, variants
 
 
-def get_config(variant: str = "cvs"):
+def get_config(variant: str = ""):
     c = base.get_config()
     c.method = "cvs"
     c.data.name = "cifar100"
@@ -19,4 +19,4 @@ def get_config(variant: str = "cvs"):
     c.data.first_classes = 20
     c.data.classes_per_session = 20
     c.data.samples_per_new_class = None  # all 500 images of each class
-    return ablations.apply(c, variant or "cvs")
+    return variants.apply(c, variant)

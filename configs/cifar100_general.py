@@ -3,13 +3,13 @@
 The paper's recipe (configs/base.py): ResNet-18 with the CIFAR stem, 5 sessions, batch 16,
 256 epochs, memory budget 2000, 10% validation split.  Method defaults to cvs; pass
 ``--config.method=finetune|joint|...`` for the others and ``configs/cifar100_general.py:<variant>``
-for the ablations in ``configs/ablations.py``.  Needs TFDS ``cifar100`` prepared in ArrayRecord format.
+for the ablations in ``configs/variants.py`` (and ``:smoke``).  Needs TFDS ``cifar100`` prepared in ArrayRecord format.
 """
 
-from configs import ablations, base
+from configs import base, variants
 
 
-def get_config(variant: str = "cvs"):
+def get_config(variant: str = ""):
     c = base.get_config()
     c.method = "cvs"
     c.data.name = "cifar100"
@@ -20,4 +20,4 @@ def get_config(variant: str = "cvs"):
     c.data.classes_per_session = 20
     c.data.old_class_percent = 10.0
     c.data.samples_per_new_class = 400  # 20 new classes x 400 = the official 8000-image sessions
-    return ablations.apply(c, variant or "cvs")
+    return variants.apply(c, variant)

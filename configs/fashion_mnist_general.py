@@ -5,10 +5,10 @@ stage, width 16) on 28x28 grey images, 300 images per new class, 6 epochs per
 session with a plain cosine schedule.  Real images, real protocol.
 """
 
-from configs import base
+from configs import base, variants
 
 
-def get_config():
+def get_config(variant: str = ""):
     c = base.get_config()
     c.data.name = "fashion_mnist_local"
     c.data.manual_dir = "/usr/share/datasets/fashion-mnist"
@@ -30,4 +30,4 @@ def get_config():
     c.augment.crop_padding = 2
     c.augment.flip = True
     c.memory.budget = 200
-    return c
+    return variants.apply(c, variant)

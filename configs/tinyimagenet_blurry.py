@@ -4,12 +4,12 @@ Same recipe as ``tinyimagenet_general`` (ResNet-18 ImageNet stem, batch 64, budg
 5% validation, RandAugment, 256 epochs); only the split differs.
 """
 
-from configs import tinyimagenet_general
+from configs import tinyimagenet_general, variants
 
 
-def get_config():
+def get_config(variant: str = ""):
     c = tinyimagenet_general.get_config()
     c.data.setup = "blurry"
     c.data.blurry_minor_percent = 30.0  # "blurry30": 70% major / 30% minor, 336 + 9 x 16 images per class
     c.data.samples_per_new_class = None
-    return c
+    return variants.apply(c, variant)

@@ -4,12 +4,12 @@ Same recipe as ``tinyimagenet_general`` (ResNet-18 ImageNet stem, batch 64, budg
 5% validation, RandAugment, 256 epochs); only the split differs.
 """
 
-from configs import tinyimagenet_general
+from configs import tinyimagenet_general, variants
 
 
-def get_config():
+def get_config(variant: str = ""):
     c = tinyimagenet_general.get_config()
     c.data.setup = "disjoint"
     c.data.samples_per_new_class = None  # all 500 images of each class
     c.memory.budget = 4000
-    return c
+    return variants.apply(c, variant)

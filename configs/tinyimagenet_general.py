@@ -5,10 +5,10 @@ ResNet-18 with the ImageNet stem on 64x64 inputs, batch 64, memory budget 4000,
 Expects the official ``tiny-imagenet-200.zip`` in ``data.manual_dir``.
 """
 
-from configs import base
+from configs import base, variants
 
 
-def get_config():
+def get_config(variant: str = ""):
     c = base.get_config()
     c.method = "cvs"
     c.data.name = "tiny_imagenet_zip"
@@ -27,4 +27,4 @@ def get_config():
     c.train.batch_size = 64
     c.memory.budget = 4000
     c.augment.policy = "randaugment"
-    return c
+    return variants.apply(c, variant)

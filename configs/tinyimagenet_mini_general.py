@@ -7,10 +7,10 @@ for 16 epochs per session with a cosine schedule, crop + flip only, so that a ru
 Reads ``../shared/data/tiny-imagenet-200-mini.zip`` (run from the repository root).
 """
 
-from configs import tinyimagenet_general
+from configs import tinyimagenet_general, variants
 
 
-def get_config():
+def get_config(variant: str = ""):
     c = tinyimagenet_general.get_config()
     c.data.manual_dir = "../shared/data"
     c.data.samples_per_new_class = None  # the largest count the 100 images per class allow
@@ -20,4 +20,4 @@ def get_config():
     c.train.schedule = "cosine"
     c.memory.budget = 1000
     c.augment.policy = "none"  # crop + flip only: RandAugment slows this CPU run and needs more epochs
-    return c
+    return variants.apply(c, variant)

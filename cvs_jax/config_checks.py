@@ -18,8 +18,9 @@ from cvs_jax.models.pretrained import CONVERT_ONE_LINER
 
 # Classes of the datasets we know without opening them (for early S/C/L checks).
 KNOWN_NUM_CLASSES = {"fashion_mnist_local": 10, "fashion_mnist": 10, "mnist": 10, "cifar10": 10,
-                     "cifar100": 100, "tiny_imagenet_zip": 200, "stanford_dogs": 120}
-LOCAL_BUILDERS = ("fashion_mnist_local", "tiny_imagenet_zip")
+                     "cifar100": 100, "tiny_imagenet_zip": 200, "stanford_dogs": 120, "stanford_dogs_256": 120,
+                     "inat_m": 200, "product_m": 2743}
+LOCAL_BUILDERS = ("fashion_mnist_local", "tiny_imagenet_zip", "product_m")  # read data.manual_dir
 
 
 class ConfigError(ValueError):
@@ -38,15 +39,23 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
         raise ConfigError(f"data.on_corrupt={d.on_corrupt!r} is unknown; choose 'refuse' or 'skip'.")
     if t.schedule not in schedules.SCHEDULES:
         raise ConfigError(f"train.schedule={t.schedule!r} is unknown; choose one of {list(schedules.SCHEDULES)}.")
+    if config.augment.crop not in augment.CROPS:
+        raise ConfigError(f"augment.crop={config.augment.crop!r} is unknown; choose one of {list(augment.CROPS)}.")
+    if config.augment.crop == "resized" and (config.augment.size is None or config.augment.size <= 0):
+        raise ConfigError("augment.crop='resized' needs the crop side: set --config.augment.size (224 for the "
+                          "fine-grained recipe).")
     if config.augment.policy not in augment.POLICIES:
         raise ConfigError(f"augment.policy={config.augment.policy!r} is unknown; choose one of {list(augment.POLICIES)}.")
+    if d.val_per_class is not None and d.val_fraction != 0:
+        raise ConfigError(f"data.val_fraction={d.val_fraction} and data.val_per_class={d.val_per_class} are both "
+                          "set; choose one (--config.data.val_fraction=0 to use val_per_class).")
     if not 0 <= d.old_class_percent < 100:
         raise ConfigError(f"data.old_class_percent={d.old_class_percent} (M) must be in [0, 100).")
     if d.num_sessions < 1 or d.first_classes < 1 or (d.num_sessions > 1 and d.classes_per_session < 1):
         raise ConfigError("data.num_sessions (L), data.first_classes (S) and data.classes_per_session (C) "
                           "must be positive.")
     total = d.first_classes + (d.num_sessions - 1) * d.classes_per_session
-    if d.name in KNOWN_NUM_CLASSES and d.setup != "blurry" and total > KNOWN_NUM_CLASSES[d.name]:
+    if d.name in KNOWN_NUM_CLASSES and total > KNOWN_NUM_CLASSES[d.name]:
         raise ConfigError(f"S + (L-1)*C = {d.first_classes} + ({d.num_sessions}-1)*{d.classes_per_session} = "
                           f"{total} classes, but {d.name} has {KNOWN_NUM_CLASSES[d.name]}; lower "
                           f"data.num_sessions, data.first_classes or data.classes_per_session.")
@@ -62,7 +71,7 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
         raise ConfigError(f"train.checkpoint_every_steps={t.checkpoint_every_steps} must be >= 0 (0: epoch ends only).")
     method = METHODS[config.method](config)
     if method.uses_memory:
-        classes = KNOWN_NUM_CLASSES.get(d.name, total) if d.setup == "blurry" else total
+        classes = total  # every setup uses the first S + (L-1)C classes of the class order
         if config.memory.budget < classes:
             raise ConfigError(f"memory.budget={config.memory.budget} is smaller than the {classes} classes the "
                               f"run will have seen; raise memory.budget to at least {classes}.")

@@ -24,10 +24,10 @@ import numpy as np
 from cvs_jax import augment, losses, regularizers
 
 
-def make_batch_grad_fn(model, *, mean, std, temperature: float):
+def make_batch_grad_fn(model, pipeline: augment.Pipeline, *, temperature: float):
     @jax.jit
     def grad_fn(variables, images, labels, valid_classes, use_predictions):
-        x = augment.preprocess_eval(images, mean=mean, std=std)
+        x = pipeline.eval(images)
 
         def loss(net):
             emb = model.apply({"params": net, "batch_stats": variables["batch_stats"]}, x, train=False)

@@ -24,6 +24,7 @@ import ml_collections
 import numpy as np
 from PIL import Image
 
+from cvs_jax import augment
 from cvs_jax.checkpoint import Checkpoints
 from cvs_jax.gallery import Gallery
 from cvs_jax.models import build_model, init_head
@@ -85,7 +86,7 @@ class Run:
         if added is not None:
             self.added = Gallery.from_dict(added[1]["rows"])
             self.added_sources = added[1]["meta"]["sources"]
-        self._embed = make_embed_fn(self.model, mean=c.data.mean, std=c.data.std)
+        self._embed = make_embed_fn(self.model, augment.Pipeline.from_config(c))
 
     @property
     def image_shape(self) -> tuple[int, int, int]:

@@ -42,8 +42,7 @@ def make_optimizer(*, momentum: float, nesterov: bool, weight_decay: float) -> o
 
 
 def make_train_step(model, tx: optax.GradientTransformation, method: Method, *, temperature: float,
-                    loss_weights: Mapping[str, float], mean, std, crop_padding: int, flip: bool,
-                    policy: str = "none"):
+                    loss_weights: Mapping[str, float], pipeline: augment.Pipeline):
     """Returns ``step(state, frozen, batch, aux, lr, key) -> (state, metrics)`` (jitted)."""
 
     def loss_fn(params, batch_stats, frozen, images, labels, aux):
@@ -68,8 +67,7 @@ def make_train_step(model, tx: optax.GradientTransformation, method: Method, *, 
     @jax.jit
     def step(state: TrainState, frozen, batch, aux, lr, key):
         key = jax.random.fold_in(key, state.step)
-        images = augment.preprocess_train(key, batch["images"], mean=mean, std=std,
-                                          padding=crop_padding, flip=flip, policy=policy)
+        images = pipeline.train(key, batch["images"])
         (total, (terms, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             state.params, state.batch_stats, frozen, images, batch["labels"], aux)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -81,12 +79,12 @@ def make_train_step(model, tx: optax.GradientTransformation, method: Method, *, 
     return step
 
 
-def make_embed_fn(model, *, mean, std):
+def make_embed_fn(model, pipeline: augment.Pipeline):
     """``embed(params, batch_stats, images_u8) -> raw embeddings`` in eval mode (jitted)."""
 
     @jax.jit
     def embed(params, batch_stats, images):
-        x = augment.preprocess_eval(images, mean=mean, std=std)
+        x = pipeline.eval(images)
         return model.apply({"params": params["net"], "batch_stats": batch_stats}, x, train=False)
 
     return embed

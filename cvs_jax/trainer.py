@@ -63,7 +63,8 @@ class Protocol:
             first_classes=d.first_classes, classes_per_session=d.classes_per_session,
             old_class_percent=d.old_class_percent, samples_per_new_class=d.samples_per_new_class,
             blurry_minor_percent=d.blurry_minor_percent, val_fraction=d.val_fraction,
-            num_classes=dataset.num_classes, shuffle_classes=d.shuffle_classes, seed=config.seed)
+            num_classes=dataset.num_classes, shuffle_classes=d.shuffle_classes, seed=config.seed,
+            val_per_class=d.val_per_class)
         return cls(dataset, plan, plan.to_protocol_labels(dataset.train.labels),
                    plan.to_protocol_labels(dataset.test.labels))
 
@@ -92,7 +93,7 @@ class Embedder:
     """Embeds uint8 images in fixed-size, device-sharded chunks (one compile per chunk size)."""
 
     def __init__(self, model, config, mesh):
-        self._fn = make_embed_fn(model, mean=config.data.mean, std=config.data.std)
+        self._fn = make_embed_fn(model, augment.Pipeline.from_config(config))
         self._chunk = config.train.eval_batch_size
         self._mesh = mesh
         self._lo, self._hi = distributed.process_slice(self._chunk, mesh)  # this process's rows of a chunk
@@ -139,12 +140,11 @@ _RAINBOW_PERTURBATIONS = 8
 
 def _make_uncertainty_fn(model, config):
     """Labels predicted by a model under random train-time perturbations (Rainbow Memory)."""
+    pipeline = augment.Pipeline.from_config(config)
 
     @jax.jit
     def predict(variables, images, key, valid_classes):
-        x = augment.preprocess_train(key, images, mean=config.data.mean, std=config.data.std,
-                                     padding=config.augment.crop_padding, flip=config.augment.flip,
-                                     policy=config.augment.policy)
+        x = pipeline.train(key, images)
         emb = model.apply({"params": variables["params"]["net"], "batch_stats": variables["batch_stats"]}, x,
                           train=False)
         logits = losses.cosine_logits(emb, variables["params"]["head"])
@@ -219,11 +219,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     tx = make_optimizer(momentum=config.train.momentum, nesterov=config.train.nesterov,
                         weight_decay=config.train.weight_decay)
     step_fn = make_train_step(model, tx, method, temperature=config.train.temperature,
-                              loss_weights=dict(config.loss_weights), mean=config.data.mean,
-                              std=config.data.std, crop_padding=config.augment.crop_padding,
-                              flip=config.augment.flip, policy=config.augment.policy)
+                              loss_weights=dict(config.loss_weights),
+                              pipeline=augment.Pipeline.from_config(config))
     embed = Embedder(model, config, mesh)
-    fisher_grad_fn = importance.make_batch_grad_fn(model, mean=config.data.mean, std=config.data.std,
+    fisher_grad_fn = importance.make_batch_grad_fn(model, augment.Pipeline.from_config(config),
                                                    temperature=config.train.temperature)
     uncertainty_fn = _make_uncertainty_fn(model, config) if method.memory_policy == "rainbow" else None
 

@@ -51,3 +51,54 @@ def test_unknown_policy_refused():
     with pytest.raises(ValueError, match="augment.policy='autoaug'"):
         augment.preprocess_train(jax.random.key(0), jnp.asarray(images()), mean=(0.5,), std=(0.25,),
                                  padding=0, flip=False, policy="autoaug")
+
+
+# ----------------------------------------------------------------- RandomResizedCrop (fine-grained)
+
+def test_resized_crop_boxes_follow_torchvision_rules():
+    """Every box lies inside the image; when a try fits, area share in [0.08, 1] and w/h in [3/4, 4/3]."""
+    h, w = 40, 60
+    boxes = jax.vmap(lambda k: jnp.stack(augment._resized_crop_box(k, h, w, (0.08, 1.0), (3 / 4, 4 / 3))))(
+        jax.random.split(jax.random.key(3), 500))
+    top, left, bh, bw = np.asarray(boxes).T
+    assert (top >= 0).all() and (left >= 0).all() and (top + bh <= h).all() and (left + bw <= w).all()
+    assert (bh > 0).all() and (bw > 0).all()
+    share, ratio = bh * bw / (h * w), bw / bh
+    # rounding of h and w moves the area and the ratio slightly
+    assert share.min() > 0.06 and share.max() <= 1.0
+    assert ratio.min() > 0.7 and ratio.max() < 1.4
+    assert len({(a, b) for a, b in zip(top, left)}) > 100  # boxes vary
+
+
+def test_resized_crop_falls_back_to_the_clamped_centre_crop():
+    """No try can fit (scale > 1): torchvision takes the centre crop with the ratio clamped."""
+    top, left, bh, bw = (int(v) for v in augment._resized_crop_box(jax.random.key(0), 40, 100, (2.0, 3.0),
+                                                                      (3 / 4, 4 / 3)))
+    assert (bh, bw) == (40, round(40 * 4 / 3)) and top == 0 and left == (100 - bw) // 2
+
+
+def test_crop_resize_matches_pil_and_is_exact_at_scale_one():
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    same = augment._crop_resize(jnp.asarray(img), 8, 16, 32, 32, 32)
+    np.testing.assert_array_equal(np.asarray(same), img[8:40, 16:48])  # a pure crop at scale 1
+    for box, size in (((5, 7, 30, 41), 24), ((0, 0, 48, 64), 20), ((10, 3, 12, 18), 40)):  # down- and upsampling
+        top, left, h, w = box
+        ours = np.asarray(augment._crop_resize(jnp.asarray(img), top, left, h, w, size)).astype(float)
+        ref = np.asarray(Image.fromarray(img).resize((size, size), Image.BILINEAR,
+                                                     box=(left, top, left + w, top + h))).astype(float)
+        # same triangle filter, antialiased when shrinking; edges are handled slightly differently
+        assert np.abs(ours - ref).mean() < 2.0, box
+
+
+def test_pipeline_resized_train_and_centre_crop_eval():
+    x = images(n=5, h=32, w=32, c=3)
+    pipe = augment.Pipeline(mean=(0.5,) * 3, std=(0.25,) * 3, crop="resized", size=24)
+    out = np.asarray(jax.jit(pipe.train)(jax.random.key(0), jnp.asarray(x)))
+    assert out.shape == (5, 24, 24, 3) and np.isfinite(out).all()
+    ev = np.asarray(pipe.eval(jnp.asarray(x)))
+    np.testing.assert_allclose(ev, (x[:, 4:28, 4:28] / 255.0 - 0.5) / 0.25, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="larger than the stored"):
+        augment.Pipeline(mean=(0.5,), std=(0.25,), crop="resized", size=40).eval(jnp.asarray(x))

@@ -130,6 +130,19 @@ def _stratified_split(pool: np.ndarray, plabels: np.ndarray, frac: Fraction,
     return np.sort(pool[perm[~is_val]]), np.sort(pool[perm[is_val]])
 
 
+def _per_class_split(pool: np.ndarray, plabels: np.ndarray, per_class: int,
+                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``min(per_class, n_c - 1)`` random images of each class c of the pool become validation queries."""
+    perm = rng.permutation(pool.size)
+    lab = plabels[pool][perm]
+    order = np.argsort(lab, kind="stable")                      # grouped by class, random within
+    perm, lab = perm[order], lab[order]
+    classes, starts, counts = np.unique(lab, return_index=True, return_counts=True)
+    rank = np.arange(pool.size) - np.repeat(starts, counts)
+    is_val = rank < np.repeat(np.minimum(per_class, counts - 1), counts)
+    return np.sort(pool[perm[~is_val]]), np.sort(pool[perm[is_val]])
+
+
 def _general_shares(first: int, per: int, L: int, spc: int, m: Fraction) -> list[int]:
     """Per-old-class image count for each session (index 0 unused): floor(N_new*M/(1-M)/n_old)."""
     shares = [0]
@@ -144,13 +157,17 @@ def make_session_plan(train_labels: np.ndarray, *, setup: str, num_sessions: int
                       old_class_percent: float = 0.0, samples_per_new_class: int | None = None,
                       blurry_minor_percent: float = 10.0, val_fraction: float = 0.1,
                       num_classes: int | None = None, shuffle_classes: bool = True,
-                      seed: int = 0) -> SessionPlan:
+                      seed: int = 0, val_per_class: int | None = None) -> SessionPlan:
     """Cut the train split into ``num_sessions`` sessions (see module docstring).
 
     ``num_classes``, if given, is the size of the dataset's label space: labels must lie in
     ``[0, num_classes)``. The class order is a permutation of the classes present in
     ``train_labels``; only its first ``first_classes + (num_sessions-1)*classes_per_session``
     entries are used and kept in ``class_order``.
+
+    Validation queries: a stratified ``val_fraction`` of each session's pool, or, with
+    ``val_per_class`` (Product-M: 2), that many images of every class in the pool (never its
+    last image), drawn at random; ``val_fraction`` must then be 0.
     """
     if setup not in SETUPS:
         raise ValueError(f"setup={setup!r} is unknown; use one of {SETUPS}")
@@ -164,6 +181,8 @@ def make_session_plan(train_labels: np.ndarray, *, setup: str, num_sessions: int
         raise ValueError(f"old_class_percent={old_class_percent} must lie in [0, 100)")
     if not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction={val_fraction} must lie in [0, 1)")
+    if val_per_class is not None and (val_per_class < 1 or val_fraction != 0):
+        raise ValueError(f"val_per_class={val_per_class} needs val_fraction=0 (got {val_fraction}) and must be >= 1")
     if samples_per_new_class is not None and samples_per_new_class < 1:
         raise ValueError(f"samples_per_new_class={samples_per_new_class} must be >= 1 or None")
     if setup == "blurry":
@@ -274,7 +293,10 @@ def make_session_plan(train_labels: np.ndarray, *, setup: str, num_sessions: int
     sessions = []
     for t in range(L):
         pool = np.concatenate(pools[t]) if pools[t] else np.empty(0, np.int64)
-        train, val = _stratified_split(pool, plabels, frac, val_rng)
+        if val_per_class is None:
+            train, val = _stratified_split(pool, plabels, frac, val_rng)
+        else:
+            train, val = _per_class_split(pool, plabels, val_per_class, val_rng)
         lo = 0 if t == 0 else S + (t - 1) * C
         hi = S if t == 0 else lo + C
         outputs = needed if setup == "blurry" else hi

@@ -1,0 +1,118 @@
+"""Every paper config: it loads (plain and ``:smoke``), passes the config checks, and its session
+plan on labels of the real dataset's size matches the setup's definition (paper §4.1)."""
+
+import importlib
+import os
+
+import numpy as np
+import pytest
+
+from cvs_jax import config_checks
+from cvs_jax.data.splits import make_session_plan
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+NOT_RUNNABLE = {"__init__", "base", "variants", "finegrained"}
+RUNNABLE = sorted(f[:-3] for f in os.listdir(CONFIG_DIR) if f.endswith(".py") and f[:-3] not in NOT_RUNNABLE)
+# Table 1 of the paper: every dataset x setup
+PAPER = {"cifar100_disjoint", "cifar100_blurry", "cifar100_general", "tinyimagenet_disjoint",
+         "tinyimagenet_blurry", "tinyimagenet_general", "dogs_general", "inat_general", "productm_general"}
+
+
+def load(name, variant=""):
+    return importlib.import_module(f"configs.{name}").get_config(variant)
+
+
+def test_every_paper_cell_has_a_config():
+    assert PAPER <= set(RUNNABLE), sorted(PAPER - set(RUNNABLE))
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+@pytest.mark.parametrize("variant", ["", "smoke"])
+def test_config_loads_and_passes_checks(name, variant, tmp_path):
+    c = load(name, variant)
+    if c.data.manual_dir is not None:
+        c.data.manual_dir = str(tmp_path)  # the check only needs the folder to exist
+    config_checks.check(c, num_devices=1)
+    if variant == "smoke":
+        assert c.train.epochs == 1 and c.data.num_sessions == 2 and c.model.width == 8
+        assert c.model.pretrained is None
+
+
+@pytest.mark.parametrize("name,sessions,s,cc,m,budget,batch", [
+    ("dogs_general", 4, 60, 20, 30.0, 600, 64),
+    ("inat_general", 5, 100, 25, 30.0, 4000, 64),
+    ("productm_general", 3, 1343, 700, 40.0, 3000, 32),
+    ("tinyimagenet_general", 10, 20, 20, 30.0, 4000, 64),
+    ("cifar100_general", 5, 20, 20, 10.0, 2000, 16),
+])
+def test_paper_general_parameters(name, sessions, s, cc, m, budget, batch):
+    c = load(name)
+    d = c.data
+    assert (d.first_classes, d.classes_per_session, d.old_class_percent, d.num_sessions) == (s, cc, m, sessions)
+    assert (c.memory.budget, c.train.batch_size, c.data.setup) == (budget, batch, "general")
+
+
+def test_finegrained_recipe():
+    for name in ("dogs_general", "inat_general", "productm_general"):
+        c = load(name)
+        assert (c.model.name, c.model.layout, c.model.frozen_bn) == ("resnet50", "torchvision", True)
+        assert (c.train.epochs, c.train.schedule, c.train.lr) == (100, "constant", 1e-4)
+        assert (c.augment.crop, c.augment.size) == ("resized", 224)
+
+
+def _plan(c, train_labels):
+    d = c.data
+    return make_session_plan(train_labels, setup=d.setup, num_sessions=d.num_sessions, first_classes=d.first_classes,
+                             classes_per_session=d.classes_per_session, old_class_percent=d.old_class_percent,
+                             samples_per_new_class=d.samples_per_new_class,
+                             blurry_minor_percent=d.blurry_minor_percent, val_fraction=d.val_fraction,
+                             num_classes=int(train_labels.max()) + 1, shuffle_classes=d.shuffle_classes,
+                             seed=c.seed, val_per_class=d.val_per_class)
+
+
+def _check_general(c, plan, labels):
+    """New classes per session = (S, C, C, ...); from session 2 on, old classes make up ~M of the pool;
+    validation queries are the configured share (or count per class) of each session's pool."""
+    d = c.data
+    pl = plan.to_protocol_labels(labels)
+    assert plan.num_sessions == d.num_sessions
+    for t, sess in enumerate(plan.sessions):
+        pool = np.concatenate([sess.train, sess.val])
+        assert len(np.intersect1d(sess.train, sess.val)) == 0
+        new = set(sess.new_classes.tolist())
+        assert len(new) == (d.first_classes if t == 0 else d.classes_per_session)
+        assert set(np.unique(pl[pool])) >= new
+        if t > 0:  # each old class contributes floor(N_new * M / (1 - M) / n_old) images (spec §2.3)
+            n_new = int(np.isin(pl[pool], list(new)).sum())
+            old = np.arange(d.first_classes + (t - 1) * d.classes_per_session)
+            m = d.old_class_percent / 100
+            per_old = int(np.floor(n_new * m / (1 - m) / old.size + 1e-9))
+            np.testing.assert_array_equal(np.bincount(pl[pool], minlength=pl.max() + 1)[old], per_old)
+        if d.val_per_class is None:
+            assert abs(len(sess.val) / len(pool) - d.val_fraction) < 0.01
+        else:
+            per = np.bincount(pl[sess.val], minlength=pl.max() + 1)
+            avail = np.bincount(pl[pool], minlength=pl.max() + 1)
+            present = avail > 0
+            np.testing.assert_array_equal(per[present], np.minimum(d.val_per_class, avail[present] - 1))
+
+
+def test_dogs_split_statistics():
+    labels = np.random.default_rng(0).permutation(np.repeat(np.arange(120), 100))  # 12,000 train images
+    c = load("dogs_general")
+    _check_general(c, _plan(c, labels), labels)
+
+
+def test_inat_split_statistics():
+    labels = np.random.default_rng(1).permutation(np.repeat(np.arange(200), 527))  # iNat-M: 200 x 527
+    c = load("inat_general")
+    _check_general(c, _plan(c, labels), labels)
+
+
+def test_productm_split_statistics():
+    """2,743 classes with 16..80 training images each (>= 20 images, 20% held out as test)."""
+    rng = np.random.default_rng(2)
+    counts = rng.integers(16, 81, size=2743)
+    labels = rng.permutation(np.repeat(np.arange(2743), counts))
+    c = load("productm_general")
+    _check_general(c, _plan(c, labels), labels)
