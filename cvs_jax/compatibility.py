@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from cvs_jax import evaluate
-from cvs_jax.gallery import Gallery
+from cvs_jax.gallery import Gallery, RowConcat
 
 
 def compatibility_matrix(num_sessions: int, gallery: Gallery, embed_queries: Callable[[int], np.ndarray],
@@ -24,13 +24,14 @@ def compatibility_matrix(num_sessions: int, gallery: Gallery, embed_queries: Cal
     for i in range(num_sessions):
         q = None
         for j in range(i + 1):
-            part = gallery.sessions == j
-            if not part.any():
+            parts = [p for p in gallery.parts if p.session == j]
+            if not parts:
                 continue
-            keep = np.isin(query_labels, np.unique(gallery.labels[part]))
+            labels = np.concatenate([p.labels for p in parts])
+            keep = np.isin(query_labels, np.unique(labels))
             if not keep.any():
                 continue
             q = embed_queries(i) if q is None else q
-            m[i, j] = evaluate.recall_at_k(q[keep], query_labels[keep], gallery.embeddings[part],
-                                           gallery.labels[part], ks=(1,))[1]
+            m[i, j] = evaluate.recall_at_k(q[keep], query_labels[keep], RowConcat([p.embeddings for p in parts]),
+                                           labels, ks=(1,))[1]
     return m

@@ -187,6 +187,9 @@ def _np_l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
     return x / np.maximum(norm, eps)
 
 
+_CENTER_BLOCK = 1 << 18  # gallery rows per block when computing the class centres
+
+
 def class_centers(
     gallery_embeddings,
     gallery_labels,
@@ -204,36 +207,36 @@ def class_centers(
     average the session means over the sessions in which the class appears
     (needs ``gallery_sessions`` [N]).
     """
-    feats = _np_l2_normalize(np.asarray(gallery_embeddings, dtype=np.float64))
     labels = np.asarray(gallery_labels).reshape(-1).astype(np.int64)
-    if feats.ndim != 2 or feats.shape[0] != labels.shape[0]:
+    n = labels.shape[0]
+    if len(gallery_embeddings.shape) != 2 or gallery_embeddings.shape[0] != n:
         raise ValueError("gallery_embeddings must be [N,d] with one label per row")
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(f"gallery labels must lie in [0, {num_classes})")
-    d = feats.shape[1]
-
-    def pooled(f, y):
-        sums = np.zeros((num_classes, d), np.float64)
-        np.add.at(sums, y, f)
-        counts = np.bincount(y, minlength=num_classes).astype(np.float64)
-        means = sums / np.maximum(counts, 1.0)[:, None]
-        return means, counts > 0
-
+    d = gallery_embeddings.shape[1]
+    if per_session_mean and gallery_sessions is None:
+        raise ValueError("per_session_mean=True needs gallery_sessions")
+    sessions = (np.zeros((n,), np.int64) if not per_session_mean
+                else np.asarray(gallery_sessions).reshape(-1).astype(np.int64))
+    if sessions.shape[0] != n:
+        raise ValueError("gallery_sessions must have one entry per gallery row")
+    # Per-(session, class) sums of the normalised rows, read in row blocks: a large gallery (or a
+    # RowConcat over its per-session parts) is never copied whole, let alone in float64.
+    uniq, sess_idx = np.unique(sessions, return_inverse=True)
     if not per_session_mean:
-        centers, mask = pooled(feats, labels)
+        uniq, sess_idx = np.zeros((1,), np.int64), np.zeros((n,), np.int64)  # one pool (also when empty)
+    sums = np.zeros((uniq.size, num_classes, d), np.float64)
+    for start in range(0, n, _CENTER_BLOCK):
+        block = _np_l2_normalize(np.asarray(gallery_embeddings[start:start + _CENTER_BLOCK], np.float64))
+        np.add.at(sums, (sess_idx[start:start + _CENTER_BLOCK], labels[start:start + _CENTER_BLOCK]), block)
+    counts = np.zeros((uniq.size, num_classes), np.float64)
+    np.add.at(counts, (sess_idx, labels), 1.0)
+    if not per_session_mean:
+        centers, mask = sums[0] / np.maximum(counts[0], 1.0)[:, None], counts[0] > 0
     else:
-        if gallery_sessions is None:
-            raise ValueError("per_session_mean=True needs gallery_sessions")
-        sessions = np.asarray(gallery_sessions).reshape(-1)
-        if sessions.shape[0] != labels.shape[0]:
-            raise ValueError("gallery_sessions must have one entry per gallery row")
-        acc = np.zeros((num_classes, d), np.float64)
-        n_sess = np.zeros((num_classes,), np.float64)
-        for s in np.unique(sessions):
-            rows = sessions == s
-            means, present = pooled(feats[rows], labels[rows])
-            acc += np.where(present[:, None], means, 0.0)
-            n_sess += present
+        present = counts > 0
+        means = sums / np.maximum(counts, 1.0)[..., None]
+        n_sess = present.sum(0).astype(np.float64)
         mask = n_sess > 0
-        centers = acc / np.maximum(n_sess, 1.0)[:, None]
+        centers = np.where(present[..., None], means, 0.0).sum(0) / np.maximum(n_sess, 1.0)[:, None]
     return centers.astype(np.float32), mask

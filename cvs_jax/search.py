@@ -26,7 +26,8 @@ from PIL import Image
 
 from cvs_jax import augment
 from cvs_jax.checkpoint import Checkpoints
-from cvs_jax.gallery import Gallery
+from cvs_jax import evaluate
+from cvs_jax.gallery import Gallery, GalleryPart, RowConcat
 from cvs_jax.models import build_model, init_head
 from cvs_jax.train_step import make_embed_fn
 
@@ -73,18 +74,18 @@ class Run:
                                                                          c.model.embed_dim)},
                     "batch_stats": init["batch_stats"]}
         self._sessions = Checkpoints(os.path.join(workdir, "checkpoints", "sessions"), max_to_keep=None)
-        restored = self._sessions.restore_latest({"variables": template, "gallery": None})
+        restored = self._sessions.restore_latest({"variables": template})
         if restored is None:
             raise SearchError(f"{workdir} has no completed session yet; wait for the first session to finish.")
         self.session, items = restored
         self.variables = items["variables"]
-        self.gallery = Gallery.from_dict(items["gallery"])
+        self.gallery = Gallery.restore(self._sessions, self.session, c.model.embed_dim)
         self._additions = Checkpoints(os.path.join(workdir, "checkpoints", "additions"), max_to_keep=2)
         added = self._additions.restore_latest({"rows": None})
         self.added_sources: list[str] = []
         self.added = Gallery.empty(c.model.embed_dim)
         if added is not None:
-            self.added = Gallery.from_dict(added[1]["rows"])
+            self.added = Gallery([GalleryPart.from_dict(added[1]["rows"])], c.model.embed_dim)
             self.added_sources = added[1]["meta"]["sources"]
         self._embed = make_embed_fn(self.model, augment.Pipeline.from_config(c))
 
@@ -97,32 +98,28 @@ class Run:
 
     def search(self, images: np.ndarray, k: int) -> list[list[dict]]:
         q = self.embed(images)
-        emb = np.concatenate([self.gallery.embeddings, self.added.embeddings])
+        parts = self.gallery.parts + self.added.parts
+        emb = RowConcat([p.embeddings for p in parts], width=self.gallery.embed_dim)  # rows read in slices
         labels = np.concatenate([self.gallery.labels, self.added.labels])
         sessions = np.concatenate([self.gallery.sessions, self.added.sessions])
         sources = [f"train[{i}]" for i in self.gallery.source_ids] + list(self.added_sources)
-        qn = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
-        gn = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
-        scores = qn @ gn.T
+        scores, idx = evaluate.topk_indices(q, emb, k)  # exact cosine top-k, ties to the lower row
         names = self.protocol["class_names"]
-        out = []
-        for row in scores:
-            top = np.argsort(-row, kind="stable")[:k]
-            out.append([{"rank": r + 1, "score": float(row[j]), "label": int(labels[j]),
-                         "class": names[labels[j]] if labels[j] >= 0 else "?",
-                         "session": int(sessions[j]) + 1, "source": sources[j]} for r, j in enumerate(top)])
-        return out
+        return [[{"rank": r + 1, "score": float(sc), "label": int(labels[j]),
+                  "class": names[labels[j]] if labels[j] >= 0 else "?",
+                  "session": int(sessions[j]) + 1, "source": sources[j]} for r, (sc, j) in enumerate(zip(srow, irow))]
+                for srow, irow in zip(scores, idx)]
 
     def add(self, images: np.ndarray, paths: list[str], label: int) -> None:
-        rows = Gallery(self.embed(images), np.full(len(paths), label, np.int32),
-                       np.full(len(paths), self.session, np.int32), np.full(len(paths), -1, np.int64))
-        merged = Gallery(*(np.concatenate([a, b]) for a, b in zip(
-            (self.added.embeddings, self.added.labels, self.added.sessions, self.added.source_ids),
-            (rows.embeddings, rows.labels, rows.sessions, rows.source_ids))))
+        # additions are few: kept as one part (session = the newest model's), rewritten on each --add
+        merged = GalleryPart(np.concatenate([np.asarray(self.added.embeddings), self.embed(images)]),
+                             np.concatenate([self.added.labels, np.full(len(paths), label, np.int32)]),
+                             np.full(len(self.added) + len(paths), -1, np.int64), self.session)
         step = (max(self._additions.steps()) + 1) if self._additions.steps() else 0
         self._additions.save(step, {"rows": merged.as_dict()},
                              {"sources": self.added_sources + [os.path.abspath(p) for p in paths]})
-        self.added, self.added_sources = merged, self.added_sources + [os.path.abspath(p) for p in paths]
+        self.added = Gallery([merged], self.gallery.embed_dim)
+        self.added_sources = self.added_sources + [os.path.abspath(p) for p in paths]
 
     def label_of(self, name: str | None) -> int:
         if name is None:

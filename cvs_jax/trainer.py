@@ -31,7 +31,7 @@ from cvs_jax import (augment, config_checks, distributed, evaluate, faults, impo
 from cvs_jax.checkpoint import Checkpoints
 from cvs_jax.compatibility import compatibility_matrix
 from cvs_jax.data import official_splits, sources, splits
-from cvs_jax.gallery import Gallery, RowConcat
+from cvs_jax.gallery import Gallery, GalleryPart, RowConcat
 from cvs_jax.methods import Method, get_method
 from cvs_jax.models import build_model, grow_head, init_head
 from cvs_jax.models.pretrained import load_torchvision_resnet50, merge_pretrained
@@ -254,7 +254,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if restored is not None:
         last, items = restored
         variables = items["variables"]
-        gallery = Gallery.from_dict(items["gallery"])
+        gallery = Gallery.restore(session_ckpts, last, config.model.embed_dim)  # one part per session
         stored_mem = items["meta"]["memory"]
         mem = {"source_ids": np.asarray(stored_mem["source_ids"], np.int64),
                "labels": np.asarray(stored_mem["labels"], np.int32), "built_after": stored_mem["built_after"],
@@ -353,7 +353,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
         def search(vars_, query_images, query_labels):
             # stored rows + the session's rows by the current model, streamed without a joint copy
-            g_emb = RowConcat([stored.embeddings, embed(vars_, images[gal_idx])])
+            g_emb = RowConcat([p.embeddings for p in stored.parts] + [embed(vars_, images[gal_idx])])
             faults.maybe_fail("validation")
             g_lab = np.concatenate([stored.labels, proto.train_labels[gal_idx]])
             return evaluate.recall_at_k_blocked(embed(vars_, query_images), query_labels, g_emb, g_lab, ks,
@@ -424,8 +424,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         variables["params"] = {k: variables["params"][k] for k in ("net", "head")}  # method extras end here
         test_recall = search(variables, proto.dataset.test.images[test_idx], proto.test_labels[test_idx])
         new_emb = embed(variables, images[gal_idx])
-        base = Gallery.empty(config.model.embed_dim) if method.reextract_gallery else gallery
-        gallery = base.append(new_emb, proto.train_labels[gal_idx], s, gal_idx)
+        part = GalleryPart(new_emb, proto.train_labels[gal_idx], np.asarray(gal_idx, np.int64), s,
+                           replaces=method.reextract_gallery)
+        gallery = gallery.with_part(part)  # adds a part: the stored rows are not copied
 
         record = {"session": s, "recall": {str(k): v for k, v in test_recall.items()}, "best_epoch": best["epoch"] + 1,
                   "val_recall1": best["r1"], "train_images": int(len(idx)), "gallery_rows": len(gallery),
@@ -437,7 +438,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         log.print(f"session {s + 1} test: " + " ".join(f"R@{k}={100 * v:.2f}" for k, v in test_recall.items())
                   + f" (best epoch {best['epoch'] + 1}, val R@1 {100 * best['r1']:.2f})")
         faults.fail_while_writing("session_write", session_ckpts.directory)
-        session_ckpts.save(s, {"variables": variables, "opt_state": state.opt_state, "gallery": gallery.as_dict(),
+        session_ckpts.save(s, {"variables": variables, "opt_state": state.opt_state, "gallery": part.as_dict(),
                                "regularizer": reg},
                            {"per_session": per_session, "regularizer_built_after": reg_built_after,
                             "memory": {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in mem.items()}})

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from cvs_jax.checkpoint import Checkpoints
+from cvs_jax.gallery import Gallery
 from tests.tiny_data import write_fashion_idx
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,9 +57,10 @@ def outcome(workdir):
     for m in metrics:
         m.pop("time"), m.pop("images_per_s", None)
     ck = Checkpoints(os.path.join(workdir, "checkpoints", "sessions"), max_to_keep=None)
-    step, items = ck.restore_latest({"gallery": None})
+    g = Gallery.restore(ck, max(ck.steps()), embed_dim=8)  # every session's stored part
     ck.close()
-    return results, metrics, items["gallery"]
+    return results, metrics, {"embeddings": np.asarray(g.embeddings), "labels": g.labels, "sessions": g.sessions,
+                              "source_ids": g.source_ids}
 
 
 @pytest.fixture(scope="module")
