@@ -5,6 +5,7 @@
 # (see BENCHMARKS.md, "How the GPU figures were taken").
 #   bash benchmarks/gpu_run.sh a    # GPU test subset, JAX train-step benchmark, PyTorch mirror
 #   bash benchmarks/gpu_run.sh b    # search benchmark, the demo comparison (9 methods) on the GPU
+#   c / d / e / f: see each section below
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}
@@ -82,5 +83,11 @@ PY
       | grep -E "importance|error|^\| " | tee "$OUT/compare.txt"
     echo "compare wall s: $(( $(date +%s) - start ))" | tee -a "$OUT/compare.txt"
     cp /tmp/cmp_gpu/comparison.md /tmp/cmp_gpu/comparison.csv "$OUT/" 2>/dev/null
+    ;;
+esac
+case "$1" in
+  f)  # the fine-grained recipe's step: ResNet-50 (frozen BN), RandomResizedCrop 224 on device; PyTorch mirror
+    python3 benchmarks/train_step.py --recipe finegrained --batches 32,64 --steps 30 2>&1 | grep -v "^W1123" | tee "$OUT/step_finegrained.txt"
+    python3 benchmarks/train_step_torch.py --recipe finegrained --batches 32,64 --steps 30 2>&1 | tee "$OUT/step_finegrained_torch.txt"
     ;;
 esac

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import cifar100_general
+from configs import cifar100_general, dogs_general
 from cvs_jax import augment, distributed
 from cvs_jax.methods import get_method
 from cvs_jax.models import build_model, init_head
@@ -33,15 +33,16 @@ from cvs_jax.train_step import TrainState, make_optimizer, make_train_step
 NUM_CLASSES, OLD_CLASSES, VALID_CLASSES = 100, 20, 40
 
 
-def build(config, dtype: str, mesh):
+def build(config, dtype: str, mesh, side: int):
     model = build_model(config.model.name, width=config.model.width, layout=config.model.layout,
-                        embed_dim=config.model.embed_dim, dtype=dtype)
+                        embed_dim=config.model.embed_dim, dtype=dtype,
+                        frozen_bn=config.model.frozen_bn)
     tx = make_optimizer(momentum=config.train.momentum, nesterov=config.train.nesterov,
                         weight_decay=config.train.weight_decay)
     step = make_train_step(model, tx, get_method(config), temperature=config.train.temperature,
                            loss_weights=dict(config.loss_weights), pipeline=augment.Pipeline.from_config(config))
     k_init, k_head, k_c = jax.random.split(jax.random.key(0), 3)
-    v = model.init(k_init, jnp.zeros((1, 32, 32, 3), jnp.float32), train=False)
+    v = model.init(k_init, jnp.zeros((1, side, side, 3), jnp.float32), train=False)
     params = {"net": v["params"], "head": init_head(k_head, NUM_CLASSES, config.model.embed_dim)}
     variables = {"params": params, "batch_stats": v["batch_stats"]}
     centers = jax.random.normal(k_c, (NUM_CLASSES, config.model.embed_dim))
@@ -53,11 +54,11 @@ def build(config, dtype: str, mesh):
         distributed.replicate(aux, mesh)
 
 
-def bench(config, dtype: str, batch: int, steps: int, mesh) -> dict:
-    step, state, frozen, aux = build(config, dtype, mesh)
+def bench(config, dtype: str, batch: int, steps: int, mesh, side: int) -> dict:
+    step, state, frozen, aux = build(config, dtype, mesh, side)
     rng = np.random.default_rng(0)
     lo, hi = distributed.process_slice(batch, mesh)
-    images = rng.integers(0, 256, size=(batch, 32, 32, 3), dtype=np.uint8)
+    images = rng.integers(0, 256, size=(batch, side, side, 3), dtype=np.uint8)
     labels = rng.integers(0, VALID_CLASSES, size=(batch,)).astype(np.int32)  # old and new classes
     data = distributed.global_batch({"images": images[lo:hi], "labels": labels[lo:hi]}, mesh)
     lr, key = jnp.float32(0.03), jax.random.key(1)
@@ -80,6 +81,9 @@ def bench(config, dtype: str, batch: int, steps: int, mesh) -> dict:
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny CPU run: width 8, batch 16 and 64, 5 steps")
+    p.add_argument("--recipe", default="cifar", choices=["cifar", "finegrained"],
+                   help="cifar: ResNet-18 CIFAR stem on 32x32 (default); finegrained: the Dogs/iNat/Product "
+                        "recipe, ResNet-50 (frozen BN) on stored 256x256 images, RandomResizedCrop 224 on device")
     p.add_argument("--model", default="resnet18")
     p.add_argument("--width", type=int, default=None, help="base width (default 64; 8 with --quick)")
     p.add_argument("--batches", default=None, help="comma-separated global batch sizes (default 16,256)")
@@ -91,12 +95,17 @@ def main():
     steps = a.steps or (5 if a.quick else 50)
     dtypes = a.dtypes.split(",")
 
-    config = cifar100_general.get_config()  # method cvs, ResNet-18 CIFAR stem, embed 128
-    config.model.name, config.model.width = a.model, width
+    if a.recipe == "cifar":
+        config, side = cifar100_general.get_config(), 32  # method cvs, ResNet-18 CIFAR stem, embed 128
+        config.model.name = a.model
+    else:
+        config, side = dogs_general.get_config(), 256  # method cvs, ResNet-50 torchvision, frozen BN
+    config.model.width = width
     mesh = distributed.data_mesh()
-    print(f"# CVS train step (current + frozen old model, L_c + L_m + L_d): {a.model} width {width}, "
-          f"32x32x3, {steps} timed steps\n# {_common.environment()}\n")
-    rows = [bench(config, dt, b, steps, mesh) for b in batches for dt in dtypes]
+    crop = f", {config.augment.crop} crop {config.augment.size}" if a.recipe == "finegrained" else ""
+    print(f"# CVS train step (current + frozen old model, L_c + L_m + L_d): {config.model.name} width {width}, "
+          f"{side}x{side}x3{crop}, {steps} timed steps\n# {_common.environment()}\n")
+    rows = [bench(config, dt, b, steps, mesh, side) for b in batches for dt in dtypes]
     print(_common.table(["batch", "dtype", "steps/s", "images/s", "ms/step", "compile s"],
                         [[r["batch"], r["dtype"], r["steps_per_s"], r["images_per_s"], r["ms_per_step"],
                           r["compile_s"]] for r in rows]))

@@ -79,10 +79,23 @@ def cvs_loss(new, old, head, labels, centers, temperature=0.05, margin=0.1):
     return l_c + 10 * l_m + l_d
 
 
-def bench(variant: str, batch: int, steps: int, width: int) -> dict:
+def resnet50_embedding():
+    """torchvision ResNet-50 with a 128-d embedding in place of fc, every BN frozen (eval mode), as the
+    official fine-grained code does."""
+    import torchvision
+
+    m = torchvision.models.resnet50()
+    m.fc = nn.Linear(2048, EMBED)
+    return m.eval()
+
+
+def bench(variant: str, batch: int, steps: int, width: int, recipe: str = "cifar") -> dict:
     torch.manual_seed(0)
     dev = torch.device("cuda")
-    model, old = ResNet18(width).to(dev), ResNet18(width).to(dev)
+    if recipe == "cifar":
+        model, old, side = ResNet18(width).to(dev), ResNet18(width).to(dev), 32
+    else:  # images already cropped to 224 (the official loader crops on the CPU)
+        model, old, side = resnet50_embedding().to(dev), resnet50_embedding().to(dev), 224
     old.eval().requires_grad_(False)
     head = nn.Parameter(torch.randn(NUM_CLASSES, EMBED, device=dev) * 0.01)
     centers = F.normalize(torch.randn(NUM_CLASSES, EMBED, device=dev), dim=1)
@@ -92,7 +105,7 @@ def bench(variant: str, batch: int, steps: int, width: int) -> dict:
     opt = torch.optim.SGD(list(model.parameters()) + [head], lr=0.03, momentum=0.9, nesterov=True,
                           weight_decay=1e-4)
     fwd, old_fwd = (torch.compile(model), torch.compile(old)) if variant == "compile" else (model, old)
-    x = torch.rand(batch, 3, 32, 32, device=dev)
+    x = torch.rand(batch, 3, side, side, device=dev)
     if amp:
         x = x.to(memory_format=torch.channels_last)
     y = torch.randint(0, VALID_CLASSES, (batch,), device=dev)
@@ -131,12 +144,15 @@ def main():
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--compile", action="store_true", help="also time torch.compile (slow to compile)")
+    p.add_argument("--recipe", default="cifar", choices=["cifar", "finegrained"],
+                   help="finegrained: torchvision ResNet-50 (frozen BN) on 224x224 crops")
     a = p.parse_args()
     variants = ["eager", "amp"] + (["compile"] if a.compile else [])
     torch.backends.cudnn.benchmark = True
-    print(f"# PyTorch CVS train step: ResNet-18 width {a.width}, 32x32x3, {a.steps} timed steps\n"
+    net = f"ResNet-18 width {a.width}, 32x32x3" if a.recipe == "cifar" else "ResNet-50 (frozen BN), 224x224x3"
+    print(f"# PyTorch CVS train step: {net}, {a.steps} timed steps\n"
           f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, python {platform.python_version()}\n")
-    rows = [bench(v, int(b), a.steps, a.width) for b in a.batches.split(",") for v in variants]
+    rows = [bench(v, int(b), a.steps, a.width, a.recipe) for b in a.batches.split(",") for v in variants]
     print("| batch | variant | steps/s | images/s | ms/step | first step s |\n|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['batch']} | {r['variant']} | {r['steps_per_s']:.1f} | {r['images_per_s']:,.0f} | "

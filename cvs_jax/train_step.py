@@ -15,7 +15,6 @@ from typing import Any, Mapping
 
 import flax
 import jax
-import jax.numpy as jnp
 import optax
 
 from cvs_jax import augment

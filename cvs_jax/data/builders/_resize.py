@@ -75,3 +75,18 @@ def decode_to_square(data: bytes, size: int) -> np.ndarray:
   with Image.open(io.BytesIO(data)) as img:
     img.load()
     return to_square_uint8(img, size)
+
+
+def stored_features():
+  """The features of every fine-grained builder: a STORED_SIZE square uint8 image (raw bytes, read
+  back by `sources._read_local_split`'s fast path), a class label (names set by the builder) and
+  the record's position `id`."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  size = stored_size()
+  return tfds.features.FeaturesDict({
+      'image': tfds.features.Tensor(shape=(size, size, 3), dtype=np.uint8,
+                                    encoding=tfds.features.Encoding.BYTES),
+      'label': tfds.features.ClassLabel(),
+      'id': tfds.features.Scalar(dtype=np.int64),
+  })

@@ -199,17 +199,10 @@ class TfdsDerivedBuilder(LocalBuilder, skip_registration=True):
     return cls._source_info(cls.describe(manual_dir), _resize.stored_size())
 
   def _info(self) -> tfds.core.DatasetInfo:
-    size = _resize.stored_size()
     return tfds.core.DatasetInfo(
         builder=self,
         description=self.DESCRIPTION,
-        features=tfds.features.FeaturesDict({
-            'image': tfds.features.Tensor(
-                shape=(size, size, 3), dtype=np.uint8,
-                encoding=tfds.features.Encoding.BYTES),
-            'label': tfds.features.ClassLabel(),  # Names set from the source.
-            'id': tfds.features.Scalar(dtype=np.int64),
-        }),
+        features=_resize.stored_features(),  # label names set at preparation
         supervised_keys=('image', 'label'),
         disable_shuffling=True,
         homepage=self.HOMEPAGE,

@@ -221,20 +221,13 @@ class ProductM(LocalBuilder):
                       description=images.description)
 
   def _info(self) -> tfds.core.DatasetInfo:
-    size = _resize.stored_size()
     return tfds.core.DatasetInfo(
         builder=self,
         description=(
             'Product-M (CVS, CVPR 2022): Product-10K training classes with >='
             ' 20 images, split per class (seeded) into 80% train / 20% test;'
             ' 256x256 images; records ordered by (label, file name).'),
-        features=tfds.features.FeaturesDict({
-            'image': tfds.features.Tensor(
-                shape=(size, size, 3), dtype=np.uint8,
-                encoding=tfds.features.Encoding.BYTES),
-            'label': tfds.features.ClassLabel(),  # Names set from the csv.
-            'id': tfds.features.Scalar(dtype=np.int64),
-        }),
+        features=_resize.stored_features(),  # label names set at preparation
         supervised_keys=('image', 'label'),
         disable_shuffling=True,
         homepage='https://products-10k.github.io/',
