@@ -4,5 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # two workers, one test file each at a time (module fixtures stay in one process): XLA compiles are
-# single-threaded, so the suite takes ~2/3 of the serial time on a 2-core machine.
+# single-threaded, so two workers use both cores (fresh clone, empty XLA cache, 2 cores: 9m43s
+# including the install, against 13m43s with one process).
 exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${CVS_JAX_TEST_WORKERS:-2}" --dist loadfile tests "$@"
