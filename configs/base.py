@@ -29,6 +29,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.old_class_percent = 10.0
     c.data.samples_per_new_class = config_dict.placeholder(int)
     c.data.blurry_minor_percent = 10.0
+    c.data.general_shares = "uniform"  # "proportional": general-setup counts scale with class size (long-tailed data)
     c.data.val_fraction = 0.1
     c.data.val_per_class = config_dict.placeholder(int)  # Product-M: 2 val queries per class (val_fraction=0)
     c.data.shuffle_classes = True

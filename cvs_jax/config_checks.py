@@ -46,6 +46,9 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
                           "fine-grained recipe).")
     if config.augment.policy not in augment.POLICIES:
         raise ConfigError(f"augment.policy={config.augment.policy!r} is unknown; choose one of {list(augment.POLICIES)}.")
+    if d.general_shares not in splits.GENERAL_SHARES:
+        raise ConfigError(f"data.general_shares={d.general_shares!r} is unknown; choose one of "
+                          f"{list(splits.GENERAL_SHARES)}.")
     if d.val_per_class is not None and d.val_fraction != 0:
         raise ConfigError(f"data.val_fraction={d.val_fraction} and data.val_per_class={d.val_per_class} are both "
                           "set; choose one (--config.data.val_fraction=0 to use val_per_class).")

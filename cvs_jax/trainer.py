@@ -64,7 +64,7 @@ class Protocol:
             old_class_percent=d.old_class_percent, samples_per_new_class=d.samples_per_new_class,
             blurry_minor_percent=d.blurry_minor_percent, val_fraction=d.val_fraction,
             num_classes=dataset.num_classes, shuffle_classes=d.shuffle_classes, seed=config.seed,
-            val_per_class=d.val_per_class)
+            val_per_class=d.val_per_class, general_shares=d.general_shares)
         return cls(dataset, plan, plan.to_protocol_labels(dataset.train.labels),
                    plan.to_protocol_labels(dataset.test.labels))
 

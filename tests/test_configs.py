@@ -67,7 +67,7 @@ def _plan(c, train_labels):
                              samples_per_new_class=d.samples_per_new_class,
                              blurry_minor_percent=d.blurry_minor_percent, val_fraction=d.val_fraction,
                              num_classes=int(train_labels.max()) + 1, shuffle_classes=d.shuffle_classes,
-                             seed=c.seed, val_per_class=d.val_per_class)
+                             seed=c.seed, val_per_class=d.val_per_class, general_shares=d.general_shares)
 
 
 def _check_general(c, plan, labels):
@@ -82,12 +82,18 @@ def _check_general(c, plan, labels):
         new = set(sess.new_classes.tolist())
         assert len(new) == (d.first_classes if t == 0 else d.classes_per_session)
         assert set(np.unique(pl[pool])) >= new
-        if t > 0:  # each old class contributes floor(N_new * M / (1 - M) / n_old) images (spec §2.3)
+        if t > 0:
             n_new = int(np.isin(pl[pool], list(new)).sum())
             old = np.arange(d.first_classes + (t - 1) * d.classes_per_session)
             m = d.old_class_percent / 100
-            per_old = int(np.floor(n_new * m / (1 - m) / old.size + 1e-9))
-            np.testing.assert_array_equal(np.bincount(pl[pool], minlength=pl.max() + 1)[old], per_old)
+            got = np.bincount(pl[pool], minlength=pl.max() + 1)[old]
+            if d.general_shares == "uniform":  # each old class: floor(N_new * M / (1 - M) / n_old) (spec §2.3)
+                np.testing.assert_array_equal(got, int(np.floor(n_new * m / (1 - m) / old.size + 1e-9)))
+            else:  # M of the pool, spread over the old classes in proportion to their sizes
+                total = int(np.floor(n_new * m / (1 - m) + 1e-9))
+                assert got.sum() == total
+                sizes = np.bincount(pl, minlength=pl.max() + 1)[old]
+                assert np.abs(got - total * sizes / sizes.sum()).max() < 1.0
         if d.val_per_class is None:
             assert abs(len(sess.val) / len(pool) - d.val_fraction) < 0.01
         else:
@@ -116,3 +122,21 @@ def test_productm_split_statistics():
     labels = rng.permutation(np.repeat(np.arange(2743), counts))
     c = load("productm_general")
     _check_general(c, _plan(c, labels), labels)
+
+
+def test_productm_proportional_split_uses_most_images():
+    """Long-tailed Product-M: the proportional rule uses most images; the uniform rule would not."""
+    rng = np.random.default_rng(2)
+    counts = rng.integers(16, 81, size=2743)
+    labels = rng.permutation(np.repeat(np.arange(2743), counts))
+    c = load("productm_general")
+    plan = _plan(c, labels)
+    every = np.concatenate([np.concatenate([x.train, x.val]) for x in plan.sessions])
+    assert np.unique(every).size == every.size  # no image in two sessions
+    again = _plan(c, labels)
+    assert all(np.array_equal(a.train, b.train) and np.array_equal(a.val, b.val)
+               for a, b in zip(plan.sessions, again.sessions))
+    used = every.size / labels.size
+    c.data.general_shares = "uniform"
+    used_uniform = sum(len(x.train) + len(x.val) for x in _plan(c, labels).sessions) / labels.size
+    assert used > 0.8 and used_uniform < 0.4, (used, used_uniform)

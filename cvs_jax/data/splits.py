@@ -10,7 +10,11 @@ labels ``0..S-1`` and session t >= 1 owns the next C labels, as in the official 
   the minor share per session is ``blurry_minor_percent`` (Rainbow-Memory / CVS blurry-M).
 * **general (S, C, M, L)**: session 0 is S classes x ``samples_per_new_class``; session t >= 1 is
   C new classes x ``samples_per_new_class`` plus M% old-class data spread evenly over all classes
-  seen before, drawn from images no earlier session used.
+  seen before, drawn from images no earlier session used.  ``general_shares="proportional"``
+  (long-tailed data, Product-M) scales both with each class's size instead: class c brings
+  ``floor(a * n_c)`` images when new, and each session's M% old-class images are spread over the old
+  classes in proportion to n_c; ``a`` is the largest value for which every class has enough images,
+  so nearly all images are used instead of what the smallest class allows every class.
 
 Every session pool is then split into train / val, stratified by label (scikit-learn's
 ``train_test_split`` arithmetic). No image belongs to two sessions; val images are never trained on.
@@ -26,6 +30,7 @@ from fractions import Fraction
 import numpy as np
 
 SETUPS = ("disjoint", "blurry", "general")
+GENERAL_SHARES = ("uniform", "proportional")
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -143,6 +148,37 @@ def _per_class_split(pool: np.ndarray, plabels: np.ndarray, per_class: int,
     return np.sort(pool[perm[~is_val]]), np.sort(pool[perm[is_val]])
 
 
+def _proportional_general(counts: np.ndarray, intro: np.ndarray, L: int, m: Fraction,
+                          ties: np.random.SeedSequence) -> tuple[np.ndarray, np.ndarray]:
+    """``(spc [K], share [L, K])`` of the proportional general rule (module docstring).
+
+    For a trial ``a``: spc_c = max(1, floor(a n_c)); session u's old images
+    O_u = floor(sum of its new classes' spc * M / (1 - M)) are split over the classes introduced
+    before u in proportion to n_c (largest remainder, ties random).  The largest ``a`` (on a grid of
+    1/1000) for which every class has spc_c + its later shares <= n_c is used.
+    """
+    n = counts.astype(np.int64)
+    ratio = m / (1 - m)
+
+    def trial(a: Fraction):
+        spc = np.maximum(1, (n * a.numerator) // a.denominator)
+        share = np.zeros((L, n.size), np.int64)
+        for u in range(1, L):
+            old = np.flatnonzero(intro < u)
+            total = math.floor(int(spc[intro == u].sum()) * ratio)
+            tie_rng = np.random.default_rng(np.random.SeedSequence(ties.entropy, spawn_key=ties.spawn_key + (u,)))
+            share[u, old] = _largest_remainder(total, n[old], tie_rng)  # same tie-breaks in every trial
+        need = spc + share.sum(0)
+        return spc, share, bool(np.all(need <= n))
+
+    for k in range(1000, 0, -1):
+        spc, share, ok = trial(Fraction(k, 1000))
+        if ok:
+            return spc, share
+    raise ValueError(f"old_class_percent={float(m * 100)} leaves no room for new-class images with these "
+                     "class sizes; lower old_class_percent")
+
+
 def _general_shares(first: int, per: int, L: int, spc: int, m: Fraction) -> list[int]:
     """Per-old-class image count for each session (index 0 unused): floor(N_new*M/(1-M)/n_old)."""
     shares = [0]
@@ -157,7 +193,8 @@ def make_session_plan(train_labels: np.ndarray, *, setup: str, num_sessions: int
                       old_class_percent: float = 0.0, samples_per_new_class: int | None = None,
                       blurry_minor_percent: float = 10.0, val_fraction: float = 0.1,
                       num_classes: int | None = None, shuffle_classes: bool = True,
-                      seed: int = 0, val_per_class: int | None = None) -> SessionPlan:
+                      seed: int = 0, val_per_class: int | None = None,
+                      general_shares: str = "uniform") -> SessionPlan:
     """Cut the train split into ``num_sessions`` sessions (see module docstring).
 
     ``num_classes``, if given, is the size of the dataset's label space: labels must lie in
@@ -181,6 +218,10 @@ def make_session_plan(train_labels: np.ndarray, *, setup: str, num_sessions: int
         raise ValueError(f"old_class_percent={old_class_percent} must lie in [0, 100)")
     if not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction={val_fraction} must lie in [0, 1)")
+    if general_shares not in GENERAL_SHARES:
+        raise ValueError(f"general_shares={general_shares!r} is unknown; use one of {GENERAL_SHARES}")
+    if general_shares == "proportional" and samples_per_new_class is not None:
+        raise ValueError("general_shares='proportional' sizes every class itself; pass samples_per_new_class=None")
     if val_per_class is not None and (val_per_class < 1 or val_fraction != 0):
         raise ValueError(f"val_per_class={val_per_class} needs val_fraction=0 (got {val_fraction}) and must be >= 1")
     if samples_per_new_class is not None and samples_per_new_class < 1:
@@ -210,7 +251,8 @@ def make_session_plan(train_labels: np.ndarray, *, setup: str, num_sessions: int
                          f"exceeds the {present.size} classes present; lower num_sessions, first_classes "
                          f"or classes_per_session")
 
-    ss_order, ss_sample, ss_val = np.random.SeedSequence(seed).spawn(3)
+    # (a fourth child leaves the first three, and so every earlier split, unchanged)
+    ss_order, ss_sample, ss_val, ss_ties = np.random.SeedSequence(seed).spawn(4)
     order = np.random.default_rng(ss_order).permutation(present) if shuffle_classes else present
     class_order = _frozen(order[:needed])
 
@@ -256,7 +298,17 @@ def make_session_plan(train_labels: np.ndarray, *, setup: str, num_sessions: int
                 if u != intro[p]:
                     pools[u].append(g[pos:pos + k])
                     pos += k
-    else:  # general
+    elif general_shares == "proportional":
+        m = _exact(old_class_percent) / 100
+        spc_c, share = _proportional_general(counts, intro, L, m, ss_ties)
+        for p in range(needed):
+            g = groups[p]
+            pools[intro[p]].append(g[:spc_c[p]])
+            pos = int(spc_c[p])
+            for u in range(intro[p] + 1, L):
+                pools[u].append(g[pos:pos + share[u, p]])
+                pos += int(share[u, p])
+    else:  # general, uniform
         m = _exact(old_class_percent) / 100
 
         def need(spc: int) -> np.ndarray:
