@@ -61,46 +61,48 @@ def time_fn(fn: Callable[[], object], *, repeats: int = 3, min_time: float = 0.0
     return best
 
 
+def _matmul_rate(n: int, dtype, precision, repeats: int) -> float:
+    """FLOP/s of an ``n^3`` matmul on random data (never zeros: they can run faster than real data)."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
+    mm = jax.jit(lambda x, y: jnp.dot(x, y, precision=precision))
+    return 2 * n ** 3 / time_fn(lambda: mm(a, b), repeats=repeats)
+
+
+def _copy_bandwidth(copy_mb: int, repeats: int) -> float:
+    """Bytes/s of an elementwise pass that reads and writes every byte once."""
+    import jax
+    import jax.numpy as jnp
+
+    m = copy_mb * (1 << 20) // 4
+    x = jax.random.normal(jax.random.key(2), (m,), jnp.float32)
+    cp = jax.jit(lambda v: v * 1.0000001)
+    return 2 * m * 4 / time_fn(lambda: cp(x), repeats=repeats)
+
+
 def measure_cpu_peaks(n: int = 1024, copy_mb: int = 256) -> Peaks:
     """Measured f32 matmul FLOP/s and copy bandwidth of the default JAX device."""
     import jax
     import jax.numpy as jnp
 
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    mm = jax.jit(lambda x: x @ x)
-    t = time_fn(lambda: mm(a), repeats=5)
-    flops = 2 * n ** 3 / t
-    m = copy_mb * (1 << 20) // 4
-    x = jnp.ones((m,), jnp.float32)
-    cp = jax.jit(lambda v: v * 1.0000001)  # read + write every byte once
-    tc = time_fn(lambda: cp(x), repeats=5)
-    bw = 2 * m * 4 / tc
-    return Peaks(f"{jax.devices()[0].device_kind} ({os.cpu_count()} cores)", flops, flops, flops, bw,
-                 f"measured: {n}^3 f32 matmul, {copy_mb} MiB read+write")
+    flops = _matmul_rate(n, jnp.float32, jax.lax.Precision.HIGHEST, repeats=5)
+    return Peaks(f"{jax.devices()[0].device_kind} ({os.cpu_count()} cores)", flops, flops, flops,
+                 _copy_bandwidth(copy_mb, repeats=5), f"measured: {n}^3 f32 matmul, {copy_mb} MiB read+write")
 
 
 def measure_gpu_peaks(n: int = 8192, copy_mb: int = 4096) -> Peaks:
-    """Measured ceilings of the default GPU: f32 (HIGHEST), TF32 (DEFAULT) and bf16 matmuls on
-    random data, and a large copy counting bytes read plus bytes written (METHOD: measure, don't trust
-    the datasheet)."""
+    """Measured ceilings of the default GPU: f32 (HIGHEST), TF32 (DEFAULT) and bf16 matmuls, and a
+    large copy counting bytes read plus bytes written (METHOD: measure, don't trust the datasheet)."""
     import jax
     import jax.numpy as jnp
 
-    def rate(dtype, precision):
-        a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
-        b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
-        mm = jax.jit(lambda x, y: jnp.dot(x, y, precision=precision))
-        return 2 * n ** 3 / time_fn(lambda: mm(a, b), repeats=10)
-
-    hi = jax.lax.Precision.HIGHEST
-    f32, tf32 = rate(jnp.float32, hi), rate(jnp.float32, jax.lax.Precision.DEFAULT)
-    bf16 = rate(jnp.bfloat16, jax.lax.Precision.DEFAULT)
-    m = copy_mb * (1 << 20) // 4
-    x = jax.random.normal(jax.random.key(2), (m,), jnp.float32)
-    cp = jax.jit(lambda v: v * 1.0000001)
-    bw = 2 * m * 4 / time_fn(lambda: cp(x), repeats=10)
-    return Peaks(jax.devices()[0].device_kind, f32, tf32, bf16, bw,
-                 f"measured: {n}^3 matmuls on random data, {copy_mb} MiB read+write")
+    hi, default = jax.lax.Precision.HIGHEST, jax.lax.Precision.DEFAULT
+    return Peaks(jax.devices()[0].device_kind, _matmul_rate(n, jnp.float32, hi, 10),
+                 _matmul_rate(n, jnp.float32, default, 10), _matmul_rate(n, jnp.bfloat16, default, 10),
+                 _copy_bandwidth(copy_mb, 10), f"measured: {n}^3 matmuls on random data, {copy_mb} MiB read+write")
 
 
 def datasheet_peaks() -> Peaks | None:

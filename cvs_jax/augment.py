@@ -51,13 +51,18 @@ def preprocess_train(key, images_u8, *, mean, std, padding: int, flip: bool, pol
     """Crop + flip, then the AutoAugment/RandAugment policy on uint8, then normalise (spec §1.6)."""
     crop_key, policy_key = jax.random.split(key)
     images = random_crop_flip(crop_key, images_u8, padding, flip)  # on uint8: zero padding = black, as torchvision
+    return normalize(apply_policy(policy_key, images, policy), mean, std)
+
+
+def apply_policy(key, images_u8, policy: str):
+    """The AutoAugment CIFAR-10 policy, RandAugment, or nothing, on uint8 images."""
     if policy == "cifar10":
-        images = autoaugment.cifar10_policy(policy_key, images)
-    elif policy == "randaugment":
-        images = autoaugment.rand_augment(policy_key, images)
-    elif policy != "none":
+        return autoaugment.cifar10_policy(key, images_u8)
+    if policy == "randaugment":
+        return autoaugment.rand_augment(key, images_u8)
+    if policy != "none":
         raise ValueError(f"augment.policy={policy!r} is unknown; choose one of {POLICIES}.")
-    return normalize(images, mean, std)
+    return images_u8
 
 
 def preprocess_eval(images_u8, *, mean, std):
@@ -160,10 +165,7 @@ class Pipeline:
         if self.crop == "resized":
             crop_key, policy_key = jax.random.split(key)
             images = random_resized_crop_flip(crop_key, images_u8, self.size, flip=self.flip)
-            if self.policy != "none":
-                images = {"cifar10": autoaugment.cifar10_policy,
-                          "randaugment": autoaugment.rand_augment}[self.policy](policy_key, images)
-            return normalize(images, self.mean, self.std)
+            return normalize(apply_policy(policy_key, images, self.policy), self.mean, self.std)
         raise ValueError(f"augment.crop={self.crop!r} is unknown; choose one of {CROPS}.")
 
     def eval(self, images_u8):

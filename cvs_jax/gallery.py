@@ -9,6 +9,7 @@ rows (it re-embeds everything with the current model).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -69,15 +70,15 @@ class Gallery:
     def embeddings(self) -> "RowConcat":
         return RowConcat([p.embeddings for p in self.parts], width=self.embed_dim)
 
-    @property
+    @functools.cached_property  # the gallery never changes: built once, read every validation
     def labels(self) -> np.ndarray:
         return self._column("labels", np.int32)
 
-    @property
+    @functools.cached_property  # the gallery never changes: built once, read every validation
     def source_ids(self) -> np.ndarray:
         return self._column("source_ids", np.int64)
 
-    @property
+    @functools.cached_property  # the gallery never changes: built once, read every validation
     def sessions(self) -> np.ndarray:
         cols = [np.full(len(p), p.session, np.int32) for p in self.parts]
         return np.concatenate(cols) if cols else np.zeros((0,), np.int32)

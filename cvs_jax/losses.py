@@ -214,22 +214,23 @@ def class_centers(
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(f"gallery labels must lie in [0, {num_classes})")
     d = gallery_embeddings.shape[1]
-    if per_session_mean and gallery_sessions is None:
-        raise ValueError("per_session_mean=True needs gallery_sessions")
-    sessions = (np.zeros((n,), np.int64) if not per_session_mean
-                else np.asarray(gallery_sessions).reshape(-1).astype(np.int64))
-    if sessions.shape[0] != n:
-        raise ValueError("gallery_sessions must have one entry per gallery row")
+    if per_session_mean:
+        if gallery_sessions is None:
+            raise ValueError("per_session_mean=True needs gallery_sessions")
+        sessions = np.asarray(gallery_sessions).reshape(-1)
+        if sessions.shape[0] != n:
+            raise ValueError("gallery_sessions must have one entry per gallery row")
+        uniq, sess_idx = np.unique(sessions, return_inverse=True)
+        groups = uniq.size
+    else:
+        groups, sess_idx = 1, np.zeros((n,), np.int64)  # one pool (also when empty)
     # Per-(session, class) sums of the normalised rows, read in row blocks: a large gallery (or a
     # RowConcat over its per-session parts) is never copied whole, let alone in float64.
-    uniq, sess_idx = np.unique(sessions, return_inverse=True)
-    if not per_session_mean:
-        uniq, sess_idx = np.zeros((1,), np.int64), np.zeros((n,), np.int64)  # one pool (also when empty)
-    sums = np.zeros((uniq.size, num_classes, d), np.float64)
+    sums = np.zeros((groups, num_classes, d), np.float64)
     for start in range(0, n, _CENTER_BLOCK):
         block = _np_l2_normalize(np.asarray(gallery_embeddings[start:start + _CENTER_BLOCK], np.float64))
         np.add.at(sums, (sess_idx[start:start + _CENTER_BLOCK], labels[start:start + _CENTER_BLOCK]), block)
-    counts = np.zeros((uniq.size, num_classes), np.float64)
+    counts = np.zeros((groups, num_classes), np.float64)
     np.add.at(counts, (sess_idx, labels), 1.0)
     if not per_session_mean:
         centers, mask = sums[0] / np.maximum(counts[0], 1.0)[:, None], counts[0] > 0

@@ -351,11 +351,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         val_idx = plan.val_queries(s)
         test_idx = plan.test_queries(s, proto.test_labels)
 
+        g_lab = np.concatenate([stored.labels, proto.train_labels[gal_idx]])  # fixed for the session
+        val_images, val_labels = images[val_idx], proto.train_labels[val_idx]
+
         def search(vars_, query_images, query_labels):
             # stored rows + the session's rows by the current model, streamed without a joint copy
             g_emb = RowConcat([p.embeddings for p in stored.parts] + [embed(vars_, images[gal_idx])])
             faults.maybe_fail("validation")
-            g_lab = np.concatenate([stored.labels, proto.train_labels[gal_idx]])
             return evaluate.recall_at_k_blocked(embed(vars_, query_images), query_labels, g_emb, g_lab, ks,
                                                 mesh=mesh)
 
@@ -404,7 +406,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             sums = {}
             train_time = time.time() - t_epoch
             cur = {"params": state.params, "batch_stats": state.batch_stats}
-            val_r1 = search(cur, images[val_idx], proto.train_labels[val_idx])[1]
+            val_r1 = search(cur, val_images, val_labels)[1]
             if val_r1 > best["r1"]:  # strict improvement, as the official code
                 best = {"r1": val_r1, "epoch": epoch, "variables": cur}
             done = (step - steps_at_start) / max(total_steps - steps_at_start, 1)

@@ -7,11 +7,8 @@ configs that share shapes share the persistent XLA cache.
 """
 
 import importlib
-from unittest import mock
-
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
 
 from cvs_jax import trainer
 
@@ -29,20 +26,13 @@ def check_two_sessions(res):
     assert res["per_session"][1]["gallery_rows"] > res["per_session"][0]["gallery_rows"]
 
 
-def _mock_getitems(record_keys, generator, serialized=False):
-    # tfds 4.9.10's mock binds `_getitems` without `self` (see tests/test_sources.py)
-    assert not serialized
-    return [generator[key] for key in record_keys]
-
-
 @pytest.mark.parametrize("name", ["cifar100_general", "cifar100_disjoint", "cifar100_blurry"])
 def test_cifar100_smoke(name, tmp_path):
     """TFDS ``cifar100`` through ``tfds.testing.mock_data`` (random 32x32 images, random labels)."""
-    from tensorflow_datasets.testing import mocking
+    from tests.tiny_data import mock_tfds
 
     c = smoke_config(name, tmp_path)
-    with mock.patch.object(mocking, "_getitems", _mock_getitems), \
-            tfds.testing.mock_data(num_examples=2000, policy=tfds.testing.MockPolicy.USE_CODE):
+    with mock_tfds(num_examples=2000):
         res = trainer.run(c, str(tmp_path / "run"))
     check_two_sessions(res)
 

@@ -368,21 +368,10 @@ def test_missing_standard_dataset_error(tmp_path):
 # Standard TFDS datasets.
 
 
-def _mock_getitems(record_keys, generator, serialized=False):
-  # tfds 4.9.10's mock binds `_getitems` without `self` to the mocked
-  # ArrayRecordDataSource.__getitems__ (a non-magic attribute of a MagicMock),
-  # so batched reads fail with "missing argument 'record_keys'". Same result,
-  # without `self`.
-  assert not serialized
-  return [generator[key] for key in record_keys]
-
-
 def test_standard_tfds_dataset_through_mock_data():
-  from tensorflow_datasets.testing import mocking  # pylint: disable=g-import-not-at-top
+  from tests.tiny_data import mock_tfds  # pylint: disable=g-import-not-at-top
 
-  with mock.patch.object(mocking, '_getitems', _mock_getitems), \
-      tfds.testing.mock_data(num_examples=9,
-                             policy=tfds.testing.MockPolicy.USE_CODE):
+  with mock_tfds(num_examples=9):
     ds = sources.load_dataset('fashion_mnist', data_dir='/nonexistent')
   assert ds.name == 'fashion_mnist'
   assert ds.train.images.shape == (9, 28, 28, 1)

@@ -7,9 +7,11 @@ a random shift, so retrieval recall is well above chance after a few steps.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import struct
+from unittest import mock
 
 import numpy as np
 
@@ -193,3 +195,23 @@ def write_fake_tfds_source(data_dir, name: str, num_classes: int, train_per_clas
     FakeSource.name = name
     FakeSource(data_dir=data_dir, file_format="array_record").download_and_prepare()
     return data_dir
+
+
+def _mock_getitems(record_keys, generator, serialized=False):
+    # tfds 4.9.10's mock binds `_getitems` without `self` to the mocked
+    # ArrayRecordDataSource.__getitems__ (a non-magic attribute of a MagicMock),
+    # so batched reads fail with "missing argument 'record_keys'". Same result,
+    # without `self`.
+    assert not serialized
+    return [generator[key] for key in record_keys]
+
+
+@contextlib.contextmanager
+def mock_tfds(num_examples: int):
+    """`tfds.testing.mock_data` (random records from a dataset's features) with batched reads fixed."""
+    import tensorflow_datasets as tfds
+    from tensorflow_datasets.testing import mocking
+
+    with mock.patch.object(mocking, "_getitems", _mock_getitems), \
+            tfds.testing.mock_data(num_examples=num_examples, policy=tfds.testing.MockPolicy.USE_CODE):
+        yield

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import zipfile
 from typing import Any, ClassVar
 
 import tensorflow_datasets as tfds
@@ -51,6 +53,40 @@ def sha256_lines(lines) -> str:
     h.update(str(line).encode('utf-8'))
     h.update(b'\n')
   return h.hexdigest()
+
+
+class ZipOrFolder:
+  """Source files read either from a zip archive (opened once, on first use) or from a folder.
+
+  Subclasses set `is_zip`, `archive` (the zip's path) and implement `_member(name)` (the name
+  inside the zip) and `_file(name)` (the path in the folder).
+  """
+
+  is_zip: bool
+  archive: str
+  _zip: zipfile.ZipFile | None = None
+
+  def _member(self, name: str) -> str:
+    raise NotImplementedError
+
+  def _file(self, name: str) -> str:
+    raise NotImplementedError
+
+  def _zipfile(self) -> zipfile.ZipFile:
+    if self._zip is None:
+      self._zip = zipfile.ZipFile(self.archive)
+    return self._zip
+
+  def read(self, name: str) -> bytes:
+    if self.is_zip:
+      return self._zipfile().read(self._member(name))
+    with open(self._file(name), 'rb') as f:
+      return f.read()
+
+  def close(self):
+    if self._zip is not None:
+      self._zip.close()
+      self._zip = None
 
 
 class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):

@@ -39,7 +39,6 @@ import dataclasses
 import hashlib
 import io
 import os
-import zipfile
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -49,6 +48,7 @@ from cvs_jax.data.builders import _resize
 from cvs_jax.data.builders._common import DatasetNotFoundError
 from cvs_jax.data.builders._common import LocalBuilder
 from cvs_jax.data.builders._common import SourceInfo
+from cvs_jax.data.builders._common import ZipOrFolder
 
 # Read at preparation time (tests patch them).
 MIN_IMAGES_PER_CLASS = 20
@@ -64,14 +64,13 @@ LAYOUT_HINT = (
 )
 
 
-class ImageFiles:
+class ImageFiles(ZipOrFolder):
   """The training images: a `train/` folder or `train.zip`, by file name."""
 
   def __init__(self, manual_dir: str):
     self.folder = os.path.join(manual_dir, 'train')
-    self.zip_path = os.path.join(manual_dir, 'train.zip')
+    self.zip_path = self.archive = os.path.join(manual_dir, 'train.zip')
     self.is_zip = not os.path.isdir(self.folder)
-    self._zip: zipfile.ZipFile | None = None
     if not self.is_zip:
       self.members = {n: n for n in os.listdir(self.folder)}
     elif os.path.isfile(self.zip_path):
@@ -90,21 +89,11 @@ class ImageFiles:
   def description(self) -> str:
     return self.zip_path if self.is_zip else self.folder
 
-  def _zipfile(self) -> zipfile.ZipFile:
-    if self._zip is None:
-      self._zip = zipfile.ZipFile(self.zip_path)
-    return self._zip
+  def _member(self, name: str) -> str:
+    return self.members[name]
 
-  def read(self, name: str) -> bytes:
-    if self.is_zip:
-      return self._zipfile().read(self.members[name])
-    with open(os.path.join(self.folder, name), 'rb') as f:
-      return f.read()
-
-  def close(self):
-    if self._zip is not None:
-      self._zip.close()
-      self._zip = None
+  def _file(self, name: str) -> str:
+    return os.path.join(self.folder, name)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,6 +41,7 @@ from cvs_jax.data.builders._common import DatasetNotFoundError
 from cvs_jax.data.builders._common import LocalBuilder
 from cvs_jax.data.builders._common import SourceInfo
 from cvs_jax.data.builders._common import sha256_lines
+from cvs_jax.data.builders._common import ZipOrFolder
 
 IMAGE_SHAPE = (64, 64, 3)
 NUM_OFFICIAL_CLASSES = 200
@@ -60,14 +61,13 @@ FIX_HINT = (
 )
 
 
-class TinySource:
+class TinySource(ZipOrFolder):
   """Read access to one Tiny-ImageNet copy (zip or folder), names relative to <top>/."""
 
   def __init__(self, path: str, root: str):
-    self.path = path  # Zip file or folder.
+    self.path = self.archive = path  # Zip file or folder.
     self.root = root  # Prefix of <top>/ inside the zip/folder ('' or 'x/').
     self.is_zip = os.path.isfile(path)
-    self._zip: zipfile.ZipFile | None = None
     self._sizes: dict[str, int] | None = None
 
   def __repr__(self):
@@ -75,10 +75,11 @@ class TinySource:
         self.path, self.root)
     return f'TinySource({where})'
 
-  def _zipfile(self) -> zipfile.ZipFile:
-    if self._zip is None:
-      self._zip = zipfile.ZipFile(self.path)
-    return self._zip
+  def _member(self, rel: str) -> str:
+    return self.root + rel
+
+  def _file(self, rel: str) -> str:
+    return os.path.join(self.path, self.root, rel)
 
   def sizes(self) -> dict[str, int]:
     """Relative file name -> size in bytes, for all files under <top>/."""
@@ -98,17 +99,6 @@ class TinySource:
             sizes[rel] = os.path.getsize(os.path.join(dirpath, name))
       self._sizes = sizes
     return self._sizes
-
-  def read(self, rel: str) -> bytes:
-    if self.is_zip:
-      return self._zipfile().read(self.root + rel)
-    with open(os.path.join(self.path, self.root, rel), 'rb') as f:
-      return f.read()
-
-  def close(self):
-    if self._zip is not None:
-      self._zip.close()
-      self._zip = None
 
 
 @dataclasses.dataclass(frozen=True)
