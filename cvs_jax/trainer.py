@@ -95,6 +95,7 @@ class Embedder:
     def __init__(self, model, config, mesh):
         self._fn = make_embed_fn(model, augment.Pipeline.from_config(config))
         self._chunk = config.train.eval_batch_size
+        self._dtype = config.model.dtype
         self._mesh = mesh
         self._lo, self._hi = distributed.process_slice(self._chunk, mesh)  # this process's rows of a chunk
 
@@ -110,7 +111,13 @@ class Embedder:
             out.append(distributed.to_host(emb)[:n])
         if not out:
             return np.zeros((0, self._fn_dim(variables)), np.float32)
-        return np.concatenate(out).astype(np.float32)
+        emb = np.concatenate(out).astype(np.float32)
+        if not np.isfinite(emb).all():  # a finite loss does not guarantee finite eval-mode embeddings
+            raise FloatingPointError(
+                f"{int((~np.isfinite(emb).all(axis=1)).sum())} of {emb.shape[0]} embeddings are NaN/inf "
+                f"(model.dtype={self._dtype}); lower train.lr, or use model.dtype=float32 if the compiler "
+                f"mishandles reduced precision on this backend. Nothing was written to the gallery.")
+        return emb
 
     @staticmethod
     def _fn_dim(variables) -> int:

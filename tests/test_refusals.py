@@ -99,6 +99,23 @@ def test_nan_loss_stops_with_step_and_session(config, tmp_path):
     assert not os.path.exists(os.path.join(wd, "results.json"))
 
 
+
+def test_nan_embeddings_stop_the_run_with_a_clear_message(config, tmp_path, monkeypatch):
+    """Finite losses but NaN eval-mode embeddings (seen with bf16 on jax 0.12's CPU compiler)."""
+    import jax.numpy as jnp
+
+    original = trainer.make_embed_fn
+
+    def one_nan_row(model, pipeline):
+        fn = original(model, pipeline)
+        return lambda params, batch_stats, images: fn(params, batch_stats, images).at[0].set(jnp.nan)
+
+    monkeypatch.setattr(trainer, "make_embed_fn", one_nan_row)
+    wd = str(tmp_path / "wd")
+    with pytest.raises(FloatingPointError, match=r"embeddings are NaN/inf \(model.dtype=float32\)"):
+        trainer.run(config, wd)
+    assert not os.path.exists(os.path.join(wd, "results.json"))
+
 def test_cli_prints_one_line_and_exits_2(manual_dir, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "cvs_jax.main", "--config", "configs/fashion_mnist_general.py",
                            "--workdir", str(tmp_path / "wd"), "--config.method=nope"],

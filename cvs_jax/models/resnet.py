@@ -44,6 +44,19 @@ def _torch_linear_init(fan_in: int):
     return init
 
 
+def global_average_pool(x):
+    """Spatial mean in float32, behind an optimization barrier.
+
+    The barrier keeps XLA from fusing the last residual add into the reduction: jax 0.12's CPU
+    compiler miscompiles that bf16 fusion (conv + conv + add + mean gives NaN/inf, while jax 0.10 on
+    CPU and jax 0.11 on an H100 agree with the unjitted result), which made bf16 embeddings NaN on CPU.  The pool is a few KB per
+    image, so the unfused add costs nothing measurable.  float32 features take the plain path.
+    """
+    if x.dtype != jnp.float32:
+        x = jax.lax.optimization_barrier(x).astype(jnp.float32)
+    return jnp.mean(x, axis=(1, 2))
+
+
 class ConvBNReLU(nn.Module):
     """conv -> BN -> ReLU (the official ``ConvBlock``)."""
 
@@ -109,7 +122,7 @@ class ResNetEmbedding(nn.Module):
                 stride = 2 if (i > 0 and b == 0) else 1
                 x = BasicBlock(self.width * 2**i, stride, self.layout, dtype=self.dtype,
                                frozen_bn=self.frozen_bn)(x, train)
-        x = jnp.mean(x, axis=(1, 2)).astype(jnp.float32)
+        x = global_average_pool(x)
         fan_in = x.shape[-1]
         return nn.Dense(self.embed_dim, kernel_init=_torch_linear_init(fan_in),
                         bias_init=_torch_linear_init(fan_in), name="embedding")(x)
@@ -202,7 +215,7 @@ class TorchvisionResNet(nn.Module):
                 stride = 2 if (i > 0 and b == 0) else 1
                 x = cls(self.width * 2**i, stride, bn_eps=self.bn_eps, frozen_bn=self.frozen_bn,
                         dtype=self.dtype, name=f"layer{i + 1}_{b}")(x, train)
-        x = jnp.mean(x, axis=(1, 2)).astype(jnp.float32)
+        x = global_average_pool(x)
         fan_in = x.shape[-1]
         return nn.Dense(self.embed_dim, kernel_init=_torch_linear_init(fan_in),
                         bias_init=_torch_linear_init(fan_in), name="embedding")(x)
