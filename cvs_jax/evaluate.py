@@ -225,8 +225,8 @@ class ShardedGallery:
         results = [(self.search_chunk(qn.array, k_eff), qn.rows) for qn in _query_chunks(query_emb, chunk, self.mesh)]
         if not results:
             return np.zeros((0, k_eff), np.float32), np.zeros((0, k_eff), np.int32)
-        return (np.concatenate([np.asarray(v)[:rows] for (v, _), rows in results]),
-                np.concatenate([np.asarray(i)[:rows] for (_, i), rows in results]))
+        idx = np.concatenate([np.asarray(i)[:rows] for (_, i), rows in results])
+        return np.concatenate([np.asarray(v)[:rows] for (v, _), rows in results]), _checked(idx, self.n)
 
 
 class _AsFloat32:
@@ -264,6 +264,14 @@ def _query_chunks(query_emb, chunk: int, mesh: Mesh):
         q = query_emb[start:start + chunk]
         qp = _pad_rows(q, chunk) if q.shape[0] < chunk else q
         yield _Chunk(norm(_host_to_mesh(qp, replicated, chunk)), q.shape[0])
+
+
+def _checked(idx: np.ndarray, n: int) -> np.ndarray:
+    """Indices past the gallery: only NaN/inf scores lose to the -inf padding, so say that."""
+    if idx.size and int(idx.max()) >= n:
+        raise FloatingPointError("the query or gallery embeddings contain NaN/inf: no real gallery row scored "
+                                 "for some queries; check the model that embedded them")
+    return idx
 
 
 def _pad_ranks(labels: np.ndarray, k: int) -> np.ndarray:
@@ -372,7 +380,7 @@ def topk_indices_blocked(query_emb, gallery: Any, k: int, *, block_rows: int = 1
             jax.block_until_ready(previous)
     vals = np.concatenate([np.asarray(v)[:qn.rows] for (v, _), qn in zip(running, chunks)])
     idx = np.concatenate([np.asarray(i)[:qn.rows] for (_, i), qn in zip(running, chunks)])
-    return vals, idx
+    return vals, _checked(idx, n)
 
 
 def recall_at_k_blocked(query_emb, query_labels, gallery: Any, gallery_labels,

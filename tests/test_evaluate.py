@@ -183,3 +183,20 @@ def test_row_concat_streams_like_a_concatenation():
     whole = evaluate.recall_at_k(q, ql, np.concatenate([a, b]), labels)
     streamed = evaluate.recall_at_k_blocked(q, ql, view, labels, block_rows=32)
     assert streamed == whole
+
+
+def test_nan_embeddings_are_named_instead_of_returning_padding_rows():
+    rng = np.random.default_rng(3)
+    g = rng.normal(size=(20, 8)).astype(np.float32)
+    q = rng.normal(size=(5, 8)).astype(np.float32)
+    bad_g = g.copy()
+    bad_g[:] = np.nan
+    bad_q = q.copy()
+    bad_q[2] = np.nan
+    for query, gallery in ((q, bad_g), (bad_q, g)):
+        with pytest.raises(FloatingPointError, match="NaN/inf"):
+            evaluate.topk_indices(query, gallery, 4)
+        with pytest.raises(FloatingPointError, match="NaN/inf"):
+            evaluate.recall_at_k_blocked(query, np.zeros(5), gallery, np.zeros(20), ks=(1, 4))
+    _, idx = evaluate.topk_indices(q, g, 4)  # finite inputs: real rows only
+    assert idx.max() < 20
