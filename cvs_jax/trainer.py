@@ -203,8 +203,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     n_dev = jax.device_count()
     config_checks.check(config, num_devices=n_dev)  # before any data loading or compilation
     workdir_lib.prepare(config, workdir)
-    method = get_method(config)
     log = RunLog(workdir)
+    try:
+        return _run_sessions(config, workdir, log)
+    finally:  # also after an error: the TensorBoard file is flushed and no writer thread outlives the run
+        log.close()
+
+
+def _run_sessions(config: ml_collections.ConfigDict, workdir: str, log: RunLog) -> dict[str, Any]:
+    """The body of ``run`` once the config is checked and the workdir prepared."""
+    method = get_method(config)
     ks = tuple(int(k) for k in config.eval.ks)
     mesh = distributed.data_mesh()  # one "data" axis over every device of every process
 
@@ -465,7 +473,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     results["compatibility_recall1"] = [[None if np.isnan(v) else float(v) for v in row] for row in compat]
     session_ckpts.close()
     progress_ckpts.close()
-    log.close()
     if jax.process_index() == 0:
         tmp = os.path.join(workdir, "results.json.tmp")
         with open(tmp, "w") as f:
