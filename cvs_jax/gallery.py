@@ -62,8 +62,8 @@ class Gallery:
     def __len__(self) -> int:
         return sum(len(p) for p in self.parts)
 
-    def _column(self, name: str, dtype) -> np.ndarray:
-        cols = [np.asarray(getattr(p, name), dtype) for p in self.parts]
+    def _column(self, per_part, dtype) -> np.ndarray:
+        cols = [np.asarray(per_part(p), dtype) for p in self.parts]
         return np.concatenate(cols) if cols else np.zeros((0,), dtype)
 
     @property
@@ -72,16 +72,15 @@ class Gallery:
 
     @functools.cached_property  # the gallery never changes: built once, read every validation
     def labels(self) -> np.ndarray:
-        return self._column("labels", np.int32)
+        return self._column(lambda p: p.labels, np.int32)
 
     @functools.cached_property  # the gallery never changes: built once, read every validation
     def source_ids(self) -> np.ndarray:
-        return self._column("source_ids", np.int64)
+        return self._column(lambda p: p.source_ids, np.int64)
 
     @functools.cached_property  # the gallery never changes: built once, read every validation
     def sessions(self) -> np.ndarray:
-        cols = [np.full(len(p), p.session, np.int32) for p in self.parts]
-        return np.concatenate(cols) if cols else np.zeros((0,), np.int32)
+        return self._column(lambda p: np.full(len(p), p.session), np.int32)
 
     def with_part(self, part: GalleryPart) -> "Gallery":
         """This gallery plus one session's rows (or only them, when the part ``replaces``)."""

@@ -92,10 +92,10 @@ class Protocol:
 class Embedder:
     """Embeds uint8 images in fixed-size, device-sharded chunks (one compile per chunk size)."""
 
-    def __init__(self, model, config, mesh):
-        self._fn = make_embed_fn(model, augment.Pipeline.from_config(config))
-        self._chunk = config.train.eval_batch_size
-        self._dtype = config.model.dtype
+    def __init__(self, model, pipeline: augment.Pipeline, chunk: int, dtype: str, mesh):
+        self._fn = make_embed_fn(model, pipeline)
+        self._chunk = chunk
+        self._dtype = dtype
         self._mesh = mesh
         self._lo, self._hi = distributed.process_slice(self._chunk, mesh)  # this process's rows of a chunk
 
@@ -145,9 +145,8 @@ _PROGRESS_STRIDE = 10**9  # progress checkpoint number = session * stride + step
 _RAINBOW_PERTURBATIONS = 8
 
 
-def _make_uncertainty_fn(model, config):
+def _make_uncertainty_fn(model, pipeline: augment.Pipeline, chunk: int):
     """Labels predicted by a model under random train-time perturbations (Rainbow Memory)."""
-    pipeline = augment.Pipeline.from_config(config)
 
     @jax.jit
     def predict(variables, images, key, valid_classes):
@@ -158,7 +157,6 @@ def _make_uncertainty_fn(model, config):
         return jnp.argmax(jnp.where(jnp.arange(logits.shape[1])[None] < valid_classes, logits, -jnp.inf), axis=1)
 
     def uncertainty(variables, images, valid_classes, seed):
-        chunk = config.train.eval_batch_size
         preds = np.zeros((_RAINBOW_PERTURBATIONS, images.shape[0]), np.int64)
         for t in range(_RAINBOW_PERTURBATIONS):
             key = jax.random.fold_in(jax.random.key(seed), t)
@@ -233,13 +231,13 @@ def _run_sessions(config: ml_collections.ConfigDict, workdir: str, log: RunLog) 
                         frozen_bn=config.model.frozen_bn)
     tx = make_optimizer(momentum=config.train.momentum, nesterov=config.train.nesterov,
                         weight_decay=config.train.weight_decay)
+    pipeline = augment.Pipeline.from_config(config)  # train-time augmentation and eval preprocessing
     step_fn = make_train_step(model, tx, method, temperature=config.train.temperature,
-                              loss_weights=dict(config.loss_weights),
-                              pipeline=augment.Pipeline.from_config(config))
-    embed = Embedder(model, config, mesh)
-    fisher_grad_fn = importance.make_batch_grad_fn(model, augment.Pipeline.from_config(config),
-                                                   temperature=config.train.temperature)
-    uncertainty_fn = _make_uncertainty_fn(model, config) if method.memory_policy == "rainbow" else None
+                              loss_weights=dict(config.loss_weights), pipeline=pipeline)
+    embed = Embedder(model, pipeline, config.train.eval_batch_size, config.model.dtype, mesh)
+    fisher_grad_fn = importance.make_batch_grad_fn(model, pipeline, temperature=config.train.temperature)
+    uncertainty_fn = (_make_uncertainty_fn(model, pipeline, config.train.eval_batch_size)
+                      if method.memory_policy == "rainbow" else None)
 
     root = jax.random.key(config.seed)
     init_key, head_key, step_key = jax.random.split(root, 3)
