@@ -22,10 +22,10 @@ if REPO not in sys.path:
 @dataclasses.dataclass(frozen=True)
 class Peaks:
     name: str
-    f32: float   # FLOP/s, full-precision f32 (CUDA cores; what Precision.HIGHEST gets)
+    f32: float  # FLOP/s, full-precision f32 (CUDA cores; what Precision.HIGHEST gets)
     tf32: float  # FLOP/s, TF32 tensor cores (f32 matmul at default precision on NVIDIA)
     bf16: float  # FLOP/s, bf16 tensor cores, dense
-    hbm: float   # bytes/s, device memory bandwidth
+    hbm: float  # bytes/s, device memory bandwidth
     source: str
 
 
@@ -69,7 +69,7 @@ def _matmul_rate(n: int, dtype, precision, repeats: int) -> float:
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
     b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
     mm = jax.jit(lambda x, y: jnp.dot(x, y, precision=precision))
-    return 2 * n ** 3 / time_fn(lambda: mm(a, b), repeats=repeats)
+    return 2 * n**3 / time_fn(lambda: mm(a, b), repeats=repeats)
 
 
 def _copy_bandwidth(copy_mb: int, repeats: int) -> float:
@@ -89,8 +89,14 @@ def measure_cpu_peaks(n: int = 1024, copy_mb: int = 256) -> Peaks:
     import jax.numpy as jnp
 
     flops = _matmul_rate(n, jnp.float32, jax.lax.Precision.HIGHEST, repeats=5)
-    return Peaks(f"{jax.devices()[0].device_kind} ({os.cpu_count()} cores)", flops, flops, flops,
-                 _copy_bandwidth(copy_mb, repeats=5), f"measured: {n}^3 f32 matmul, {copy_mb} MiB read+write")
+    return Peaks(
+        f"{jax.devices()[0].device_kind} ({os.cpu_count()} cores)",
+        flops,
+        flops,
+        flops,
+        _copy_bandwidth(copy_mb, repeats=5),
+        f"measured: {n}^3 f32 matmul, {copy_mb} MiB read+write",
+    )
 
 
 def measure_gpu_peaks(n: int = 8192, copy_mb: int = 4096) -> Peaks:
@@ -100,9 +106,14 @@ def measure_gpu_peaks(n: int = 8192, copy_mb: int = 4096) -> Peaks:
     import jax.numpy as jnp
 
     hi, default = jax.lax.Precision.HIGHEST, jax.lax.Precision.DEFAULT
-    return Peaks(jax.devices()[0].device_kind, _matmul_rate(n, jnp.float32, hi, 10),
-                 _matmul_rate(n, jnp.float32, default, 10), _matmul_rate(n, jnp.bfloat16, default, 10),
-                 _copy_bandwidth(copy_mb, 10), f"measured: {n}^3 matmuls on random data, {copy_mb} MiB read+write")
+    return Peaks(
+        jax.devices()[0].device_kind,
+        _matmul_rate(n, jnp.float32, hi, 10),
+        _matmul_rate(n, jnp.float32, default, 10),
+        _matmul_rate(n, jnp.bfloat16, default, 10),
+        _copy_bandwidth(copy_mb, 10),
+        f"measured: {n}^3 matmuls on random data, {copy_mb} MiB read+write",
+    )
 
 
 def datasheet_peaks() -> Peaks | None:
@@ -117,8 +128,10 @@ def datasheet_peaks() -> Peaks | None:
 
 
 def describe(p: Peaks) -> str:
-    return (f"{p.name} ({p.source}): f32 {p.f32 / 1e12:.1f}, tf32 {p.tf32 / 1e12:.1f}, bf16 {p.bf16 / 1e12:.1f} "
-            f"TFLOP/s, memory {p.hbm / 1e9:,.0f} GB/s")
+    return (
+        f"{p.name} ({p.source}): f32 {p.f32 / 1e12:.1f}, tf32 {p.tf32 / 1e12:.1f}, bf16 {p.bf16 / 1e12:.1f} "
+        f"TFLOP/s, memory {p.hbm / 1e9:,.0f} GB/s"
+    )
 
 
 def device_peaks() -> Peaks:
@@ -134,8 +147,10 @@ def environment() -> str:
     import jax
 
     d = jax.devices()
-    return (f"jax {jax.__version__}, {len(d)} x {d[0].device_kind} ({d[0].platform}), "
-            f"python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} host cores")
+    return (
+        f"jax {jax.__version__}, {len(d)} x {d[0].device_kind} ({d[0].platform}), "
+        f"python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} host cores"
+    )
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

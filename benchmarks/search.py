@@ -55,12 +55,19 @@ def main():
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--chunk", type=int, default=None, help="queries per step (default 1024; 2048 on GPU)")
-    p.add_argument("--gallery_block", type=int, default=None,
-                   help="gallery rows per device per step (default 4096 on CPU, 65536 on GPU)")
+    p.add_argument(
+        "--gallery_block",
+        type=int,
+        default=None,
+        help="gallery rows per device per step (default 4096 on CPU, 65536 on GPU)",
+    )
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--precisions", default="highest",
-                   help="comma-separated matmul precisions: highest (exact f32, the default evaluator), default "
-                        "(TF32 on NVIDIA GPUs); others are compared with the first for top-k agreement")
+    p.add_argument(
+        "--precisions",
+        default="highest",
+        help="comma-separated matmul precisions: highest (exact f32, the default evaluator), default "
+        "(TF32 on NVIDIA GPUs); others are compared with the first for top-k agreement",
+    )
     p.add_argument("--disk", default=None, help="directory for the .npy gallery of the streamed (disk) variant")
     a = p.parse_args()
     on_gpu = jax.devices()[0].platform == "gpu"
@@ -71,9 +78,12 @@ def main():
     peaks = _common.device_peaks()
     sheet = _common.datasheet_peaks()
     precisions = a.precisions.split(",")
-    print(f"# exact cosine top-{a.k} search, D={a.dim}, {nq} queries, chunk {chunk}, gallery_block {gblock}\n"
-          f"# {_common.environment()}\n# floors use {_common.describe(peaks)}"
-          + (f"\n# datasheet: {_common.describe(sheet)}" if sheet else "") + "\n")
+    print(
+        f"# exact cosine top-{a.k} search, D={a.dim}, {nq} queries, chunk {chunk}, gallery_block {gblock}\n"
+        f"# {_common.environment()}\n# floors use {_common.describe(peaks)}"
+        + (f"\n# datasheet: {_common.describe(sheet)}" if sheet else "")
+        + "\n"
+    )
     queries = np.asarray(jax.random.normal(jax.random.key(99), (nq, a.dim), jnp.float32))
     out = []
     for n in rows:
@@ -85,9 +95,17 @@ def main():
         del g
         t = _common.time_fn(lambda: sg.topk(queries, a.k, chunk=chunk), repeats=a.repeats)
         flops = 2.0 * nq * n * a.dim
-        row = {"rows": n, "measured_s": t, "tflops": flops / t / 1e12, "flop_floor_s": flops / peaks.f32,
-               "tf32_floor_s": flops / peaks.tf32, "mem_floor_s": n * a.dim * 4 / peaks.hbm,
-               "score_floor_s": 8.0 * nq * n / peaks.hbm, "place_s": place_s, "qps": nq / t}
+        row = {
+            "rows": n,
+            "measured_s": t,
+            "tflops": flops / t / 1e12,
+            "flop_floor_s": flops / peaks.f32,
+            "tf32_floor_s": flops / peaks.tf32,
+            "mem_floor_s": n * a.dim * 4 / peaks.hbm,
+            "score_floor_s": 8.0 * nq * n / peaks.hbm,
+            "place_s": place_s,
+            "qps": nq / t,
+        }
         ref_idx = sg.topk(queries, a.k, chunk=chunk)[1]
         for name in precisions[1:]:
             sg.precision = _PRECISIONS[name]
@@ -98,21 +116,46 @@ def main():
             path = os.path.join(tempfile.mkdtemp(dir=a.disk), "gallery.npy")
             mm = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n, a.dim))
             for s in range(0, n, 1 << 20):  # write from the device piece by piece
-                mm[s:s + (1 << 20)] = np.asarray(sg.embeddings[s:min(s + (1 << 20), n)])
+                mm[s : s + (1 << 20)] = np.asarray(sg.embeddings[s : min(s + (1 << 20), n)])
             mm.flush()
             del mm
-            row["disk_s"] = _common.time_fn(lambda: evaluate.topk_indices_blocked(
-                queries, path, a.k, chunk=chunk, gallery_block=gblock, block_rows=1 << 21), repeats=1)
+            row["disk_s"] = _common.time_fn(
+                lambda: evaluate.topk_indices_blocked(
+                    queries, path, a.k, chunk=chunk, gallery_block=gblock, block_rows=1 << 21
+                ),
+                repeats=1,
+            )
             os.remove(path)
-        del sg
+        sg = None  # frees the device copy before the next size
         out.append(row)
         print(f"rows {n}: {t:.4f} s", flush=True)
-    headers = ["gallery rows", "measured s", "queries/s", "achieved TFLOP/s", "f32 FLOP floor s",
-               "TF32 FLOP floor s", "memory floor s", "score floor s", "measured / max floor", "placement s"]
-    body = [[r["rows"], r["measured_s"], r["qps"], r["tflops"], r["flop_floor_s"], r["tf32_floor_s"],
-             r["mem_floor_s"], r["score_floor_s"],
-             r["measured_s"] / max(r["flop_floor_s"], r["mem_floor_s"], r["score_floor_s"]), r["place_s"]]
-            for r in out]
+    headers = [
+        "gallery rows",
+        "measured s",
+        "queries/s",
+        "achieved TFLOP/s",
+        "f32 FLOP floor s",
+        "TF32 FLOP floor s",
+        "memory floor s",
+        "score floor s",
+        "measured / max floor",
+        "placement s",
+    ]
+    body = [
+        [
+            r["rows"],
+            r["measured_s"],
+            r["qps"],
+            r["tflops"],
+            r["flop_floor_s"],
+            r["tf32_floor_s"],
+            r["mem_floor_s"],
+            r["score_floor_s"],
+            r["measured_s"] / max(r["flop_floor_s"], r["mem_floor_s"], r["score_floor_s"]),
+            r["place_s"],
+        ]
+        for r in out
+    ]
     for name in precisions[1:]:
         headers += [f"{name} s", f"{name} same top-k"]
         for b, r in zip(body, out):

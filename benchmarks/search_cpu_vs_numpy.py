@@ -22,7 +22,6 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # this benchmark is about the CPU
 
 import _common
-import jax
 import numpy as np
 
 from cvs_jax import evaluate
@@ -33,11 +32,11 @@ def numpy_topk(q: np.ndarray, g: np.ndarray, k: int, chunk: int = 1024):
     gn = g / np.maximum(np.linalg.norm(g, axis=1, keepdims=True), 1e-12)
     out = np.empty((len(q), k), np.int64)
     for s in range(0, len(q), chunk):
-        scores = qn[s:s + chunk] @ gn.T
+        scores = qn[s : s + chunk] @ gn.T
         part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
         vals = np.take_along_axis(scores, part, 1)
         order = np.lexsort((part, -vals), axis=1)  # score desc, then index asc
-        out[s:s + chunk] = np.take_along_axis(part, order, 1)
+        out[s : s + chunk] = np.take_along_axis(part, order, 1)
     return out
 
 
@@ -64,11 +63,14 @@ def main():
     nq = a.queries or (1000 if a.quick else 10000)
     try:
         import faiss  # noqa: F401
+
         have_faiss = True
     except ImportError:
         have_faiss = False
-    print(f"# exact cosine top-{a.k}, D={a.dim}, {nq} queries; faiss {'found' if have_faiss else 'not installed'}\n"
-          f"# {_common.environment()}\n")
+    print(
+        f"# exact cosine top-{a.k}, D={a.dim}, {nq} queries; faiss {'found' if have_faiss else 'not installed'}\n"
+        f"# {_common.environment()}\n"
+    )
     rng = np.random.default_rng(0)
     q = rng.standard_normal((nq, a.dim), dtype=np.float32)
     body = []
@@ -76,8 +78,9 @@ def main():
         g = rng.standard_normal((n, a.dim), dtype=np.float32)
         sg = evaluate.ShardedGallery(g)
         t_jax = _common.time_fn(lambda: sg.topk(q, a.k)[1], repeats=a.repeats)
-        t_full = _common.time_fn(lambda: evaluate.recall_at_k(q, np.zeros(nq), g, np.zeros(n), (1, 2, 4)),
-                                 repeats=a.repeats)
+        t_full = _common.time_fn(
+            lambda: evaluate.recall_at_k(q, np.zeros(nq), g, np.zeros(n), (1, 2, 4)), repeats=a.repeats
+        )
         t_np = _common.time_fn(lambda: numpy_topk(q, g, a.k), repeats=a.repeats)
         got, want = sg.topk(q, a.k)[1], numpy_topk(q, g, a.k)
         agree = float(np.mean(got == want))  # < 1 only where float32 scores tie or differ by an ulp

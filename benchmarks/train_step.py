@@ -34,24 +34,44 @@ NUM_CLASSES, OLD_CLASSES, VALID_CLASSES = 100, 20, 40
 
 
 def build(config, dtype: str, mesh, side: int):
-    model = build_model(config.model.name, width=config.model.width, layout=config.model.layout,
-                        embed_dim=config.model.embed_dim, dtype=dtype,
-                        frozen_bn=config.model.frozen_bn)
-    tx = make_optimizer(momentum=config.train.momentum, nesterov=config.train.nesterov,
-                        weight_decay=config.train.weight_decay)
-    step = make_train_step(model, tx, get_method(config), temperature=config.train.temperature,
-                           loss_weights=dict(config.loss_weights), pipeline=augment.Pipeline.from_config(config))
+    model = build_model(
+        config.model.name,
+        width=config.model.width,
+        layout=config.model.layout,
+        embed_dim=config.model.embed_dim,
+        dtype=dtype,
+        frozen_bn=config.model.frozen_bn,
+    )
+    tx = make_optimizer(
+        momentum=config.train.momentum, nesterov=config.train.nesterov, weight_decay=config.train.weight_decay
+    )
+    step = make_train_step(
+        model,
+        tx,
+        get_method(config),
+        temperature=config.train.temperature,
+        loss_weights=dict(config.loss_weights),
+        pipeline=augment.Pipeline.from_config(config),
+    )
     k_init, k_head, k_c = jax.random.split(jax.random.key(0), 3)
     v = model.init(k_init, jnp.zeros((1, side, side, 3), jnp.float32), train=False)
     params = {"net": v["params"], "head": init_head(k_head, NUM_CLASSES, config.model.embed_dim)}
     variables = {"params": params, "batch_stats": v["batch_stats"]}
     centers = jax.random.normal(k_c, (NUM_CLASSES, config.model.embed_dim))
     centers = centers / jnp.linalg.norm(centers, axis=1, keepdims=True)
-    aux = {"valid_classes": jnp.int32(VALID_CLASSES), "old_classes": jnp.int32(OLD_CLASSES),
-           "centers": centers, "center_mask": jnp.arange(NUM_CLASSES) < OLD_CLASSES}
+    aux = {
+        "valid_classes": jnp.int32(VALID_CLASSES),
+        "old_classes": jnp.int32(OLD_CLASSES),
+        "centers": centers,
+        "center_mask": jnp.arange(NUM_CLASSES) < OLD_CLASSES,
+    }
     state = TrainState(step=jnp.int32(0), params=params, batch_stats=v["batch_stats"], opt_state=tx.init(params))
-    return step, distributed.replicate(state, mesh), distributed.replicate(variables, mesh), \
-        distributed.replicate(aux, mesh)
+    return (
+        step,
+        distributed.replicate(state, mesh),
+        distributed.replicate(variables, mesh),
+        distributed.replicate(aux, mesh),
+    )
 
 
 def bench(config, dtype: str, batch: int, steps: int, mesh, side: int) -> dict:
@@ -74,16 +94,27 @@ def bench(config, dtype: str, batch: int, steps: int, mesh, side: int) -> dict:
     jax.block_until_ready((state, m))
     dt = time.perf_counter() - t0
     assert np.isfinite(float(m["loss"])) and float(m["L_m"]) >= 0 and float(m["L_d"]) >= 0
-    return {"dtype": dtype, "batch": batch, "steps_per_s": steps / dt, "images_per_s": steps * batch / dt,
-            "ms_per_step": 1000 * dt / steps, "compile_s": compile_s, "loss": float(m["loss"])}
+    return {
+        "dtype": dtype,
+        "batch": batch,
+        "steps_per_s": steps / dt,
+        "images_per_s": steps * batch / dt,
+        "ms_per_step": 1000 * dt / steps,
+        "compile_s": compile_s,
+        "loss": float(m["loss"]),
+    }
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny CPU run: width 8, batch 16 and 64, 5 steps")
-    p.add_argument("--recipe", default="cifar", choices=["cifar", "finegrained"],
-                   help="cifar: ResNet-18 CIFAR stem on 32x32 (default); finegrained: the Dogs/iNat/Product "
-                        "recipe, ResNet-50 (frozen BN) on stored 256x256 images, RandomResizedCrop 224 on device")
+    p.add_argument(
+        "--recipe",
+        default="cifar",
+        choices=["cifar", "finegrained"],
+        help="cifar: ResNet-18 CIFAR stem on 32x32 (default); finegrained: the Dogs/iNat/Product "
+        "recipe, ResNet-50 (frozen BN) on stored 256x256 images, RandomResizedCrop 224 on device",
+    )
     p.add_argument("--model", default="resnet18")
     p.add_argument("--width", type=int, default=None, help="base width (default 64; 8 with --quick)")
     p.add_argument("--batches", default=None, help="comma-separated global batch sizes (default 16,256)")
@@ -103,21 +134,34 @@ def main():
     config.model.width = width
     mesh = distributed.data_mesh()
     crop = f", {config.augment.crop} crop {config.augment.size}" if a.recipe == "finegrained" else ""
-    print(f"# CVS train step (current + frozen old model, L_c + L_m + L_d): {config.model.name} width {width}, "
-          f"{side}x{side}x3{crop}, {steps} timed steps\n# {_common.environment()}\n")
+    print(
+        f"# CVS train step (current + frozen old model, L_c + L_m + L_d): {config.model.name} width {width}, "
+        f"{side}x{side}x3{crop}, {steps} timed steps\n# {_common.environment()}\n"
+    )
     rows = [bench(config, dt, b, steps, mesh, side) for b in batches for dt in dtypes]
-    print(_common.table(["batch", "dtype", "steps/s", "images/s", "ms/step", "compile s"],
-                        [[r["batch"], r["dtype"], r["steps_per_s"], r["images_per_s"], r["ms_per_step"],
-                          r["compile_s"]] for r in rows]))
+    print(
+        _common.table(
+            ["batch", "dtype", "steps/s", "images/s", "ms/step", "compile s"],
+            [
+                [r["batch"], r["dtype"], r["steps_per_s"], r["images_per_s"], r["ms_per_step"], r["compile_s"]]
+                for r in rows
+            ],
+        )
+    )
     by = {(r["batch"], r["dtype"]): r for r in rows}
     ratios = []
     if "float32" in dtypes and "bfloat16" in dtypes:
-        ratios += [f"bf16 / f32 images/s at batch {b}: {by[(b, 'bfloat16')]['images_per_s'] / by[(b, 'float32')]['images_per_s']:.2f}x"
-                   for b in batches]
+        ratios += [
+            f"bf16 / f32 images/s at batch {b}: "
+            f"{by[(b, 'bfloat16')]['images_per_s'] / by[(b, 'float32')]['images_per_s']:.2f}x"
+            for b in batches
+        ]
     if len(batches) > 1:
-        ratios += [f"batch {batches[-1]} / batch {batches[0]} images/s ({dt}): "
-                   f"{by[(batches[-1], dt)]['images_per_s'] / by[(batches[0], dt)]['images_per_s']:.2f}x"
-                   for dt in dtypes]
+        ratios += [
+            f"batch {batches[-1]} / batch {batches[0]} images/s ({dt}): "
+            f"{by[(batches[-1], dt)]['images_per_s'] / by[(batches[0], dt)]['images_per_s']:.2f}x"
+            for dt in dtypes
+        ]
     print("\n" + "\n".join(ratios))
 
 

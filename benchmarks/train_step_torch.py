@@ -34,8 +34,9 @@ NUM_CLASSES, OLD_CLASSES, VALID_CLASSES, EMBED = 100, 20, 40, 128
 
 class ConvBlock(nn.Sequential):
     def __init__(self, cin, cout, k, s):
-        super().__init__(nn.Conv2d(cin, cout, k, s, (k - 1) // 2, bias=False), nn.BatchNorm2d(cout, eps=1e-6),
-                         nn.ReLU(inplace=True))
+        super().__init__(
+            nn.Conv2d(cin, cout, k, s, (k - 1) // 2, bias=False), nn.BatchNorm2d(cout, eps=1e-6), nn.ReLU(inplace=True)
+        )
 
 
 class BasicBlock(nn.Module):
@@ -54,7 +55,7 @@ class ResNet18(nn.Module):
         layers, cin = [ConvBlock(3, width, 3, 1)], width
         for i in range(4):
             for b in range(2):
-                cout = width * 2 ** i
+                cout = width * 2**i
                 layers.append(BasicBlock(cin, cout, 2 if (i > 0 and b == 0) else 1))
                 cin = cout
         self.body = nn.Sequential(*layers)
@@ -102,8 +103,7 @@ def bench(variant: str, batch: int, steps: int, width: int, recipe: str = "cifar
     amp = variant in ("amp", "compile")
     if amp:
         model, old = model.to(memory_format=torch.channels_last), old.to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(list(model.parameters()) + [head], lr=0.03, momentum=0.9, nesterov=True,
-                          weight_decay=1e-4)
+    opt = torch.optim.SGD(list(model.parameters()) + [head], lr=0.03, momentum=0.9, nesterov=True, weight_decay=1e-4)
     fwd, old_fwd = (torch.compile(model), torch.compile(old)) if variant == "compile" else (model, old)
     x = torch.rand(batch, 3, side, side, device=dev)
     if amp:
@@ -134,8 +134,14 @@ def bench(variant: str, batch: int, steps: int, width: int, recipe: str = "cifar
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     assert torch.isfinite(loss).item()
-    return {"variant": variant, "batch": batch, "steps_per_s": steps / dt, "images_per_s": steps * batch / dt,
-            "ms_per_step": 1000 * dt / steps, "first_step_s": first_s}
+    return {
+        "variant": variant,
+        "batch": batch,
+        "steps_per_s": steps / dt,
+        "images_per_s": steps * batch / dt,
+        "ms_per_step": 1000 * dt / steps,
+        "first_step_s": first_s,
+    }
 
 
 def main():
@@ -144,19 +150,27 @@ def main():
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--compile", action="store_true", help="also time torch.compile (slow to compile)")
-    p.add_argument("--recipe", default="cifar", choices=["cifar", "finegrained"],
-                   help="finegrained: torchvision ResNet-50 (frozen BN) on 224x224 crops")
+    p.add_argument(
+        "--recipe",
+        default="cifar",
+        choices=["cifar", "finegrained"],
+        help="finegrained: torchvision ResNet-50 (frozen BN) on 224x224 crops",
+    )
     a = p.parse_args()
     variants = ["eager", "amp"] + (["compile"] if a.compile else [])
     torch.backends.cudnn.benchmark = True
     net = f"ResNet-18 width {a.width}, 32x32x3" if a.recipe == "cifar" else "ResNet-50 (frozen BN), 224x224x3"
-    print(f"# PyTorch CVS train step: {net}, {a.steps} timed steps\n"
-          f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, python {platform.python_version()}\n")
+    print(
+        f"# PyTorch CVS train step: {net}, {a.steps} timed steps\n"
+        f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, python {platform.python_version()}\n"
+    )
     rows = [bench(v, int(b), a.steps, a.width, a.recipe) for b in a.batches.split(",") for v in variants]
     print("| batch | variant | steps/s | images/s | ms/step | first step s |\n|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['batch']} | {r['variant']} | {r['steps_per_s']:.1f} | {r['images_per_s']:,.0f} | "
-              f"{r['ms_per_step']:.2f} | {r['first_step_s']:.1f} |")
+        print(
+            f"| {r['batch']} | {r['variant']} | {r['steps_per_s']:.1f} | {r['images_per_s']:,.0f} | "
+            f"{r['ms_per_step']:.2f} | {r['first_step_s']:.1f} |"
+        )
 
 
 if __name__ == "__main__":

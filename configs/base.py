@@ -12,9 +12,9 @@ def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.method = "finetune"
     c.seed = 0
-    c.overwrite = False       # True: move a different run found in --workdir aside and start anew
-    c.log_every_steps = 0     # >0: progress lines inside epochs too (0: one line per epoch)
-    c.deterministic = False   # True: bit-reproducible GPU runs (XLA deterministic ops; slower, see BENCHMARKS.md)
+    c.overwrite = False  # True: move a different run found in --workdir aside and start anew
+    c.log_every_steps = 0  # >0: progress lines inside epochs too (0: one line per epoch)
+    c.deterministic = False  # True: bit-reproducible GPU runs (XLA deterministic ops; slower, see BENCHMARKS.md)
 
     c.data = ml_collections.ConfigDict()
     c.data.name = config_dict.placeholder(str)
@@ -58,7 +58,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.checkpoint_every_steps = 500  # mid-session checkpoints (plus one after every epoch)
 
     c.augment = ml_collections.ConfigDict()
-    c.augment.crop = "pad"    # "pad": RandomCrop(crop_padding) (CIFAR, Tiny); "resized": RandomResizedCrop(size), eval CenterCrop(size)
+    c.augment.crop = "pad"  # "pad": RandomCrop(crop_padding) (CIFAR, Tiny); "resized": RandomResizedCrop(size), eval CenterCrop(size)
     c.augment.size = config_dict.placeholder(int)  # output side of the "resized" crops (224 for fine-grained data)
     c.augment.crop_padding = 4
     c.augment.flip = True
@@ -67,21 +67,22 @@ def get_config() -> ml_collections.ConfigDict:
     # Weights of the loss terms added to L_c (CVS: L = L_c + 10 L_m + 1 L_d). Baselines: official
     # alpha = 1 for BCT / LwF / MMD. The EWC/RWalk coefficient is not given by the paper: 100 diverged
     # (NaN in session 3 of the demo, Fisher max 0.03, Nesterov momentum 0.9); 10 keeps SGD stable.
-    c.loss_weights = ml_collections.ConfigDict({"L_m": 10.0, "L_d": 1.0, "L_bct": 1.0, "L_kd": 1.0, "L_mmd": 1.0,
-                                                "L_mmd_kd": 1.0, "L_reg": 10.0})
+    c.loss_weights = ml_collections.ConfigDict(
+        {"L_m": 10.0, "L_d": 1.0, "L_bct": 1.0, "L_kd": 1.0, "L_mmd": 1.0, "L_mmd_kd": 1.0, "L_reg": 10.0}
+    )
 
     # CVS switches (ablations) and the paper's written variants; defaults = official code.
     c.cvs = ml_collections.ConfigDict()
-    c.cvs.use_lm = True                 # neighbor-session triplet L_m
-    c.cvs.use_ld = True                 # inter-session coherence L_d
-    c.cvs.replay = True                 # herded exemplars join the training data
+    c.cvs.use_lm = True  # neighbor-session triplet L_m
+    c.cvs.use_ld = True  # inter-session coherence L_d
+    c.cvs.replay = True  # herded exemplars join the training data
     c.cvs.margin = 0.1
     # L_m alternatives (supplement ablation): triplet (official), batch_hard, dark_knowledge, mlkd_absolute,
     # mlkd_relative, rkd_distance, rkd_angle, darkrank
     c.cvs.lm_loss = "triplet"
-    c.cvs.squared_triplet = False       # paper Eq. 3 writes squared distances; the code does not square
-    c.cvs.per_batch_coherence = False   # paper Eq. 4 divides by the batch size; the code by #old samples
-    c.cvs.per_session_centers = False   # paper Eq. 1 averages per session; the code pools all rows
+    c.cvs.squared_triplet = False  # paper Eq. 3 writes squared distances; the code does not square
+    c.cvs.per_batch_coherence = False  # paper Eq. 4 divides by the batch size; the code by #old samples
+    c.cvs.per_session_centers = False  # paper Eq. 1 averages per session; the code pools all rows
 
     # EWC / RWalk parameter importance. normalize: divide the (summed / running) Fisher by its maximum
     # before use, as the RWalk paper does; then L_reg's weight bounds the stiffest parameter's curvature.

@@ -7,12 +7,12 @@ own settings.  Ablations only flip switches of ``config.cvs`` / ``config.memory`
 
 ABLATIONS = {
     "cvs": {},
-    "lc": {"method": "finetune"},                                   # L_c only
-    "lc_lm": {"cvs.use_ld": False},                                 # L_c + L_m (with replay)
-    "lc_ld": {"cvs.use_lm": False},                                 # L_c + L_d (with replay)
-    "lc_ld_noreplay": {"cvs.use_lm": False, "cvs.replay": False},   # L_c + L_d without replay
-    "cvs_noreplay": {"cvs.replay": False},                          # CVS without replay
-    "half_budget": {"memory.budget": 0.5},                          # memory budget x0.5
+    "lc": {"method": "finetune"},  # L_c only
+    "lc_lm": {"cvs.use_ld": False},  # L_c + L_m (with replay)
+    "lc_ld": {"cvs.use_lm": False},  # L_c + L_d (with replay)
+    "lc_ld_noreplay": {"cvs.use_lm": False, "cvs.replay": False},  # L_c + L_d without replay
+    "cvs_noreplay": {"cvs.replay": False},  # CVS without replay
+    "half_budget": {"memory.budget": 0.5},  # memory budget x0.5
 }
 VARIANTS = tuple(ABLATIONS) + ("smoke",)
 

@@ -71,6 +71,7 @@ def preprocess_eval(images_u8, *, mean, std):
 
 # ----------------------------------------------------------------- fine-grained recipe (spec §1.6)
 
+
 def _resized_crop_box(key, height: int, width: int, scale, ratio, attempts: int = 10):
     """torchvision ``RandomResizedCrop.get_params``: (top, left, h, w) as int32 scalars.
 
@@ -104,13 +105,19 @@ def _crop_resize(image, top, left, h, w, size: int):
     """The box (top, left, h, w) of ``image`` resized to ``size x size`` (bilinear, antialiased)."""
     scale = jnp.stack([size / h, size / w]).astype(jnp.float32)
     translation = -jnp.stack([top, left]).astype(jnp.float32) * scale
-    out = jax.image.scale_and_translate(image.astype(jnp.float32), (size, size, image.shape[2]), (0, 1),
-                                        scale, translation, method="linear", antialias=True)
+    out = jax.image.scale_and_translate(
+        image.astype(jnp.float32),
+        (size, size, image.shape[2]),
+        (0, 1),
+        scale,
+        translation,
+        method="linear",
+        antialias=True,
+    )
     return jnp.clip(jnp.round(out), 0, 255).astype(jnp.uint8)
 
 
-def random_resized_crop_flip(key, images_u8, size: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
-                             flip: bool = True):
+def random_resized_crop_flip(key, images_u8, size: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip: bool = True):
     """RandomResizedCrop(size, scale, ratio) + horizontal flip p=0.5, per image, on uint8."""
     n, height, width, _ = images_u8.shape
 
@@ -128,7 +135,7 @@ def center_crop(images_u8, size: int):
     if size > h or size > w:
         raise ValueError(f"augment.size={size} is larger than the stored {h}x{w} images.")
     top, left = int(round((h - size) / 2.0)), int(round((w - size) / 2.0))
-    return images_u8[:, top:top + size, left:left + size, :]
+    return images_u8[:, top : top + size, left : left + size, :]
 
 
 CROPS = ("pad", "resized")
@@ -155,13 +162,21 @@ class Pipeline:
     @classmethod
     def from_config(cls, config) -> "Pipeline":
         a = config.augment
-        return cls(mean=tuple(config.data.mean), std=tuple(config.data.std), crop=a.crop, padding=a.crop_padding,
-                   flip=a.flip, policy=a.policy, size=a.size)
+        return cls(
+            mean=tuple(config.data.mean),
+            std=tuple(config.data.std),
+            crop=a.crop,
+            padding=a.crop_padding,
+            flip=a.flip,
+            policy=a.policy,
+            size=a.size,
+        )
 
     def train(self, key, images_u8):
         if self.crop == "pad":
-            return preprocess_train(key, images_u8, mean=self.mean, std=self.std, padding=self.padding,
-                                    flip=self.flip, policy=self.policy)
+            return preprocess_train(
+                key, images_u8, mean=self.mean, std=self.std, padding=self.padding, flip=self.flip, policy=self.policy
+            )
         if self.crop == "resized":
             crop_key, policy_key = jax.random.split(key)
             images = random_resized_crop_flip(crop_key, images_u8, self.size, flip=self.flip)

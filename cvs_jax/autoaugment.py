@@ -80,16 +80,43 @@ import numpy as np
 # --------------------------------------------------------------------------------------------------
 
 OP_NAMES = (
-    "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate",
-    "AutoContrast", "Invert", "Equalize", "Solarize", "Posterize",
-    "Contrast", "Color", "Brightness", "Sharpness", "Cutout",
+    "ShearX",
+    "ShearY",
+    "TranslateX",
+    "TranslateY",
+    "Rotate",
+    "AutoContrast",
+    "Invert",
+    "Equalize",
+    "Solarize",
+    "Posterize",
+    "Contrast",
+    "Color",
+    "Brightness",
+    "Sharpness",
+    "Cutout",
 )
 OP_ID = {name: i for i, name in enumerate(OP_NAMES)}
-(SHEAR_X, SHEAR_Y, TRANSLATE_X, TRANSLATE_Y, ROTATE, AUTOCONTRAST, INVERT, EQUALIZE, SOLARIZE,
- POSTERIZE, CONTRAST, COLOR, BRIGHTNESS, SHARPNESS, CUTOUT) = range(15)
+(
+    SHEAR_X,
+    SHEAR_Y,
+    TRANSLATE_X,
+    TRANSLATE_Y,
+    ROTATE,
+    AUTOCONTRAST,
+    INVERT,
+    EQUALIZE,
+    SOLARIZE,
+    POSTERIZE,
+    CONTRAST,
+    COLOR,
+    BRIGHTNESS,
+    SHARPNESS,
+    CUTOUT,
+) = range(15)
 
-FILL = 128                       # fillcolor=(128, 128, 128) of the geometric ops
-CUTOUT_FILL = (125, 122, 113)    # jizongFox Cutout colour
+FILL = 128  # fillcolor=(128, 128, 128) of the geometric ops
+CUTOUT_FILL = (125, 122, 113)  # jizongFox Cutout colour
 
 #: magnitude index (0..9) -> value, as ``ranges`` in ``SubPolicy.__init__``
 MAGNITUDES = {
@@ -110,8 +137,7 @@ MAGNITUDES = {
     "Cutout": np.round(np.linspace(0, 20, 10), 0).astype(np.int64),
 }
 #: ops whose magnitude gets ``random.choice([-1, 1])`` in the reference (Rotate does NOT there)
-SIGNED_OPS = frozenset({SHEAR_X, SHEAR_Y, TRANSLATE_X, TRANSLATE_Y, CONTRAST, COLOR, BRIGHTNESS,
-                        SHARPNESS})
+SIGNED_OPS = frozenset({SHEAR_X, SHEAR_Y, TRANSLATE_X, TRANSLATE_Y, CONTRAST, COLOR, BRIGHTNESS, SHARPNESS})
 
 #: CIFAR10Policy: 25 sub-policies (p1, op1, magnitude index 1, p2, op2, magnitude index 2)
 CIFAR10_POLICY = (
@@ -143,9 +169,23 @@ CIFAR10_POLICY = (
 )
 
 #: jizongFox RandAugment.get_trans_list() order (the order does not matter: ops are drawn uniformly)
-RANDAUGMENT_OPS = ("Invert", "Cutout", "Sharpness", "AutoContrast", "Posterize", "ShearX",
-                   "TranslateX", "TranslateY", "ShearY", "Rotate", "Equalize", "Contrast", "Color",
-                   "Solarize", "Brightness")
+RANDAUGMENT_OPS = (
+    "Invert",
+    "Cutout",
+    "Sharpness",
+    "AutoContrast",
+    "Posterize",
+    "ShearX",
+    "TranslateX",
+    "TranslateY",
+    "ShearY",
+    "Rotate",
+    "Equalize",
+    "Contrast",
+    "Color",
+    "Solarize",
+    "Brightness",
+)
 RANDAUGMENT_PROB = 0.5
 RANDAUGMENT_MAGNITUDES = tuple(range(1, 10))
 
@@ -169,6 +209,7 @@ def _fill_value(channels: int, colour=(FILL, FILL, FILL)):
 # Geometric ops.
 # --------------------------------------------------------------------------------------------------
 
+
 def _shear_grid_np(m: float, h: int, w: int, axis: int):
     """Pillow ``ImagingGenericTransform`` + ``affine_transform`` + bicubic head, in float64.
 
@@ -177,9 +218,9 @@ def _shear_grid_np(m: float, h: int, w: int, axis: int):
     """
     xi = np.arange(w, dtype=np.float64)[None, :] + 0.5
     yi = np.arange(h, dtype=np.float64)[:, None] + 0.5
-    if axis == 1:   # ShearX: a = (1, m, 0, 0, 1, 0)
+    if axis == 1:  # ShearX: a = (1, m, 0, 0, 1, 0)
         a = (1.0, float(m), 0.0, 0.0, 1.0, 0.0)
-    else:           # ShearY: a = (1, 0, 0, m, 1, 0)
+    else:  # ShearY: a = (1, 0, 0, m, 1, 0)
         a = (1.0, 0.0, 0.0, float(m), 1.0, 0.0)
     xs = (a[0] * xi + a[1] * yi) + a[2]
     ys = (a[3] * xi + a[4] * yi) + a[5]
@@ -188,15 +229,18 @@ def _shear_grid_np(m: float, h: int, w: int, axis: int):
     base = np.floor(c)
     frac = c - base
     shape = (h, w)
-    return (np.broadcast_to(base, shape).astype(np.int32), np.broadcast_to(frac, shape).astype(np.float32),
-            np.broadcast_to(valid, shape))
+    return (
+        np.broadcast_to(base, shape).astype(np.int32),
+        np.broadcast_to(frac, shape).astype(np.float32),
+        np.broadcast_to(valid, shape),
+    )
 
 
 def _shear_grid_jnp(m, h: int, w: int, axis: int):
     m = jnp.asarray(m, jnp.float32)
     xi = jnp.arange(w, dtype=jnp.float32)[None, :] + 0.5
     yi = jnp.arange(h, dtype=jnp.float32)[:, None] + 0.5
-    if axis == 1:   # same expression order as Pillow: (a0*x + a1*y) + a2, (a3*x + a4*y) + a5
+    if axis == 1:  # same expression order as Pillow: (a0*x + a1*y) + a2, (a3*x + a4*y) + a5
         xs, ys = xi + m * yi, 0.0 * xi + yi
     else:
         xs, ys = xi + 0.0 * yi, m * xi + yi
@@ -228,7 +272,7 @@ def _shear_core(image, base, frac, valid, axis: int):
     p3 = 2.0 * (v1 - v2) + v3 - v4
     p4 = -v1 + v2 - v3 + v4
     v = v2 + d * (p2 + d * (p3 + d * p4))
-    out = jnp.floor(jnp.clip(v, 0.0, 255.0)).astype(jnp.uint8)   # (UINT8)v after clipping
+    out = jnp.floor(jnp.clip(v, 0.0, 255.0)).astype(jnp.uint8)  # (UINT8)v after clipping
     return jnp.where(valid[..., None], out, _fill_value(c))
 
 
@@ -300,8 +344,14 @@ def translate_y(image, fraction):
 def _rotate_coeffs_np(degrees: float, h: int, w: int):
     """``Image.rotate`` matrix -> Pillow ``affine_fixed`` 16.16 coefficients (a0..a5)."""
     angle = -math.radians(float(degrees) % 360.0)
-    a = [round(math.cos(angle), 15), round(math.sin(angle), 15), 0.0,
-         round(-math.sin(angle), 15), round(math.cos(angle), 15), 0.0]
+    a = [
+        round(math.cos(angle), 15),
+        round(math.sin(angle), 15),
+        0.0,
+        round(-math.sin(angle), 15),
+        round(math.cos(angle), 15),
+        0.0,
+    ]
     cx, cy = w / 2, h / 2
     a[2] = a[0] * -cx + a[1] * -cy + a[2]
     a[5] = a[3] * -cx + a[4] * -cy + a[5]
@@ -311,8 +361,17 @@ def _rotate_coeffs_np(degrees: float, h: int, w: int):
     def fix(v):
         return math.floor(v * 65536.0 + 0.5)
 
-    return np.asarray([fix(a[0]), fix(a[1]), fix(a[2] + a[0] * 0.5 + a[1] * 0.5),
-                       fix(a[3]), fix(a[4]), fix(a[5] + a[3] * 0.5 + a[4] * 0.5)], np.int32)
+    return np.asarray(
+        [
+            fix(a[0]),
+            fix(a[1]),
+            fix(a[2] + a[0] * 0.5 + a[1] * 0.5),
+            fix(a[3]),
+            fix(a[4]),
+            fix(a[5] + a[3] * 0.5 + a[4] * 0.5),
+        ],
+        np.int32,
+    )
 
 
 def _rotate_coeffs_jnp(degrees, h: int, w: int):
@@ -326,8 +385,7 @@ def _rotate_coeffs_jnp(degrees, h: int, w: int):
     def fix(v):
         return jnp.floor(v * 65536.0 + 0.5).astype(jnp.int32)
 
-    return jnp.stack([fix(a0), fix(a1), fix(a2 + a0 * 0.5 + a1 * 0.5),
-                      fix(a3), fix(a4), fix(a5 + a3 * 0.5 + a4 * 0.5)])
+    return jnp.stack([fix(a0), fix(a1), fix(a2 + a0 * 0.5 + a1 * 0.5), fix(a3), fix(a4), fix(a5 + a3 * 0.5 + a4 * 0.5)])
 
 
 def _rotate_core(image, coeffs):
@@ -337,7 +395,7 @@ def _rotate_core(image, coeffs):
     x = jnp.arange(w, dtype=jnp.int32)[None, :]
     xx = a[2] + y * a[1] + x * a[0]
     yy = a[5] + y * a[4] + x * a[3]
-    xin = jnp.right_shift(xx, 16)   # arithmetic shift == floor, as Pillow's ``xx >> 16``
+    xin = jnp.right_shift(xx, 16)  # arithmetic shift == floor, as Pillow's ``xx >> 16``
     yin = jnp.right_shift(yy, 16)
     valid = (xin >= 0) & (xin < w) & (yin >= 0) & (yin < h)
     out = image[jnp.clip(yin, 0, h - 1), jnp.clip(xin, 0, w - 1)]
@@ -358,6 +416,7 @@ def rotate(image, degrees):
 # --------------------------------------------------------------------------------------------------
 # Histogram / LUT ops.
 # --------------------------------------------------------------------------------------------------
+
 
 def _histograms(image):
     """[C, 256] int32 per-channel histograms."""
@@ -388,7 +447,7 @@ def _autocontrast_exceptions():
         for hi in range(lo + 1, 256):
             scale = 255.0 / (hi - lo)
             offset = -lo * scale
-            got = np.trunc(ix_all[lo:hi + 1] * scale + offset)
+            got = np.trunc(ix_all[lo : hi + 1] * scale + offset)
             exact = (np.arange(hi - lo + 1) * 255) // (hi - lo)
             bad = np.nonzero(got != exact)[0]
             if bad.size:
@@ -398,7 +457,7 @@ def _autocontrast_exceptions():
     ix_table = np.full((len(per_pair), width), -1, np.int32)
     for r, (pair, ixs) in enumerate(sorted(per_pair.items())):
         row[pair] = r
-        ix_table[r, :len(ixs)] = ixs
+        ix_table[r, : len(ixs)] = ixs
     return row, ix_table
 
 
@@ -409,14 +468,14 @@ def auto_contrast(image, magnitude=None):
     hist = _histograms(image)
     nz = hist > 0
     ix = jnp.arange(256, dtype=jnp.int32)
-    lo = jnp.argmax(nz, axis=-1).astype(jnp.int32)                  # [C]
+    lo = jnp.argmax(nz, axis=-1).astype(jnp.int32)  # [C]
     hi = (255 - jnp.argmax(nz[:, ::-1], axis=-1)).astype(jnp.int32)
     d = jnp.maximum(hi - lo, 1)
     exact = jnp.floor_divide((ix[None, :] - lo[:, None]) * 255, d[:, None])
     row_np, ix_np = _autocontrast_exceptions()
-    row = jnp.asarray(row_np)[lo * 256 + hi]                           # [C]
+    row = jnp.asarray(row_np)[lo * 256 + hi]  # [C]
     cand = jnp.where((row >= 0)[:, None], jnp.asarray(ix_np)[jnp.maximum(row, 0)], -1)  # [C, 17]
-    below = jnp.any(ix[None, :, None] == cand[:, None, :], axis=-1)     # [C, 256]
+    below = jnp.any(ix[None, :, None] == cand[:, None, :], axis=-1)  # [C, 256]
     lut = jnp.clip(exact - below.astype(jnp.int32), 0, 255)
     lut = jnp.where((hi <= lo)[:, None], ix[None, :], lut)
     return _apply_lut(image, lut)
@@ -435,7 +494,7 @@ def equalize(image, magnitude=None):
     step = (n - h_last) // 255
     cum_excl = jnp.cumsum(hist, axis=-1) - hist
     lut = (step // 2 + cum_excl) // jnp.maximum(step, 1)
-    lut = jnp.clip(lut, 0, 255)   # Image.point clips the LUT to 8 bits
+    lut = jnp.clip(lut, 0, 255)  # Image.point clips the LUT to 8 bits
     identity = (jnp.sum(nz, axis=-1, keepdims=True) <= 1) | (step == 0)
     lut = jnp.where(identity, ix[None, :], lut)
     return _apply_lut(image, lut)
@@ -481,6 +540,7 @@ def posterize(image, bits):
 # ImageEnhance ops: Image.blend(degenerate, image, factor).
 # --------------------------------------------------------------------------------------------------
 
+
 def _mul_rn(x, a):
     """float32 ``x * a`` correctly rounded *whatever the compiler does with the result*.
 
@@ -491,8 +551,7 @@ def _mul_rn(x, a):
     ``x*a_hi + x*a_lo`` rounds once, to the same value, contracted or not.
     """
     a = jnp.asarray(a, jnp.float32)
-    a_hi = jax.lax.bitcast_convert_type(
-        jax.lax.bitcast_convert_type(a, jnp.int32) & jnp.int32(-4096), jnp.float32)
+    a_hi = jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(a, jnp.int32) & jnp.int32(-4096), jnp.float32)
     a_lo = a - a_hi
     return x * a_hi + x * a_lo
 
@@ -518,7 +577,7 @@ def contrast(image, factor):
     _check_image(image)
     lum = _luma_i32(image)
     n = lum.size
-    mean = (2 * jnp.sum(lum) + n) // (2 * n)      # int(mean + 0.5), exact
+    mean = (2 * jnp.sum(lum) + n) // (2 * n)  # int(mean + 0.5), exact
     return _blend(mean.astype(jnp.float32), image, factor)
 
 
@@ -566,6 +625,7 @@ def sharpness(image, factor):
 # Cutout (jizongFox randaugment).
 # --------------------------------------------------------------------------------------------------
 
+
 def cutout(image, size, center):
     """jizongFox ``Cutout(size)`` with the centre given: ``center = (cy, cx)`` integer pixel.
 
@@ -579,23 +639,39 @@ def cutout(image, size, center):
     cy, cx = jnp.asarray(center[0], jnp.int32), jnp.asarray(center[1], jnp.int32)
     rows = jnp.arange(h)[:, None]
     cols = jnp.arange(w)[None, :]
-    inside = ((rows >= jnp.maximum(0, cy - half)) & (rows < jnp.minimum(h, cy + half))
-              & (cols >= jnp.maximum(0, cx - half)) & (cols < jnp.minimum(w, cx + half)))
+    inside = (
+        (rows >= jnp.maximum(0, cy - half))
+        & (rows < jnp.minimum(h, cy + half))
+        & (cols >= jnp.maximum(0, cx - half))
+        & (cols < jnp.minimum(w, cx + half))
+    )
     return jnp.where(inside[..., None], _fill_value(c, CUTOUT_FILL), image)
 
 
 #: name -> per-op function ``op(image_u8[H,W,C], magnitude_value) -> image_u8`` (Cutout: see doc)
 OPS = {
-    "ShearX": shear_x, "ShearY": shear_y, "TranslateX": translate_x, "TranslateY": translate_y,
-    "Rotate": rotate, "AutoContrast": auto_contrast, "Invert": invert, "Equalize": equalize,
-    "Solarize": solarize, "Posterize": posterize, "Contrast": contrast, "Color": color,
-    "Brightness": brightness, "Sharpness": sharpness, "Cutout": cutout,
+    "ShearX": shear_x,
+    "ShearY": shear_y,
+    "TranslateX": translate_x,
+    "TranslateY": translate_y,
+    "Rotate": rotate,
+    "AutoContrast": auto_contrast,
+    "Invert": invert,
+    "Equalize": equalize,
+    "Solarize": solarize,
+    "Posterize": posterize,
+    "Contrast": contrast,
+    "Color": color,
+    "Brightness": brightness,
+    "Sharpness": sharpness,
+    "Cutout": cutout,
 }
 
 
 # --------------------------------------------------------------------------------------------------
 # Policy machinery: (op id, magnitude index, key) -> op applied, via host-built float64 tables.
 # --------------------------------------------------------------------------------------------------
+
 
 @functools.lru_cache(maxsize=16)
 def _tables(h: int, w: int):
@@ -606,16 +682,18 @@ def _tables(h: int, w: int):
         t[name] = tuple(np.stack([np.stack([g[j] for g in row]) for row in grids]) for j in range(3))
     for name, axis, n in (("TranslateX", 1, w), ("TranslateY", 0, h)):
         # reference: magnitude * img.size[0 or 1] * random.choice([-1, 1])
-        t[name] = np.stack([np.stack([_translate_index_np(MAGNITUDES[name][i] * n * s, n) for s in (-1, 1)])
-                            for i in range(10)])
+        t[name] = np.stack(
+            [np.stack([_translate_index_np(MAGNITUDES[name][i] * n * s, n) for s in (-1, 1)]) for i in range(10)]
+        )
     t["Rotate"] = np.stack([_rotate_coeffs_np(MAGNITUDES["Rotate"][i], h, w) for i in range(10)])
     t["Solarize"] = np.asarray([_solarize_threshold_np(v) for v in MAGNITUDES["Solarize"]], np.int32)
     t["Posterize"] = MAGNITUDES["Posterize"].astype(np.int32)
     t["Cutout"] = MAGNITUDES["Cutout"].astype(np.int32)
     for name in ("Contrast", "Color", "Brightness", "Sharpness"):
         # factor 1 + magnitude * sign in float64, handed to ImagingBlend as a C float
-        t[name] = np.stack([np.asarray([1 + MAGNITUDES[name][i] * s for s in (-1, 1)]) for i in range(10)]
-                           ).astype(np.float32)
+        t[name] = np.stack([np.asarray([1 + MAGNITUDES[name][i] * s for s in (-1, 1)]) for i in range(10)]).astype(
+            np.float32
+        )
     return t
 
 
@@ -687,8 +765,11 @@ def apply_op(image, op_id, mag_idx, sign_idx=1, center=(0, 0), op_ids=ALL_OPS):
     h, w, _ = image.shape
     op_ids = tuple(sorted({int(o) for o in op_ids}))
     branches = [_branch(o, h, w) for o in op_ids]
-    args = (jnp.asarray(mag_idx, jnp.int32), jnp.asarray(sign_idx, jnp.int32),
-            tuple(jnp.asarray(c, jnp.int32) for c in center))
+    args = (
+        jnp.asarray(mag_idx, jnp.int32),
+        jnp.asarray(sign_idx, jnp.int32),
+        tuple(jnp.asarray(c, jnp.int32) for c in center),
+    )
     if len(branches) == 1:
         return branches[0](image, *args)
     compact = np.zeros((len(OP_NAMES),), np.int32)
@@ -699,6 +780,7 @@ def apply_op(image, op_id, mag_idx, sign_idx=1, center=(0, 0), op_ids=ALL_OPS):
 # Randomness: one ``jax.random.bits`` draw of uint32 words per batch (a single threefry call keeps
 # compile time down), turned into the reference's draws word by word.
 
+
 def _randint(word, n: int):
     """Uniform in {0..n-1} (modulo bias < n / 2**32)."""
     return (word % jnp.uint32(n)).astype(jnp.int32)
@@ -706,7 +788,7 @@ def _randint(word, n: int):
 
 def _uniform(word):
     """Uniform in [0, 1) on a 2**-24 grid, like ``random.random()`` for ``u < p`` tests."""
-    return jnp.right_shift(word, jnp.uint32(8)).astype(jnp.float32) * jnp.float32(2.0 ** -24)
+    return jnp.right_shift(word, jnp.uint32(8)).astype(jnp.float32) * jnp.float32(2.0**-24)
 
 
 def _op_randomness(words, h: int, w: int):
@@ -740,8 +822,9 @@ def _policy_arrays():
 
 def _check_batch(images_u8):
     if images_u8.ndim != 4 or images_u8.shape[-1] not in (1, 3) or images_u8.dtype != jnp.uint8:
-        raise ValueError(f"expected a uint8 batch [B, H, W, C] with C in (1, 3), got "
-                         f"{images_u8.shape} {images_u8.dtype}")
+        raise ValueError(
+            f"expected a uint8 batch [B, H, W, C] with C in (1, 3), got {images_u8.shape} {images_u8.dtype}"
+        )
 
 
 def cifar10_policy(key, images_u8, *, return_choices: bool = False):
@@ -754,15 +837,16 @@ def cifar10_policy(key, images_u8, *, return_choices: bool = False):
     """
     _check_batch(images_u8)
     arrays = _policy_arrays()
-    used = tuple(sorted(set(arrays[1].tolist()) | set(arrays[4].tolist())))   # 13 of the 15 ops
+    used = tuple(sorted(set(arrays[1].tolist()) | set(arrays[4].tolist())))  # 13 of the 15 ops
     p1, o1, m1, p2, o2, m2 = (jnp.asarray(a) for a in arrays)
     words = jax.random.bits(key, (images_u8.shape[0], 9), jnp.uint32)
 
     def one(wd, image):
         s = _randint(wd[0], len(CIFAR10_POLICY))
         applied = jnp.stack([_uniform(wd[1]) < p1[s], _uniform(wd[2]) < p2[s]])
-        out = _apply_in_sequence(image, jnp.stack([o1[s], o2[s]]), jnp.stack([m1[s], m2[s]]), applied,
-                                 wd[3:].reshape(2, 3), used)
+        out = _apply_in_sequence(
+            image, jnp.stack([o1[s], o2[s]]), jnp.stack([m1[s], m2[s]]), applied, wd[3:].reshape(2, 3), used
+        )
         return out, (s, applied[0], applied[1])
 
     out, choices = jax.vmap(one)(words, images_u8)

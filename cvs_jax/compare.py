@@ -108,12 +108,20 @@ def run_comparison(config, workdir: str, methods: list[str], seeds: list[int]) -
             out = {k: r[k] for k in fields}
             out.update({f"S{i + 1} R@1": v for i, v in enumerate(r["recall1_per_session"])})
             w.writerow(out)
-    mean_runs = [{"method": r["method"], "dataset": config.data.name, "setup": config.data.setup,
-                  "average_recall": {"1": r["AR@1"] / 100},
-                  "per_session": [{"session": i, "recall": {"1": v / 100}} for i, v in enumerate(r["recall1_per_session"])]}
-                 for r in rows]
+    mean_runs = [
+        {
+            "method": r["method"],
+            "dataset": config.data.name,
+            "setup": config.data.setup,
+            "average_recall": {"1": r["AR@1"] / 100},
+            "per_session": [{"session": i, "recall": {"1": v / 100}} for i, v in enumerate(r["recall1_per_session"])],
+        }
+        for r in rows
+    ]
     plots.recall_per_session(mean_runs, os.path.join(workdir, "comparison.png"))
-    print("\n" + markdown(rows, title) + f"\n\ntotal time {time.time() - t0:.0f}s; tables in {workdir}/comparison.md/.csv")
+    print(
+        "\n" + markdown(rows, title) + f"\n\ntotal time {time.time() - t0:.0f}s; tables in {workdir}/comparison.md/.csv"
+    )
     return rows
 
 

@@ -17,8 +17,9 @@ from cvs_jax import evaluate
 from cvs_jax.gallery import Gallery, RowConcat
 
 
-def compatibility_matrix(num_sessions: int, gallery: Gallery, embed_queries: Callable[[int], np.ndarray],
-                         query_labels: np.ndarray) -> np.ndarray:
+def compatibility_matrix(
+    num_sessions: int, gallery: Gallery, embed_queries: Callable[[int], np.ndarray], query_labels: np.ndarray
+) -> np.ndarray:
     """``embed_queries(i)`` embeds all ``query_labels``' images with the model of session i."""
     m = np.full((num_sessions, num_sessions), np.nan)
     for i in range(num_sessions):
@@ -32,6 +33,7 @@ def compatibility_matrix(num_sessions: int, gallery: Gallery, embed_queries: Cal
             if not keep.any():
                 continue
             q = embed_queries(i) if q is None else q
-            m[i, j] = evaluate.recall_at_k(q[keep], query_labels[keep], RowConcat([p.embeddings for p in parts]),
-                                           labels, ks=(1,))[1]
+            m[i, j] = evaluate.recall_at_k(
+                q[keep], query_labels[keep], RowConcat([p.embeddings for p in parts]), labels, ks=(1,)
+            )[1]
     return m

@@ -17,9 +17,18 @@ from cvs_jax.methods import METHODS
 from cvs_jax.models.pretrained import CONVERT_ONE_LINER
 
 # Classes of the datasets we know without opening them (for early S/C/L checks).
-KNOWN_NUM_CLASSES = {"fashion_mnist_local": 10, "fashion_mnist": 10, "mnist": 10, "cifar10": 10,
-                     "cifar100": 100, "tiny_imagenet_zip": 200, "stanford_dogs": 120, "stanford_dogs_256": 120,
-                     "inat_m": 200, "product_m": 2743}
+KNOWN_NUM_CLASSES = {
+    "fashion_mnist_local": 10,
+    "fashion_mnist": 10,
+    "mnist": 10,
+    "cifar10": 10,
+    "cifar100": 100,
+    "tiny_imagenet_zip": 200,
+    "stanford_dogs": 120,
+    "stanford_dogs_256": 120,
+    "inat_m": 200,
+    "product_m": 2743,
+}
 LOCAL_BUILDERS = ("fashion_mnist_local", "tiny_imagenet_zip", "product_m")  # read data.manual_dir
 
 
@@ -42,32 +51,45 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
     if config.augment.crop not in augment.CROPS:
         raise ConfigError(f"augment.crop={config.augment.crop!r} is unknown; choose one of {list(augment.CROPS)}.")
     if config.augment.crop == "resized" and (config.augment.size is None or config.augment.size <= 0):
-        raise ConfigError("augment.crop='resized' needs the crop side: set --config.augment.size (224 for the "
-                          "fine-grained recipe).")
+        raise ConfigError(
+            "augment.crop='resized' needs the crop side: set --config.augment.size (224 for the fine-grained recipe)."
+        )
     if config.augment.policy not in augment.POLICIES:
-        raise ConfigError(f"augment.policy={config.augment.policy!r} is unknown; choose one of {list(augment.POLICIES)}.")
+        raise ConfigError(
+            f"augment.policy={config.augment.policy!r} is unknown; choose one of {list(augment.POLICIES)}."
+        )
     if d.general_shares not in splits.GENERAL_SHARES:
-        raise ConfigError(f"data.general_shares={d.general_shares!r} is unknown; choose one of "
-                          f"{list(splits.GENERAL_SHARES)}.")
+        raise ConfigError(
+            f"data.general_shares={d.general_shares!r} is unknown; choose one of {list(splits.GENERAL_SHARES)}."
+        )
     if d.val_per_class is not None and d.val_fraction != 0:
-        raise ConfigError(f"data.val_fraction={d.val_fraction} and data.val_per_class={d.val_per_class} are both "
-                          "set; choose one (--config.data.val_fraction=0 to use val_per_class).")
+        raise ConfigError(
+            f"data.val_fraction={d.val_fraction} and data.val_per_class={d.val_per_class} are both "
+            "set; choose one (--config.data.val_fraction=0 to use val_per_class)."
+        )
     if not 0 <= d.old_class_percent < 100:
         raise ConfigError(f"data.old_class_percent={d.old_class_percent} (M) must be in [0, 100).")
     if d.num_sessions < 1 or d.first_classes < 1 or (d.num_sessions > 1 and d.classes_per_session < 1):
-        raise ConfigError("data.num_sessions (L), data.first_classes (S) and data.classes_per_session (C) "
-                          "must be positive.")
+        raise ConfigError(
+            "data.num_sessions (L), data.first_classes (S) and data.classes_per_session (C) must be positive."
+        )
     total = d.first_classes + (d.num_sessions - 1) * d.classes_per_session
     if d.name in KNOWN_NUM_CLASSES and total > KNOWN_NUM_CLASSES[d.name]:
-        raise ConfigError(f"S + (L-1)*C = {d.first_classes} + ({d.num_sessions}-1)*{d.classes_per_session} = "
-                          f"{total} classes, but {d.name} has {KNOWN_NUM_CLASSES[d.name]}; lower "
-                          f"data.num_sessions, data.first_classes or data.classes_per_session.")
+        raise ConfigError(
+            f"S + (L-1)*C = {d.first_classes} + ({d.num_sessions}-1)*{d.classes_per_session} = "
+            f"{total} classes, but {d.name} has {KNOWN_NUM_CLASSES[d.name]}; lower "
+            f"data.num_sessions, data.first_classes or data.classes_per_session."
+        )
     if t.batch_size < 1 or t.batch_size % num_devices:
-        raise ConfigError(f"train.batch_size={t.batch_size} is not a positive multiple of the {num_devices} "
-                          f"devices; choose a multiple of {num_devices}.")
+        raise ConfigError(
+            f"train.batch_size={t.batch_size} is not a positive multiple of the {num_devices} "
+            f"devices; choose a multiple of {num_devices}."
+        )
     if t.eval_batch_size < 1 or t.eval_batch_size % num_devices:
-        raise ConfigError(f"train.eval_batch_size={t.eval_batch_size} is not a positive multiple of the "
-                          f"{num_devices} devices; choose a multiple of {num_devices}.")
+        raise ConfigError(
+            f"train.eval_batch_size={t.eval_batch_size} is not a positive multiple of the "
+            f"{num_devices} devices; choose a multiple of {num_devices}."
+        )
     if t.epochs < 1:
         raise ConfigError(f"train.epochs={t.epochs} must be at least 1.")
     if t.checkpoint_every_steps < 0:
@@ -76,16 +98,24 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
     if method.uses_memory:
         classes = total  # every setup uses the first S + (L-1)C classes of the class order
         if config.memory.budget < classes:
-            raise ConfigError(f"memory.budget={config.memory.budget} is smaller than the {classes} classes the "
-                              f"run will have seen; raise memory.budget to at least {classes}.")
+            raise ConfigError(
+                f"memory.budget={config.memory.budget} is smaller than the {classes} classes the "
+                f"run will have seen; raise memory.budget to at least {classes}."
+            )
     if config.model.pretrained is not None and not os.path.isfile(os.path.expanduser(config.model.pretrained)):
-        raise ConfigError(f"model.pretrained={config.model.pretrained!r} does not exist; download torchvision's "
-                          f"resnet50-0676ba61.pth and convert it: {CONVERT_ONE_LINER} (or unset model.pretrained).")
+        raise ConfigError(
+            f"model.pretrained={config.model.pretrained!r} does not exist; download torchvision's "
+            f"resnet50-0676ba61.pth and convert it: {CONVERT_ONE_LINER} (or unset model.pretrained)."
+        )
     if d.official_split_dir is not None and not os.path.isdir(os.path.expanduser(d.official_split_dir)):
-        raise ConfigError(f"data.official_split_dir={d.official_split_dir!r} does not exist; point it at the "
-                          f"official cifar100_*.json session files (e.g. ../shared/data/cvs-official-splits/cifar100).")
+        raise ConfigError(
+            f"data.official_split_dir={d.official_split_dir!r} does not exist; point it at the "
+            f"official cifar100_*.json session files (e.g. ../shared/data/cvs-official-splits/cifar100)."
+        )
     if d.name in LOCAL_BUILDERS and d.manual_dir is not None:
         manual = os.path.expanduser(d.manual_dir)
         if not os.path.isdir(manual):
-            raise ConfigError(f"data.manual_dir={d.manual_dir!r} does not exist; point it at the folder holding "
-                              f"the {d.name} source files (see README, Data).")
+            raise ConfigError(
+                f"data.manual_dir={d.manual_dir!r} does not exist; point it at the folder holding "
+                f"the {d.name} source files (see README, Data)."
+            )

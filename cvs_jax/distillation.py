@@ -231,11 +231,7 @@ def mmd_loss(
     def kern(a, b):
         return jnp.exp(-jnp.mean((a[:, None, :] - b[None, :, :]) ** 2, axis=-1) / D)
 
-    return (
-        _masked_mean(kern(e, e), pair)
-        + _masked_mean(kern(o, o), pair)
-        - 2.0 * _masked_mean(kern(e, o), pair)
-    )
+    return _masked_mean(kern(e, e), pair) + _masked_mean(kern(o, o), pair) - 2.0 * _masked_mean(kern(e, o), pair)
 
 
 def mmd_kd_new_class_loss(
@@ -465,9 +461,7 @@ def darkrank_hard_loss(
     # suffix log-sum-exp over r' >= r via an [L, L] upper-triangular mask (O(n L²), cheap to
     # compile, unlike an associative scan)
     upper = jnp.arange(L)[None, :] >= jnp.arange(L)[:, None]  # [r, r']
-    suffix_lse = jax.nn.logsumexp(
-        jnp.where(upper[None, :, :], ordered[:, None, :], neg), axis=-1
-    )
+    suffix_lse = jax.nn.logsumexp(jnp.where(upper[None, :, :], ordered[:, None, :], neg), axis=-1)
     terms = jnp.where(pos_ok, ordered - suffix_lse, 0.0)
     nll = -jnp.sum(terms, axis=1)
     anchors = v & jnp.any(pos_ok, axis=1)

@@ -23,7 +23,8 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 DATA_AXIS = "data"
 ENV_FLAG = "CVS_JAX_MULTIHOST"
@@ -61,9 +62,14 @@ def multihost_requested(enabled: bool = False) -> bool:
     return bool(enabled) or os.environ.get(ENV_FLAG, "").lower() in ("1", "true", "yes")
 
 
-def maybe_initialize(enabled: bool = False, *, coordinator_address: str | None = None,
-                     num_processes: int | None = None, process_id: int | None = None,
-                     local_device_ids: Sequence[int] | None = None) -> bool:
+def maybe_initialize(
+    enabled: bool = False,
+    *,
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    local_device_ids: Sequence[int] | None = None,
+) -> bool:
     """Calls ``jax.distributed.initialize`` once, only when multi-host is requested.
 
     Must run before anything touches a JAX backend (``jax.devices()``, the first
@@ -80,8 +86,12 @@ def maybe_initialize(enabled: bool = False, *, coordinator_address: str | None =
     process_id = process_id if process_id is not None else _env_int("JAX_PROCESS_ID")
     if local_device_ids is None:
         local_device_ids = _slurm_local_device_ids()
-    for name, value in (("coordinator_address", coordinator_address), ("num_processes", num_processes),
-                        ("process_id", process_id), ("local_device_ids", local_device_ids)):
+    for name, value in (
+        ("coordinator_address", coordinator_address),
+        ("num_processes", num_processes),
+        ("process_id", process_id),
+        ("local_device_ids", local_device_ids),
+    ):
         if value is not None:
             kwargs[name] = value
     _log.info("jax.distributed.initialize(%s)", ", ".join(f"{k}={v!r}" for k, v in kwargs.items()))
@@ -106,11 +116,12 @@ def replicated_sharding(mesh: Mesh) -> NamedSharding:
 def _process_row_blocks(mesh: Mesh, global_rows: int) -> list[tuple[int, int]]:
     """The sorted, merged [start, stop) row ranges of a ``P('data')`` array this process holds."""
     if global_rows % mesh.devices.size:
-        raise ValueError(f"a global batch of {global_rows} rows does not split over "
-                         f"{mesh.devices.size} devices; choose a multiple of {mesh.devices.size}.")
+        raise ValueError(
+            f"a global batch of {global_rows} rows does not split over "
+            f"{mesh.devices.size} devices; choose a multiple of {mesh.devices.size}."
+        )
     index_map = batch_sharding(mesh).addressable_devices_indices_map((global_rows,))
-    spans = sorted({(sl[0].start or 0, global_rows if sl[0].stop is None else sl[0].stop)
-                    for sl in index_map.values()})
+    spans = sorted({(sl[0].start or 0, global_rows if sl[0].stop is None else sl[0].stop) for sl in index_map.values()})
     merged: list[list[int]] = []
     for a, b in spans:
         if merged and merged[-1][1] == a:
@@ -136,8 +147,10 @@ def process_slice(global_batch_size: int, mesh: Mesh | None = None) -> tuple[int
     """
     blocks = _process_row_blocks(mesh or data_mesh(), global_batch_size)
     if len(blocks) != 1:
-        raise ValueError(f"this process's devices hold rows {blocks} of the batch, not one contiguous "
-                         f"slice; use process_rows() instead.")
+        raise ValueError(
+            f"this process's devices hold rows {blocks} of the batch, not one contiguous "
+            f"slice; use process_rows() instead."
+        )
     return blocks[0]
 
 
@@ -179,9 +192,11 @@ def replicate(tree: Any, mesh: Mesh | None = None) -> Any:
 
 def to_host(x: Any) -> Any:
     """A pytree of (possibly multi-host, sharded) arrays as full numpy arrays on every process."""
+
     def get(a):
         if isinstance(a, jax.Array) and not a.is_fully_addressable and not a.is_fully_replicated:
             from jax.experimental import multihost_utils
+
             return np.asarray(multihost_utils.process_allgather(a, tiled=True))
         return np.asarray(a)
 

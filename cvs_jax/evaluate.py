@@ -35,7 +35,8 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from cvs_jax import distributed
 
@@ -90,7 +91,7 @@ def _host_to_mesh(x: np.ndarray, sharding: NamedSharding, rows: int, fill=0) -> 
     def piece(index):
         sl = index[0]
         start, stop = sl.start or 0, rows if sl.stop is None else sl.stop
-        real = np.asarray(x[min(start, n):min(stop, n)])
+        real = np.asarray(x[min(start, n) : min(stop, n)])
         if real.shape[0] == stop - start:
             return real
         return _pad_rows(real, stop - start, fill)
@@ -114,8 +115,7 @@ def _search_fn(mesh: Mesh, k: int, rows_per_dev: int, scan_block: int, precision
         start = base + jax.lax.axis_index(distributed.DATA_AXIS) * rows_per_dev
         blocks = g.reshape(n_blocks, scan_block, g.shape[-1])
         offsets = jnp.arange(n_blocks, dtype=jnp.int32) * scan_block
-        init = (jnp.full((q.shape[0], k), -jnp.inf, jnp.float32),
-                jnp.full((q.shape[0], k), _SENTINEL, jnp.int32))
+        init = (jnp.full((q.shape[0], k), -jnp.inf, jnp.float32), jnp.full((q.shape[0], k), _SENTINEL, jnp.int32))
         # the carry varies over devices (each scans its own rows): say so for shard_map's type check.
         init = jax.lax.pcast(init, (distributed.DATA_AXIS,), to="varying")
 
@@ -133,8 +133,12 @@ def _search_fn(mesh: Mesh, k: int, rows_per_dev: int, scan_block: int, precision
             out, _ = jax.lax.scan(body, init, (blocks, offsets))
         return out
 
-    sharded = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(distributed.DATA_AXIS), P(), P()),
-                            out_specs=(P(None, distributed.DATA_AXIS), P(None, distributed.DATA_AXIS)))
+    sharded = jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(P(), P(distributed.DATA_AXIS), P(), P()),
+        out_specs=(P(None, distributed.DATA_AXIS), P(None, distributed.DATA_AXIS)),
+    )
     replicated = NamedSharding(mesh, P())
 
     @functools.partial(jax.jit, out_shardings=(replicated, replicated))
@@ -159,8 +163,10 @@ def _normalize_replicated_fn(mesh: Mesh):
 def _empty_topk(mesh: Mesh, rows: int, k: int):
     """A replicated running top-k with no candidates yet (-inf scores, sentinel indices)."""
     replicated = NamedSharding(mesh, P())
-    return (_host_to_mesh(np.full((rows, k), -np.inf, np.float32), replicated, rows),
-            _host_to_mesh(np.full((rows, k), _SENTINEL, np.int32), replicated, rows))
+    return (
+        _host_to_mesh(np.full((rows, k), -np.inf, np.float32), replicated, rows),
+        _host_to_mesh(np.full((rows, k), _SENTINEL, np.int32), replicated, rows),
+    )
 
 
 def _rows_per_device(n: int, n_dev: int, gallery_block: int) -> int:
@@ -182,8 +188,16 @@ class ShardedGallery:
     resharded on device, for benchmarks that generate data there).
     """
 
-    def __init__(self, embeddings, *, mesh: Mesh | None = None, gallery_block: int = DEFAULT_BLOCK,
-                 precision=DEFAULT_PRECISION, base: int = 0, rows_per_device: int | None = None):
+    def __init__(
+        self,
+        embeddings,
+        *,
+        mesh: Mesh | None = None,
+        gallery_block: int = DEFAULT_BLOCK,
+        precision=DEFAULT_PRECISION,
+        base: int = 0,
+        rows_per_device: int | None = None,
+    ):
         self.mesh = _resolve_mesh(mesh)
         self.n = int(embeddings.shape[0])
         if self.n == 0:
@@ -195,8 +209,10 @@ class ShardedGallery:
         self.scan_block = gallery_block
         self.rows_per_dev = rows_per_device or _rows_per_device(self.n, n_dev, gallery_block)
         if self.rows_per_dev % gallery_block or self.rows_per_dev * n_dev < self.n:
-            raise ValueError(f"rows_per_device={self.rows_per_dev} must be a multiple of gallery_block="
-                             f"{gallery_block} and hold the {self.n} rows over {n_dev} devices")
+            raise ValueError(
+                f"rows_per_device={self.rows_per_dev} must be a multiple of gallery_block="
+                f"{gallery_block} and hold the {self.n} rows over {n_dev} devices"
+            )
         rows = self.rows_per_dev * n_dev
         sharding = NamedSharding(self.mesh, P(distributed.DATA_AXIS))
         if isinstance(embeddings, jax.Array):
@@ -215,8 +231,7 @@ class ShardedGallery:
         if run_vals is None:
             run_vals, run_idx = _empty_topk(self.mesh, q_normalized.shape[0], k)
         fn = _search_fn(self.mesh, k, self.rows_per_dev, self.scan_block, self.precision)
-        return fn(q_normalized, self.embeddings, np.int32(self.base), np.int32(self.base + self.n),
-                  run_vals, run_idx)
+        return fn(q_normalized, self.embeddings, np.int32(self.base), np.int32(self.base + self.n), run_vals, run_idx)
 
     def topk(self, query_emb, k: int, *, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
         """``(scores [Q, k'], indices [Q, k'])`` of the ``k' = min(k, N)`` nearest rows (cosine)."""
@@ -261,7 +276,7 @@ def _query_chunks(query_emb, chunk: int, mesh: Mesh):
     replicated = NamedSharding(mesh, P())
     norm = _normalize_replicated_fn(mesh)
     for start in range(0, query_emb.shape[0], chunk):
-        q = query_emb[start:start + chunk]
+        q = query_emb[start : start + chunk]
         qp = _pad_rows(q, chunk) if q.shape[0] < chunk else q
         yield _Chunk(norm(_host_to_mesh(qp, replicated, chunk)), q.shape[0])
 
@@ -269,8 +284,10 @@ def _query_chunks(query_emb, chunk: int, mesh: Mesh):
 def _checked(idx: np.ndarray, n: int) -> np.ndarray:
     """Indices past the gallery: only NaN/inf scores lose to the -inf padding, so say that."""
     if idx.size and int(idx.max()) >= n:
-        raise FloatingPointError("the query or gallery embeddings contain NaN/inf: no real gallery row scored "
-                                 "for some queries; check the model that embedded them")
+        raise FloatingPointError(
+            "the query or gallery embeddings contain NaN/inf: no real gallery row scored "
+            "for some queries; check the model that embedded them"
+        )
     return idx
 
 
@@ -281,16 +298,32 @@ def _pad_ranks(labels: np.ndarray, k: int) -> np.ndarray:
     return labels
 
 
-def topk_indices(query_emb, gallery_emb, k: int, *, chunk: int = 1024, gallery_block: int = DEFAULT_BLOCK,
-                 mesh: Mesh | None = None, precision=DEFAULT_PRECISION) -> tuple[np.ndarray, np.ndarray]:
+def topk_indices(
+    query_emb,
+    gallery_emb,
+    k: int,
+    *,
+    chunk: int = 1024,
+    gallery_block: int = DEFAULT_BLOCK,
+    mesh: Mesh | None = None,
+    precision=DEFAULT_PRECISION,
+) -> tuple[np.ndarray, np.ndarray]:
     """``(scores, indices)`` ``[Q, min(k, N)]`` of the nearest gallery rows (cosine), best first."""
     gallery = ShardedGallery(gallery_emb, mesh=mesh, gallery_block=gallery_block, precision=precision)
     return gallery.topk(query_emb, k, chunk=chunk)
 
 
-def topk_labels(query_emb, gallery_emb, gallery_labels, k: int, *, chunk: int = 1024,
-                gallery_bucket: int = DEFAULT_BLOCK, mesh: Mesh | None = None,
-                precision=DEFAULT_PRECISION) -> np.ndarray:
+def topk_labels(
+    query_emb,
+    gallery_emb,
+    gallery_labels,
+    k: int,
+    *,
+    chunk: int = 1024,
+    gallery_bucket: int = DEFAULT_BLOCK,
+    mesh: Mesh | None = None,
+    precision=DEFAULT_PRECISION,
+) -> np.ndarray:
     """Labels of the ``k`` nearest gallery rows (cosine) for every query, ``[Q, k]`` (-1: no row).
 
     ``gallery_bucket``: gallery rows per device per scan step (the padding and
@@ -299,8 +332,9 @@ def topk_labels(query_emb, gallery_emb, gallery_labels, k: int, *, chunk: int = 
     gallery_labels = np.asarray(gallery_labels, np.int32)
     if np.shape(gallery_emb)[0] == 0:
         raise ValueError("the gallery is empty: nothing to search")
-    _, idx = topk_indices(query_emb, gallery_emb, k, chunk=chunk, gallery_block=gallery_bucket,
-                          mesh=mesh, precision=precision)
+    _, idx = topk_indices(
+        query_emb, gallery_emb, k, chunk=chunk, gallery_block=gallery_bucket, mesh=mesh, precision=precision
+    )
     return _pad_ranks(gallery_labels[idx], k)
 
 
@@ -309,9 +343,18 @@ def _recall_from_labels(nearest: np.ndarray, query_labels: np.ndarray, ks) -> di
     return {int(k): float(np.mean(np.any(hits[:, :k], axis=1))) for k in ks}
 
 
-def recall_at_k(query_emb, query_labels, gallery_emb, gallery_labels,
-                ks: Sequence[int] = (1, 2, 4), *, chunk: int = 1024, mesh: Mesh | None = None,
-                gallery_block: int = DEFAULT_BLOCK, precision=DEFAULT_PRECISION) -> dict[int, float]:
+def recall_at_k(
+    query_emb,
+    query_labels,
+    gallery_emb,
+    gallery_labels,
+    ks: Sequence[int] = (1, 2, 4),
+    *,
+    chunk: int = 1024,
+    mesh: Mesh | None = None,
+    gallery_block: int = DEFAULT_BLOCK,
+    precision=DEFAULT_PRECISION,
+) -> dict[int, float]:
     """``{k: fraction of queries with a same-label row among their k nearest}``.
 
     The gallery is sharded over ``mesh``'s ``data`` axis (``None``: all devices).
@@ -319,8 +362,16 @@ def recall_at_k(query_emb, query_labels, gallery_emb, gallery_labels,
     query_labels = np.asarray(query_labels)
     if query_labels.shape[0] == 0:
         raise ValueError("no queries to evaluate")
-    nearest = topk_labels(query_emb, gallery_emb, gallery_labels, max(ks), chunk=chunk, mesh=mesh,
-                          gallery_bucket=gallery_block, precision=precision)
+    nearest = topk_labels(
+        query_emb,
+        gallery_emb,
+        gallery_labels,
+        max(ks),
+        chunk=chunk,
+        mesh=mesh,
+        gallery_bucket=gallery_block,
+        precision=precision,
+    )
     return _recall_from_labels(nearest, query_labels, ks)
 
 
@@ -329,9 +380,18 @@ def open_gallery(path: str) -> np.ndarray:
     return np.load(path, mmap_mode="r")
 
 
-def topk_indices_blocked(query_emb, gallery: Any, k: int, *, block_rows: int = 1 << 20, chunk: int = 1024,
-                         gallery_block: int = DEFAULT_BLOCK, mesh: Mesh | None = None,
-                         precision=DEFAULT_PRECISION, prefetch: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def topk_indices_blocked(
+    query_emb,
+    gallery: Any,
+    k: int,
+    *,
+    block_rows: int = 1 << 20,
+    chunk: int = 1024,
+    gallery_block: int = DEFAULT_BLOCK,
+    mesh: Mesh | None = None,
+    precision=DEFAULT_PRECISION,
+    prefetch: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-k over a gallery streamed from disk in blocks of ``block_rows`` rows.
 
     ``gallery``: a path to a ``.npy`` file (memory-mapped), a ``np.memmap`` /
@@ -369,8 +429,14 @@ def topk_indices_blocked(query_emb, gallery: Any, k: int, *, block_rows: int = 1
             block = pending.result() if prefetch else read(start)
             if prefetch and j + 1 < len(starts):
                 pending = pool.submit(read, starts[j + 1])
-            g = ShardedGallery(block, mesh=mesh, gallery_block=gallery_block, precision=precision,
-                               base=start, rows_per_device=block_rows // n_dev)
+            g = ShardedGallery(
+                block,
+                mesh=mesh,
+                gallery_block=gallery_block,
+                precision=precision,
+                base=start,
+                rows_per_device=block_rows // n_dev,
+            )
             del block
             previous = running[-1]
             for c, qn in enumerate(chunks):
@@ -378,13 +444,14 @@ def topk_indices_blocked(query_emb, gallery: Any, k: int, *, block_rows: int = 1
             del g
             # at most two blocks in flight on the devices: wait until the previous block is searched
             jax.block_until_ready(previous)
-    vals = np.concatenate([np.asarray(v)[:qn.rows] for (v, _), qn in zip(running, chunks)])
-    idx = np.concatenate([np.asarray(i)[:qn.rows] for (_, i), qn in zip(running, chunks)])
+    vals = np.concatenate([np.asarray(v)[: qn.rows] for (v, _), qn in zip(running, chunks)])
+    idx = np.concatenate([np.asarray(i)[: qn.rows] for (_, i), qn in zip(running, chunks)])
     return vals, _checked(idx, n)
 
 
-def recall_at_k_blocked(query_emb, query_labels, gallery: Any, gallery_labels,
-                        ks: Sequence[int] = (1, 2, 4), **kwargs) -> dict[int, float]:
+def recall_at_k_blocked(
+    query_emb, query_labels, gallery: Any, gallery_labels, ks: Sequence[int] = (1, 2, 4), **kwargs
+) -> dict[int, float]:
     """``recall_at_k`` for a gallery streamed from disk in row blocks (see ``topk_indices_blocked``).
 
     ``gallery_labels`` may itself be a memory map (only the K winners' labels are read).

@@ -19,9 +19,9 @@ class GalleryPart:
     """The rows one session added (or, for ``joint``, the whole re-embedded gallery: ``replaces``)."""
 
     embeddings: np.ndarray  # float32 [n, D], raw (un-normalised), as the official code stores them
-    labels: np.ndarray      # int32 [n], protocol labels
+    labels: np.ndarray  # int32 [n], protocol labels
     source_ids: np.ndarray  # int64 [n], index into the dataset's train split (-1: added by search --add)
-    session: int            # session whose model embedded the rows
+    session: int  # session whose model embedded the rows
     replaces: bool = False  # True: the rows of all earlier parts are dropped (joint re-extracts)
 
     def __post_init__(self):
@@ -32,14 +32,23 @@ class GalleryPart:
         return int(self.labels.shape[0])
 
     def as_dict(self) -> dict[str, np.ndarray]:
-        return {"embeddings": np.asarray(self.embeddings, np.float32), "labels": np.asarray(self.labels, np.int32),
-                "source_ids": np.asarray(self.source_ids, np.int64), "session": np.int32(self.session),
-                "replaces": np.int8(self.replaces)}
+        return {
+            "embeddings": np.asarray(self.embeddings, np.float32),
+            "labels": np.asarray(self.labels, np.int32),
+            "source_ids": np.asarray(self.source_ids, np.int64),
+            "session": np.int32(self.session),
+            "replaces": np.int8(self.replaces),
+        }
 
     @classmethod
     def from_dict(cls, d) -> "GalleryPart":
-        return cls(np.asarray(d["embeddings"], np.float32), np.asarray(d["labels"], np.int32),
-                   np.asarray(d["source_ids"], np.int64), int(d["session"]), bool(int(d["replaces"])))
+        return cls(
+            np.asarray(d["embeddings"], np.float32),
+            np.asarray(d["labels"], np.int32),
+            np.asarray(d["source_ids"], np.int64),
+            int(d["session"]),
+            bool(int(d["replaces"])),
+        )
 
 
 class Gallery:
@@ -52,8 +61,9 @@ class Gallery:
         self.embed_dim = embed_dim
         for p in self.parts:
             if p.embeddings.shape[1] != embed_dim:
-                raise ValueError(f"gallery part of session {p.session} has width {p.embeddings.shape[1]}, "
-                                 f"not {embed_dim}")
+                raise ValueError(
+                    f"gallery part of session {p.session} has width {p.embeddings.shape[1]}, not {embed_dim}"
+                )
 
     @classmethod
     def empty(cls, embed_dim: int) -> "Gallery":
@@ -88,8 +98,10 @@ class Gallery:
             return Gallery([part], self.embed_dim)
         overlap = np.intersect1d(self.source_ids, part.source_ids[part.source_ids >= 0])
         if overlap.size:
-            raise ValueError(f"{overlap.size} source images are already in the gallery "
-                             f"(e.g. train index {int(overlap[0])}); rows are never added twice")
+            raise ValueError(
+                f"{overlap.size} source images are already in the gallery "
+                f"(e.g. train index {int(overlap[0])}); rows are never added twice"
+            )
         return Gallery(self.parts + (part,), self.embed_dim)
 
     @classmethod
@@ -103,7 +115,8 @@ class Gallery:
                 raise ValueError(
                     f"the gallery rows of session {s + 1} cannot be read from {checkpoints.directory}/{s} "
                     f"({type(e).__name__}: {str(e)[:160]}); they were embedded by that session's model and are "
-                    "never re-extracted: restore that folder from a backup (nothing was changed).") from e
+                    "never re-extracted: restore that folder from a backup (nothing was changed)."
+                ) from e
             if d:  # an empty session adds no part
                 gallery = gallery.with_part(GalleryPart.from_dict(d))
         return gallery
@@ -130,7 +143,7 @@ class RowConcat:
 
     def __array__(self, dtype=None, copy=None):
         """A contiguous copy (for small galleries and tests; large ones are read in slices)."""
-        out = self[0:self.shape[0]]
+        out = self[0 : self.shape[0]]
         return out if dtype is None else out.astype(dtype)
 
     def __getitem__(self, item):
@@ -143,4 +156,3 @@ class RowConcat:
             if a < b:
                 out.append(np.asarray(part[a:b], np.float32))
         return np.concatenate(out) if out else np.zeros((0,) + self.shape[1:], np.float32)
-

@@ -34,27 +34,40 @@ def make_batch_grad_fn(model, pipeline: augment.Pipeline, *, temperature: float)
             logits = losses.cosine_logits(emb, variables["params"]["head"])
             masked = jnp.where(jnp.arange(logits.shape[1])[None] < valid_classes, logits, -jnp.inf)
             target = jnp.where(use_predictions, jnp.argmax(masked, axis=1), labels)
-            return losses.normalized_softmax_loss(emb, variables["params"]["head"], target, temperature,
-                                                  valid_classes=valid_classes)
+            return losses.normalized_softmax_loss(
+                emb, variables["params"]["head"], target, temperature, valid_classes=valid_classes
+            )
 
         return jax.grad(loss)(variables["params"]["net"])
 
     return grad_fn
 
 
-def session_fisher(kind: str, grad_fn, variables, images: np.ndarray, labels: np.ndarray, valid_classes: int,
-                   batch_size: int, running=None):
+def session_fisher(
+    kind: str,
+    grad_fn,
+    variables,
+    images: np.ndarray,
+    labels: np.ndarray,
+    valid_classes: int,
+    batch_size: int,
+    running=None,
+):
     """``ewc``: this session's Fisher.  ``rwalk``: the EWC++ running Fisher continued from
     ``running`` (the previous sessions' value): one running average over the whole stream."""
     n = images.shape[0]
     fisher = jax.tree.map(jnp.zeros_like, variables["params"]["net"]) if running is None else running
     first = running is None
     for start in range(0, n - batch_size + 1, batch_size):  # full batches: one compiled shape
-        g = grad_fn(variables, jnp.asarray(images[start:start + batch_size]),
-                    jnp.asarray(labels[start:start + batch_size], jnp.int32), jnp.int32(valid_classes),
-                    kind == "ewc")
+        g = grad_fn(
+            variables,
+            jnp.asarray(images[start : start + batch_size]),
+            jnp.asarray(labels[start : start + batch_size], jnp.int32),
+            jnp.int32(valid_classes),
+            kind == "ewc",
+        )
         if kind == "ewc":
-            fisher = jax.tree.map(lambda f, gi: f + gi ** 2 * (batch_size / n), fisher, g)
+            fisher = jax.tree.map(lambda f, gi: f + gi**2 * (batch_size / n), fisher, g)
         else:
             fisher = regularizers.update_ewcpp_importance(fisher, g, alpha=0.5, init_if_zero=first)
         first = False
@@ -77,6 +90,8 @@ def accumulate(kind: str, previous_raw, fisher, *, normalize: bool):
 
 def describe(raw) -> str:
     leaves = [np.asarray(x) for x in jax.tree.leaves(raw)]
-    return (f"max {max(float(x.max()) for x in leaves):.3g}, mean "
-            f"{sum(float(x.sum()) for x in leaves) / sum(x.size for x in leaves):.3g} over "
-            f"{sum(x.size for x in leaves)} weights")
+    return (
+        f"max {max(float(x.max()) for x in leaves):.3g}, mean "
+        f"{sum(float(x.sum()) for x in leaves) / sum(x.size for x in leaves):.3g} over "
+        f"{sum(x.size for x in leaves)} weights"
+    )

@@ -228,8 +228,8 @@ def class_centers(
     # RowConcat over its per-session parts) is never copied whole, let alone in float64.
     sums = np.zeros((groups, num_classes, d), np.float64)
     for start in range(0, n, _CENTER_BLOCK):
-        block = _np_l2_normalize(np.asarray(gallery_embeddings[start:start + _CENTER_BLOCK], np.float64))
-        np.add.at(sums, (sess_idx[start:start + _CENTER_BLOCK], labels[start:start + _CENTER_BLOCK]), block)
+        block = _np_l2_normalize(np.asarray(gallery_embeddings[start : start + _CENTER_BLOCK], np.float64))
+        np.add.at(sums, (sess_idx[start : start + _CENTER_BLOCK], labels[start : start + _CENTER_BLOCK]), block)
     counts = np.zeros((groups, num_classes), np.float64)
     np.add.at(counts, (sess_idx, labels), 1.0)
     if not per_session_mean:

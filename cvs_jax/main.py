@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import sys
 
+import tensorflow_datasets as tfds
 from absl import app, flags, logging
 from ml_collections import config_flags
-import tensorflow_datasets as tfds
 
 from cvs_jax import determinism, trainer
 

@@ -18,8 +18,12 @@ def recall_per_session(results: list[dict], path: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in results:
         sessions = [s["session"] + 1 for s in r["per_session"]]
-        ax.plot(sessions, [100 * s["recall"]["1"] for s in r["per_session"]], marker="o",
-                label=f"{r['method']} (AR@1 {100 * r['average_recall']['1']:.2f})")
+        ax.plot(
+            sessions,
+            [100 * s["recall"]["1"] for s in r["per_session"]],
+            marker="o",
+            label=f"{r['method']} (AR@1 {100 * r['average_recall']['1']:.2f})",
+        )
     ax.set_xlabel("session")
     ax.set_ylabel("recall@1 (%)")
     ax.set_title(f"{results[0]['dataset']} / {results[0]['setup']}")
@@ -66,8 +70,15 @@ def compatibility(matrix: np.ndarray, path: str, title: str) -> None:
     for i in range(n):
         for j in range(n):
             if np.isfinite(matrix[i, j]):
-                ax.text(j, i, f"{100 * matrix[i, j]:.0f}", ha="center", va="center",
-                        color="white" if matrix[i, j] < 0.6 else "black", fontsize=8)
+                ax.text(
+                    j,
+                    i,
+                    f"{100 * matrix[i, j]:.0f}",
+                    ha="center",
+                    va="center",
+                    color="white" if matrix[i, j] < 0.6 else "black",
+                    fontsize=8,
+                )
     ax.set_xticks(range(n), [str(j + 1) for j in range(n)])
     ax.set_yticks(range(n), [str(i + 1) for i in range(n)])
     ax.set_xlabel("gallery rows made by session j")

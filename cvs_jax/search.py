@@ -24,9 +24,8 @@ import ml_collections
 import numpy as np
 from PIL import Image
 
-from cvs_jax import augment
+from cvs_jax import augment, evaluate
 from cvs_jax.checkpoint import Checkpoints
-from cvs_jax import evaluate
 from cvs_jax.gallery import Gallery, GalleryPart, RowConcat
 from cvs_jax.models import build_model, init_head
 from cvs_jax.train_step import make_embed_fn
@@ -58,21 +57,27 @@ class Run:
         self.workdir = workdir
         for name in ("config.json", "protocol.json"):
             if not os.path.exists(os.path.join(workdir, name)):
-                raise SearchError(f"{workdir} holds no cvs_jax run ({name} is missing); pass the --workdir of "
-                                  f"a run of python -m cvs_jax.main.")
+                raise SearchError(
+                    f"{workdir} holds no cvs_jax run ({name} is missing); pass the --workdir of "
+                    f"a run of python -m cvs_jax.main."
+                )
         with open(os.path.join(workdir, "config.json")) as f:
             self.config = ml_collections.ConfigDict(json.load(f))
         with open(os.path.join(workdir, "protocol.json")) as f:
             self.protocol = json.load(f)
         c = self.config
-        self.model = build_model(c.model.name, width=c.model.width, layout=c.model.layout,
-                                 embed_dim=c.model.embed_dim, dtype=c.model.dtype)
+        self.model = build_model(
+            c.model.name, width=c.model.width, layout=c.model.layout, embed_dim=c.model.embed_dim, dtype=c.model.dtype
+        )
         shape = tuple(self.protocol["image_shape"])
         init = self.model.init(jax.random.key(0), jnp.zeros((1,) + shape), train=False)
-        template = {"params": {"net": init["params"], "head": init_head(jax.random.key(0),
-                                                                         len(self.protocol["class_names"]),
-                                                                         c.model.embed_dim)},
-                    "batch_stats": init["batch_stats"]}
+        template = {
+            "params": {
+                "net": init["params"],
+                "head": init_head(jax.random.key(0), len(self.protocol["class_names"]), c.model.embed_dim),
+            },
+            "batch_stats": init["batch_stats"],
+        }
         self._sessions = Checkpoints(os.path.join(workdir, "checkpoints", "sessions"), max_to_keep=None)
         restored = self._sessions.restore_latest({"variables": template})
         if restored is None:
@@ -105,19 +110,33 @@ class Run:
         sources = [f"train[{i}]" for i in self.gallery.source_ids] + list(self.added_sources)
         scores, idx = evaluate.topk_indices(q, emb, k)  # exact cosine top-k, ties to the lower row
         names = self.protocol["class_names"]
-        return [[{"rank": r + 1, "score": float(sc), "label": int(labels[j]),
-                  "class": names[labels[j]] if labels[j] >= 0 else "?",
-                  "session": int(sessions[j]) + 1, "source": sources[j]} for r, (sc, j) in enumerate(zip(srow, irow))]
-                for srow, irow in zip(scores, idx)]
+        return [
+            [
+                {
+                    "rank": r + 1,
+                    "score": float(sc),
+                    "label": int(labels[j]),
+                    "class": names[labels[j]] if labels[j] >= 0 else "?",
+                    "session": int(sessions[j]) + 1,
+                    "source": sources[j],
+                }
+                for r, (sc, j) in enumerate(zip(srow, irow))
+            ]
+            for srow, irow in zip(scores, idx)
+        ]
 
     def add(self, images: np.ndarray, paths: list[str], label: int) -> None:
         # additions are few: kept as one part (session = the newest model's), rewritten on each --add
-        merged = GalleryPart(np.concatenate([np.asarray(self.added.embeddings), self.embed(images)]),
-                             np.concatenate([self.added.labels, np.full(len(paths), label, np.int32)]),
-                             np.full(len(self.added) + len(paths), -1, np.int64), self.session)
+        merged = GalleryPart(
+            np.concatenate([np.asarray(self.added.embeddings), self.embed(images)]),
+            np.concatenate([self.added.labels, np.full(len(paths), label, np.int32)]),
+            np.full(len(self.added) + len(paths), -1, np.int64),
+            self.session,
+        )
         step = (max(self._additions.steps()) + 1) if self._additions.steps() else 0
-        self._additions.save(step, {"rows": merged.as_dict()},
-                             {"sources": self.added_sources + [os.path.abspath(p) for p in paths]})
+        self._additions.save(
+            step, {"rows": merged.as_dict()}, {"sources": self.added_sources + [os.path.abspath(p) for p in paths]}
+        )
         self.added = Gallery([merged], self.gallery.embed_dim)
         self.added_sources = self.added_sources + [os.path.abspath(p) for p in paths]
 
@@ -129,8 +148,10 @@ class Run:
             return names.index(name)
         if name.lstrip("-").isdigit() and -1 <= int(name) < len(names):
             return int(name)
-        raise SearchError(f"--label {name!r} is neither a class name nor a label; known classes: "
-                          f"{', '.join(names[:10])}{', ...' if len(names) > 10 else ''}.")
+        raise SearchError(
+            f"--label {name!r} is neither a class name nor a label; known classes: "
+            f"{', '.join(names[:10])}{', ...' if len(names) > 10 else ''}."
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,14 +167,18 @@ def main(argv: list[str] | None = None) -> int:
         images = load_images(args.images, run.image_shape)
         if args.add:
             run.add(images, args.images, run.label_of(args.label))
-            print(f"added {len(args.images)} images to the gallery of {args.workdir} (model of session "
-                  f"{run.session + 1}); gallery now {len(run.gallery) + len(run.added)} rows")
+            print(
+                f"added {len(args.images)} images to the gallery of {args.workdir} (model of session "
+                f"{run.session + 1}); gallery now {len(run.gallery) + len(run.added)} rows"
+            )
             return 0
         for path, hits in zip(args.images, run.search(images, args.k)):
             print(f"{path}  (model of session {run.session + 1}, gallery {len(run.gallery) + len(run.added)} rows)")
             for h in hits:
-                print(f"  {h['rank']:>2}. score {h['score']:.4f}  label {h['label']:>4} {h['class']:<20} "
-                      f"session {h['session']}  {h['source']}")
+                print(
+                    f"  {h['rank']:>2}. score {h['score']:.4f}  label {h['label']:>4} {h['class']:<20} "
+                    f"session {h['session']}  {h['source']}"
+                )
         return 0
     except SearchError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -13,8 +13,13 @@ import sys
 def summary_table(results: list[dict]) -> str:
     ks = list(results[0]["average_recall"])
     n_sessions = max(len(r["per_session"]) for r in results)
-    head = ("| method | " + " | ".join(f"S{i + 1} R@1" for i in range(n_sessions)) + " | "
-            + " | ".join(f"AR@{k}" for k in ks) + " |")
+    head = (
+        "| method | "
+        + " | ".join(f"S{i + 1} R@1" for i in range(n_sessions))
+        + " | "
+        + " | ".join(f"AR@{k}" for k in ks)
+        + " |"
+    )
     rows = [head, "|" + "---|" * (1 + n_sessions + len(ks))]
     for r in results:
         per = [f"{100 * s['recall']['1']:.2f}" for s in r["per_session"]]

@@ -25,7 +25,7 @@ from cvs_jax.methods import Method, StepInputs
 @flax.struct.dataclass
 class TrainState:
     step: jax.Array
-    params: Any        # {"net": backbone + embedding params, "head": [K, D] cosine head}
+    params: Any  # {"net": backbone + embedding params, "head": [K, D] cosine head}
     batch_stats: Any
     opt_state: Any
 
@@ -36,28 +36,44 @@ def make_optimizer(*, momentum: float, nesterov: bool, weight_decay: float) -> o
     Passing the LR as an argument keeps one compiled step for every epoch and session.
     Adding ``wd * param`` to the gradient before momentum is PyTorch's SGD weight decay.
     """
-    return optax.chain(optax.add_decayed_weights(weight_decay),
-                       optax.sgd(1.0, momentum=momentum, nesterov=nesterov))
+    return optax.chain(optax.add_decayed_weights(weight_decay), optax.sgd(1.0, momentum=momentum, nesterov=nesterov))
 
 
-def make_train_step(model, tx: optax.GradientTransformation, method: Method, *, temperature: float,
-                    loss_weights: Mapping[str, float], pipeline: augment.Pipeline):
+def make_train_step(
+    model,
+    tx: optax.GradientTransformation,
+    method: Method,
+    *,
+    temperature: float,
+    loss_weights: Mapping[str, float],
+    pipeline: augment.Pipeline,
+):
     """Returns ``step(state, frozen, batch, aux, lr, key) -> (state, metrics)`` (jitted)."""
 
     def loss_fn(params, batch_stats, frozen, images, labels, aux):
-        emb, new_vars = model.apply({"params": params["net"], "batch_stats": batch_stats}, images,
-                                    train=True, mutable=["batch_stats"])
-        terms = {"L_c": normalized_softmax_loss(emb, params["head"], labels, temperature,
-                                                valid_classes=aux["valid_classes"])}
+        emb, new_vars = model.apply(
+            {"params": params["net"], "batch_stats": batch_stats}, images, train=True, mutable=["batch_stats"]
+        )
+        terms = {
+            "L_c": normalized_softmax_loss(emb, params["head"], labels, temperature, valid_classes=aux["valid_classes"])
+        }
         total = terms["L_c"]
         if frozen is not None and method.extra_terms is not None:
             old_emb = None
             if method.uses_old_model:
-                old_emb = model.apply({"params": frozen["params"]["net"], "batch_stats": frozen["batch_stats"]},
-                                      images, train=False)
+                old_emb = model.apply(
+                    {"params": frozen["params"]["net"], "batch_stats": frozen["batch_stats"]}, images, train=False
+                )
                 old_emb = jax.lax.stop_gradient(old_emb)
-            inputs = StepInputs(params=params, new_emb=emb, old_emb=old_emb, labels=labels, head=params["head"],
-                                old_head=jax.lax.stop_gradient(frozen["params"]["head"]), aux=aux)
+            inputs = StepInputs(
+                params=params,
+                new_emb=emb,
+                old_emb=old_emb,
+                labels=labels,
+                head=params["head"],
+                old_head=jax.lax.stop_gradient(frozen["params"]["head"]),
+                aux=aux,
+            )
             for name, value in method.extra_terms(inputs).items():
                 terms[name] = value
                 total = total + loss_weights[name] * value
@@ -68,12 +84,12 @@ def make_train_step(model, tx: optax.GradientTransformation, method: Method, *, 
         key = jax.random.fold_in(key, state.step)
         images = pipeline.train(key, batch["images"])
         (total, (terms, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            state.params, state.batch_stats, frozen, images, batch["labels"], aux)
+            state.params, state.batch_stats, frozen, images, batch["labels"], aux
+        )
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = jax.tree.map(lambda p, u: p + lr * u, state.params, updates)
         metrics = dict(terms, loss=total, grad_norm=optax.tree.norm(grads), lr=lr)
-        return TrainState(step=state.step + 1, params=params, batch_stats=batch_stats,
-                          opt_state=opt_state), metrics
+        return TrainState(step=state.step + 1, params=params, batch_stats=batch_stats, opt_state=opt_state), metrics
 
     return step
 

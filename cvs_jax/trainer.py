@@ -26,8 +26,21 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from cvs_jax import (augment, config_checks, distributed, evaluate, faults, importance, losses, memory, plots,
-                     schedules, workdir as workdir_lib)
+from cvs_jax import (
+    augment,
+    config_checks,
+    distributed,
+    evaluate,
+    faults,
+    importance,
+    losses,
+    memory,
+    plots,
+    schedules,
+)
+from cvs_jax import (
+    workdir as workdir_lib,
+)
 from cvs_jax.checkpoint import Checkpoints
 from cvs_jax.compatibility import compatibility_matrix
 from cvs_jax.data import official_splits, sources, splits
@@ -51,22 +64,34 @@ class Protocol:
     @classmethod
     def build(cls, config: ml_collections.ConfigDict) -> "Protocol":
         d = config.data
-        dataset = sources.load_dataset(d.name, data_dir=d.data_dir, manual_dir=d.manual_dir,
-                                       on_corrupt=d.on_corrupt)
+        dataset = sources.load_dataset(d.name, data_dir=d.data_dir, manual_dir=d.manual_dir, on_corrupt=d.on_corrupt)
         if d.official_split_dir is not None:  # the official CVS JSON session files (CIFAR-100)
-            plan = official_splits.official_plan_for_dataset(os.path.expanduser(d.official_split_dir), d.setup,
-                                                             dataset)
-            return cls(dataset, plan, plan.to_protocol_labels(dataset.train.labels),
-                       plan.to_protocol_labels(dataset.test.labels))
+            plan = official_splits.official_plan_for_dataset(os.path.expanduser(d.official_split_dir), d.setup, dataset)
+            return cls(
+                dataset,
+                plan,
+                plan.to_protocol_labels(dataset.train.labels),
+                plan.to_protocol_labels(dataset.test.labels),
+            )
         plan = splits.make_session_plan(
-            dataset.train.labels, setup=d.setup, num_sessions=d.num_sessions,
-            first_classes=d.first_classes, classes_per_session=d.classes_per_session,
-            old_class_percent=d.old_class_percent, samples_per_new_class=d.samples_per_new_class,
-            blurry_minor_percent=d.blurry_minor_percent, val_fraction=d.val_fraction,
-            num_classes=dataset.num_classes, shuffle_classes=d.shuffle_classes, seed=config.seed,
-            val_per_class=d.val_per_class, general_shares=d.general_shares)
-        return cls(dataset, plan, plan.to_protocol_labels(dataset.train.labels),
-                   plan.to_protocol_labels(dataset.test.labels))
+            dataset.train.labels,
+            setup=d.setup,
+            num_sessions=d.num_sessions,
+            first_classes=d.first_classes,
+            classes_per_session=d.classes_per_session,
+            old_class_percent=d.old_class_percent,
+            samples_per_new_class=d.samples_per_new_class,
+            blurry_minor_percent=d.blurry_minor_percent,
+            val_fraction=d.val_fraction,
+            num_classes=dataset.num_classes,
+            shuffle_classes=d.shuffle_classes,
+            seed=config.seed,
+            val_per_class=d.val_per_class,
+            general_shares=d.general_shares,
+        )
+        return cls(
+            dataset, plan, plan.to_protocol_labels(dataset.train.labels), plan.to_protocol_labels(dataset.test.labels)
+        )
 
     @property
     def num_classes(self) -> int:
@@ -77,16 +102,31 @@ class Protocol:
 
     def session_class_counts(self, method: Method) -> np.ndarray:
         """``[session, class]`` counts of the images each session trains on (without replay)."""
-        return np.stack([np.bincount(self.train_labels[self.training_indices(method, s)],
-                                     minlength=self.num_classes) for s in range(self.plan.num_sessions)])
+        return np.stack(
+            [
+                np.bincount(self.train_labels[self.training_indices(method, s)], minlength=self.num_classes)
+                for s in range(self.plan.num_sessions)
+            ]
+        )
 
     def description(self) -> dict:
         """What ``protocol.json`` records: class names in protocol order and the session sizes."""
         names = self.dataset.class_names
-        return {"dataset": self.dataset.name, "setup": self.plan.setup, "image_shape": list(self.dataset.image_shape),
-                "class_names": [names[int(c)] for c in self.plan.class_order],
-                "sessions": [{"train": int(len(s.train)), "val": int(len(s.val)), "num_outputs": s.num_outputs,
-                              "new_classes": s.new_classes.tolist()} for s in self.plan.sessions]}
+        return {
+            "dataset": self.dataset.name,
+            "setup": self.plan.setup,
+            "image_shape": list(self.dataset.image_shape),
+            "class_names": [names[int(c)] for c in self.plan.class_order],
+            "sessions": [
+                {
+                    "train": int(len(s.train)),
+                    "val": int(len(s.val)),
+                    "num_outputs": s.num_outputs,
+                    "new_classes": s.new_classes.tolist(),
+                }
+                for s in self.plan.sessions
+            ],
+        }
 
 
 class Embedder:
@@ -102,12 +142,15 @@ class Embedder:
     def __call__(self, variables: dict, images: np.ndarray) -> np.ndarray:
         out = []
         for start in range(0, images.shape[0], self._chunk):
-            chunk = images[start:start + self._chunk]
+            chunk = images[start : start + self._chunk]
             n = chunk.shape[0]
             if n < self._chunk:
                 chunk = np.concatenate([chunk, np.zeros((self._chunk - n,) + chunk.shape[1:], chunk.dtype)])
-            emb = self._fn(variables["params"], variables["batch_stats"],
-                           distributed.global_batch(chunk[self._lo:self._hi], self._mesh))
+            emb = self._fn(
+                variables["params"],
+                variables["batch_stats"],
+                distributed.global_batch(chunk[self._lo : self._hi], self._mesh),
+            )
             out.append(distributed.to_host(emb)[:n])
         if not out:
             return np.zeros((0, self._fn_dim(variables)), np.float32)
@@ -116,7 +159,8 @@ class Embedder:
             raise FloatingPointError(
                 f"{int((~np.isfinite(emb).all(axis=1)).sum())} of {emb.shape[0]} embeddings are NaN/inf "
                 f"(model.dtype={self._dtype}); lower train.lr, or use model.dtype=float32 if the compiler "
-                f"mishandles reduced precision on this backend. Nothing was written to the gallery.")
+                f"mishandles reduced precision on this backend. Nothing was written to the gallery."
+            )
         return emb
 
     @staticmethod
@@ -151,8 +195,9 @@ def _make_uncertainty_fn(model, pipeline: augment.Pipeline, chunk: int):
     @jax.jit
     def predict(variables, images, key, valid_classes):
         x = pipeline.train(key, images)
-        emb = model.apply({"params": variables["params"]["net"], "batch_stats": variables["batch_stats"]}, x,
-                          train=False)
+        emb = model.apply(
+            {"params": variables["params"]["net"], "batch_stats": variables["batch_stats"]}, x, train=False
+        )
         logits = losses.cosine_logits(emb, variables["params"]["head"])
         return jnp.argmax(jnp.where(jnp.arange(logits.shape[1])[None] < valid_classes, logits, -jnp.inf), axis=1)
 
@@ -161,12 +206,13 @@ def _make_uncertainty_fn(model, pipeline: augment.Pipeline, chunk: int):
         for t in range(_RAINBOW_PERTURBATIONS):
             key = jax.random.fold_in(jax.random.key(seed), t)
             for start in range(0, images.shape[0], chunk):
-                part = images[start:start + chunk]
+                part = images[start : start + chunk]
                 n = part.shape[0]
                 if n < chunk:
                     part = np.concatenate([part, np.zeros((chunk - n,) + part.shape[1:], part.dtype)])
-                preds[t, start:start + n] = np.asarray(predict(variables, jnp.asarray(part),
-                                                               jax.random.fold_in(key, start), valid_classes))[:n]
+                preds[t, start : start + n] = np.asarray(
+                    predict(variables, jnp.asarray(part), jax.random.fold_in(key, start), valid_classes)
+                )[:n]
         return memory.prediction_uncertainty(preds)
 
     return uncertainty
@@ -179,8 +225,12 @@ def _update_memory(method: Method, config, proto: "Protocol", mem: dict, variabl
     if method.memory_policy == "reservoir":
         rng = np.random.default_rng([config.seed, s, 7])
         ids, seen = memory.reservoir_update(mem["source_ids"], mem["seen"], prev, budget, rng)
-        return {"source_ids": ids.astype(np.int64), "labels": proto.train_labels[ids].astype(np.int32),
-                "built_after": s - 1, "seen": seen}
+        return {
+            "source_ids": ids.astype(np.int64),
+            "labels": proto.train_labels[ids].astype(np.int32),
+            "built_after": s - 1,
+            "seen": seen,
+        }
     pool = np.concatenate([prev, mem["source_ids"]])
     images = proto.dataset.train.images[pool]
     if method.memory_policy == "herding":
@@ -190,8 +240,12 @@ def _update_memory(method: Method, config, proto: "Protocol", mem: dict, variabl
         ids, labels = memory.uncertainty_select(unc, proto.train_labels[pool], pool, budget)
     else:
         raise ValueError(f"unknown memory policy {method.memory_policy!r}")
-    return {"source_ids": np.asarray(ids, np.int64), "labels": np.asarray(labels, np.int32),
-            "built_after": s - 1, "seen": mem["seen"] + len(prev)}
+    return {
+        "source_ids": np.asarray(ids, np.int64),
+        "labels": np.asarray(labels, np.int32),
+        "built_after": s - 1,
+        "seen": mem["seen"] + len(prev),
+    }
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -218,26 +272,43 @@ def _run_sessions(config: ml_collections.ConfigDict, workdir: str, log: RunLog) 
     proto = Protocol.build(config)
     plan = proto.plan
     images = proto.dataset.train.images
-    log.print(f"data: {proto.dataset.name} {images.shape[0]} train / {proto.dataset.test.images.shape[0]} test "
-              f"images, setup={plan.setup}, {plan.num_sessions} sessions, {proto.num_classes} classes "
-              f"({time.time() - t0:.1f}s)")
+    log.print(
+        f"data: {proto.dataset.name} {images.shape[0]} train / {proto.dataset.test.images.shape[0]} test "
+        f"images, setup={plan.setup}, {plan.num_sessions} sessions, {proto.num_classes} classes "
+        f"({time.time() - t0:.1f}s)"
+    )
 
     if jax.process_index() == 0:
         with open(os.path.join(workdir, "protocol.json"), "w") as f:
             json.dump(proto.description(), f, indent=1)
 
-    model = build_model(config.model.name, width=config.model.width, layout=config.model.layout,
-                        embed_dim=config.model.embed_dim, dtype=config.model.dtype,
-                        frozen_bn=config.model.frozen_bn)
-    tx = make_optimizer(momentum=config.train.momentum, nesterov=config.train.nesterov,
-                        weight_decay=config.train.weight_decay)
+    model = build_model(
+        config.model.name,
+        width=config.model.width,
+        layout=config.model.layout,
+        embed_dim=config.model.embed_dim,
+        dtype=config.model.dtype,
+        frozen_bn=config.model.frozen_bn,
+    )
+    tx = make_optimizer(
+        momentum=config.train.momentum, nesterov=config.train.nesterov, weight_decay=config.train.weight_decay
+    )
     pipeline = augment.Pipeline.from_config(config)  # train-time augmentation and eval preprocessing
-    step_fn = make_train_step(model, tx, method, temperature=config.train.temperature,
-                              loss_weights=dict(config.loss_weights), pipeline=pipeline)
+    step_fn = make_train_step(
+        model,
+        tx,
+        method,
+        temperature=config.train.temperature,
+        loss_weights=dict(config.loss_weights),
+        pipeline=pipeline,
+    )
     embed = Embedder(model, pipeline, config.train.eval_batch_size, config.model.dtype, mesh)
     fisher_grad_fn = importance.make_batch_grad_fn(model, pipeline, temperature=config.train.temperature)
-    uncertainty_fn = (_make_uncertainty_fn(model, pipeline, config.train.eval_batch_size)
-                      if method.memory_policy == "rainbow" else None)
+    uncertainty_fn = (
+        _make_uncertainty_fn(model, pipeline, config.train.eval_batch_size)
+        if method.memory_policy == "rainbow"
+        else None
+    )
 
     root = jax.random.key(config.seed)
     init_key, head_key, step_key = jax.random.split(root, 3)
@@ -262,16 +333,20 @@ def _run_sessions(config: ml_collections.ConfigDict, workdir: str, log: RunLog) 
     reg_built_after = -1
     per_session: list[dict] = []
     start = 0
-    restored = session_ckpts.restore_latest({"variables": variables, "opt_state": opt_template, "gallery": None,
-                                             "regularizer": None})
+    restored = session_ckpts.restore_latest(
+        {"variables": variables, "opt_state": opt_template, "gallery": None, "regularizer": None}
+    )
     if restored is not None:
         last, items = restored
         variables = items["variables"]
         gallery = Gallery.restore(session_ckpts, last, config.model.embed_dim)  # one part per session
         stored_mem = items["meta"]["memory"]
-        mem = {"source_ids": np.asarray(stored_mem["source_ids"], np.int64),
-               "labels": np.asarray(stored_mem["labels"], np.int32), "built_after": stored_mem["built_after"],
-               "seen": stored_mem["seen"]}
+        mem = {
+            "source_ids": np.asarray(stored_mem["source_ids"], np.int64),
+            "labels": np.asarray(stored_mem["labels"], np.int32),
+            "built_after": stored_mem["built_after"],
+            "seen": stored_mem["seen"],
+        }
         reg, reg_built_after = items["regularizer"], items["meta"]["regularizer_built_after"]
         per_session = items["meta"]["per_session"]
         start = last + 1
@@ -291,14 +366,23 @@ def _run_sessions(config: ml_collections.ConfigDict, workdir: str, log: RunLog) 
             mem = _update_memory(method, config, proto, mem, variables, embed, uncertainty_fn, s)
         if method.importance != "none" and s > 0 and reg_built_after != s - 1:
             prev = plan.sessions[s - 1].train
-            fisher = importance.session_fisher(method.importance, fisher_grad_fn, variables, images[prev],
-                                               proto.train_labels[prev], plan.sessions[s - 1].num_outputs,
-                                               config.train.batch_size, running=reg.get("raw")
-                                               if method.importance == "rwalk" else None)
-            raw, used = importance.accumulate(method.importance, reg.get("raw"), fisher,
-                                              normalize=config.importance.normalize)
-            log.print(f"importance ({method.importance}) after session {s}: {importance.describe(raw)}"
-                      + (", normalised to max 1" if config.importance.normalize else ""))
+            fisher = importance.session_fisher(
+                method.importance,
+                fisher_grad_fn,
+                variables,
+                images[prev],
+                proto.train_labels[prev],
+                plan.sessions[s - 1].num_outputs,
+                config.train.batch_size,
+                running=reg.get("raw") if method.importance == "rwalk" else None,
+            )
+            raw, used = importance.accumulate(
+                method.importance, reg.get("raw"), fisher, normalize=config.importance.normalize
+            )
+            log.print(
+                f"importance ({method.importance}) after session {s}: {importance.describe(raw)}"
+                + (", normalised to max 1" if config.importance.normalize else "")
+            )
             reg = {"raw": raw, "importance": used, "anchor": jax.device_get(variables["params"]["net"])}
             reg_built_after = s - 1
 
@@ -311,8 +395,10 @@ def _run_sessions(config: ml_collections.ConfigDict, workdir: str, log: RunLog) 
         bs = config.train.batch_size
         steps_per_epoch = len(idx) // (bs // 2 if half else bs)
         if steps_per_epoch == 0:
-            raise config_checks.ConfigError(f"session {s + 1} has {len(idx)} training images, fewer than "
-                                            f"train.batch_size={bs}; lower the batch size.")
+            raise config_checks.ConfigError(
+                f"session {s + 1} has {len(idx)} training images, fewer than "
+                f"train.batch_size={bs}; lower the batch size."
+            )
         total_steps = steps_per_epoch * config.train.epochs
         lo, hi = distributed.process_slice(bs, mesh)
         steps_before = sum(r["steps"] for r in per_session)  # x-axis of the run's TensorBoard curves
@@ -320,9 +406,9 @@ def _run_sessions(config: ml_collections.ConfigDict, workdir: str, log: RunLog) 
         def batch_indices(epoch: int, i: int) -> np.ndarray:
             """Dataset indices of step i of an epoch: a pure function of (seed, session, epoch, i)."""
             if not half:
-                return idx[_epoch_order(config.seed, s, epoch, len(idx))[i * bs:(i + 1) * bs]]
+                return idx[_epoch_order(config.seed, s, epoch, len(idx))[i * bs : (i + 1) * bs]]
             h = bs // 2  # Rainbow: half session stream, half memory
-            stream = idx[_epoch_order(config.seed, s, epoch, len(idx))[i * h:(i + 1) * h]]
+            stream = idx[_epoch_order(config.seed, s, epoch, len(idx))[i * h : (i + 1) * h]]
             rng = np.random.default_rng([config.seed, s, epoch, i, 1])
             return np.concatenate([stream, mem_idx[rng.integers(0, len(mem_idx), bs - h)]])
 
@@ -334,21 +420,27 @@ def _run_sessions(config: ml_collections.ConfigDict, workdir: str, log: RunLog) 
         aux = {"valid_classes": jnp.int32(sess.num_outputs), "old_classes": jnp.int32(prev_outputs)}
         if method.uses_centers:
             centers, center_mask = losses.class_centers(
-                gallery.embeddings, gallery.labels, proto.num_classes, gallery_sessions=gallery.sessions,
-                per_session_mean=config.cvs.per_session_centers)
+                gallery.embeddings,
+                gallery.labels,
+                proto.num_classes,
+                gallery_sessions=gallery.sessions,
+                per_session_mean=config.cvs.per_session_centers,
+            )
             aux["centers"], aux["center_mask"] = jnp.asarray(centers), jnp.asarray(center_mask)
         if method.importance != "none" and s > 0:
             aux["reg_importance"], aux["reg_anchor"] = reg["importance"], reg["anchor"]
         aux = distributed.replicate(aux, mesh)
-        state = TrainState(step=jnp.int32(0), params=params, batch_stats=variables["batch_stats"],
-                           opt_state=tx.init(params))
+        state = TrainState(
+            step=jnp.int32(0), params=params, batch_stats=variables["batch_stats"], opt_state=tx.init(params)
+        )
         cur = {"params": state.params, "batch_stats": state.batch_stats}
         best = {"r1": -1.0, "epoch": -1, "variables": cur}
         sums: dict[str, jax.Array] = {}
 
         # 3c. mid-session resume: training state, best model so far, running sums of the epoch.
-        progress = progress_ckpts.restore_latest({"state": state, "best": cur, "sums": None},
-                                                 steps=range(s * _PROGRESS_STRIDE, (s + 1) * _PROGRESS_STRIDE))
+        progress = progress_ckpts.restore_latest(
+            {"state": state, "best": cur, "sums": None}, steps=range(s * _PROGRESS_STRIDE, (s + 1) * _PROGRESS_STRIDE)
+        )
         if progress is not None:
             items = progress[1]
             state, meta = items["state"], items["meta"]
@@ -371,24 +463,29 @@ def _run_sessions(config: ml_collections.ConfigDict, workdir: str, log: RunLog) 
             # stored rows + the session's rows by the current model, streamed without a joint copy
             g_emb = RowConcat([p.embeddings for p in stored.parts] + [embed(vars_, images[gal_idx])])
             faults.maybe_fail("validation")
-            return evaluate.recall_at_k_blocked(embed(vars_, query_images), query_labels, g_emb, g_lab, ks,
-                                                mesh=mesh)
+            return evaluate.recall_at_k_blocked(embed(vars_, query_images), query_labels, g_emb, g_lab, ks, mesh=mesh)
 
         def check_finite(bad_step):
             bad = int(bad_step)
             if bad != _NO_BAD_STEP:
                 raise FloatingPointError(
                     f"the loss became NaN/inf at step {bad + 1} of session {s + 1} ({method.name}); lower "
-                    f"train.lr or check the data. Checkpoints up to the last good step are intact.")
+                    f"train.lr or check the data. Checkpoints up to the last good step are intact."
+                )
 
         def save_progress(step):
             faults.fail_while_writing("progress_write", progress_ckpts.directory)
-            progress_ckpts.save(s * _PROGRESS_STRIDE + step, {"state": state, "best": best["variables"], "sums": sums},
-                                {"session": s, "step": step, "best_r1": best["r1"], "best_epoch": best["epoch"]})
+            progress_ckpts.save(
+                s * _PROGRESS_STRIDE + step,
+                {"state": state, "best": best["variables"], "sums": sums},
+                {"session": s, "step": step, "best_r1": best["r1"], "best_epoch": best["epoch"]},
+            )
 
-        log.print(f"== session {s + 1}/{plan.num_sessions} [{method.name}]: {len(idx)} train images "
-                  f"({steps_per_epoch} steps/epoch), {sess.num_outputs} classes, gallery {len(stored)} stored "
-                  f"+ {len(gal_idx)} new, {len(val_idx)} val / {len(test_idx)} test queries")
+        log.print(
+            f"== session {s + 1}/{plan.num_sessions} [{method.name}]: {len(idx)} train images "
+            f"({steps_per_epoch} steps/epoch), {sess.num_outputs} classes, gallery {len(stored)} stored "
+            f"+ {len(gal_idx)} new, {len(val_idx)} val / {len(test_idx)} test queries"
+        )
         session_key = jax.random.fold_in(step_key, s)
         t_session, steps_at_start = time.time(), int(state.step)
         bad_step = jnp.int32(_NO_BAD_STEP)
@@ -397,8 +494,9 @@ def _run_sessions(config: ml_collections.ConfigDict, workdir: str, log: RunLog) 
             epoch, i = divmod(step, steps_per_epoch)
             lr = schedules.epoch_lr(config.train.schedule, epoch, config.train.lr, config.train.epochs)
             b = batch_indices(epoch, i)[lo:hi]  # each process loads only its rows of the global batch
-            batch = distributed.global_batch({"images": images[b], "labels": proto.train_labels[b].astype(np.int32)},
-                                             mesh)
+            batch = distributed.global_batch(
+                {"images": images[b], "labels": proto.train_labels[b].astype(np.int32)}, mesh
+            )
             state, metrics = step_fn(state, frozen, batch, aux, jnp.float32(lr), session_key)
             bad_step = jnp.minimum(bad_step, jnp.where(jnp.isfinite(metrics["loss"]), _NO_BAD_STEP, step))
             sums = {k: sums[k] + v if k in sums else v for k, v in metrics.items()}  # on device, no sync
@@ -406,8 +504,10 @@ def _run_sessions(config: ml_collections.ConfigDict, workdir: str, log: RunLog) 
             faults.maybe_fail("step")
             if config.log_every_steps and step % config.log_every_steps == 0 and step % steps_per_epoch:
                 done = (step - steps_at_start) / max(total_steps - steps_at_start, 1)
-                log.print(f"  session {s + 1} epoch {epoch + 1} step {step}/{total_steps} "
-                          f"ETA {format_eta((time.time() - t_session) / done * (1 - done))}")
+                log.print(
+                    f"  session {s + 1} epoch {epoch + 1} step {step}/{total_steps} "
+                    f"ETA {format_eta((time.time() - t_session) / done * (1 - done))}"
+                )
             if step % steps_per_epoch:
                 if config.train.checkpoint_every_steps and step % config.train.checkpoint_every_steps == 0:
                     check_finite(bad_step)
@@ -425,12 +525,21 @@ def _run_sessions(config: ml_collections.ConfigDict, workdir: str, log: RunLog) 
             done = (step - steps_at_start) / max(total_steps - steps_at_start, 1)
             eta = (time.time() - t_session) / done * (1 - done)
             ips = steps_per_epoch * bs / max(train_time, 1e-9)  # images trained per second
-            log.write(global_step=steps_before + step, session=s + 1, epoch=epoch + 1, step=step,
-                      val_recall1=val_r1, images_per_s=ips, **epoch_metrics)
+            log.write(
+                global_step=steps_before + step,
+                session=s + 1,
+                epoch=epoch + 1,
+                step=step,
+                val_recall1=val_r1,
+                images_per_s=ips,
+                **epoch_metrics,
+            )
             terms = " ".join(f"{k}={v:.4f}" for k, v in epoch_metrics.items() if k.startswith("L_"))
-            log.print(f"session {s + 1}/{plan.num_sessions} epoch {epoch + 1}/{config.train.epochs} "
-                      f"step {step} lr={lr:.5f} loss={epoch_metrics['loss']:.4f} {terms} "
-                      f"val R@1={100 * val_r1:.2f} {ips:.0f} img/s ETA {format_eta(eta)}")
+            log.print(
+                f"session {s + 1}/{plan.num_sessions} epoch {epoch + 1}/{config.train.epochs} "
+                f"step {step} lr={lr:.5f} loss={epoch_metrics['loss']:.4f} {terms} "
+                f"val R@1={100 * val_r1:.2f} {ips:.0f} img/s ETA {format_eta(eta)}"
+            )
             save_progress(step)
             t_epoch = time.time()
 
@@ -439,28 +548,54 @@ def _run_sessions(config: ml_collections.ConfigDict, workdir: str, log: RunLog) 
         variables["params"] = {k: variables["params"][k] for k in ("net", "head")}  # method extras end here
         test_recall = search(variables, proto.dataset.test.images[test_idx], proto.test_labels[test_idx])
         new_emb = embed(variables, images[gal_idx])
-        part = GalleryPart(new_emb, proto.train_labels[gal_idx], np.asarray(gal_idx, np.int64), s,
-                           replaces=method.reextract_gallery)
+        part = GalleryPart(
+            new_emb, proto.train_labels[gal_idx], np.asarray(gal_idx, np.int64), s, replaces=method.reextract_gallery
+        )
         gallery = gallery.with_part(part)  # adds a part: the stored rows are not copied
 
-        record = {"session": s, "recall": {str(k): v for k, v in test_recall.items()}, "best_epoch": best["epoch"] + 1,
-                  "val_recall1": best["r1"], "train_images": int(len(idx)), "gallery_rows": len(gallery),
-                  "test_queries": int(len(test_idx)), "steps": total_steps,
-                  "seconds": round(time.time() - t_session, 1)}
+        record = {
+            "session": s,
+            "recall": {str(k): v for k, v in test_recall.items()},
+            "best_epoch": best["epoch"] + 1,
+            "val_recall1": best["r1"],
+            "train_images": int(len(idx)),
+            "gallery_rows": len(gallery),
+            "test_queries": int(len(test_idx)),
+            "steps": total_steps,
+            "seconds": round(time.time() - t_session, 1),
+        }
         per_session.append(record)
-        log.write(global_step=steps_before + total_steps, session=s + 1, step=total_steps + 1,
-                  **{f"test_recall{k}": v for k, v in test_recall.items()})
-        log.print(f"session {s + 1} test: " + " ".join(f"R@{k}={100 * v:.2f}" for k, v in test_recall.items())
-                  + f" (best epoch {best['epoch'] + 1}, val R@1 {100 * best['r1']:.2f})")
+        log.write(
+            global_step=steps_before + total_steps,
+            session=s + 1,
+            step=total_steps + 1,
+            **{f"test_recall{k}": v for k, v in test_recall.items()},
+        )
+        log.print(
+            f"session {s + 1} test: "
+            + " ".join(f"R@{k}={100 * v:.2f}" for k, v in test_recall.items())
+            + f" (best epoch {best['epoch'] + 1}, val R@1 {100 * best['r1']:.2f})"
+        )
         faults.fail_while_writing("session_write", session_ckpts.directory)
-        session_ckpts.save(s, {"variables": variables, "opt_state": state.opt_state, "gallery": part.as_dict(),
-                               "regularizer": reg},
-                           {"per_session": per_session, "regularizer_built_after": reg_built_after,
-                            "memory": {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in mem.items()}})
+        session_ckpts.save(
+            s,
+            {"variables": variables, "opt_state": state.opt_state, "gallery": part.as_dict(), "regularizer": reg},
+            {
+                "per_session": per_session,
+                "regularizer_built_after": reg_built_after,
+                "memory": {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in mem.items()},
+            },
+        )
     # ---------------------------------------------------------------- 4. results, pictures
     ar = evaluate.average_recall([{k: r["recall"][str(k)] for k in ks} for r in per_session])
-    results = {"method": method.name, "dataset": config.data.name, "setup": plan.setup, "seed": config.seed,
-               "per_session": per_session, "average_recall": {str(k): v for k, v in ar.items()}}
+    results = {
+        "method": method.name,
+        "dataset": config.data.name,
+        "setup": plan.setup,
+        "seed": config.seed,
+        "per_session": per_session,
+        "average_recall": {str(k): v for k, v in ar.items()},
+    }
     last_test = plan.test_queries(plan.num_sessions - 1, proto.test_labels)
 
     def embed_queries(i):
@@ -478,9 +613,13 @@ def _run_sessions(config: ml_collections.ConfigDict, workdir: str, log: RunLog) 
         os.replace(tmp, os.path.join(workdir, "results.json"))
         title = f"{config.data.name} / {plan.setup} / {method.name}"
         plots.recall_per_session([results], os.path.join(workdir, "recall_per_session.png"))
-        plots.class_distribution(proto.session_class_counts(method), os.path.join(workdir, "class_distribution.png"),
-                                 f"{config.data.name} / {plan.setup}: training images per session")
+        plots.class_distribution(
+            proto.session_class_counts(method),
+            os.path.join(workdir, "class_distribution.png"),
+            f"{config.data.name} / {plan.setup}: training images per session",
+        )
         plots.compatibility(compat, os.path.join(workdir, "compatibility.png"), title)
-    log.print(f"\nresults ({method.name}, {config.data.name}, {plan.setup}; recall in %):\n"
-              + _results_table(per_session, ks))
+    log.print(
+        f"\nresults ({method.name}, {config.data.name}, {plan.setup}; recall in %):\n" + _results_table(per_session, ks)
+    )
     return results

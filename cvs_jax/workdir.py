@@ -18,9 +18,15 @@ import ml_collections
 from cvs_jax.config_checks import ConfigError
 
 # Fields that may change between a run and its resumption.
-OPERATIONAL = ("overwrite", "data.data_dir", "data.manual_dir", "train.eval_batch_size",
-               "train.checkpoint_every_steps", "log_every_steps",
-               "distributed.multihost")
+OPERATIONAL = (
+    "overwrite",
+    "data.data_dir",
+    "data.manual_dir",
+    "train.eval_batch_size",
+    "train.checkpoint_every_steps",
+    "log_every_steps",
+    "distributed.multihost",
+)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -51,9 +57,11 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
         if diff:
             if not config.overwrite:
                 shown = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:5])
-                raise ConfigError(f"workdir {workdir} holds a run with a different config ({shown}"
-                                  f"{', ...' if len(diff) > 5 else ''}); use another --workdir, or pass "
-                                  f"--config.overwrite=True to move that run into {workdir}/previous-<time>/.")
+                raise ConfigError(
+                    f"workdir {workdir} holds a run with a different config ({shown}"
+                    f"{', ...' if len(diff) > 5 else ''}); use another --workdir, or pass "
+                    f"--config.overwrite=True to move that run into {workdir}/previous-<time>/."
+                )
             aside = os.path.join(workdir, f"previous-{time.strftime('%Y%m%d-%H%M%S')}")
             os.makedirs(aside)
             for name in os.listdir(workdir):

@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+.venv/bin/ruff check .            # lint: pyflakes (unused imports/variables), pycodestyle, import order
+.venv/bin/ruff format --check .   # one code style
 # two workers, one test file each at a time (module fixtures stay in one process): XLA compiles are
 # single-threaded, so two workers use both cores (fresh clone, empty XLA cache, 2 cores: 9m43s
 # including the install, against 13m43s with one process).

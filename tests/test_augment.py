@@ -32,15 +32,18 @@ def test_crop_is_a_window_of_the_zero_padded_image():
     out = np.asarray(augment.random_crop_flip(jax.random.key(2), jnp.asarray(x), padding=p, flip=False))
     for o, i in zip(out, x):
         padded = np.pad(i, ((p, p), (p, p), (0, 0)))
-        windows = [padded[dy:dy + 8, dx:dx + 8] for dy in range(2 * p + 1) for dx in range(2 * p + 1)]
+        windows = [padded[dy : dy + 8, dx : dx + 8] for dy in range(2 * p + 1) for dx in range(2 * p + 1)]
         assert any((o == w).all() for w in windows)
 
 
 @pytest.mark.parametrize("policy", ["none", "cifar10", "randaugment"])
 def test_preprocess_train_with_policy(policy):
     x = jnp.asarray(images(n=4, h=16, w=16, c=3))
-    f = jax.jit(lambda k, im: augment.preprocess_train(k, im, mean=(0.5,) * 3, std=(0.25,) * 3, padding=2,
-                                                       flip=True, policy=policy))
+    f = jax.jit(
+        lambda k, im: augment.preprocess_train(
+            k, im, mean=(0.5,) * 3, std=(0.25,) * 3, padding=2, flip=True, policy=policy
+        )
+    )
     a, b = f(jax.random.key(3), x), f(jax.random.key(3), x)
     assert a.shape == (4, 16, 16, 3) and a.dtype == jnp.float32 and bool(jnp.isfinite(a).all())
     np.testing.assert_array_equal(a, b)  # a function of the key: resumable
@@ -49,17 +52,20 @@ def test_preprocess_train_with_policy(policy):
 
 def test_unknown_policy_refused():
     with pytest.raises(ValueError, match="augment.policy='autoaug'"):
-        augment.preprocess_train(jax.random.key(0), jnp.asarray(images()), mean=(0.5,), std=(0.25,),
-                                 padding=0, flip=False, policy="autoaug")
+        augment.preprocess_train(
+            jax.random.key(0), jnp.asarray(images()), mean=(0.5,), std=(0.25,), padding=0, flip=False, policy="autoaug"
+        )
 
 
 # ----------------------------------------------------------------- RandomResizedCrop (fine-grained)
+
 
 def test_resized_crop_boxes_follow_torchvision_rules():
     """Every box lies inside the image; when a try fits, area share in [0.08, 1] and w/h in [3/4, 4/3]."""
     h, w = 40, 60
     boxes = jax.vmap(lambda k: jnp.stack(augment._resized_crop_box(k, h, w, (0.08, 1.0), (3 / 4, 4 / 3))))(
-        jax.random.split(jax.random.key(3), 500))
+        jax.random.split(jax.random.key(3), 500)
+    )
     top, left, bh, bw = np.asarray(boxes).T
     assert (top >= 0).all() and (left >= 0).all() and (top + bh <= h).all() and (left + bw <= w).all()
     assert (bh > 0).all() and (bw > 0).all()
@@ -72,8 +78,9 @@ def test_resized_crop_boxes_follow_torchvision_rules():
 
 def test_resized_crop_falls_back_to_the_clamped_centre_crop():
     """No try can fit (scale > 1): torchvision takes the centre crop with the ratio clamped."""
-    top, left, bh, bw = (int(v) for v in augment._resized_crop_box(jax.random.key(0), 40, 100, (2.0, 3.0),
-                                                                      (3 / 4, 4 / 3)))
+    top, left, bh, bw = (
+        int(v) for v in augment._resized_crop_box(jax.random.key(0), 40, 100, (2.0, 3.0), (3 / 4, 4 / 3))
+    )
     assert (bh, bw) == (40, round(40 * 4 / 3)) and top == 0 and left == (100 - bw) // 2
 
 
@@ -87,8 +94,9 @@ def test_crop_resize_matches_pil_and_is_exact_at_scale_one():
     for box, size in (((5, 7, 30, 41), 24), ((0, 0, 48, 64), 20), ((10, 3, 12, 18), 40)):  # down- and upsampling
         top, left, h, w = box
         ours = np.asarray(augment._crop_resize(jnp.asarray(img), top, left, h, w, size)).astype(float)
-        ref = np.asarray(Image.fromarray(img).resize((size, size), Image.BILINEAR,
-                                                     box=(left, top, left + w, top + h))).astype(float)
+        ref = np.asarray(
+            Image.fromarray(img).resize((size, size), Image.BILINEAR, box=(left, top, left + w, top + h))
+        ).astype(float)
         # same triangle filter, antialiased when shrinking; edges are handled slightly differently
         assert np.abs(ours - ref).mean() < 2.0, box
 

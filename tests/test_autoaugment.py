@@ -10,12 +10,11 @@ Pillow): >= 99.5 % of pixels exact, the rest off by one level.
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from PIL import Image, ImageEnhance, ImageOps
-
-import jax
-import jax.numpy as jnp
 
 from cvs_jax import autoaugment as aa
 
@@ -38,8 +37,7 @@ REF_RANGES = {
     "Cutout": np.round(np.linspace(0, 20, 10), 0).astype(int),
 }
 SIGNED = {"ShearX", "ShearY", "TranslateX", "TranslateY", "Color", "Contrast", "Sharpness", "Brightness"}
-EXACT = {"Invert", "Solarize", "Posterize", "AutoContrast", "Equalize", "TranslateX", "TranslateY",
-         "Rotate", "Cutout"}
+EXACT = {"Invert", "Solarize", "Posterize", "AutoContrast", "Equalize", "TranslateX", "TranslateY", "Rotate", "Cutout"}
 ENHANCE = {"Contrast", "Color", "Brightness", "Sharpness"}
 SHEAR = {"ShearX", "ShearY"}
 
@@ -125,7 +123,7 @@ def _cases(n_images, rng):
         for m in mags:
             if name == "Cutout" and m == 0:
                 continue  # size 0 asserts in the reference
-            for s in ((0, 1) if name in SIGNED else (1,)):
+            for s in (0, 1) if name in SIGNED else (1,):
                 for i in range(n_images):
                     center = tuple(int(v) for v in rng.integers(0, 16, 2))
                     cases.append((i, aa.OP_ID[name], m, s, center))
@@ -177,17 +175,24 @@ def test_per_op_functions_match_pil_non_square():
     rgb = rng.integers(0, 256, (12, 20, 3), dtype=np.uint8)
     grey = rng.integers(10, 200, (12, 20, 1), dtype=np.uint8)
     checks = [
-        ("ShearX", aa.shear_x, -0.2667, -0.2667), ("ShearY", aa.shear_y, 0.3, 0.3),
-        ("TranslateX", aa.translate_x, -0.4532, -0.4532), ("TranslateY", aa.translate_y, 0.2518, 0.2518),
-        ("Rotate", aa.rotate, 6.6667, 6.6667), ("Solarize", aa.solarize, 171.0, 171.0),
-        ("Posterize", aa.posterize, 5, 5), ("AutoContrast", aa.auto_contrast, None, 0),
-        ("Equalize", aa.equalize, None, 0), ("Invert", aa.invert, None, 0),
-        ("Contrast", aa.contrast, 1.7, 0.7), ("Color", aa.color, 0.3, -0.7),
-        ("Brightness", aa.brightness, 1.7, 0.7), ("Sharpness", aa.sharpness, 0.2, -0.8),
+        ("ShearX", aa.shear_x, -0.2667, -0.2667),
+        ("ShearY", aa.shear_y, 0.3, 0.3),
+        ("TranslateX", aa.translate_x, -0.4532, -0.4532),
+        ("TranslateY", aa.translate_y, 0.2518, 0.2518),
+        ("Rotate", aa.rotate, 6.6667, 6.6667),
+        ("Solarize", aa.solarize, 171.0, 171.0),
+        ("Posterize", aa.posterize, 5, 5),
+        ("AutoContrast", aa.auto_contrast, None, 0),
+        ("Equalize", aa.equalize, None, 0),
+        ("Invert", aa.invert, None, 0),
+        ("Contrast", aa.contrast, 1.7, 0.7),
+        ("Color", aa.color, 0.3, -0.7),
+        ("Brightness", aa.brightness, 1.7, 0.7),
+        ("Sharpness", aa.sharpness, 0.2, -0.8),
     ]
 
     @jax.jit
-    def all_ops(im):   # concrete magnitudes: the host float64 path; one compile per image shape
+    def all_ops(im):  # concrete magnitudes: the host float64 path; one compile per image shape
         return [fn(im, v) for _, fn, v, _ in checks] + [aa.cutout(im, 7, (3, 18))]
 
     for a in (rgb, grey):
@@ -212,10 +217,10 @@ def test_histogram_op_corner_cases():
     hist = np.bincount(a[..., 0].ravel(), minlength=256)
     nz = hist[hist > 0]
     step = (nz.sum() - nz[-1]) // 255
-    assert (step // 2 + nz.sum() - nz[-1]) // step > 255          # the top level overflows the LUT
-    b = rng.integers(0, 26, (32, 32, 3), dtype=np.uint8)          # lo = 0, hi = 25
+    assert (step // 2 + nz.sum() - nz[-1]) // step > 255  # the top level overflows the LUT
+    b = rng.integers(0, 26, (32, 32, 3), dtype=np.uint8)  # lo = 0, hi = 25
     want_b = ref_op("AutoContrast", b, 0)
-    assert want_b.max() == 254                                    # Pillow: int(25 * 10.2) == 254
+    assert want_b.max() == 254  # Pillow: int(25 * 10.2) == 254
     out = jax.jit(lambda x, y: (aa.equalize(x), aa.auto_contrast(y)))(jnp.asarray(a), jnp.asarray(b))
     np.testing.assert_array_equal(np.asarray(out[0]), ref_op("Equalize", a, 0))
     np.testing.assert_array_equal(np.asarray(out[1]), want_b)
@@ -225,9 +230,13 @@ def test_traced_magnitudes_geometric_within_tolerance():
     """Traced magnitudes take the float32 path: still >= 98 % of pixels equal to PIL."""
     rng = np.random.default_rng(3)
     a = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
-    for name, fn, v in (("ShearX", aa.shear_x, 0.1667), ("ShearY", aa.shear_y, -0.3),
-                        ("TranslateX", aa.translate_x, 0.2), ("TranslateY", aa.translate_y, -0.4),
-                        ("Rotate", aa.rotate, 23.3)):
+    for name, fn, v in (
+        ("ShearX", aa.shear_x, 0.1667),
+        ("ShearY", aa.shear_y, -0.3),
+        ("TranslateX", aa.translate_x, 0.2),
+        ("TranslateY", aa.translate_y, -0.4),
+        ("Rotate", aa.rotate, 23.3),
+    ):
         got = np.asarray(jax.jit(fn)(jnp.asarray(a), jnp.float32(v)))
         frac = (got == ref_op(name, a, v)).mean()
         assert frac >= 0.98, (name, frac)
@@ -302,7 +311,7 @@ def test_cifar10_policy_frequencies(batch, jitted):
     n = len(s)
     counts = np.bincount(s, minlength=25)
     assert counts.shape == (25,)
-    for c in counts:                                   # sub-policy uniform over the 25
+    for c in counts:  # sub-policy uniform over the 25
         assert _within(c, n, 1 / 25)
     for k, (p1, _, _, p2, _, _) in enumerate(aa.CIFAR10_POLICY):
         sel = s == k
@@ -314,7 +323,7 @@ def test_cifar10_policy_frequencies(batch, jitted):
     # overall: P(op1 applied) = mean of the p1's
     assert _within(a1.sum(), n, np.mean([sp[0] for sp in aa.CIFAR10_POLICY]))
     changed = np.any(out != np.asarray(batch), axis=(1, 2, 3))
-    assert not np.any(changed & ~(a1 | a2))            # nothing applied -> image untouched
+    assert not np.any(changed & ~(a1 | a2))  # nothing applied -> image untouched
 
     # applied -> changed, except ops that can be the identity here: Equalize (Pillow's step is 0
     # for 256-pixel channels with a repeated top level) and Color at magnitude index 0 (factor 1)
@@ -333,16 +342,17 @@ def test_rand_augment_frequencies(batch, jitted):
     n = len(o1)
     for ops, mags, applied in ((o1, m1, a1), (o2, m2, a2)):
         op_counts = np.bincount(ops, minlength=15)
-        assert np.all([_within(c, n, 1 / 15) for c in op_counts])          # 15 ops uniform
+        assert np.all([_within(c, n, 1 / 15) for c in op_counts])  # 15 ops uniform
         assert mags.min() >= 1 and mags.max() <= 9
         assert np.all([_within(c, n, 1 / 9) for c in np.bincount(mags, minlength=10)[1:]])
-        assert _within(applied.sum(), n, 0.5)                              # p = 0.5 each
-        for op in range(15):                                               # p independent of op
+        assert _within(applied.sum(), n, 0.5)  # p = 0.5 each
+        for op in range(15):  # p independent of op
             sel = ops == op
             assert _within(applied[sel].sum(), sel.sum(), 0.5, sigmas=5.5)
     assert _within(np.sum(a1 & a2), n, 0.25)
     changed = np.any(out != np.asarray(batch), axis=(1, 2, 3))
     assert not np.any(changed & ~(a1 | a2))
+
     # applied -> changed, except possible no-ops: Posterize at 8 bits (m = 1), Equalize (Pillow's
     # step is 0 for these 256-pixel channels), Rotate by 3.3 degrees (m = 1: nearest-neighbour
     # identity on 16x16), or op2 undoing op1 (Invert / Solarize at threshold 0 twice, or the same

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import csv
-import io
 import os
 from unittest import mock
 
@@ -14,21 +13,15 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 from cvs_jax.data import sources
-from cvs_jax.data.builders import _resize
-from cvs_jax.data.builders import _tfds_source
-from cvs_jax.data.builders import inat_m
-from cvs_jax.data.builders import product10k
-from cvs_jax.data.builders import InatM
-from cvs_jax.data.builders import ProductM
-from cvs_jax.data.builders import StanfordDogs256
+from cvs_jax.data.builders import InatM, ProductM, StanfordDogs256, _resize, _tfds_source, inat_m, product10k
 from tests import tiny_data
 
 
 @pytest.fixture
 def small_images(monkeypatch):
-  """Stores 32x32 images (the documented way for quick tests)."""
-  monkeypatch.setattr(_resize, 'STORED_SIZE', 32)
-  return 32
+    """Stores 32x32 images (the documented way for quick tests)."""
+    monkeypatch.setattr(_resize, "STORED_SIZE", 32)
+    return 32
 
 
 # --------------------------------------------------------------------------
@@ -36,51 +29,52 @@ def small_images(monkeypatch):
 
 
 def _direct(img: Image.Image, size: int) -> np.ndarray:
-  """torchvision Resize(size) + CenterCrop(size), written out with PIL."""
-  img = img.convert('RGB')
-  w, h = img.size
-  if w <= h:
-    new = (size, int(size * h / w))
-  else:
-    new = (int(size * w / h), size)
-  if new != (w, h):
-    img = img.resize(new, Image.BILINEAR)
-  left = int(round((new[0] - size) / 2.0))
-  top = int(round((new[1] - size) / 2.0))
-  return np.asarray(img.crop((left, top, left + size, top + size)))
+    """torchvision Resize(size) + CenterCrop(size), written out with PIL."""
+    img = img.convert("RGB")
+    w, h = img.size
+    if w <= h:
+        new = (size, int(size * h / w))
+    else:
+        new = (int(size * w / h), size)
+    if new != (w, h):
+        img = img.resize(new, Image.BILINEAR)
+    left = int(round((new[0] - size) / 2.0))
+    top = int(round((new[1] - size) / 2.0))
+    return np.asarray(img.crop((left, top, left + size, top + size)))
 
 
-@pytest.mark.parametrize('shape,mode', [
-    ((60, 101, 3), 'RGB'),   # landscape, odd crop offset
-    ((97, 50, 3), 'RGB'),    # portrait
-    ((45, 70), 'L'),         # grey
-    ((300, 400, 3), 'RGB'),  # larger than 256: downscaled with antialiasing
-    ((256, 256, 3), 'RGB'),  # already the stored size: unchanged
-])
+@pytest.mark.parametrize(
+    "shape,mode",
+    [
+        ((60, 101, 3), "RGB"),  # landscape, odd crop offset
+        ((97, 50, 3), "RGB"),  # portrait
+        ((45, 70), "L"),  # grey
+        ((300, 400, 3), "RGB"),  # larger than 256: downscaled with antialiasing
+        ((256, 256, 3), "RGB"),  # already the stored size: unchanged
+    ],
+)
 def test_to_square_uint8_matches_pil(shape, mode):
-  rng = np.random.default_rng(sum(shape))
-  img = Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode)
-  got = _resize.to_square_uint8(img, 256)
-  assert got.shape == (256, 256, 3) and got.dtype == np.uint8
-  np.testing.assert_array_equal(got, _direct(img, 256))
-  if shape == (256, 256, 3):
-    np.testing.assert_array_equal(got, np.asarray(img))
-  if mode == 'L':
-    assert np.array_equal(got[..., 0], got[..., 2])
-  # Its centre 224 is torchvision's Resize(256) + CenterCrop(224) of the original.
-  rgb = img.convert('RGB')
-  w, h = _resize.resized_shape(rgb.width, rgb.height, 256)
-  resized = rgb.resize((w, h), Image.BILINEAR) if (w, h) != rgb.size else rgb
-  left, top = int(round((w - 224) / 2.0)), int(round((h - 224) / 2.0))
-  np.testing.assert_array_equal(
-      got[16:240, 16:240],
-      np.asarray(resized.crop((left, top, left + 224, top + 224))))
+    rng = np.random.default_rng(sum(shape))
+    img = Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode)
+    got = _resize.to_square_uint8(img, 256)
+    assert got.shape == (256, 256, 3) and got.dtype == np.uint8
+    np.testing.assert_array_equal(got, _direct(img, 256))
+    if shape == (256, 256, 3):
+        np.testing.assert_array_equal(got, np.asarray(img))
+    if mode == "L":
+        assert np.array_equal(got[..., 0], got[..., 2])
+    # Its centre 224 is torchvision's Resize(256) + CenterCrop(224) of the original.
+    rgb = img.convert("RGB")
+    w, h = _resize.resized_shape(rgb.width, rgb.height, 256)
+    resized = rgb.resize((w, h), Image.BILINEAR) if (w, h) != rgb.size else rgb
+    left, top = int(round((w - 224) / 2.0)), int(round((h - 224) / 2.0))
+    np.testing.assert_array_equal(got[16:240, 16:240], np.asarray(resized.crop((left, top, left + 224, top + 224))))
 
 
 def test_stored_size_is_read_at_call_time(small_images):
-  img = Image.fromarray(np.zeros((50, 80, 3), np.uint8))
-  assert _resize.to_square_uint8(img).shape == (small_images, small_images, 3)
-  assert _resize.to_square_uint8(img, 256).shape == (256, 256, 3)
+    img = Image.fromarray(np.zeros((50, 80, 3), np.uint8))
+    assert _resize.to_square_uint8(img).shape == (small_images, small_images, 3)
+    assert _resize.to_square_uint8(img, 256).shape == (256, 256, 3)
 
 
 # --------------------------------------------------------------------------
@@ -92,136 +86,123 @@ _KEPT = [0, 1, 3]
 
 
 def _csv_rows(manual_dir):
-  with open(os.path.join(manual_dir, 'train.csv')) as f:
-    return [(r['name'], int(r['class'])) for r in csv.DictReader(f)]
+    with open(os.path.join(manual_dir, "train.csv")) as f:
+        return [(r["name"], int(r["class"])) for r in csv.DictReader(f)]
 
 
 def _decode_file(manual_dir, name, size):
-  with Image.open(os.path.join(manual_dir, 'train', name)) as img:
-    return _resize.to_square_uint8(img, size)
+    with Image.open(os.path.join(manual_dir, "train", name)) as img:
+        return _resize.to_square_uint8(img, size)
 
 
 def test_product_m_split_and_layouts(tmp_path):
-  folder = tiny_data.write_fake_product10k(
-      tmp_path / 'folder', num_classes=5, per_class=_PER_CLASS, seed=3)
-  zipped = tiny_data.write_fake_product10k(
-      tmp_path / 'zip', num_classes=5, per_class=_PER_CLASS, seed=3,
-      layout='zip')
-  assert os.listdir(zipped) and not os.path.isdir(os.path.join(zipped, 'train'))
+    folder = tiny_data.write_fake_product10k(tmp_path / "folder", num_classes=5, per_class=_PER_CLASS, seed=3)
+    zipped = tiny_data.write_fake_product10k(
+        tmp_path / "zip", num_classes=5, per_class=_PER_CLASS, seed=3, layout="zip"
+    )
+    assert os.listdir(zipped) and not os.path.isdir(os.path.join(zipped, "train"))
 
-  ds = sources.load_dataset('product_m', data_dir=str(tmp_path / 'a'),
-                            manual_dir=folder)
-  assert ds.name == 'product_m'
-  assert ds.class_names == ('5', '8', '14')  # sorted original ids, as strings
-  assert ds.image_shape == (256, 256, 3)
-  assert ds.train.images.dtype == np.uint8
-  n = np.array([_PER_CLASS[k] for k in _KEPT])
-  np.testing.assert_array_equal(np.bincount(ds.test.labels), n * 20 // 100)
-  np.testing.assert_array_equal(np.bincount(ds.train.labels), n - n * 20 // 100)
-  assert (np.diff(ds.train.labels) >= 0).all() and (np.diff(ds.test.labels) >= 0).all()
+    ds = sources.load_dataset("product_m", data_dir=str(tmp_path / "a"), manual_dir=folder)
+    assert ds.name == "product_m"
+    assert ds.class_names == ("5", "8", "14")  # sorted original ids, as strings
+    assert ds.image_shape == (256, 256, 3)
+    assert ds.train.images.dtype == np.uint8
+    n = np.array([_PER_CLASS[k] for k in _KEPT])
+    np.testing.assert_array_equal(np.bincount(ds.test.labels), n * 20 // 100)
+    np.testing.assert_array_equal(np.bincount(ds.train.labels), n - n * 20 // 100)
+    assert (np.diff(ds.train.labels) >= 0).all() and (np.diff(ds.test.labels) >= 0).all()
 
-  meta = ProductM(data_dir=str(tmp_path / 'a')).info.metadata
-  assert meta['source_classes'] == [5, 8, 14]
-  assert meta['skipped_train'] == [] and meta['skipped_test'] == []
-  files = {s: meta[f'source_files_{s}'] for s in ('train', 'test')}
-  assert [len(files['train']), len(files['test'])] == [len(ds.train), len(ds.test)]
-  # Train + test partition each kept class's images exactly once.
-  class_of = dict(_csv_rows(folder))
-  expected = collections.defaultdict(list)
-  for name, cls in _csv_rows(folder):
-    expected[cls].append(name)
-  got = collections.defaultdict(list)
-  for s, split in (('train', ds.train), ('test', ds.test)):
-    for name, label in zip(files[s], split.labels):
-      assert class_of[name] == int(ds.class_names[label])
-      got[class_of[name]].append(name)
-  assert {c: sorted(v) for c, v in got.items()} == {
-      c: sorted(expected[c]) for c in (5, 8, 14)}
-  assert not set(files['train']) & set(files['test'])
-  # Within a class, stored by file name.
-  for s, split in (('train', ds.train), ('test', ds.test)):
-    for label in range(3):
-      names = [f for f, l in zip(files[s], split.labels) if l == label]
-      assert names == sorted(names)
-  # Pixels: the resize rule applied to the file.
-  for j in (0, len(ds.train) - 1):
-    np.testing.assert_array_equal(
-        ds.train.images[j], _decode_file(folder, files['train'][j], 256))
-  np.testing.assert_array_equal(
-      ds.test.images[3], _decode_file(folder, files['test'][3], 256))
+    meta = ProductM(data_dir=str(tmp_path / "a")).info.metadata
+    assert meta["source_classes"] == [5, 8, 14]
+    assert meta["skipped_train"] == [] and meta["skipped_test"] == []
+    files = {s: meta[f"source_files_{s}"] for s in ("train", "test")}
+    assert [len(files["train"]), len(files["test"])] == [len(ds.train), len(ds.test)]
+    # Train + test partition each kept class's images exactly once.
+    class_of = dict(_csv_rows(folder))
+    expected = collections.defaultdict(list)
+    for name, cls in _csv_rows(folder):
+        expected[cls].append(name)
+    got = collections.defaultdict(list)
+    for s, split in (("train", ds.train), ("test", ds.test)):
+        for name, label in zip(files[s], split.labels):
+            assert class_of[name] == int(ds.class_names[label])
+            got[class_of[name]].append(name)
+    assert {c: sorted(v) for c, v in got.items()} == {c: sorted(expected[c]) for c in (5, 8, 14)}
+    assert not set(files["train"]) & set(files["test"])
+    # Within a class, stored by file name.
+    for s, split in (("train", ds.train), ("test", ds.test)):
+        for label in range(3):
+            names = [f for f, l in zip(files[s], split.labels) if l == label]
+            assert names == sorted(names)
+    # Pixels: the resize rule applied to the file.
+    for j in (0, len(ds.train) - 1):
+        np.testing.assert_array_equal(ds.train.images[j], _decode_file(folder, files["train"][j], 256))
+    np.testing.assert_array_equal(ds.test.images[3], _decode_file(folder, files["test"][3], 256))
 
-  # The same files as train.zip, prepared again elsewhere: identical.
-  again = sources.load_dataset('product_m', data_dir=str(tmp_path / 'b'),
-                               manual_dir=zipped)
-  np.testing.assert_array_equal(again.train.images, ds.train.images)
-  np.testing.assert_array_equal(again.test.images, ds.test.images)
-  np.testing.assert_array_equal(again.test.labels, ds.test.labels)
-  meta_b = ProductM(data_dir=str(tmp_path / 'b')).info.metadata
-  assert meta_b['source_files_test'] == files['test']
-  assert meta_b['source_fingerprint'] == meta['source_fingerprint']
-  assert meta_b['source_description'].endswith('train.zip')
-  # ... so the first copy is reused for the zip too.
-  with mock.patch.object(ProductM, '_split_generators',
-                         side_effect=AssertionError('rebuilt')):
-    sources.load_dataset('product_m', data_dir=str(tmp_path / 'a'),
-                         manual_dir=zipped)
+    # The same files as train.zip, prepared again elsewhere: identical.
+    again = sources.load_dataset("product_m", data_dir=str(tmp_path / "b"), manual_dir=zipped)
+    np.testing.assert_array_equal(again.train.images, ds.train.images)
+    np.testing.assert_array_equal(again.test.images, ds.test.images)
+    np.testing.assert_array_equal(again.test.labels, ds.test.labels)
+    meta_b = ProductM(data_dir=str(tmp_path / "b")).info.metadata
+    assert meta_b["source_files_test"] == files["test"]
+    assert meta_b["source_fingerprint"] == meta["source_fingerprint"]
+    assert meta_b["source_description"].endswith("train.zip")
+    # ... so the first copy is reused for the zip too.
+    with mock.patch.object(ProductM, "_split_generators", side_effect=AssertionError("rebuilt")):
+        sources.load_dataset("product_m", data_dir=str(tmp_path / "a"), manual_dir=zipped)
 
 
 def test_product_m_split_rule_is_seeded():
-  rows = [(f'{k}_{i}.jpg', k) for k in range(3) for i in range(40)]
-  params = dict(min_images_per_class=20, test_percent=20)
-  a = product10k.split(rows, seed=0, **params)
-  assert a == product10k.split(list(reversed(rows)), seed=0, **params)
-  b = product10k.split(rows, seed=1, **params)
-  assert a.source_classes == b.source_classes == (0, 1, 2)
-  assert a.test != b.test and len(a.test) == len(b.test) == 24
+    rows = [(f"{k}_{i}.jpg", k) for k in range(3) for i in range(40)]
+    params = dict(min_images_per_class=20, test_percent=20)
+    a = product10k.split(rows, seed=0, **params)
+    assert a == product10k.split(list(reversed(rows)), seed=0, **params)
+    b = product10k.split(rows, seed=1, **params)
+    assert a.source_classes == b.source_classes == (0, 1, 2)
+    assert a.test != b.test and len(a.test) == len(b.test) == 24
 
 
 def test_product_m_missing_files(tmp_path):
-  def error(manual_dir):
-    with pytest.raises(sources.DatasetNotFoundError) as info:
-      sources.load_dataset('product_m', data_dir=str(tmp_path / 'd'),
-                           manual_dir=str(manual_dir))
-    return str(info.value)
+    def error(manual_dir):
+        with pytest.raises(sources.DatasetNotFoundError) as info:
+            sources.load_dataset("product_m", data_dir=str(tmp_path / "d"), manual_dir=str(manual_dir))
+        return str(info.value)
 
-  empty = tmp_path / 'empty'
-  empty.mkdir()
-  message = error(empty)
-  assert 'train.csv' in message and 'train/ (or train.zip)' in message
-  assert str(empty) in message and 'products-10k.github.io' in message
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    message = error(empty)
+    assert "train.csv" in message and "train/ (or train.zip)" in message
+    assert str(empty) in message and "products-10k.github.io" in message
 
-  full = tiny_data.write_fake_product10k(tmp_path / 'full', num_classes=2,
-                                         per_class=3)
-  csv_only = tmp_path / 'csv_only'
-  csv_only.mkdir()
-  (csv_only / 'train.csv').write_bytes(
-      open(os.path.join(full, 'train.csv'), 'rb').read())
-  assert f"{str(csv_only)!r}: train/ (or train.zip). Expected" in error(csv_only)
+    full = tiny_data.write_fake_product10k(tmp_path / "full", num_classes=2, per_class=3)
+    csv_only = tmp_path / "csv_only"
+    csv_only.mkdir()
+    (csv_only / "train.csv").write_bytes(open(os.path.join(full, "train.csv"), "rb").read())
+    assert f"{str(csv_only)!r}: train/ (or train.zip). Expected" in error(csv_only)
 
-  os.remove(os.path.join(full, 'train.csv'))
-  assert f"{full!r}: train.csv. Expected" in error(full)
+    os.remove(os.path.join(full, "train.csv"))
+    assert f"{full!r}: train.csv. Expected" in error(full)
 
-  partial = tiny_data.write_fake_product10k(tmp_path / 'partial', num_classes=2,
-                                            per_class=3)
-  os.remove(os.path.join(partial, 'train', '1_2.jpg'))
-  assert '1_2.jpg' in error(partial)
+    partial = tiny_data.write_fake_product10k(tmp_path / "partial", num_classes=2, per_class=3)
+    os.remove(os.path.join(partial, "train", "1_2.jpg"))
+    assert "1_2.jpg" in error(partial)
 
 
 def test_product_m_corrupt_image(tmp_path, small_images):
-  manual = tiny_data.write_fake_product10k(tmp_path / 'p', num_classes=2,
-                                           per_class=[21, 20])
-  with open(os.path.join(manual, 'train', '0_7.jpg'), 'wb') as f:
-    f.write(b'\xff\xd8 not a jpeg')
-  kwargs = dict(data_dir=str(tmp_path / 'd'), manual_dir=manual)
-  with pytest.raises(sources.CorruptImagesError, match='0_7.jpg'):
-    sources.load_dataset('product_m', **kwargs)
-  ds = sources.load_dataset('product_m', on_corrupt='skip', **kwargs)
-  assert ds.image_shape == (small_images, small_images, 3)
-  meta = ProductM(data_dir=kwargs['data_dir']).info.metadata
-  skipped = meta['skipped_train'] + meta['skipped_test']
-  assert len(skipped) == 1 and skipped[0].startswith('0_7.jpg:')
-  assert len(ds.train) + len(ds.test) == 40
-  assert '0_7.jpg' not in meta['source_files_train'] + meta['source_files_test']
+    manual = tiny_data.write_fake_product10k(tmp_path / "p", num_classes=2, per_class=[21, 20])
+    with open(os.path.join(manual, "train", "0_7.jpg"), "wb") as f:
+        f.write(b"\xff\xd8 not a jpeg")
+    kwargs = dict(data_dir=str(tmp_path / "d"), manual_dir=manual)
+    with pytest.raises(sources.CorruptImagesError, match="0_7.jpg"):
+        sources.load_dataset("product_m", **kwargs)
+    ds = sources.load_dataset("product_m", on_corrupt="skip", **kwargs)
+    assert ds.image_shape == (small_images, small_images, 3)
+    meta = ProductM(data_dir=kwargs["data_dir"]).info.metadata
+    skipped = meta["skipped_train"] + meta["skipped_test"]
+    assert len(skipped) == 1 and skipped[0].startswith("0_7.jpg:")
+    assert len(ds.train) + len(ds.test) == 40
+    assert "0_7.jpg" not in meta["source_files_train"] + meta["source_files_test"]
 
 
 # --------------------------------------------------------------------------
@@ -229,60 +210,56 @@ def test_product_m_corrupt_image(tmp_path, small_images):
 
 
 def _source_images(data_dir, name, split, key):
-  """key -> (image as PIL decodes it, label), read through TFDS (no TF)."""
-  builder = tfds.builder(name, data_dir=data_dir)
-  out = {}
-  for record in builder.as_data_source(split=split):
-    k = record[key]
-    k = k.decode() if isinstance(k, bytes) else str(k)
-    out[k] = (np.asarray(record['image']), int(record['label']))
-  return out
+    """key -> (image as PIL decodes it, label), read through TFDS (no TF)."""
+    builder = tfds.builder(name, data_dir=data_dir)
+    out = {}
+    for record in builder.as_data_source(split=split):
+        k = record[key]
+        k = k.decode() if isinstance(k, bytes) else str(k)
+        out[k] = (np.asarray(record["image"]), int(record["label"]))
+    return out
 
 
 def test_stanford_dogs_256(tmp_path, small_images):
-  data_dir = str(tmp_path / 'tfds')
-  tiny_data.write_fake_tfds_source(data_dir, 'stanford_dogs', num_classes=3,
-                                   train_per_class=[4, 5, 3],
-                                   test_per_class=2)
-  ds = sources.load_dataset('stanford_dogs_256', data_dir=data_dir)
-  assert ds.name == 'stanford_dogs_256'
-  source_names = tfds.builder('stanford_dogs', data_dir=data_dir).info.features[
-      'label'].names
-  assert ds.class_names == tuple(source_names) and ds.num_classes == 120
-  assert ds.image_shape == (32, 32, 3)
-  meta = StanfordDogs256(data_dir=data_dir).info.metadata
-  for s, split in (('train', ds.train), ('test', ds.test)):
-    source = _source_images(data_dir, 'stanford_dogs', s, 'image/filename')
-    ids = meta[f'source_ids_{s}']
-    assert ids == sorted(source) and len(split) == len(source)  # all, by file name
-    for j, key in enumerate(ids):
-      image, label = source[key]
-      assert split.labels[j] == label  # same label ids
-      np.testing.assert_array_equal(
-          split.images[j], _resize.to_square_uint8(Image.fromarray(image)))
-  np.testing.assert_array_equal(np.bincount(ds.train.labels)[[3, 10, 17]],
-                                [4, 5, 3])
-  assert meta['source_classes'] == list(range(120))
+    data_dir = str(tmp_path / "tfds")
+    tiny_data.write_fake_tfds_source(
+        data_dir, "stanford_dogs", num_classes=3, train_per_class=[4, 5, 3], test_per_class=2
+    )
+    ds = sources.load_dataset("stanford_dogs_256", data_dir=data_dir)
+    assert ds.name == "stanford_dogs_256"
+    source_names = tfds.builder("stanford_dogs", data_dir=data_dir).info.features["label"].names
+    assert ds.class_names == tuple(source_names) and ds.num_classes == 120
+    assert ds.image_shape == (32, 32, 3)
+    meta = StanfordDogs256(data_dir=data_dir).info.metadata
+    for s, split in (("train", ds.train), ("test", ds.test)):
+        source = _source_images(data_dir, "stanford_dogs", s, "image/filename")
+        ids = meta[f"source_ids_{s}"]
+        assert ids == sorted(source) and len(split) == len(source)  # all, by file name
+        for j, key in enumerate(ids):
+            image, label = source[key]
+            assert split.labels[j] == label  # same label ids
+            np.testing.assert_array_equal(split.images[j], _resize.to_square_uint8(Image.fromarray(image)))
+    np.testing.assert_array_equal(np.bincount(ds.train.labels)[[3, 10, 17]], [4, 5, 3])
+    assert meta["source_classes"] == list(range(120))
 
-  # Reused, not rebuilt; another stored size is refused, not reused.
-  with mock.patch.object(StanfordDogs256, '_split_generators',
-                         side_effect=AssertionError('rebuilt')):
-    sources.load_dataset('stanford_dogs_256', data_dir=data_dir)
-    with mock.patch.object(_resize, 'STORED_SIZE', 48), \
-        pytest.raises(sources.SourceMismatchError, match='stored_size'):
-      sources.load_dataset('stanford_dogs_256', data_dir=data_dir)
+    # Reused, not rebuilt; another stored size is refused, not reused.
+    with mock.patch.object(StanfordDogs256, "_split_generators", side_effect=AssertionError("rebuilt")):
+        sources.load_dataset("stanford_dogs_256", data_dir=data_dir)
+        with (
+            mock.patch.object(_resize, "STORED_SIZE", 48),
+            pytest.raises(sources.SourceMismatchError, match="stored_size"),
+        ):
+            sources.load_dataset("stanford_dogs_256", data_dir=data_dir)
 
 
-@pytest.mark.parametrize('derived,source', [('stanford_dogs_256', 'stanford_dogs'),
-                                            ('inat_m', 'i_naturalist2017')])
+@pytest.mark.parametrize("derived,source", [("stanford_dogs_256", "stanford_dogs"), ("inat_m", "i_naturalist2017")])
 def test_derived_refused_without_prepared_source(tmp_path, derived, source):
-  with pytest.raises(sources.DatasetNotFoundError) as info:
-    sources.load_dataset(derived, data_dir=str(tmp_path))
-  message = str(info.value)
-  assert derived in message and str(tmp_path) in message
-  assert (f'`tfds build {source} --data_dir=DIR --file_format=array_record`'
-          in message)
-  assert '--config.data.data_dir' in message and 'TensorFlow' in message
+    with pytest.raises(sources.DatasetNotFoundError) as info:
+        sources.load_dataset(derived, data_dir=str(tmp_path))
+    message = str(info.value)
+    assert derived in message and str(tmp_path) in message
+    assert f"`tfds build {source} --data_dir=DIR --file_format=array_record`" in message
+    assert "--config.data.data_dir" in message and "TensorFlow" in message
 
 
 # --------------------------------------------------------------------------
@@ -296,90 +273,77 @@ _INAT_VAL = [2, 3, 1, 2, 4]
 
 @pytest.fixture
 def small_inat(monkeypatch, small_images):
-  monkeypatch.setattr(inat_m, 'NUM_CLASSES', 3)
-  monkeypatch.setattr(inat_m, 'MIN_TRAIN_PER_CLASS', 7)
-  monkeypatch.setattr(inat_m, 'TRAIN_PER_CLASS', 7)
+    monkeypatch.setattr(inat_m, "NUM_CLASSES", 3)
+    monkeypatch.setattr(inat_m, "MIN_TRAIN_PER_CLASS", 7)
+    monkeypatch.setattr(inat_m, "TRAIN_PER_CLASS", 7)
 
 
 def test_inat_m(tmp_path, small_inat):
-  label_of = tiny_data.FAKE_SOURCE_LABEL['i_naturalist2017']
-  data_dirs = [str(tmp_path / 'a'), str(tmp_path / 'b')]
-  loaded, metas = [], []
-  for data_dir in data_dirs:  # Two preparations from identical sources.
-    tiny_data.write_fake_tfds_source(data_dir, 'i_naturalist2017', 5,
-                                     _INAT_TRAIN, _INAT_VAL, seed=4)
-    loaded.append(sources.load_dataset('inat_m', data_dir=data_dir))
-    metas.append(InatM(data_dir=data_dir).info.metadata)
-  ds, meta = loaded[0], metas[0]
-  eligible = sorted(label_of(k) for k, n in enumerate(_INAT_TRAIN) if n >= 7)
-  chosen = meta['source_classes']
-  assert len(chosen) == 3 and chosen == sorted(chosen)
-  assert set(chosen) <= set(eligible)
-  # The documented rule: sorted(default_rng(SEED).choice(sorted(eligible), 3)).
-  assert chosen == sorted(
-      np.random.default_rng(inat_m.SEED).choice(eligible, 3, replace=False))
-  inat_names = tfds.builder('i_naturalist2017', data_dir=data_dirs[0]).info.features[
-      'label'].names
-  assert ds.class_names == tuple(inat_names[c] for c in chosen)
-  np.testing.assert_array_equal(np.bincount(ds.train.labels), [7, 7, 7])
+    label_of = tiny_data.FAKE_SOURCE_LABEL["i_naturalist2017"]
+    data_dirs = [str(tmp_path / "a"), str(tmp_path / "b")]
+    loaded, metas = [], []
+    for data_dir in data_dirs:  # Two preparations from identical sources.
+        tiny_data.write_fake_tfds_source(data_dir, "i_naturalist2017", 5, _INAT_TRAIN, _INAT_VAL, seed=4)
+        loaded.append(sources.load_dataset("inat_m", data_dir=data_dir))
+        metas.append(InatM(data_dir=data_dir).info.metadata)
+    ds, meta = loaded[0], metas[0]
+    eligible = sorted(label_of(k) for k, n in enumerate(_INAT_TRAIN) if n >= 7)
+    chosen = meta["source_classes"]
+    assert len(chosen) == 3 and chosen == sorted(chosen)
+    assert set(chosen) <= set(eligible)
+    # The documented rule: sorted(default_rng(SEED).choice(sorted(eligible), 3)).
+    assert chosen == sorted(np.random.default_rng(inat_m.SEED).choice(eligible, 3, replace=False))
+    inat_names = tfds.builder("i_naturalist2017", data_dir=data_dirs[0]).info.features["label"].names
+    assert ds.class_names == tuple(inat_names[c] for c in chosen)
+    np.testing.assert_array_equal(np.bincount(ds.train.labels), [7, 7, 7])
 
-  train_src = _source_images(data_dirs[0], 'i_naturalist2017', 'train', 'id')
-  val_src = _source_images(data_dirs[0], 'i_naturalist2017', 'validation', 'id')
-  # test = all validation images of the chosen classes, in (label, id) order.
-  expected_test = sorted((chosen.index(l), k) for k, (_, l) in val_src.items()
-                         if l in chosen)
-  assert meta['source_ids_test'] == [k for _, k in expected_test]
-  np.testing.assert_array_equal(ds.test.labels, [l for l, _ in expected_test])
-  for s, split, src in (('train', ds.train, train_src),
-                        ('test', ds.test, val_src)):
-    for j, key in enumerate(meta[f'source_ids_{s}']):
-      image, label = src[key]
-      assert chosen[split.labels[j]] == label  # label remap
-      np.testing.assert_array_equal(
-          split.images[j], _resize.to_square_uint8(Image.fromarray(image)))
-  assert len(set(meta['source_ids_train'])) == 21
+    train_src = _source_images(data_dirs[0], "i_naturalist2017", "train", "id")
+    val_src = _source_images(data_dirs[0], "i_naturalist2017", "validation", "id")
+    # test = all validation images of the chosen classes, in (label, id) order.
+    expected_test = sorted((chosen.index(l), k) for k, (_, l) in val_src.items() if l in chosen)
+    assert meta["source_ids_test"] == [k for _, k in expected_test]
+    np.testing.assert_array_equal(ds.test.labels, [l for l, _ in expected_test])
+    for s, split, src in (("train", ds.train, train_src), ("test", ds.test, val_src)):
+        for j, key in enumerate(meta[f"source_ids_{s}"]):
+            image, label = src[key]
+            assert chosen[split.labels[j]] == label  # label remap
+            np.testing.assert_array_equal(split.images[j], _resize.to_square_uint8(Image.fromarray(image)))
+    assert len(set(meta["source_ids_train"])) == 21
 
-  # Deterministic: the second preparation stored the same.
-  assert metas[1]['source_ids_train'] == meta['source_ids_train']
-  assert metas[1]['source_classes'] == chosen
-  np.testing.assert_array_equal(loaded[1].train.images, ds.train.images)
-  np.testing.assert_array_equal(loaded[1].test.images, ds.test.images)
+    # Deterministic: the second preparation stored the same.
+    assert metas[1]["source_ids_train"] == meta["source_ids_train"]
+    assert metas[1]["source_classes"] == chosen
+    np.testing.assert_array_equal(loaded[1].train.images, ds.train.images)
+    np.testing.assert_array_equal(loaded[1].test.images, ds.test.images)
 
-  # Other selection constants are another dataset: refused, not reused.
-  with mock.patch.object(inat_m, 'SEED', 1), \
-      pytest.raises(sources.SourceMismatchError, match='seed'):
-    sources.load_dataset('inat_m', data_dir=data_dirs[0])
+    # Other selection constants are another dataset: refused, not reused.
+    with mock.patch.object(inat_m, "SEED", 1), pytest.raises(sources.SourceMismatchError, match="seed"):
+        sources.load_dataset("inat_m", data_dir=data_dirs[0])
 
 
 def _split(keys, labels):
-  return _tfds_source.SourceSplit(keys=tuple(keys),
-                                  labels=np.asarray(labels, np.int64),
-                                  read_encoded=None)
+    return _tfds_source.SourceSplit(keys=tuple(keys), labels=np.asarray(labels, np.int64), read_encoded=None)
 
 
 def test_inat_m_selection_ignores_record_order():
-  rng = np.random.default_rng(0)
-  labels = np.repeat(np.arange(10), [8, 3, 9, 10, 7, 8, 2, 9, 7, 11])
-  keys = [f'{rng.integers(1 << 40):010x}' for _ in labels]
-  val_labels = np.repeat(np.arange(10), 2)
-  val_keys = [f'v{i:03d}' for i in range(20)]
-  params = dict(seed=0, num_classes=4, min_train_per_class=7, train_per_class=7)
-  names = [f'c{i}' for i in range(10)]
-  plan = inat_m.select(_split(keys, labels), _split(val_keys, val_labels),
-                       names, **params)
-  perm = rng.permutation(len(keys))
-  shuffled = inat_m.select(
-      _split([keys[p] for p in perm], labels[perm]),
-      _split(val_keys[::-1], val_labels[::-1]), names, **params)
-  assert len(plan.source_classes) == 4
-  assert set(plan.source_classes) <= {0, 2, 3, 4, 5, 7, 8, 9}
-  assert plan.class_names == tuple(f'c{c}' for c in plan.source_classes)
-  to_key = lambda recs, ks: [(ks[p], l) for p, l in recs]  # noqa: E731
-  shuffled_keys = [keys[p] for p in perm]
-  assert to_key(plan.records['train'], keys) == to_key(
-      shuffled.records['train'], shuffled_keys)
-  assert to_key(plan.records['test'], val_keys) == to_key(
-      shuffled.records['test'], val_keys[::-1])
-  with pytest.raises(ValueError, match='only 8 classes'):
-    inat_m.select(_split(keys, labels), _split(val_keys, val_labels), names,
-                  **{**params, 'num_classes': 9})
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(10), [8, 3, 9, 10, 7, 8, 2, 9, 7, 11])
+    keys = [f"{rng.integers(1 << 40):010x}" for _ in labels]
+    val_labels = np.repeat(np.arange(10), 2)
+    val_keys = [f"v{i:03d}" for i in range(20)]
+    params = dict(seed=0, num_classes=4, min_train_per_class=7, train_per_class=7)
+    names = [f"c{i}" for i in range(10)]
+    plan = inat_m.select(_split(keys, labels), _split(val_keys, val_labels), names, **params)
+    perm = rng.permutation(len(keys))
+    shuffled = inat_m.select(
+        _split([keys[p] for p in perm], labels[perm]), _split(val_keys[::-1], val_labels[::-1]), names, **params
+    )
+    assert len(plan.source_classes) == 4
+    assert set(plan.source_classes) <= {0, 2, 3, 4, 5, 7, 8, 9}
+    assert plan.class_names == tuple(f"c{c}" for c in plan.source_classes)
+    to_key = lambda recs, ks: [(ks[p], l) for p, l in recs]  # noqa: E731
+    shuffled_keys = [keys[p] for p in perm]
+    assert to_key(plan.records["train"], keys) == to_key(shuffled.records["train"], shuffled_keys)
+    assert to_key(plan.records["test"], val_keys) == to_key(shuffled.records["test"], val_keys[::-1])
+    with pytest.raises(ValueError, match="only 8 classes"):
+        inat_m.select(_split(keys, labels), _split(val_keys, val_labels), names, **{**params, "num_classes": 9})

@@ -7,6 +7,7 @@ configs that share shapes share the persistent XLA cache.
 """
 
 import importlib
+
 import numpy as np
 import pytest
 
@@ -68,8 +69,9 @@ def tiny_zip_dir(tmp_path_factory):
     return write_fake_tiny_zip(tmp_path_factory.mktemp("tinyzip"))
 
 
-@pytest.mark.parametrize("name", ["tinyimagenet_general", "tinyimagenet_disjoint", "tinyimagenet_blurry",
-                                  "tinyimagenet_mini_general"])
+@pytest.mark.parametrize(
+    "name", ["tinyimagenet_general", "tinyimagenet_disjoint", "tinyimagenet_blurry", "tinyimagenet_mini_general"]
+)
 def test_tinyimagenet_smoke(name, tiny_zip_dir, tmp_path):
     """Our ``tiny_imagenet_zip`` builder on a 6-class zip in the official layout."""
     c = smoke_config(name, tmp_path)
@@ -111,8 +113,13 @@ def test_inat_smoke(small_stored_images, monkeypatch, tmp_path):
     monkeypatch.setattr(inat_m, "MIN_TRAIN_PER_CLASS", 20)
     monkeypatch.setattr(inat_m, "TRAIN_PER_CLASS", 20)
     c = smoke_config("inat_general", tmp_path)
-    write_fake_tfds_source(c.data.data_dir, "i_naturalist2017", num_classes=7,
-                           train_per_class=[22, 25, 20, 12, 21, 24, 20], test_per_class=3)
+    write_fake_tfds_source(
+        c.data.data_dir,
+        "i_naturalist2017",
+        num_classes=7,
+        train_per_class=[22, 25, 20, 12, 21, 24, 20],
+        test_per_class=3,
+    )
     res = trainer.run(c, str(tmp_path / "run"))
     check_two_sessions(res)
 

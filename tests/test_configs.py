@@ -14,8 +14,17 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 NOT_RUNNABLE = {"__init__", "base", "variants", "finegrained"}
 RUNNABLE = sorted(f[:-3] for f in os.listdir(CONFIG_DIR) if f.endswith(".py") and f[:-3] not in NOT_RUNNABLE)
 # Table 1 of the paper: every dataset x setup
-PAPER = {"cifar100_disjoint", "cifar100_blurry", "cifar100_general", "tinyimagenet_disjoint",
-         "tinyimagenet_blurry", "tinyimagenet_general", "dogs_general", "inat_general", "productm_general"}
+PAPER = {
+    "cifar100_disjoint",
+    "cifar100_blurry",
+    "cifar100_general",
+    "tinyimagenet_disjoint",
+    "tinyimagenet_blurry",
+    "tinyimagenet_general",
+    "dogs_general",
+    "inat_general",
+    "productm_general",
+}
 
 
 def load(name, variant=""):
@@ -38,13 +47,16 @@ def test_config_loads_and_passes_checks(name, variant, tmp_path):
         assert c.model.pretrained is None
 
 
-@pytest.mark.parametrize("name,sessions,s,cc,m,budget,batch", [
-    ("dogs_general", 4, 60, 20, 30.0, 600, 64),
-    ("inat_general", 5, 100, 25, 30.0, 4000, 64),
-    ("productm_general", 3, 1343, 700, 40.0, 3000, 32),
-    ("tinyimagenet_general", 10, 20, 20, 30.0, 4000, 64),
-    ("cifar100_general", 5, 20, 20, 10.0, 2000, 16),
-])
+@pytest.mark.parametrize(
+    "name,sessions,s,cc,m,budget,batch",
+    [
+        ("dogs_general", 4, 60, 20, 30.0, 600, 64),
+        ("inat_general", 5, 100, 25, 30.0, 4000, 64),
+        ("productm_general", 3, 1343, 700, 40.0, 3000, 32),
+        ("tinyimagenet_general", 10, 20, 20, 30.0, 4000, 64),
+        ("cifar100_general", 5, 20, 20, 10.0, 2000, 16),
+    ],
+)
 def test_paper_general_parameters(name, sessions, s, cc, m, budget, batch):
     c = load(name)
     d = c.data
@@ -62,12 +74,22 @@ def test_finegrained_recipe():
 
 def _plan(c, train_labels):
     d = c.data
-    return make_session_plan(train_labels, setup=d.setup, num_sessions=d.num_sessions, first_classes=d.first_classes,
-                             classes_per_session=d.classes_per_session, old_class_percent=d.old_class_percent,
-                             samples_per_new_class=d.samples_per_new_class,
-                             blurry_minor_percent=d.blurry_minor_percent, val_fraction=d.val_fraction,
-                             num_classes=int(train_labels.max()) + 1, shuffle_classes=d.shuffle_classes,
-                             seed=c.seed, val_per_class=d.val_per_class, general_shares=d.general_shares)
+    return make_session_plan(
+        train_labels,
+        setup=d.setup,
+        num_sessions=d.num_sessions,
+        first_classes=d.first_classes,
+        classes_per_session=d.classes_per_session,
+        old_class_percent=d.old_class_percent,
+        samples_per_new_class=d.samples_per_new_class,
+        blurry_minor_percent=d.blurry_minor_percent,
+        val_fraction=d.val_fraction,
+        num_classes=int(train_labels.max()) + 1,
+        shuffle_classes=d.shuffle_classes,
+        seed=c.seed,
+        val_per_class=d.val_per_class,
+        general_shares=d.general_shares,
+    )
 
 
 def _check_general(c, plan, labels):
@@ -134,8 +156,9 @@ def test_productm_proportional_split_uses_most_images():
     every = np.concatenate([np.concatenate([x.train, x.val]) for x in plan.sessions])
     assert np.unique(every).size == every.size  # no image in two sessions
     again = _plan(c, labels)
-    assert all(np.array_equal(a.train, b.train) and np.array_equal(a.val, b.val)
-               for a, b in zip(plan.sessions, again.sessions))
+    assert all(
+        np.array_equal(a.train, b.train) and np.array_equal(a.val, b.val) for a, b in zip(plan.sessions, again.sessions)
+    )
     used = every.size / labels.size
     c.data.general_shares = "uniform"
     used_uniform = sum(len(x.train) + len(x.val) for x in _plan(c, labels).sessions) / labels.size

@@ -4,7 +4,6 @@
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -199,9 +198,7 @@ EMB_LOSSES = {
     ),
 }
 EMB_JIT = {name: jax.jit(f) for name, (f, _) in EMB_LOSSES.items()}
-EMB_VG = {
-    name: jax.jit(jax.value_and_grad(f, argnums=(0, 1))) for name, (f, _) in EMB_LOSSES.items()
-}
+EMB_VG = {name: jax.jit(jax.value_and_grad(f, argnums=(0, 1))) for name, (f, _) in EMB_LOSSES.items()}
 
 BH = jax.jit(dl.batch_hard_triplet_loss)
 BH_VG = jax.jit(jax.value_and_grad(dl.batch_hard_triplet_loss, argnums=(0, 1)))
@@ -213,9 +210,7 @@ LWF_VG = jax.jit(jax.value_and_grad(dl.lwf_kd_loss, argnums=(0, 1)))
 MMDKD = jax.jit(dl.mmd_kd_new_class_loss)
 MMDKD_VG = jax.jit(jax.value_and_grad(dl.mmd_kd_new_class_loss, argnums=(0, 1)))
 DARK = jax.jit(dl.dark_knowledge_loss, static_argnames=("T", "t_squared"))
-DARK_VG = jax.jit(
-    jax.value_and_grad(dl.dark_knowledge_loss, argnums=(0, 1)), static_argnames=("T", "t_squared")
-)
+DARK_VG = jax.jit(jax.value_and_grad(dl.dark_knowledge_loss, argnums=(0, 1)), static_argnames=("T", "t_squared"))
 
 
 # ----------------------------------------------------------------------------
@@ -358,9 +353,7 @@ def test_valid_mask_equals_sliced_batch():
     valid[[2, 7, 11]] = False
     keep = valid
     for name, f in EMB_JIT.items():
-        np.testing.assert_allclose(
-            float(f(new, old, valid=valid)), float(f(new[keep], old[keep])), err_msg=name, **TOL
-        )
+        np.testing.assert_allclose(float(f(new, old, valid=valid)), float(f(new[keep], old[keep])), err_msg=name, **TOL)
     pairs = [
         (BH(new, old, labels, valid=valid), BH(new[keep], old[keep], labels[keep])),
         (

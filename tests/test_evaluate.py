@@ -102,14 +102,16 @@ def test_blocked_search_from_a_memory_mapped_npy_equals_in_memory(tmp_path):
     np.save(tmp_path / "gl.npy", gl)
     s_mem, i_mem = evaluate.topk_indices(q, g, 4, gallery_block=256, chunk=32)
     for block_rows in (256, 700, 5000):  # several blocks, a ragged last block, one block
-        s, i = evaluate.topk_indices_blocked(q, str(tmp_path / "g.npy"), 4, block_rows=block_rows,
-                                             gallery_block=256, chunk=32)
+        s, i = evaluate.topk_indices_blocked(
+            q, str(tmp_path / "g.npy"), 4, block_rows=block_rows, gallery_block=256, chunk=32
+        )
         # same rows; scores equal up to rounding (bit-equal on CPU; on a GPU the matmul algorithm
         # depends on the block shape, which moved a score by 1 ulp on an H100)
         assert np.array_equal(i, i_mem), block_rows
         np.testing.assert_allclose(s, s_mem, rtol=1e-6, atol=1e-6)
-    got = evaluate.recall_at_k_blocked(q, ql, str(tmp_path / "g.npy"), str(tmp_path / "gl.npy"),
-                                       ks=(1, 2, 4), block_rows=700)
+    got = evaluate.recall_at_k_blocked(
+        q, ql, str(tmp_path / "g.npy"), str(tmp_path / "gl.npy"), ks=(1, 2, 4), block_rows=700
+    )
     assert got == evaluate.recall_at_k(q, ql, g, gl, ks=(1, 2, 4))
     assert got == pytest.approx(brute_force_recall(q, ql, g, gl, (1, 2, 4)), abs=1e-12)
 
@@ -147,8 +149,9 @@ def test_blocked_search_reads_each_row_once_from_an_array_like():
 
 def test_blocked_search_with_fewer_rows_than_k():
     g = np.eye(3, dtype=np.float32)
-    labels = evaluate.recall_at_k_blocked(-np.eye(3, dtype=np.float32), np.array([0, 1, 2]), g,
-                                          np.array([5, 5, 5]), ks=(1, 4))
+    labels = evaluate.recall_at_k_blocked(
+        -np.eye(3, dtype=np.float32), np.array([0, 1, 2]), g, np.array([5, 5, 5]), ks=(1, 4)
+    )
     assert labels == {1: 0.0, 4: 0.0}
     _, idx = evaluate.topk_indices_blocked(np.eye(3, dtype=np.float32), g, 5)
     assert idx.shape == (3, 3) and np.array_equal(idx[:, 0], [0, 1, 2])

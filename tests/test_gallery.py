@@ -14,8 +14,13 @@ from cvs_jax.gallery import Gallery, GalleryPart, RowConcat
 
 def part(session, n, d=8, start=0, seed=0, replaces=False):
     rng = np.random.default_rng(seed + session)
-    return GalleryPart(rng.normal(size=(n, d)).astype(np.float32), rng.integers(0, 5, n).astype(np.int32),
-                       np.arange(start, start + n, dtype=np.int64), session, replaces)
+    return GalleryPart(
+        rng.normal(size=(n, d)).astype(np.float32),
+        rng.integers(0, 5, n).astype(np.int32),
+        np.arange(start, start + n, dtype=np.int64),
+        session,
+        replaces,
+    )
 
 
 def test_row_view_equals_concatenation_for_any_slice():
@@ -74,8 +79,12 @@ def test_an_unreadable_older_part_is_refused_and_left_in_place(tmp_path):
     for s in range(2):
         ck.save(s, {"gallery": part(s, 3, start=10 * s).as_dict()}, {})
     ck.close()
-    victims = [os.path.join(root, f) for root, _, files in os.walk(tmp_path / "sessions" / "0" / "gallery")
-               for f in files if os.sep + "d" in root]  # the array data files
+    victims = [
+        os.path.join(root, f)
+        for root, _, files in os.walk(tmp_path / "sessions" / "0" / "gallery")
+        for f in files
+        if os.sep + "d" in root
+    ]  # the array data files
     assert victims
     for v in victims:
         with open(v, "r+b") as f:
@@ -93,7 +102,8 @@ def test_class_centers_stream_the_parts(per_session, monkeypatch):
     g = Gallery.empty(8).with_part(part(0, 9)).with_part(part(1, 7, start=9)).with_part(part(2, 5, start=16))
     got = losses.class_centers(g.embeddings, g.labels, 6, gallery_sessions=g.sessions, per_session_mean=per_session)
     monkeypatch.setattr(losses, "_CENTER_BLOCK", 1 << 18)
-    want = losses.class_centers(np.asarray(g.embeddings), g.labels, 6, gallery_sessions=g.sessions,
-                                per_session_mean=per_session)
+    want = losses.class_centers(
+        np.asarray(g.embeddings), g.labels, 6, gallery_sessions=g.sessions, per_session_mean=per_session
+    )
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-7)
     np.testing.assert_array_equal(got[1], want[1])

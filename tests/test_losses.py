@@ -86,9 +86,7 @@ coherence_jit = jax.jit(losses.inter_session_coherence_loss, static_argnames=("p
 # the trainer differentiates inside jit; do the same here (also much faster than eager)
 softmax_grad_w = jax.jit(jax.grad(losses.normalized_softmax_loss, argnums=1))
 triplet_vg = jax.jit(jax.value_and_grad(losses.neighbor_session_triplet_loss, argnums=(0, 1)))
-coherence_vg = jax.jit(
-    jax.value_and_grad(losses.inter_session_coherence_loss), static_argnames=("per_batch",)
-)
+coherence_vg = jax.jit(jax.value_and_grad(losses.inter_session_coherence_loss), static_argnames=("per_batch",))
 coherence_grad_centers = jax.jit(jax.grad(losses.inter_session_coherence_loss, argnums=2))
 
 
@@ -109,9 +107,7 @@ def test_l2_normalize_matches_torch_semantics_and_zero_row():
 
 def test_cosine_logits():
     _, e, w, _ = rand_batch(0)
-    np.testing.assert_allclose(
-        np.asarray(losses.cosine_logits(e, w)), np_norm(e) @ np_norm(w).T, **TOL
-    )
+    np.testing.assert_allclose(np.asarray(losses.cosine_logits(e, w)), np_norm(e) @ np_norm(w).T, **TOL)
 
 
 # ----------------------------------------------------------------------------
@@ -264,9 +260,7 @@ def test_coherence_centers_get_no_gradient():
 
 def _hand_gallery():
     # rows normalise to: [.6,.8] [0,1] [1,0] | [1,0] [0,1] [0,-1] [-1,0]
-    feats = np.array(
-        [[3, 4], [0, 2], [5, 0], [2, 0], [0, 7], [0, -3], [-1, 0]], np.float32
-    )
+    feats = np.array([[3, 4], [0, 2], [5, 0], [2, 0], [0, 7], [0, -3], [-1, 0]], np.float32)
     labels = np.array([0, 0, 1, 0, 1, 2, 2]).reshape(-1, 1)  # official [N,1] layout
     sessions = np.array([0, 0, 0, 1, 1, 1, 1])
     return feats, labels, sessions
@@ -283,9 +277,7 @@ def test_class_centers_pooled_hand_example():
 
 def test_class_centers_per_session_hand_example():
     feats, labels, sessions = _hand_gallery()
-    centers, mask = losses.class_centers(
-        feats, labels, num_classes=4, gallery_sessions=sessions, per_session_mean=True
-    )
+    centers, mask = losses.class_centers(feats, labels, num_classes=4, gallery_sessions=sessions, per_session_mean=True)
     # class 0: mean(mean([.6,.8],[0,1]) = [.3,.9], [1,0]) = [.65,.45]
     want = np.array([[0.65, 0.45], [0.5, 0.5], [-0.5, -0.5], [0.0, 0.0]])
     np.testing.assert_allclose(centers, want, atol=1e-7)

@@ -83,9 +83,7 @@ def test_herding_edge_cases():
     # scale-invariant (rows are normalised first)
     rng = np.random.default_rng(7)
     emb = rng.normal(size=(12, 4))
-    np.testing.assert_array_equal(
-        herding_select(emb, 6), herding_select(emb * rng.uniform(0.1, 10, (12, 1)), 6)
-    )
+    np.testing.assert_array_equal(herding_select(emb, 6), herding_select(emb * rng.uniform(0.1, 10, (12, 1)), 6))
 
 
 def _pool(seed, counts, d=6):

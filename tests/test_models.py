@@ -8,8 +8,9 @@ import pytest
 from cvs_jax.models import build_model, grow_head, init_head
 
 
-@pytest.mark.parametrize("layout,shape", [("cifar", (2, 28, 28, 1)), ("imagenet", (2, 64, 64, 3)),
-                                          ("cifar", (2, 32, 32, 3))])
+@pytest.mark.parametrize(
+    "layout,shape", [("cifar", (2, 28, 28, 1)), ("imagenet", (2, 64, 64, 3)), ("cifar", (2, 32, 32, 3))]
+)
 def test_tiny_resnet_embeds(layout, shape):
     model = build_model("tiny", width=8, layout=layout, embed_dim=16)
     x = jnp.ones(shape)
@@ -47,8 +48,21 @@ def test_head_growth_keeps_old_rows_and_reinitialises_new():
 
 def test_schedule_matches_official_values():
     from cvs_jax.schedules import epoch_lr
-    want = {0: 0.003, 1: 0.03, 2: 0.03, 3: 0.01515, 4: 0.03, 5: 0.025651, 7: 0.004649, 15: 0.00143,
-            31: 0.000585, 127: 0.000318, 191: 0.015514, 255: 0.000304}
+
+    want = {
+        0: 0.003,
+        1: 0.03,
+        2: 0.03,
+        3: 0.01515,
+        4: 0.03,
+        5: 0.025651,
+        7: 0.004649,
+        15: 0.00143,
+        31: 0.000585,
+        127: 0.000318,
+        191: 0.015514,
+        255: 0.000304,
+    }
     for e, lr in want.items():
         assert epoch_lr("official", e, 0.03, 256) == pytest.approx(lr, abs=2e-6), e
     assert epoch_lr("cosine", 0, 0.03, 10) == pytest.approx(0.03)

@@ -27,8 +27,17 @@ CACHE = os.environ.get("CVS_JAX_TEST_CACHE", "/tmp/cvs_jax_xla_cache")
 
 
 # ----------------------------------------------------------------------------- worker side
-def _tiny_cvs_config(manual_dir: str, data_dir: str, *, sessions: int, epochs: int, dtype: str, seed: int,
-                     width: int = 4, embed_dim: int = 8):
+def _tiny_cvs_config(
+    manual_dir: str,
+    data_dir: str,
+    *,
+    sessions: int,
+    epochs: int,
+    dtype: str,
+    seed: int,
+    width: int = 4,
+    embed_dim: int = 8,
+):
     from configs import fashion_mnist_general
 
     c = fashion_mnist_general.get_config()
@@ -83,8 +92,16 @@ def _worker(argv) -> None:
             return steps[-1]
 
         trainer.make_train_step = recording_make_train_step  # to count the step's compilations
-        c = _tiny_cvs_config(a.manual_dir, os.path.join(a.workdir, "tfds"), sessions=a.sessions,
-                             epochs=a.epochs, dtype=a.dtype, seed=a.seed, width=a.width, embed_dim=a.embed_dim)
+        c = _tiny_cvs_config(
+            a.manual_dir,
+            os.path.join(a.workdir, "tfds"),
+            sessions=a.sessions,
+            epochs=a.epochs,
+            dtype=a.dtype,
+            seed=a.seed,
+            width=a.width,
+            embed_dim=a.embed_dim,
+        )
         t0 = time.time()
         res = trainer.run(c, os.path.join(a.workdir, "run"))
         out["seconds"] = time.time() - t0
@@ -102,10 +119,10 @@ def _worker(argv) -> None:
             g, q = _search_data(rng, n, d, dup)
             scores, idx = evaluate.topk_indices(q, g, 5, chunk=32, gallery_block=256)
             np.save(os.path.join(a.workdir, f"g{n}.npy"), g)
-            _, idx_disk = evaluate.topk_indices_blocked(q, os.path.join(a.workdir, f"g{n}.npy"), 5, chunk=32,
-                                                        gallery_block=256, block_rows=1024)
-            out["cases"].append({"n": n, "idx": idx.tolist(), "scores": scores.tolist(),
-                                 "idx_disk": idx_disk.tolist()})
+            _, idx_disk = evaluate.topk_indices_blocked(
+                q, os.path.join(a.workdir, f"g{n}.npy"), 5, chunk=32, gallery_block=256, block_rows=1024
+            )
+            out["cases"].append({"n": n, "idx": idx.tolist(), "scores": scores.tolist(), "idx_disk": idx_disk.tolist()})
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -121,8 +138,9 @@ def _multiproc_worker(workdir: str) -> None:
     lo, hi = distributed.process_slice(b, mesh)
     full = np.arange(b * 3, dtype=np.float32).reshape(b, 3)
     batch = distributed.global_batch({"x": full[lo:hi], "w": np.arange(b, dtype=np.float32)[lo:hi]}, mesh)
-    total, weighted = jax.jit(lambda t: (t["x"].sum(), (t["x"] * t["w"][:, None]).sum(0)),
-                              out_shardings=distributed.replicated_sharding(mesh))(batch)
+    total, weighted = jax.jit(
+        lambda t: (t["x"].sum(), (t["x"] * t["w"][:, None]).sum(0)), out_shardings=distributed.replicated_sharding(mesh)
+    )(batch)
     try:
         distributed.process_slice(6, mesh)  # 6 rows do not split over 4 devices
         refused = False
@@ -136,17 +154,29 @@ def _multiproc_worker(workdir: str) -> None:
     path = os.path.join(workdir, f"g{jax.process_index()}.npy")
     np.save(path, g)
     _, idx_disk = evaluate.topk_indices_blocked(q, path, 5, chunk=32, gallery_block=256, block_rows=1024)
-    out = {"processes": jax.process_count(), "devices": jax.device_count(), "local": jax.local_device_count(),
-           "slice": [lo, hi], "odd_batch_refused": refused, "total": float(total), "weighted": np.asarray(weighted).tolist(),
-           "gathered_ok": bool(np.array_equal(distributed.to_host(batch)["x"], full)),
-           "idx": idx.tolist(), "idx_disk": idx_disk.tolist()}
+    out = {
+        "processes": jax.process_count(),
+        "devices": jax.device_count(),
+        "local": jax.local_device_count(),
+        "slice": [lo, hi],
+        "odd_batch_refused": refused,
+        "total": float(total),
+        "weighted": np.asarray(weighted).tolist(),
+        "gathered_ok": bool(np.array_equal(distributed.to_host(batch)["x"], full)),
+        "idx": idx.tolist(),
+        "idx_disk": idx_disk.tolist(),
+    }
     print("RESULT " + json.dumps(out), flush=True)
 
 
 # ----------------------------------------------------------------------------- test side
 def _worker_env(n_devices: int, **extra: str) -> dict:
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n_devices}",
-               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), JAX_PLATFORMS="cpu")
+    env = dict(
+        os.environ,
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={n_devices}",
+        PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        JAX_PLATFORMS="cpu",
+    )
     env.pop("CVS_JAX_MULTIHOST", None)
     env.update(extra)
     return env
@@ -155,13 +185,21 @@ def _worker_env(n_devices: int, **extra: str) -> dict:
 def _parse(proc, what: str) -> dict:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
-        raise AssertionError(f"worker ({what}) failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+        raise AssertionError(
+            f"worker ({what}) failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def _run_worker(n_devices: int, *args: str, timeout: int = 600) -> dict:
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", *args], env=_worker_env(n_devices),
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--worker", *args],
+        env=_worker_env(n_devices),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
     out = _parse(proc, f"{n_devices} devices")
     assert out["devices"] == n_devices
     return out
@@ -229,8 +267,19 @@ def training_runs(manual_dir, tmp_path_factory):
     runs = {}
     for n_dev in (1, 2, 4):
         wd = tmp_path_factory.mktemp(f"train{n_dev}")
-        runs[n_dev] = _run_worker(n_dev, "--mode", "train", "--workdir", str(wd), "--manual_dir", manual_dir,
-                                  "--sessions", "2", "--epochs", "1")
+        runs[n_dev] = _run_worker(
+            n_dev,
+            "--mode",
+            "train",
+            "--workdir",
+            str(wd),
+            "--manual_dir",
+            manual_dir,
+            "--sessions",
+            "2",
+            "--epochs",
+            "1",
+        )
     return runs
 
 
@@ -253,12 +302,19 @@ RECALL_TOL = 0.025
 def test_training_is_device_count_invariant(training_runs):
     ref = training_runs[1]
     for n_dev, out in training_runs.items():
-        assert [(m["session"], m["epoch"]) for m in out["epochs"]] == [(m["session"], m["epoch"]) for m in ref["epochs"]]
+        assert [(m["session"], m["epoch"]) for m in out["epochs"]] == [
+            (m["session"], m["epoch"]) for m in ref["epochs"]
+        ]
         for m, m_ref in zip(out["epochs"], ref["epochs"]):
             for key in ("loss", "L_c", "L_m", "L_d"):
                 if key in m_ref:
-                    np.testing.assert_allclose(m[key], m_ref[key], rtol=LOSS_RTOL, atol=LOSS_ATOL,
-                                               err_msg=f"{key}, session {m['session']}, {n_dev} devices")
+                    np.testing.assert_allclose(
+                        m[key],
+                        m_ref[key],
+                        rtol=LOSS_RTOL,
+                        atol=LOSS_ATOL,
+                        err_msg=f"{key}, session {m['session']}, {n_dev} devices",
+                    )
         for r, r_ref in zip(out["recall"], ref["recall"]):
             for k in r_ref:
                 assert abs(r[k] - r_ref[k]) <= RECALL_TOL, (n_dev, k, r, r_ref)
@@ -288,9 +344,25 @@ def test_bfloat16_recall_close_to_float32(manual_dir, tmp_path):
     for dtype in ("float32", "bfloat16"):
         wd = tmp_path / dtype
         wd.mkdir()
-        out[dtype] = _run_worker(1, "--mode", "train", "--workdir", str(wd), "--manual_dir", manual_dir,
-                                 "--sessions", "2", "--epochs", "4", "--dtype", dtype, "--width", "16",
-                                 "--embed_dim", "64")
+        out[dtype] = _run_worker(
+            1,
+            "--mode",
+            "train",
+            "--workdir",
+            str(wd),
+            "--manual_dir",
+            manual_dir,
+            "--sessions",
+            "2",
+            "--epochs",
+            "4",
+            "--dtype",
+            dtype,
+            "--width",
+            "16",
+            "--embed_dim",
+            "64",
+        )
     f32, bf16 = out["float32"], out["bfloat16"]
     assert f32["recall"][0]["1"] > 0.5  # the comparison means something only if the model learns
     for r32, r16 in zip(f32["recall"], bf16["recall"]):
@@ -310,11 +382,31 @@ def test_two_processes_build_global_batches_and_search(tmp_path):
     port = _free_port()
     procs = []
     for pid in range(2):
-        env = _worker_env(2, CVS_JAX_MULTIHOST="1", JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
-                          JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(pid))
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", "--mode", "multiproc",
-                                       "--workdir", str(tmp_path)], env=env, cwd=REPO, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        env = _worker_env(
+            2,
+            CVS_JAX_MULTIHOST="1",
+            JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+            JAX_NUM_PROCESSES="2",
+            JAX_PROCESS_ID=str(pid),
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "--worker",
+                    "--mode",
+                    "multiproc",
+                    "--workdir",
+                    str(tmp_path),
+                ],
+                env=env,
+                cwd=REPO,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
     outs = []
     try:
         for pid, p in enumerate(procs):
@@ -344,7 +436,8 @@ def test_two_processes_build_global_batches_and_search(tmp_path):
 # ----------------------------------------------------------------------------- in-process (1 device)
 def test_single_process_global_batch_is_device_put():
     import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     from cvs_jax import distributed
 
@@ -370,8 +463,13 @@ def test_multihost_is_opt_in_and_slurm_one_task_per_node_gets_all_gpus(monkeypat
     assert distributed.maybe_initialize(False) is False  # no jax.distributed.initialize
     monkeypatch.setenv("CVS_JAX_MULTIHOST", "1")
     assert distributed.multihost_requested(False)
-    for key in ("SLURM_JOB_ID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_GPUS_ON_NODE",
-                "JAX_LOCAL_DEVICE_IDS"):
+    for key in (
+        "SLURM_JOB_ID",
+        "SLURM_STEP_TASKS_PER_NODE",
+        "SLURM_NTASKS_PER_NODE",
+        "SLURM_GPUS_ON_NODE",
+        "JAX_LOCAL_DEVICE_IDS",
+    ):
         monkeypatch.delenv(key, raising=False)
     assert distributed._slurm_local_device_ids() is None  # not under SLURM
     monkeypatch.setenv("SLURM_JOB_ID", "42")

@@ -9,12 +9,11 @@ import pytest
 
 from cvs_jax.data import official_splits as osp
 
-SPLIT_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "cvs-official-splits",
-                         "cifar100")
+SPLIT_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "cvs-official-splits", "cifar100")
 pytestmark = pytest.mark.skipif(not os.path.isdir(SPLIT_DIR), reason="official split files not available")
 
 RNG = np.random.default_rng(7)
-TRAIN = RNG.permutation(np.repeat(np.arange(100), 500))   # CIFAR-like: original order is not grouped by class
+TRAIN = RNG.permutation(np.repeat(np.arange(100), 500))  # CIFAR-like: original order is not grouped by class
 TEST = RNG.permutation(np.repeat(np.arange(100), 100))
 
 
@@ -23,7 +22,7 @@ def _names():
     for t in range(5):
         with open(os.path.join(SPLIT_DIR, f"cifar100_test_rand1_cls20_task{t}.json")) as f:
             names |= {r["klass"] for r in json.load(f)}
-    return tuple(sorted(names))   # CIFAR-100 fine label names are alphabetical (python release / TFDS)
+    return tuple(sorted(names))  # CIFAR-100 fine label names are alphabetical (python release / TFDS)
 
 
 NAMES = _names() if os.path.isdir(SPLIT_DIR) else ()
@@ -41,8 +40,11 @@ def _export_names(labels, split, names):
 
 @pytest.fixture(scope="module")
 def plans():
-    idx = dict(train_class_index=osp.per_class_positions(TRAIN), test_class_index=osp.per_class_positions(TEST),
-               class_names=NAMES)
+    idx = dict(
+        train_class_index=osp.per_class_positions(TRAIN),
+        test_class_index=osp.per_class_positions(TEST),
+        class_names=NAMES,
+    )
     return {s: osp.load_official_plan(SPLIT_DIR, s, **idx) for s in ("disjoint", "blurry", "general")}
 
 
@@ -55,8 +57,10 @@ def test_file_name_mapping_round_trips_on_synthetic_labels():
         for i, name in enumerate(_export_names(labels, split, NAMES)):
             assert osp.resolve(name, class_names=NAMES, train_class_index=pos, test_class_index=tpos) == (split, i)
     # label arrays are accepted in place of the index; a leading "./" is tolerated.
-    assert osp.resolve("./test/apple/0001.png", class_names=NAMES, train_class_index=TRAIN,
-                       test_class_index=TEST) == ("test", int(np.flatnonzero(TEST == 0)[0]))
+    assert osp.resolve("./test/apple/0001.png", class_names=NAMES, train_class_index=TRAIN, test_class_index=TEST) == (
+        "test",
+        int(np.flatnonzero(TEST == 0)[0]),
+    )
     for bad in ("train/apple/0501.png", "train/apple/0000.png", "train/unicorn/0001.png", "val/apple/0001.png"):
         with pytest.raises(osp.OfficialSplitError):
             osp.resolve(bad, class_names=NAMES, train_class_index=pos, test_class_index=tpos)
@@ -95,7 +99,7 @@ def test_no_image_in_two_sessions_and_labels_follow_the_json(plans):
                 tag = osp.FILE_SETUPS[setup]
                 with open(os.path.join(SPLIT_DIR, f"cifar100_{kind}_{tag}_rand1_cls20_task{t}.json")) as f:
                     want = np.sort([r["label"] for r in json.load(f)])
-                np.testing.assert_array_equal(np.sort(proto[idx]), want)   # resolved images carry the JSON labels
+                np.testing.assert_array_equal(np.sort(proto[idx]), want)  # resolved images carry the JSON labels
         if setup == "disjoint":
             assert np.all(np.bincount(proto[p.sessions[2].train], minlength=100)[40:60] == 450)
         if setup == "blurry":
@@ -111,8 +115,9 @@ def test_class_order_matches_the_spec(plans):
         assert sorted(p.class_order.tolist()) == list(range(100))
     # a permuted name list moves class_order with it
     shuffled = list(NAMES)[::-1]
-    p = osp.load_official_plan(SPLIT_DIR, "disjoint", train_class_index=99 - TRAIN,
-                               test_class_index=99 - TEST, class_names=shuffled)
+    p = osp.load_official_plan(
+        SPLIT_DIR, "disjoint", train_class_index=99 - TRAIN, test_class_index=99 - TEST, class_names=shuffled
+    )
     assert shuffled[p.class_order[0]] == "fox"
 
 
@@ -129,14 +134,18 @@ def test_official_test_and_val_queries(plans):
     for s in range(5):
         np.testing.assert_array_equal(b.test_queries(s, test_proto["blurry"]), np.arange(10000))
         assert b.val_queries(s).size == 5000
-    assert b.test_queries(0).size == 10000   # labels are optional
+    assert b.test_queries(0).size == 10000  # labels are optional
 
 
 def test_plan_for_a_loaded_dataset():
     from cvs_jax.data.sources import ImageDataset, Split
-    ds = ImageDataset(name="cifar100", class_names=NAMES,
-                      train=Split(images=np.zeros((TRAIN.size, 1, 1, 3), np.uint8), labels=TRAIN.astype(np.int32)),
-                      test=Split(images=np.zeros((TEST.size, 1, 1, 3), np.uint8), labels=TEST.astype(np.int32)))
+
+    ds = ImageDataset(
+        name="cifar100",
+        class_names=NAMES,
+        train=Split(images=np.zeros((TRAIN.size, 1, 1, 3), np.uint8), labels=TRAIN.astype(np.int32)),
+        test=Split(images=np.zeros((TEST.size, 1, 1, 3), np.uint8), labels=TEST.astype(np.int32)),
+    )
     p = osp.official_plan_for_dataset(SPLIT_DIR, "general10", ds)
     assert p.setup == "general" and [len(s.train) for s in p.sessions][:2] == [7200, 7992]
     assert p.test_queries(1, p.to_protocol_labels(ds.test.labels)).size == 4000
@@ -146,13 +155,12 @@ def test_refusals(tmp_path):
     with pytest.raises(osp.OfficialSplitError, match="500 per class"):
         osp.check_dataset_counts(TRAIN[:-1], TEST, NAMES)
     with pytest.raises(ValueError, match="setup"):
-        osp.load_official_plan(SPLIT_DIR, "blurry30", train_class_index=TRAIN, test_class_index=TEST,
-                               class_names=NAMES)
+        osp.load_official_plan(SPLIT_DIR, "blurry30", train_class_index=TRAIN, test_class_index=TEST, class_names=NAMES)
     with pytest.raises(FileNotFoundError, match="missing"):
-        osp.load_official_plan(str(tmp_path), "general", train_class_index=TRAIN, test_class_index=TEST,
-                               class_names=NAMES)
+        osp.load_official_plan(
+            str(tmp_path), "general", train_class_index=TRAIN, test_class_index=TEST, class_names=NAMES
+        )
     # a subset of CIFAR-100 cannot hold the official image numbers
     small = np.repeat(np.arange(100), 50)
     with pytest.raises(osp.OfficialSplitError, match="full CIFAR-100"):
-        osp.load_official_plan(SPLIT_DIR, "disjoint", train_class_index=small, test_class_index=TEST,
-                               class_names=NAMES)
+        osp.load_official_plan(SPLIT_DIR, "disjoint", train_class_index=small, test_class_index=TEST, class_names=NAMES)

@@ -6,8 +6,12 @@ import numpy as np
 import pytest
 
 from cvs_jax.models import build_model
-from cvs_jax.models.pretrained import (PretrainedWeightsError, load_torchvision_resnet50, merge_pretrained,
-                                       read_state_dict)
+from cvs_jax.models.pretrained import (
+    PretrainedWeightsError,
+    load_torchvision_resnet50,
+    merge_pretrained,
+    read_state_dict,
+)
 
 EPS = 1e-5
 
@@ -83,8 +87,8 @@ def _np_resnet50(x, sd, emb_w, emb_b):
             if f"{p}.downsample.0.weight" in sd:
                 short = _np_bn(_np_conv(x, w(f"{p}.downsample.0"), s, 0), sd, f"{p}.downsample.1")
             x = relu(y + short)
-    feat = x.mean(axis=(2, 3))                              # [N, 2048]
-    return feat @ emb_w.astype(np.float64).T + emb_b         # torch Linear: W [out, in]
+    feat = x.mean(axis=(2, 3))  # [N, 2048]
+    return feat @ emb_w.astype(np.float64).T + emb_b  # torch Linear: W [out, in]
 
 
 @pytest.fixture(scope="module")
@@ -107,11 +111,11 @@ def test_resnet50_import_matches_numpy_reference(weights):
     x_nhwc = jnp.asarray(x.transpose(0, 2, 3, 1))
     shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), x_nhwc, train=False))
     variables = merge_pretrained(shapes, load_torchvision_resnet50(path))
-    assert isinstance(variables["params"]["embedding"]["kernel"], jax.ShapeDtypeStruct)   # kept, not pretrained
+    assert isinstance(variables["params"]["embedding"]["kernel"], jax.ShapeDtypeStruct)  # kept, not pretrained
     variables["params"]["embedding"] = {"kernel": emb_w.T, "bias": emb_b}
     n_body = sum(v.size for k, v in sd.items() if k.endswith("weight") or k.endswith("bias")) - 1000 * 2048 - 1000
     assert sum(np.size(p) for p in jax.tree.leaves(variables["params"])) == n_body + 2048 * 128 + 128
-    assert n_body == 23_508_032   # torchvision resnet50 without fc
+    assert n_body == 23_508_032  # torchvision resnet50 without fc
 
     out = np.asarray(jax.jit(lambda v, x: model.apply(v, x, train=False))(variables, x_nhwc))
     scale = np.abs(ref).max()
@@ -143,6 +147,7 @@ def test_missing_file_names_path_and_fix(tmp_path):
     pth = tmp_path / "w.pth"
     pth.write_bytes(b"\0")
     import importlib.util
+
     if importlib.util.find_spec("torch") is None:
         with pytest.raises(PretrainedWeightsError, match="torch is not installed"):
             read_state_dict(str(pth))

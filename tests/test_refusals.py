@@ -26,24 +26,41 @@ def config(manual_dir, tmp_path):
     return c
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("method", "sgd", "method='sgd' is unknown"),
-    ("data.setup", "mixed", "data.setup='mixed' is unknown"),
-    ("data.num_sessions", 9, "S + (L-1)*C"),                      # 4 + 8*2 = 20 classes > 10
-    ("data.old_class_percent", 100.0, "must be in [0, 100)"),
-    ("data.old_class_percent", -5.0, "must be in [0, 100)"),
-    ("train.schedule", "step", "train.schedule='step' is unknown"),
-    ("data.manual_dir", "/nonexistent/fashion", "data.manual_dir='/nonexistent/fashion' does not exist"),
-    ("model.pretrained", "/nonexistent/resnet50.npz", "model.pretrained='/nonexistent/resnet50.npz' does not exist"),
-    ("data.official_split_dir", "/nonexistent/splits", "data.official_split_dir='/nonexistent/splits' does not exist"),
-    ("data.on_corrupt", "ignore", "data.on_corrupt='ignore' is unknown"),
-    ("augment.policy", "autoaug", "augment.policy='autoaug' is unknown"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("method", "sgd", "method='sgd' is unknown"),
+        ("data.setup", "mixed", "data.setup='mixed' is unknown"),
+        ("data.num_sessions", 9, "S + (L-1)*C"),  # 4 + 8*2 = 20 classes > 10
+        ("data.old_class_percent", 100.0, "must be in [0, 100)"),
+        ("data.old_class_percent", -5.0, "must be in [0, 100)"),
+        ("train.schedule", "step", "train.schedule='step' is unknown"),
+        ("data.manual_dir", "/nonexistent/fashion", "data.manual_dir='/nonexistent/fashion' does not exist"),
+        (
+            "model.pretrained",
+            "/nonexistent/resnet50.npz",
+            "model.pretrained='/nonexistent/resnet50.npz' does not exist",
+        ),
+        (
+            "data.official_split_dir",
+            "/nonexistent/splits",
+            "data.official_split_dir='/nonexistent/splits' does not exist",
+        ),
+        ("data.on_corrupt", "ignore", "data.on_corrupt='ignore' is unknown"),
+        ("augment.policy", "autoaug", "augment.policy='autoaug' is unknown"),
+    ],
+)
 def test_config_refused_before_any_work(config, tmp_path, field, value, message):
     group, _, key = field.rpartition(".")
     setattr(config[group] if group else config, key, value)
-    with pytest.raises(config_checks.ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")
-                       .replace(")", r"\)").replace("*", r"\*").replace("+", r"\+")):
+    with pytest.raises(
+        config_checks.ConfigError,
+        match=message.replace("(", r"\(")
+        .replace("[", r"\[")
+        .replace(")", r"\)")
+        .replace("*", r"\*")
+        .replace("+", r"\+"),
+    ):
         trainer.run(config, str(tmp_path / "wd"))
     assert not os.path.exists(str(tmp_path / "tfds"))  # refused before the dataset was even built
 
@@ -99,7 +116,6 @@ def test_nan_loss_stops_with_step_and_session(config, tmp_path):
     assert not os.path.exists(os.path.join(wd, "results.json"))
 
 
-
 def test_nan_embeddings_stop_the_run_with_a_clear_message(config, tmp_path, monkeypatch):
     """Finite losses but NaN eval-mode embeddings (seen with bf16 on jax 0.12's CPU compiler)."""
     import jax.numpy as jnp
@@ -116,13 +132,40 @@ def test_nan_embeddings_stop_the_run_with_a_clear_message(config, tmp_path, monk
         trainer.run(config, wd)
     assert not os.path.exists(os.path.join(wd, "results.json"))
 
+
 def test_cli_prints_one_line_and_exits_2(manual_dir, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "cvs_jax.main", "--config", "configs/fashion_mnist_general.py",
-                           "--workdir", str(tmp_path / "wd"), "--config.method=nope"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cvs_jax.main",
+            "--config",
+            "configs/fashion_mnist_general.py",
+            "--workdir",
+            str(tmp_path / "wd"),
+            "--config.method=nope",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: method='nope' is unknown")
-    proc = subprocess.run([sys.executable, "-m", "cvs_jax.main", "--config", "configs/fashion_mnist_general.py",
-                           "--workdir", str(tmp_path / "wd"), "--config.trian.lr=1"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cvs_jax.main",
+            "--config",
+            "configs/fashion_mnist_general.py",
+            "--workdir",
+            str(tmp_path / "wd"),
+            "--config.trian.lr=1",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0 and "trian" in proc.stderr

@@ -147,9 +147,7 @@ def test_ewc_penalty_zero_at_anchor_and_hand_value_elsewhere():
     # gradient 2F(θ − θ*) w.r.t. θ only; anchor / importance are constants
     g_p, g_a, g_f = jax.grad(rg.ewc_penalty, argnums=(0, 1, 2))(moved, anchor, fisher)
     for k in NAMES:
-        np.testing.assert_allclose(
-            np.asarray(g_p[k]), 2 * fisher[k] * (moved[k] - anchor[k]), rtol=1e-5, atol=1e-7
-        )
+        np.testing.assert_allclose(np.asarray(g_p[k]), 2 * fisher[k] * (moved[k] - anchor[k]), rtol=1e-5, atol=1e-7)
         assert np.all(np.asarray(g_a[k]) == 0.0) and np.all(np.asarray(g_f[k]) == 0.0)
 
 
@@ -213,9 +211,7 @@ def test_rwalk_score_along_sgd_path_and_importance():
     imp2, s2 = rg.rwalk_importance(fisher, score, normalize=False, relu=False)
     for k in NAMES:
         np.testing.assert_allclose(np.asarray(s2[k]), np.asarray(score[k]), **TOL)
-        np.testing.assert_allclose(
-            np.asarray(imp2[k]), np.asarray(fisher[k]) + np.asarray(score[k]), **TOL
-        )
+        np.testing.assert_allclose(np.asarray(imp2[k]), np.asarray(fisher[k]) + np.asarray(score[k]), **TOL)
 
 
 def test_rwalk_score_zero_without_movement():

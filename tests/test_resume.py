@@ -30,17 +30,35 @@ def data_dirs(tmp_path_factory):
 
 
 def command(manual, tfds_dir, workdir):
-    return [sys.executable, "-m", "cvs_jax.main", "--config", "configs/fashion_mnist_general.py",
-            "--workdir", workdir, "--config.method=cvs", f"--config.data.manual_dir={manual}",
-            f"--config.data.data_dir={tfds_dir}", "--config.data.num_sessions=2",
-            "--config.data.samples_per_new_class=30", "--config.model.width=4", "--config.model.embed_dim=8",
-            "--config.train.epochs=2", "--config.train.batch_size=16", "--config.train.eval_batch_size=64",
-            "--config.train.checkpoint_every_steps=3", "--config.memory.budget=20"]
+    return [
+        sys.executable,
+        "-m",
+        "cvs_jax.main",
+        "--config",
+        "configs/fashion_mnist_general.py",
+        "--workdir",
+        workdir,
+        "--config.method=cvs",
+        f"--config.data.manual_dir={manual}",
+        f"--config.data.data_dir={tfds_dir}",
+        "--config.data.num_sessions=2",
+        "--config.data.samples_per_new_class=30",
+        "--config.model.width=4",
+        "--config.model.embed_dim=8",
+        "--config.train.epochs=2",
+        "--config.train.batch_size=16",
+        "--config.train.eval_batch_size=64",
+        "--config.train.checkpoint_every_steps=3",
+        "--config.memory.budget=20",
+    ]
 
 
 def run(cmd, fault=None):
-    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=os.environ.get("CVS_JAX_TEST_CACHE", "/tmp/cvs_jax_xla_cache"),
-               JAX_PLATFORMS="cpu")
+    env = dict(
+        os.environ,
+        JAX_COMPILATION_CACHE_DIR=os.environ.get("CVS_JAX_TEST_CACHE", "/tmp/cvs_jax_xla_cache"),
+        JAX_PLATFORMS="cpu",
+    )
     env.pop("CVS_JAX_FAULT", None)
     if fault:
         env["CVS_JAX_FAULT"] = fault
@@ -59,8 +77,16 @@ def outcome(workdir):
     ck = Checkpoints(os.path.join(workdir, "checkpoints", "sessions"), max_to_keep=None)
     g = Gallery.restore(ck, max(ck.steps()), embed_dim=8)  # every session's stored part
     ck.close()
-    return results, metrics, {"embeddings": np.asarray(g.embeddings), "labels": g.labels, "sessions": g.sessions,
-                              "source_ids": g.source_ids}
+    return (
+        results,
+        metrics,
+        {
+            "embeddings": np.asarray(g.embeddings),
+            "labels": g.labels,
+            "sessions": g.sessions,
+            "source_ids": g.source_ids,
+        },
+    )
 
 
 @pytest.fixture(scope="module")

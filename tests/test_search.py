@@ -1,6 +1,5 @@
 """The search command on a tiny finished run: a gallery image finds itself and its class first."""
 
-import json
 import os
 
 import numpy as np

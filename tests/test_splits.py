@@ -17,17 +17,38 @@ def _labels(num_classes, per_class, seed=123):
 CIFAR = _labels(100, 500)
 TINY = _labels(200, 500)
 
-CIFAR_GENERAL = dict(setup="general", num_sessions=5, first_classes=20, classes_per_session=20,
-                     old_class_percent=10, samples_per_new_class=400, val_fraction=0.1)
-TINY_GENERAL = dict(setup="general", num_sessions=10, first_classes=20, classes_per_session=20,
-                    old_class_percent=30, samples_per_new_class=225, val_fraction=0.05,
-                    shuffle_classes=False)
-CIFAR_DISJOINT = dict(setup="disjoint", num_sessions=5, first_classes=20, classes_per_session=20,
-                      val_fraction=0.1)
-CIFAR_BLURRY = dict(setup="blurry", num_sessions=5, first_classes=20, classes_per_session=20,
-                    blurry_minor_percent=10, val_fraction=0.1)
-TINY_BLURRY = dict(setup="blurry", num_sessions=10, first_classes=20, classes_per_session=20,
-                   blurry_minor_percent=30, val_fraction=0.05, shuffle_classes=False)
+CIFAR_GENERAL = dict(
+    setup="general",
+    num_sessions=5,
+    first_classes=20,
+    classes_per_session=20,
+    old_class_percent=10,
+    samples_per_new_class=400,
+    val_fraction=0.1,
+)
+TINY_GENERAL = dict(
+    setup="general",
+    num_sessions=10,
+    first_classes=20,
+    classes_per_session=20,
+    old_class_percent=30,
+    samples_per_new_class=225,
+    val_fraction=0.05,
+    shuffle_classes=False,
+)
+CIFAR_DISJOINT = dict(setup="disjoint", num_sessions=5, first_classes=20, classes_per_session=20, val_fraction=0.1)
+CIFAR_BLURRY = dict(
+    setup="blurry", num_sessions=5, first_classes=20, classes_per_session=20, blurry_minor_percent=10, val_fraction=0.1
+)
+TINY_BLURRY = dict(
+    setup="blurry",
+    num_sessions=10,
+    first_classes=20,
+    classes_per_session=20,
+    blurry_minor_percent=30,
+    val_fraction=0.05,
+    shuffle_classes=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +82,13 @@ def test_cifar_general_official_counts(plans):
     assert [len(_pool(s)) for s in p.sessions] == [8000, 8880, 8880, 8840, 8880]
 
 
-@pytest.mark.parametrize("name,spc,per_old", [
-    ("cifar_general", 400, [44, 22, 14, 11]),
-    ("tiny_general", 225, [96, 48, 32, 24, 19, 16, 13, 12, 10]),
-])
+@pytest.mark.parametrize(
+    "name,spc,per_old",
+    [
+        ("cifar_general", 400, [44, 22, 14, 11]),
+        ("tiny_general", 225, [96, 48, 32, 24, 19, 16, 13, 12, 10]),
+    ],
+)
 def test_general_per_old_class_counts_are_exact_and_even(plans, name, spc, per_old):
     p = plans[name]
     labels = CIFAR if name.startswith("cifar") else TINY
@@ -77,7 +101,7 @@ def test_general_per_old_class_counts_are_exact_and_even(plans, name, spc, per_o
             assert old.size == 0
         else:
             assert np.all(cnt[old] == per_old[t - 1]), f"session {t}: old classes not spread evenly"
-        assert np.all(cnt[new.max() + 1:] == 0), "future classes leaked into the session"
+        assert np.all(cnt[new.max() + 1 :] == 0), "future classes leaked into the session"
 
 
 def test_tiny_general_official_counts(plans):
@@ -101,8 +125,11 @@ def test_general_old_share_is_about_m(plans, name, m):
 def test_general_auto_samples_per_new_class_is_largest_feasible():
     p = make_session_plan(CIFAR, **{**CIFAR_GENERAL, "samples_per_new_class": None})
     spc = np.bincount(_plabels(p, CIFAR)[_pool(p.sessions[0])]).max()
+
     # class 0 then also supplies floor(20*spc/9/n_old) in every later session; its total must fit in 500
-    shares = lambda n: sum(math.floor(20 * n / 9 / (20 * t)) for t in range(1, 5))
+    def shares(n):
+        return sum(math.floor(20 * n / 9 / (20 * t)) for t in range(1, 5))
+
     assert spc + shares(spc) <= 500 < spc + 1 + shares(spc + 1)
     used = np.concatenate([_pool(s) for s in p.sessions])
     assert used.size == np.unique(used).size
@@ -153,8 +180,14 @@ def test_blurry_counts_and_major_share(plans, name, b, major, minor):
 
 def test_blurry_too_few_images_raises():
     with pytest.raises(ValueError, match="blurry_minor_percent"):
-        make_session_plan(_labels(10, 20), setup="blurry", num_sessions=5, first_classes=2,
-                          classes_per_session=2, blurry_minor_percent=10)
+        make_session_plan(
+            _labels(10, 20),
+            setup="blurry",
+            num_sessions=5,
+            first_classes=2,
+            classes_per_session=2,
+            blurry_minor_percent=10,
+        )
 
 
 # ---------------------------------------------------------------- invariants for every setup
@@ -217,17 +250,21 @@ def test_test_queries_select_seen_classes(plans):
 
 
 def test_test_queries_skip_unused_classes():
-    p = make_session_plan(CIFAR, setup="blurry", num_sessions=2, first_classes=10, classes_per_session=10,
-                          blurry_minor_percent=10)
+    p = make_session_plan(
+        CIFAR, setup="blurry", num_sessions=2, first_classes=10, classes_per_session=10, blurry_minor_percent=10
+    )
     tp = p.to_protocol_labels(_labels(100, 100, seed=7))
     assert p.test_queries(0, tp).size == 2000 and np.all(tp[p.test_queries(0, tp)] >= 0)
 
 
-@pytest.mark.parametrize("name,expected", [
-    ("cifar_general", [20, 40, 60, 80, 100]),
-    ("cifar_disjoint", [20, 40, 60, 80, 100]),
-    ("cifar_blurry", [100] * 5),
-])
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("cifar_general", [20, 40, 60, 80, 100]),
+        ("cifar_disjoint", [20, 40, 60, 80, 100]),
+        ("cifar_blurry", [100] * 5),
+    ],
+)
 def test_num_outputs_and_seen_classes(plans, name, expected):
     p = plans[name]
     assert [s.num_outputs for s in p.sessions] == expected
@@ -248,8 +285,9 @@ def test_protocol_labels_round_trip(plans):
 
 
 def test_subset_of_classes_maps_rest_to_minus_one():
-    p = make_session_plan(TINY, setup="disjoint", num_sessions=3, first_classes=10, classes_per_session=5,
-                          num_classes=200, seed=3)
+    p = make_session_plan(
+        TINY, setup="disjoint", num_sessions=3, first_classes=10, classes_per_session=5, num_classes=200, seed=3
+    )
     assert p.class_order.size == 20
     proto = p.to_protocol_labels(TINY)
     assert np.sum(proto >= 0) == 20 * 500 and set(np.unique(proto).tolist()) == set(range(-1, 20))
@@ -258,8 +296,14 @@ def test_subset_of_classes_maps_rest_to_minus_one():
 
 @pytest.mark.parametrize("setup", SETUPS)
 def test_deterministic_per_seed_and_changes_across_seeds(setup):
-    kw = dict(setup=setup, num_sessions=5, first_classes=20, classes_per_session=20, old_class_percent=10,
-              samples_per_new_class=400 if setup == "general" else None)
+    kw = dict(
+        setup=setup,
+        num_sessions=5,
+        first_classes=20,
+        classes_per_session=20,
+        old_class_percent=10,
+        samples_per_new_class=400 if setup == "general" else None,
+    )
     a, b = make_session_plan(CIFAR, **kw, seed=5), make_session_plan(CIFAR, **kw, seed=5)
     c = make_session_plan(CIFAR, **kw, seed=6)
     np.testing.assert_array_equal(a.class_order, b.class_order)
@@ -278,20 +322,23 @@ def test_unshuffled_seed_still_changes_images():
 
 
 # ---------------------------------------------------------------- input validation
-@pytest.mark.parametrize("overrides,param", [
-    (dict(setup="blurred"), "setup"),
-    (dict(num_sessions=0), "num_sessions"),
-    (dict(num_sessions=6), "classes_per_session"),        # 20 + 5*20 = 120 > 100 classes
-    (dict(first_classes=40), "first_classes"),             # 40 + 4*20 = 120 > 100
-    (dict(old_class_percent=100), "old_class_percent"),
-    (dict(old_class_percent=-1), "old_class_percent"),
-    (dict(val_fraction=1.0), "val_fraction"),
-    (dict(val_fraction=-0.1), "val_fraction"),
-    (dict(setup="blurry", first_classes=10), "first_classes"),
-    (dict(setup="blurry", blurry_minor_percent=0), "blurry_minor_percent"),
-    (dict(samples_per_new_class=501), "samples_per_new_class"),
-    (dict(num_classes=50), "num_classes"),
-])
+@pytest.mark.parametrize(
+    "overrides,param",
+    [
+        (dict(setup="blurred"), "setup"),
+        (dict(num_sessions=0), "num_sessions"),
+        (dict(num_sessions=6), "classes_per_session"),  # 20 + 5*20 = 120 > 100 classes
+        (dict(first_classes=40), "first_classes"),  # 40 + 4*20 = 120 > 100
+        (dict(old_class_percent=100), "old_class_percent"),
+        (dict(old_class_percent=-1), "old_class_percent"),
+        (dict(val_fraction=1.0), "val_fraction"),
+        (dict(val_fraction=-0.1), "val_fraction"),
+        (dict(setup="blurry", first_classes=10), "first_classes"),
+        (dict(setup="blurry", blurry_minor_percent=0), "blurry_minor_percent"),
+        (dict(samples_per_new_class=501), "samples_per_new_class"),
+        (dict(num_classes=50), "num_classes"),
+    ],
+)
 def test_invalid_inputs_raise_naming_parameter(overrides, param):
     kw = dict(setup="disjoint", num_sessions=5, first_classes=20, classes_per_session=20)
     kw.update(overrides)
@@ -309,8 +356,9 @@ def test_unknown_setup_lists_valid_ones():
 def test_fast_on_full_size_label_arrays():
     fmnist = _labels(10, 6000)
     t0 = time.perf_counter()
-    make_session_plan(fmnist, setup="general", num_sessions=5, first_classes=2, classes_per_session=2,
-                      old_class_percent=10)
+    make_session_plan(
+        fmnist, setup="general", num_sessions=5, first_classes=2, classes_per_session=2, old_class_percent=10
+    )
     make_session_plan(TINY, **TINY_BLURRY)
     make_session_plan(TINY, **TINY_GENERAL)
     assert time.perf_counter() - t0 < 1.0

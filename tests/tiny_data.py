@@ -144,7 +144,9 @@ FAKE_SOURCE_LABEL = {
 _FAKE_SPLITS = {"stanford_dogs": ("train", "test"), "i_naturalist2017": ("train", "validation")}
 
 
-def write_fake_tfds_source(data_dir, name: str, num_classes: int, train_per_class, test_per_class, seed: int = 0) -> str:
+def write_fake_tfds_source(
+    data_dir, name: str, num_classes: int, train_per_class, test_per_class, seed: int = 0
+) -> str:
     """Prepares a small fake copy of the standard TFDS dataset `name` in `data_dir` (array_record).
 
     `name` is "stanford_dogs" (source of stanford_dogs_256) or "i_naturalist2017" (source of
@@ -182,7 +184,10 @@ def write_fake_tfds_source(data_dir, name: str, num_classes: int, train_per_clas
                     filename = f"n{2085620 + label:08d}-Breed{label}/n{2085620 + label:08d}_{split}{i}.jpg"
                     yield key, {"image": image, "image/filename": filename, "label": label, "objects": []}
                 else:
-                    yield key, {"id": f"{rng.integers(1 << 62):016x}", "image": image, "label": label, "supercategory": 0}
+                    yield (
+                        key,
+                        {"id": f"{rng.integers(1 << 62):016x}", "image": image, "label": label, "supercategory": 0},
+                    )
 
     real = tfds.builder_cls(name)
 
@@ -212,6 +217,8 @@ def mock_tfds(num_examples: int):
     import tensorflow_datasets as tfds
     from tensorflow_datasets.testing import mocking
 
-    with mock.patch.object(mocking, "_getitems", _mock_getitems), \
-            tfds.testing.mock_data(num_examples=num_examples, policy=tfds.testing.MockPolicy.USE_CODE):
+    with (
+        mock.patch.object(mocking, "_getitems", _mock_getitems),
+        tfds.testing.mock_data(num_examples=num_examples, policy=tfds.testing.MockPolicy.USE_CODE),
+    ):
         yield

@@ -18,9 +18,10 @@ layout of ``knjcode/cifar2png``, which walks the python release (``cifar-100-pyt
 
 where the dataset's train (resp. test) arrays MUST be in ORIGINAL CIFAR-100 order (the array order
 of the python release that cifar2png reads; TFDS reads the binary release, whose order we assume
-to be the same -- both hold the same 50,000 / 10,000 images; not verifiable offline). TFDS ``cifar100`` shuffles records when it prepares
-them; each record carries ``id`` = ``"train_%05d"`` / ``"test_%05d"``, its position in the original
-order. A loader must therefore sort by that id before using this module: read ``record["id"]`` and
+to be the same -- both hold the same 50,000 / 10,000 images; not verifiable offline). TFDS ``cifar100``
+shuffles records when it prepares them; each record carries ``id`` = ``"train_%05d"`` /
+``"test_%05d"``, its position in the original order. A loader must therefore sort by that id before
+using this module: read ``record["id"]`` and
 reorder the split with :func:`original_order` (``cvs_jax.data.sources._read_generic_split`` currently
 does not read ``id``). :func:`check_dataset_counts` refuses data that cannot be the full CIFAR-100
 (not 500 train / 100 test images per class), but it cannot detect a wrong image ORDER.
@@ -76,7 +77,7 @@ def per_class_positions(labels: np.ndarray) -> dict[int, np.ndarray]:
     labels = np.asarray(labels)
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
         raise ValueError(f"labels must be a 1-D integer array, got shape {labels.shape} dtype {labels.dtype}")
-    order = np.argsort(labels, kind="stable")                 # grouped by class, increasing within
+    order = np.argsort(labels, kind="stable")  # grouped by class, increasing within
     classes, starts = np.unique(labels[order], return_index=True)
     groups = np.split(order.astype(np.int64), starts[1:])
     out = {}
@@ -96,8 +97,9 @@ def _name_ids(class_names) -> Mapping[str, int]:
     return {str(n): i for i, n in enumerate(class_names)}
 
 
-def resolve(file_name: str, *, class_names: Sequence[str] | Mapping[str, int], train_class_index,
-            test_class_index) -> tuple[str, int]:
+def resolve(
+    file_name: str, *, class_names: Sequence[str] | Mapping[str, int], train_class_index, test_class_index
+) -> tuple[str, int]:
     """``"train/fox/0007.png"`` -> ``("train", i)``: i = the 7th image of class fox in the train split.
 
     ``train_class_index`` / ``test_class_index``: :func:`per_class_positions` of the split's labels
@@ -110,15 +112,19 @@ def resolve(file_name: str, *, class_names: Sequence[str] | Mapping[str, int], t
     split, klass, number = m.group(1), m.group(2), int(m.group(3))
     ids = _name_ids(class_names)
     if klass not in ids:
-        raise OfficialSplitError(f"class {klass!r} of {file_name!r} is not among the dataset's class names "
-                                 f"({len(ids)} names, e.g. {list(ids)[:3]}); is this CIFAR-100?")
+        raise OfficialSplitError(
+            f"class {klass!r} of {file_name!r} is not among the dataset's class names "
+            f"({len(ids)} names, e.g. {list(ids)[:3]}); is this CIFAR-100?"
+        )
     c = ids[klass]
     index = _as_index(train_class_index if split == "train" else test_class_index)
     pos = index.get(c)
     n = 0 if pos is None else len(pos)
     if not 1 <= number <= n:
-        raise OfficialSplitError(f"{file_name!r}: image number {number} but the dataset's {split} split has "
-                                 f"{n} images of class {klass!r}; the official files need the full CIFAR-100")
+        raise OfficialSplitError(
+            f"{file_name!r}: image number {number} but the dataset's {split} split has "
+            f"{n} images of class {klass!r}; the official files need the full CIFAR-100"
+        )
     return split, int(pos[number - 1])
 
 
@@ -144,15 +150,18 @@ def original_order(ids: Sequence) -> np.ndarray:
 def check_dataset_counts(train_labels: np.ndarray, test_labels: np.ndarray, class_names: Sequence[str]) -> None:
     """Refuse data that cannot be the full CIFAR-100 (100 classes x 500 train / 100 test)."""
     if len(class_names) != NUM_CLASSES:
-        raise OfficialSplitError(f"the official CIFAR-100 split files need 100 classes, the dataset has "
-                                 f"{len(class_names)}")
+        raise OfficialSplitError(
+            f"the official CIFAR-100 split files need 100 classes, the dataset has {len(class_names)}"
+        )
     for split, labels, want in (("train", train_labels, 500), ("test", test_labels, 100)):
         cnt = np.bincount(np.asarray(labels, np.int64), minlength=NUM_CLASSES)
         bad = np.flatnonzero(cnt != want)
         if bad.size:
-            raise OfficialSplitError(f"{split} split: class {int(bad[0])} ({class_names[bad[0]]}) has "
-                                     f"{int(cnt[bad[0]])} images, the official files need {want} per class "
-                                     f"(full CIFAR-100, original order)")
+            raise OfficialSplitError(
+                f"{split} split: class {int(bad[0])} ({class_names[bad[0]]}) has "
+                f"{int(cnt[bad[0]])} images, the official files need {want} per class "
+                f"(full CIFAR-100, original order)"
+            )
 
 
 # ---------------------------------------------------------------- the plan
@@ -177,19 +186,24 @@ class OfficialSessionPlan(SessionPlan):
         if test_protocol_labels is not None:
             by_label = super().test_queries(s, test_protocol_labels)
             if not np.array_equal(out, by_label):
-                raise OfficialSplitError(f"session {s}: the official test files select {out.size} test images "
-                                         f"but the seen classes have {by_label.size}; dataset/label mismatch")
+                raise OfficialSplitError(
+                    f"session {s}: the official test files select {out.size} test images "
+                    f"but the seen classes have {by_label.size}; dataset/label mismatch"
+                )
         return out
 
 
 def read_records(path: str) -> list[dict]:
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"official split file {path} is missing; copy the ivclab/CVS "
-                                f"collections/cifar100/*.json files into {os.path.dirname(path) or '.'}")
+        raise FileNotFoundError(
+            f"official split file {path} is missing; copy the ivclab/CVS "
+            f"collections/cifar100/*.json files into {os.path.dirname(path) or '.'}"
+        )
     with open(path) as f:
         records = json.load(f)
     if not isinstance(records, list) or not all(
-            isinstance(r, dict) and {"klass", "file_name", "label"} <= r.keys() for r in records):
+        isinstance(r, dict) and {"klass", "file_name", "label"} <= r.keys() for r in records
+    ):
         raise OfficialSplitError(f"{path}: expected a JSON list of {{klass, file_name, label}} records")
     return records
 
@@ -199,8 +213,9 @@ def _file(split_dir: str, kind: str, tag: str | None, t: int) -> str:
     return os.path.join(split_dir, f"cifar100_{mid}_rand1_cls20_task{t}.json")
 
 
-def load_official_plan(split_dir: str, setup: str, *, train_class_index, test_class_index,
-                       class_names: Sequence[str]) -> OfficialSessionPlan:
+def load_official_plan(
+    split_dir: str, setup: str, *, train_class_index, test_class_index, class_names: Sequence[str]
+) -> OfficialSessionPlan:
     """Builds the 5-session plan of the official CIFAR-100 files for ``setup``.
 
     Args:
@@ -230,13 +245,13 @@ def load_official_plan(split_dir: str, setup: str, *, train_class_index, test_cl
         for r in read_records(path):
             label, klass, fname = int(r["label"]), str(r["klass"]), str(r["file_name"])
             if label_to_klass.setdefault(label, klass) != klass:
-                raise OfficialSplitError(f"{path}: label {label} is {klass!r} here but "
-                                         f"{label_to_klass[label]!r} elsewhere")
+                raise OfficialSplitError(
+                    f"{path}: label {label} is {klass!r} here but {label_to_klass[label]!r} elsewhere"
+                )
             if fname in seen_files:
                 raise OfficialSplitError(f"{fname} appears in both {seen_files[fname]} and {path}")
             seen_files[fname] = path
-            split, i = resolve(fname, class_names=names, train_class_index=train_index,
-                               test_class_index=test_index)
+            split, i = resolve(fname, class_names=names, train_class_index=train_index, test_class_index=test_index)
             if split != expect_split or fname.split("/")[-2] != klass:
                 raise OfficialSplitError(f"{path}: record {r} is not a {expect_split} image of its class")
             out.append(i)
@@ -262,14 +277,18 @@ def load_official_plan(split_dir: str, setup: str, *, train_class_index, test_cl
     if np.unique(order).size != NUM_CLASSES:
         raise OfficialSplitError(f"{split_dir}: two labels name the same class")
     order.setflags(write=False)
-    return OfficialSessionPlan(setup=plan_setup, class_order=order, sessions=tuple(sessions),
-                               test_sets=tuple(test_sets))
+    return OfficialSessionPlan(
+        setup=plan_setup, class_order=order, sessions=tuple(sessions), test_sets=tuple(test_sets)
+    )
 
 
 def official_plan_for_dataset(split_dir: str, setup: str, dataset) -> OfficialSessionPlan:
     """:func:`load_official_plan` for a loaded ``sources.ImageDataset`` (CIFAR-100 in ORIGINAL order)."""
     check_dataset_counts(dataset.train.labels, dataset.test.labels, dataset.class_names)
-    return load_official_plan(split_dir, setup,
-                              train_class_index=per_class_positions(dataset.train.labels),
-                              test_class_index=per_class_positions(dataset.test.labels),
-                              class_names=dataset.class_names)
+    return load_official_plan(
+        split_dir,
+        setup,
+        train_class_index=per_class_positions(dataset.train.labels),
+        test_class_index=per_class_positions(dataset.test.labels),
+        class_names=dataset.class_names,
+    )

@@ -25,32 +25,33 @@ import os
 import time
 from typing import Any, Sequence
 
-from absl import logging
 import numpy as np
 import tensorflow_datasets as tfds
+from absl import logging
 
-from cvs_jax.data.builders import DatasetNotFoundError
-from cvs_jax.data.builders import FashionMnistLocal
-from cvs_jax.data.builders import InatM
-from cvs_jax.data.builders import LocalBuilder
-from cvs_jax.data.builders import ProductM
-from cvs_jax.data.builders import SourceMismatchError
-from cvs_jax.data.builders import StanfordDogs256
-from cvs_jax.data.builders import TinyImagenetZip
+from cvs_jax.data.builders import (
+    DatasetNotFoundError,
+    FashionMnistLocal,
+    InatM,
+    LocalBuilder,
+    ProductM,
+    SourceMismatchError,
+    StanfordDogs256,
+    TinyImagenetZip,
+)
 
 __all__ = [
-    'BUILDERS',
-    'DatasetNotFoundError',
-    'ImageDataset',
-    'SourceMismatchError',
-    'Split',
-    'load_dataset',
+    "BUILDERS",
+    "DatasetNotFoundError",
+    "ImageDataset",
+    "SourceMismatchError",
+    "Split",
+    "load_dataset",
 ]
 
 # The one registry of our offline builders: name -> builder class.
 BUILDERS: dict[str, type[LocalBuilder]] = {
-    cls.name: cls for cls in (FashionMnistLocal, TinyImagenetZip,
-                              StanfordDogs256, InatM, ProductM)
+    cls.name: cls for cls in (FashionMnistLocal, TinyImagenetZip, StanfordDogs256, InatM, ProductM)
 }
 
 _CHUNK = 8192  # Records per `__getitems__` call.
@@ -58,71 +59,78 @@ _CHUNK = 8192  # Records per `__getitems__` call.
 
 @dataclasses.dataclass(frozen=True)
 class Split:
-  images: np.ndarray  # uint8 [N, H, W, C]
-  labels: np.ndarray  # int32 [N], original dataset labels
+    images: np.ndarray  # uint8 [N, H, W, C]
+    labels: np.ndarray  # int32 [N], original dataset labels
 
-  def __len__(self) -> int:
-    return int(self.labels.shape[0])
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
 
 
 @dataclasses.dataclass(frozen=True)
 class ImageDataset:
-  name: str
-  train: Split
-  test: Split
-  class_names: tuple[str, ...]
+    name: str
+    train: Split
+    test: Split
+    class_names: tuple[str, ...]
 
-  @property
-  def num_classes(self) -> int:
-    return len(self.class_names)
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
 
-  @property
-  def image_shape(self) -> tuple[int, int, int]:
-    return tuple(int(d) for d in self.train.images.shape[1:])  # type: ignore[return-value]
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(int(d) for d in self.train.images.shape[1:])  # type: ignore[return-value]
 
 
 class CorruptImagesError(ValueError):
-  """The source had undecodable images and the config says to refuse them."""
+    """The source had undecodable images and the config says to refuse them."""
 
 
 def load_dataset(
-    name: str, *, data_dir: str, manual_dir: str | None = None,
-    on_corrupt: str = 'refuse',
+    name: str,
+    *,
+    data_dir: str,
+    manual_dir: str | None = None,
+    on_corrupt: str = "refuse",
 ) -> ImageDataset:
-  """Loads a dataset's train and test splits into memory.
+    """Loads a dataset's train and test splits into memory.
 
-  Args:
-    name: a key of `BUILDERS` (optionally `name/config`), or a standard TFDS
-      dataset name (optionally `name/config:version`).
-    data_dir: TFDS data dir: where our builders are prepared (once) and where
-      standard datasets are looked up.
-    manual_dir: where our builders find their source files; default: the
-      builder's default (`/usr/share/datasets/fashion-mnist` for
-      fashion_mnist_local), else `<data_dir>/downloads/manual`. Ignored for
-      standard TFDS datasets.
+    Args:
+      name: a key of `BUILDERS` (optionally `name/config`), or a standard TFDS
+        dataset name (optionally `name/config:version`).
+      data_dir: TFDS data dir: where our builders are prepared (once) and where
+        standard datasets are looked up.
+      manual_dir: where our builders find their source files; default: the
+        builder's default (`/usr/share/datasets/fashion-mnist` for
+        fashion_mnist_local), else `<data_dir>/downloads/manual`. Ignored for
+        standard TFDS datasets.
 
-  Raises:
-    DatasetNotFoundError: the source files / prepared copy are missing (raised
-      before any long work; the message says what to do).
-    SourceMismatchError: `data_dir` holds a copy prepared from other files.
-    CorruptImagesError: undecodable source images with `on_corrupt='refuse'`
-      (with `'skip'` they are left out and counted in the log).
-  """
-  if on_corrupt not in ('refuse', 'skip'):
-    raise ValueError(f"data.on_corrupt={on_corrupt!r}: use 'refuse' or 'skip'.")
-  data_dir = os.path.expanduser(data_dir)
-  base = name.split('/', 1)[0].split(':', 1)[0]
-  start = time.perf_counter()
-  if base in BUILDERS:
-    dataset = _load_local(name, data_dir=data_dir, manual_dir=manual_dir,
-                          on_corrupt=on_corrupt)
-  else:
-    dataset = _load_tfds(name, data_dir=data_dir)
-  logging.info(
-      'Loaded %s: %d train + %d test images of shape %s, %d classes, in'
-      ' %.2f s.', dataset.name, len(dataset.train), len(dataset.test),
-      dataset.image_shape, dataset.num_classes, time.perf_counter() - start)
-  return dataset
+    Raises:
+      DatasetNotFoundError: the source files / prepared copy are missing (raised
+        before any long work; the message says what to do).
+      SourceMismatchError: `data_dir` holds a copy prepared from other files.
+      CorruptImagesError: undecodable source images with `on_corrupt='refuse'`
+        (with `'skip'` they are left out and counted in the log).
+    """
+    if on_corrupt not in ("refuse", "skip"):
+        raise ValueError(f"data.on_corrupt={on_corrupt!r}: use 'refuse' or 'skip'.")
+    data_dir = os.path.expanduser(data_dir)
+    base = name.split("/", 1)[0].split(":", 1)[0]
+    start = time.perf_counter()
+    if base in BUILDERS:
+        dataset = _load_local(name, data_dir=data_dir, manual_dir=manual_dir, on_corrupt=on_corrupt)
+    else:
+        dataset = _load_tfds(name, data_dir=data_dir)
+    logging.info(
+        "Loaded %s: %d train + %d test images of shape %s, %d classes, in %.2f s.",
+        dataset.name,
+        len(dataset.train),
+        len(dataset.test),
+        dataset.image_shape,
+        dataset.num_classes,
+        time.perf_counter() - start,
+    )
+    return dataset
 
 
 # --------------------------------------------------------------------------
@@ -130,136 +138,127 @@ def load_dataset(
 
 
 def _prepared_configs(cls: type[LocalBuilder], data_dir: str) -> list[str]:
-  names = [c.name for c in (cls.BUILDER_CONFIGS or [])]
-  prepared = []
-  for config in names:
-    if cls(data_dir=data_dir, config=config).is_prepared():
-      prepared.append(config)
-  return prepared
+    names = [c.name for c in (cls.BUILDER_CONFIGS or [])]
+    prepared = []
+    for config in names:
+        if cls(data_dir=data_dir, config=config).is_prepared():
+            prepared.append(config)
+    return prepared
 
 
-def _load_local(
-    name: str, *, data_dir: str, manual_dir: str | None, on_corrupt: str
-) -> ImageDataset:
-  base, _, config = name.partition('/')
-  config = config or None
-  cls = BUILDERS[base]
-  manual_dir = os.path.expanduser(
-      manual_dir
-      or cls.DEFAULT_MANUAL_DIR
-      or os.path.join(data_dir, 'downloads', 'manual'))
+def _load_local(name: str, *, data_dir: str, manual_dir: str | None, on_corrupt: str) -> ImageDataset:
+    base, _, config = name.partition("/")
+    config = config or None
+    cls = BUILDERS[base]
+    manual_dir = os.path.expanduser(
+        manual_dir or cls.DEFAULT_MANUAL_DIR or os.path.join(data_dir, "downloads", "manual")
+    )
 
-  # Cheap look at the source files (headers / zip directory only).
-  try:
-    source = cls.inspect_source(
-        data_dir if cls.SOURCE_IN_DATA_DIR else manual_dir, config)
-    missing = None
-  except DatasetNotFoundError as e:
-    source, missing = None, e
+    # Cheap look at the source files (headers / zip directory only).
+    try:
+        source = cls.inspect_source(data_dir if cls.SOURCE_IN_DATA_DIR else manual_dir, config)
+        missing = None
+    except DatasetNotFoundError as e:
+        source, missing = None, e
 
-  if cls.BUILDER_CONFIGS and config is None:
-    if source is not None:
-      config = source.config_name
-    else:  # No source: reuse the single prepared config, if any.
-      prepared = _prepared_configs(cls, data_dir)
-      if len(prepared) != 1:
-        raise missing
-      config = prepared[0]
+    if cls.BUILDER_CONFIGS and config is None:
+        if source is not None:
+            config = source.config_name
+        else:  # No source: reuse the single prepared config, if any.
+            prepared = _prepared_configs(cls, data_dir)
+            if len(prepared) != 1:
+                raise missing
+            config = prepared[0]
 
-  kwargs = {'config': config} if config else {}
-  builder = cls(data_dir=data_dir, file_format='array_record', **kwargs)
-  full_name = f'{base}/{config}' if config else base
-  if builder.is_prepared():
-    stored = (builder.info.metadata or {}).get('source_fingerprint')
-    if source is not None and stored is not None and (
-        stored != source.normalized_fingerprint()):
-      raise SourceMismatchError(
-          f'{full_name}: {builder.data_dir} was prepared from'
-          f' {builder.info.metadata.get("source_description")}, which differs'
-          f' from {source.description} ({stored} vs {source.fingerprint}).'
-          ' Use another --config.data.data_dir or delete that folder.'
-      )
-  else:
-    if source is None:
-      raise missing
-    logging.info('Preparing %s from %s into %s ...', full_name,
-                 source.description, data_dir)
+    kwargs = {"config": config} if config else {}
+    builder = cls(data_dir=data_dir, file_format="array_record", **kwargs)
+    full_name = f"{base}/{config}" if config else base
+    if builder.is_prepared():
+        stored = (builder.info.metadata or {}).get("source_fingerprint")
+        if source is not None and stored is not None and (stored != source.normalized_fingerprint()):
+            raise SourceMismatchError(
+                f"{full_name}: {builder.data_dir} was prepared from"
+                f" {builder.info.metadata.get('source_description')}, which differs"
+                f" from {source.description} ({stored} vs {source.fingerprint})."
+                " Use another --config.data.data_dir or delete that folder."
+            )
+    else:
+        if source is None:
+            raise missing
+        logging.info("Preparing %s from %s into %s ...", full_name, source.description, data_dir)
+        t0 = time.perf_counter()
+        builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
+        logging.info("Prepared %s in %.1f s.", full_name, time.perf_counter() - t0)
+        # Re-open from disk so that everything is read back as stored.
+        builder = cls(data_dir=data_dir, file_format="array_record", **kwargs)
+
+    skipped = [f for split in ("train", "test") for f in (builder.info.metadata or {}).get(f"skipped_{split}", [])]
+    if skipped:
+        if on_corrupt == "refuse":
+            raise CorruptImagesError(
+                f"{full_name}: {len(skipped)} source image(s) could not be decoded"
+                f" (e.g. {skipped[0]}); replace the files, or set"
+                " --config.data.on_corrupt=skip to train without them."
+            )
+        logging.warning("%s: skipped %d undecodable image(s), e.g. %s", full_name, len(skipped), skipped[0])
+        print(f"{full_name}: skipped {len(skipped)} undecodable image(s), e.g. {skipped[0]}")
+
     t0 = time.perf_counter()
-    builder.download_and_prepare(
-        download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
-    logging.info('Prepared %s in %.1f s.', full_name, time.perf_counter() - t0)
-    # Re-open from disk so that everything is read back as stored.
-    builder = cls(data_dir=data_dir, file_format='array_record', **kwargs)
-
-  skipped = [f for split in ('train', 'test')
-             for f in (builder.info.metadata or {}).get(f'skipped_{split}', [])]
-  if skipped:
-    if on_corrupt == 'refuse':
-      raise CorruptImagesError(
-          f'{full_name}: {len(skipped)} source image(s) could not be decoded'
-          f' (e.g. {skipped[0]}); replace the files, or set'
-          ' --config.data.on_corrupt=skip to train without them.')
-    logging.warning('%s: skipped %d undecodable image(s), e.g. %s', full_name,
-                    len(skipped), skipped[0])
-    print(f'{full_name}: skipped {len(skipped)} undecodable image(s), e.g. {skipped[0]}')
-
-  t0 = time.perf_counter()
-  raw = builder.as_data_source(
-      split=['train', 'test'],
-      deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
-  decoded = builder.as_data_source(split=['train', 'test'])
-  splits = []
-  for raw_source, source_ in zip(raw, decoded):
-    images, labels, ids = _read_local_split(raw_source, source_, builder.info)
-    order = np.argsort(ids, kind='stable')
-    if not np.array_equal(ids[order], np.arange(len(ids))):
-      raise ValueError(f'{full_name}: ids are not 0..N-1.')
-    if not np.array_equal(order, np.arange(len(ids))):
-      images, labels = images[order], labels[order]
-    splits.append(Split(images=images, labels=labels))
-  logging.info('Read %s from %s in %.2f s.', full_name, builder.data_dir,
-               time.perf_counter() - t0)
-  return ImageDataset(
-      name=full_name,
-      train=splits[0],
-      test=splits[1],
-      class_names=tuple(builder.info.features['label'].names),
-  )
+    raw = builder.as_data_source(split=["train", "test"], deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
+    decoded = builder.as_data_source(split=["train", "test"])
+    splits = []
+    for raw_source, source_ in zip(raw, decoded):
+        images, labels, ids = _read_local_split(raw_source, source_, builder.info)
+        order = np.argsort(ids, kind="stable")
+        if not np.array_equal(ids[order], np.arange(len(ids))):
+            raise ValueError(f"{full_name}: ids are not 0..N-1.")
+        if not np.array_equal(order, np.arange(len(ids))):
+            images, labels = images[order], labels[order]
+        splits.append(Split(images=images, labels=labels))
+    logging.info("Read %s from %s in %.2f s.", full_name, builder.data_dir, time.perf_counter() - t0)
+    return ImageDataset(
+        name=full_name,
+        train=splits[0],
+        test=splits[1],
+        class_names=tuple(builder.info.features["label"].names),
+    )
 
 
 def _read_local_split(raw_source, source, info):
-  """Reads a split of one of our builders: (images, int32 labels, ids).
+    """Reads a split of one of our builders: (images, int32 labels, ids).
 
-  Fast path: parse the serialized tf.train.Example records directly (our
-  features are a BYTES-encoded uint8 image and int64 label/id), about 3x
-  faster than the generic TFDS numpy decoding; checked against it on the
-  first record.
-  """
-  from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
+    Fast path: parse the serialized tf.train.Example records directly (our
+    features are a BYTES-encoded uint8 image and int64 label/id), about 3x
+    faster than the generic TFDS numpy decoding; checked against it on the
+    first record.
+    """
+    from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
 
-  image_feature = info.features['image']
-  shape = tuple(image_feature.shape)
-  n = len(raw_source)
-  images = np.empty((n, *shape), np.uint8)
-  labels = np.empty((n,), np.int32)
-  ids = np.empty((n,), np.int64)
-  parse = tf_example_pb2.Example.FromString
-  for start in range(0, n, _CHUNK):
-    stop = min(n, start + _CHUNK)
-    records = raw_source.__getitems__(list(range(start, stop)))
-    feats = [parse(r).features.feature for r in records]
-    images[start:stop] = np.frombuffer(
-        b''.join([f['image'].bytes_list.value[0] for f in feats]),
-        np.uint8).reshape((stop - start, *shape))
-    labels[start:stop] = [f['label'].int64_list.value[0] for f in feats]
-    ids[start:stop] = [f['id'].int64_list.value[0] for f in feats]
-  if n:
-    reference = source[0]
-    if not (np.array_equal(reference['image'], images[0])
-            and int(reference['label']) == labels[0]
-            and int(reference['id']) == ids[0]):
-      raise AssertionError('Fast record decoding disagrees with TFDS.')
-  return images, labels, ids
+    image_feature = info.features["image"]
+    shape = tuple(image_feature.shape)
+    n = len(raw_source)
+    images = np.empty((n, *shape), np.uint8)
+    labels = np.empty((n,), np.int32)
+    ids = np.empty((n,), np.int64)
+    parse = tf_example_pb2.Example.FromString
+    for start in range(0, n, _CHUNK):
+        stop = min(n, start + _CHUNK)
+        records = raw_source.__getitems__(list(range(start, stop)))
+        feats = [parse(r).features.feature for r in records]
+        images[start:stop] = np.frombuffer(b"".join([f["image"].bytes_list.value[0] for f in feats]), np.uint8).reshape(
+            (stop - start, *shape)
+        )
+        labels[start:stop] = [f["label"].int64_list.value[0] for f in feats]
+        ids[start:stop] = [f["id"].int64_list.value[0] for f in feats]
+    if n:
+        reference = source[0]
+        if not (
+            np.array_equal(reference["image"], images[0])
+            and int(reference["label"]) == labels[0]
+            and int(reference["id"]) == ids[0]
+        ):
+            raise AssertionError("Fast record decoding disagrees with TFDS.")
+    return images, labels, ids
 
 
 # --------------------------------------------------------------------------
@@ -267,84 +266,87 @@ def _read_local_split(raw_source, source, info):
 
 
 def _load_tfds(name: str, *, data_dir: str) -> ImageDataset:
-  try:
-    builder = tfds.builder(name, data_dir=data_dir)
-  except tfds.core.registered.DatasetNotFoundError as e:
-    raise DatasetNotFoundError(
-        f'{name}: not one of our offline datasets ({", ".join(BUILDERS)}) nor'
-        f' a known TFDS dataset.') from e
-  split_names = list(builder.info.splits)
-  test_split = 'test'
-  if split_names and 'test' not in split_names:
-    test_split = 'validation'
-  t0 = time.perf_counter()
-  try:
-    train_source, test_source = tfds.data_source(
-        name, split=['train', test_split], data_dir=data_dir, download=False)
-  except (NotImplementedError, ValueError, KeyError) as e:
-    # TFDS answers NotImplementedError ("file format TFRECORD not supported")
-    # both for a missing dataset and for one prepared as tfrecord only.
-    if not builder.is_prepared():
-      raise DatasetNotFoundError(
-          f'{name}: no prepared copy in {builder.data_dir} (searched data_dir'
-          f' {data_dir!r}); datasets cannot be downloaded here, and preparing'
-          ' standard TFDS datasets needs TensorFlow. Fix: prepare it elsewhere'
-          f' with `tfds build {name} --data_dir=DIR'
-          ' --file_format=array_record`, copy DIR here and set'
-          ' --config.data.data_dir=DIR; or use an offline dataset'
-          f' ({", ".join(BUILDERS)}).') from e
-    if isinstance(e, NotImplementedError):
-      raise DatasetNotFoundError(
-          f'{name}: the copy in {builder.data_dir} has no array_record files'
-          f' ({builder.info.file_format}); random access without TensorFlow'
-          f' needs them. Fix: re-prepare with `tfds build {name}'
-          ' --data_dir=DIR --file_format=array_record`.') from e
-    raise
-  train = _read_generic_split(train_source)
-  test = _read_generic_split(test_source)
-  logging.info('Read %s from %s in %.2f s.', name, builder.data_dir,
-               time.perf_counter() - t0)
-  return ImageDataset(
-      name=name,
-      train=train,
-      test=test,
-      class_names=tuple(builder.info.features['label'].names),
-  )
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError as e:
+        raise DatasetNotFoundError(
+            f"{name}: not one of our offline datasets ({', '.join(BUILDERS)}) nor a known TFDS dataset."
+        ) from e
+    split_names = list(builder.info.splits)
+    test_split = "test"
+    if split_names and "test" not in split_names:
+        test_split = "validation"
+    t0 = time.perf_counter()
+    try:
+        train_source, test_source = tfds.data_source(
+            name, split=["train", test_split], data_dir=data_dir, download=False
+        )
+    except (NotImplementedError, ValueError, KeyError) as e:
+        # TFDS answers NotImplementedError ("file format TFRECORD not supported")
+        # both for a missing dataset and for one prepared as tfrecord only.
+        if not builder.is_prepared():
+            raise DatasetNotFoundError(
+                f"{name}: no prepared copy in {builder.data_dir} (searched data_dir"
+                f" {data_dir!r}); datasets cannot be downloaded here, and preparing"
+                " standard TFDS datasets needs TensorFlow. Fix: prepare it elsewhere"
+                f" with `tfds build {name} --data_dir=DIR"
+                " --file_format=array_record`, copy DIR here and set"
+                " --config.data.data_dir=DIR; or use an offline dataset"
+                f" ({', '.join(BUILDERS)})."
+            ) from e
+        if isinstance(e, NotImplementedError):
+            raise DatasetNotFoundError(
+                f"{name}: the copy in {builder.data_dir} has no array_record files"
+                f" ({builder.info.file_format}); random access without TensorFlow"
+                f" needs them. Fix: re-prepare with `tfds build {name}"
+                " --data_dir=DIR --file_format=array_record`."
+            ) from e
+        raise
+    train = _read_generic_split(train_source)
+    test = _read_generic_split(test_source)
+    logging.info("Read %s from %s in %.2f s.", name, builder.data_dir, time.perf_counter() - t0)
+    return ImageDataset(
+        name=name,
+        train=train,
+        test=test,
+        class_names=tuple(builder.info.features["label"].names),
+    )
 
 
 def _read_generic_split(source: Sequence[Any]) -> Split:
-  """Reads all records of a TFDS data source with `image` and `label`.
+    """Reads all records of a TFDS data source with `image` and `label`.
 
-  TFDS shuffles records when it prepares a dataset; when records carry an `id`
-  like `train_01234` (e.g. `cifar100`), the split is put back in the original
-  release order, which index-based session splits (and the official CVS split
-  files) refer to.
-  """
-  n = len(source)
-  images = labels = None
-  ids = []
-  for start in range(0, n, _CHUNK):
-    stop = min(n, start + _CHUNK)
-    records = source.__getitems__(list(range(start, stop)))
+    TFDS shuffles records when it prepares a dataset; when records carry an `id`
+    like `train_01234` (e.g. `cifar100`), the split is put back in the original
+    release order, which index-based session splits (and the official CVS split
+    files) refer to.
+    """
+    n = len(source)
+    images = labels = None
+    ids = []
+    for start in range(0, n, _CHUNK):
+        stop = min(n, start + _CHUNK)
+        records = source.__getitems__(list(range(start, stop)))
+        if images is None:
+            first = np.asarray(records[0]["image"])
+            if first.dtype != np.uint8:
+                raise ValueError(f"Expected uint8 images, got {first.dtype}.")
+            images = np.empty((n, *first.shape), np.uint8)
+            labels = np.empty((n,), np.int32)
+        for j, record in enumerate(records):
+            images[start + j] = record["image"]
+            labels[start + j] = record["label"]
+            if "id" in record:
+                ids.append(record["id"])
     if images is None:
-      first = np.asarray(records[0]['image'])
-      if first.dtype != np.uint8:
-        raise ValueError(f'Expected uint8 images, got {first.dtype}.')
-      images = np.empty((n, *first.shape), np.uint8)
-      labels = np.empty((n,), np.int32)
-    for j, record in enumerate(records):
-      images[start + j] = record['image']
-      labels[start + j] = record['label']
-      if 'id' in record:
-        ids.append(record['id'])
-  if images is None:
-    raise ValueError('Empty split.')
-  if len(ids) == n:
-    from cvs_jax.data.official_splits import original_order  # pylint: disable=g-import-not-at-top
-    try:
-      perm = original_order(ids)
-    except ValueError:
-      perm = None  # ids without a numeric position: keep the stored order
-    if perm is not None:
-      images, labels = images[perm], labels[perm]
-  return Split(images=images, labels=labels)
+        raise ValueError("Empty split.")
+    if len(ids) == n:
+        from cvs_jax.data.official_splits import original_order  # pylint: disable=g-import-not-at-top
+
+        try:
+            perm = original_order(ids)
+        except ValueError:
+            perm = None  # ids without a numeric position: keep the stored order
+        if perm is not None:
+            images, labels = images[perm], labels[perm]
+    return Split(images=images, labels=labels)

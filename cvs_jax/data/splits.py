@@ -46,17 +46,17 @@ def _exact(x: float) -> Fraction:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Session:
-    index: int                 # 0-based session number
-    train: np.ndarray          # int64 indices into the TRAIN split: training/gallery images
-    val: np.ndarray            # int64 indices into the TRAIN split: this session's val queries
-    new_classes: np.ndarray    # protocol labels introduced (as major/new classes) in this session
-    num_outputs: int           # classifier rows needed in this session
+    index: int  # 0-based session number
+    train: np.ndarray  # int64 indices into the TRAIN split: training/gallery images
+    val: np.ndarray  # int64 indices into the TRAIN split: this session's val queries
+    new_classes: np.ndarray  # protocol labels introduced (as major/new classes) in this session
+    num_outputs: int  # classifier rows needed in this session
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class SessionPlan:
     setup: str
-    class_order: np.ndarray    # class_order[p] = ORIGINAL dataset label of protocol label p
+    class_order: np.ndarray  # class_order[p] = ORIGINAL dataset label of protocol label p
     sessions: tuple[Session, ...]
 
     @property
@@ -118,8 +118,9 @@ def _largest_remainder(total: int, counts: np.ndarray, rng: np.random.Generator)
     return alloc
 
 
-def _stratified_split(pool: np.ndarray, plabels: np.ndarray, frac: Fraction,
-                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _stratified_split(
+    pool: np.ndarray, plabels: np.ndarray, frac: Fraction, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Stratified train/val split of one session pool; n_val = ceil(frac * len) as in scikit-learn."""
     n_val = math.ceil(frac * pool.size)
     if n_val == 0:
@@ -128,19 +129,20 @@ def _stratified_split(pool: np.ndarray, plabels: np.ndarray, frac: Fraction,
     classes, inv, counts = np.unique(lab, return_inverse=True, return_counts=True)
     per_class = _largest_remainder(n_val, counts, rng)
     perm = rng.permutation(pool.size)
-    perm = perm[np.argsort(inv[perm], kind="stable")]          # grouped by class, random within
+    perm = perm[np.argsort(inv[perm], kind="stable")]  # grouped by class, random within
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     rank = np.arange(pool.size) - np.repeat(starts, counts)
     is_val = rank < np.repeat(per_class, counts)
     return np.sort(pool[perm[~is_val]]), np.sort(pool[perm[is_val]])
 
 
-def _per_class_split(pool: np.ndarray, plabels: np.ndarray, per_class: int,
-                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _per_class_split(
+    pool: np.ndarray, plabels: np.ndarray, per_class: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """``min(per_class, n_c - 1)`` random images of each class c of the pool become validation queries."""
     perm = rng.permutation(pool.size)
     lab = plabels[pool][perm]
-    order = np.argsort(lab, kind="stable")                      # grouped by class, random within
+    order = np.argsort(lab, kind="stable")  # grouped by class, random within
     perm, lab = perm[order], lab[order]
     classes, starts, counts = np.unique(lab, return_index=True, return_counts=True)
     rank = np.arange(pool.size) - np.repeat(starts, counts)
@@ -148,8 +150,9 @@ def _per_class_split(pool: np.ndarray, plabels: np.ndarray, per_class: int,
     return np.sort(pool[perm[~is_val]]), np.sort(pool[perm[is_val]])
 
 
-def _proportional_general(counts: np.ndarray, intro: np.ndarray, L: int, m: Fraction,
-                          ties: np.random.SeedSequence) -> tuple[np.ndarray, np.ndarray]:
+def _proportional_general(
+    counts: np.ndarray, intro: np.ndarray, L: int, m: Fraction, ties: np.random.SeedSequence
+) -> tuple[np.ndarray, np.ndarray]:
     """``(spc [K], share [L, K])`` of the proportional general rule (module docstring).
 
     For a trial ``a``: spc_c = max(1, floor(a n_c)); session u's old images
@@ -175,8 +178,10 @@ def _proportional_general(counts: np.ndarray, intro: np.ndarray, L: int, m: Frac
         spc, share, ok = trial(Fraction(k, 1000))
         if ok:
             return spc, share
-    raise ValueError(f"old_class_percent={float(m * 100)} leaves no room for new-class images with these "
-                     "class sizes; lower old_class_percent")
+    raise ValueError(
+        f"old_class_percent={float(m * 100)} leaves no room for new-class images with these "
+        "class sizes; lower old_class_percent"
+    )
 
 
 def _general_shares(first: int, per: int, L: int, spc: int, m: Fraction) -> list[int]:
@@ -188,13 +193,23 @@ def _general_shares(first: int, per: int, L: int, spc: int, m: Fraction) -> list
     return shares
 
 
-def make_session_plan(train_labels: np.ndarray, *, setup: str, num_sessions: int,
-                      first_classes: int, classes_per_session: int,
-                      old_class_percent: float = 0.0, samples_per_new_class: int | None = None,
-                      blurry_minor_percent: float = 10.0, val_fraction: float = 0.1,
-                      num_classes: int | None = None, shuffle_classes: bool = True,
-                      seed: int = 0, val_per_class: int | None = None,
-                      general_shares: str = "uniform") -> SessionPlan:
+def make_session_plan(
+    train_labels: np.ndarray,
+    *,
+    setup: str,
+    num_sessions: int,
+    first_classes: int,
+    classes_per_session: int,
+    old_class_percent: float = 0.0,
+    samples_per_new_class: int | None = None,
+    blurry_minor_percent: float = 10.0,
+    val_fraction: float = 0.1,
+    num_classes: int | None = None,
+    shuffle_classes: bool = True,
+    seed: int = 0,
+    val_per_class: int | None = None,
+    general_shares: str = "uniform",
+) -> SessionPlan:
     """Cut the train split into ``num_sessions`` sessions (see module docstring).
 
     ``num_classes``, if given, is the size of the dataset's label space: labels must lie in
@@ -228,8 +243,10 @@ def make_session_plan(train_labels: np.ndarray, *, setup: str, num_sessions: int
         raise ValueError(f"samples_per_new_class={samples_per_new_class} must be >= 1 or None")
     if setup == "blurry":
         if num_sessions > 1 and first_classes != classes_per_session:
-            raise ValueError(f"blurry needs first_classes ({first_classes}) == classes_per_session "
-                             f"({classes_per_session}); set them equal")
+            raise ValueError(
+                f"blurry needs first_classes ({first_classes}) == classes_per_session "
+                f"({classes_per_session}); set them equal"
+            )
         if not 0 < blurry_minor_percent < 100:
             raise ValueError(f"blurry_minor_percent={blurry_minor_percent} must lie in (0, 100) for setup='blurry'")
 
@@ -240,16 +257,20 @@ def make_session_plan(train_labels: np.ndarray, *, setup: str, num_sessions: int
     if labels.size and labels.min() < 0:
         raise ValueError("train_labels must be non-negative original dataset labels")
     if num_classes is not None and labels.size and labels.max() >= num_classes:
-        raise ValueError(f"num_classes={num_classes} but train_labels contain label {int(labels.max())}; "
-                         f"pass num_classes > max label or None")
+        raise ValueError(
+            f"num_classes={num_classes} but train_labels contain label {int(labels.max())}; "
+            f"pass num_classes > max label or None"
+        )
 
     present = np.unique(labels)
     L, S, C = num_sessions, first_classes, classes_per_session if num_sessions > 1 else 0
     needed = S + (L - 1) * C
     if needed > present.size:
-        raise ValueError(f"first_classes + (num_sessions-1)*classes_per_session = {S} + {L - 1}*{C} = {needed} "
-                         f"exceeds the {present.size} classes present; lower num_sessions, first_classes "
-                         f"or classes_per_session")
+        raise ValueError(
+            f"first_classes + (num_sessions-1)*classes_per_session = {S} + {L - 1}*{C} = {needed} "
+            f"exceeds the {present.size} classes present; lower num_sessions, first_classes "
+            f"or classes_per_session"
+        )
 
     # (a fourth child leaves the first three, and so every earlier split, unchanged)
     ss_order, ss_sample, ss_val, ss_ties = np.random.SeedSequence(seed).spawn(4)
@@ -269,8 +290,10 @@ def make_session_plan(train_labels: np.ndarray, *, setup: str, num_sessions: int
     intro = np.concatenate([np.zeros(S, np.int64), np.repeat(np.arange(1, L), C)])  # session of each class
     if samples_per_new_class is not None and samples_per_new_class > counts.min():
         p = int(np.argmin(counts))
-        raise ValueError(f"samples_per_new_class={samples_per_new_class} exceeds the {counts[p]} images of "
-                         f"class {int(class_order[p])}; lower samples_per_new_class or pass None")
+        raise ValueError(
+            f"samples_per_new_class={samples_per_new_class} exceeds the {counts[p]} images of "
+            f"class {int(class_order[p])}; lower samples_per_new_class or pass None"
+        )
 
     pools: list[list[np.ndarray]] = [[] for _ in range(L)]
     if setup == "disjoint":
@@ -287,33 +310,35 @@ def make_session_plan(train_labels: np.ndarray, *, setup: str, num_sessions: int
                 k = math.floor(n * b / (L - 1))
                 major = math.floor(k * (L - 1) * (1 - b) / b + Fraction(1, 2))
                 if k == 0:
-                    raise ValueError(f"class {int(class_order[p])} has {n} images: too few for "
-                                     f"blurry_minor_percent={blurry_minor_percent} over num_sessions={L} "
-                                     f"(need >= {math.ceil((L - 1) / b)}); raise blurry_minor_percent or "
-                                     f"samples_per_new_class, or use fewer sessions")
+                    raise ValueError(
+                        f"class {int(class_order[p])} has {n} images: too few for "
+                        f"blurry_minor_percent={blurry_minor_percent} over num_sessions={L} "
+                        f"(need >= {math.ceil((L - 1) / b)}); raise blurry_minor_percent or "
+                        f"samples_per_new_class, or use fewer sessions"
+                    )
             g = groups[p]
             pools[intro[p]].append(g[:major])
             pos = major
             for u in range(L):
                 if u != intro[p]:
-                    pools[u].append(g[pos:pos + k])
+                    pools[u].append(g[pos : pos + k])
                     pos += k
     elif general_shares == "proportional":
         m = _exact(old_class_percent) / 100
         spc_c, share = _proportional_general(counts, intro, L, m, ss_ties)
         for p in range(needed):
             g = groups[p]
-            pools[intro[p]].append(g[:spc_c[p]])
+            pools[intro[p]].append(g[: spc_c[p]])
             pos = int(spc_c[p])
             for u in range(intro[p] + 1, L):
-                pools[u].append(g[pos:pos + share[u, p]])
+                pools[u].append(g[pos : pos + share[u, p]])
                 pos += int(share[u, p])
     else:  # general, uniform
         m = _exact(old_class_percent) / 100
 
         def need(spc: int) -> np.ndarray:
-            later = np.cumsum(_general_shares(S, C, L, spc, m)[::-1])[::-1]   # sum of shares t..L-1
-            tail = np.append(later[1:], 0)                                       # shares after intro
+            later = np.cumsum(_general_shares(S, C, L, spc, m)[::-1])[::-1]  # sum of shares t..L-1
+            tail = np.append(later[1:], 0)  # shares after intro
             return spc + tail[intro]
 
         spc = samples_per_new_class
@@ -322,22 +347,26 @@ def make_session_plan(train_labels: np.ndarray, *, setup: str, num_sessions: int
             while spc > 0 and np.any(need(spc) > counts):
                 spc -= 1
             if spc == 0:
-                raise ValueError(f"no samples_per_new_class >= 1 fits old_class_percent={old_class_percent} "
-                                 f"with the available images; lower old_class_percent")
+                raise ValueError(
+                    f"no samples_per_new_class >= 1 fits old_class_percent={old_class_percent} "
+                    f"with the available images; lower old_class_percent"
+                )
         short = np.flatnonzero(need(spc) > counts)
         if short.size:
             p = int(short[0])
-            raise ValueError(f"class {int(class_order[p])} needs {int(need(spc)[p])} images (samples_per_new_class="
-                             f"{spc} plus later old-class shares at old_class_percent={old_class_percent}) but has "
-                             f"{counts[p]}; lower samples_per_new_class or old_class_percent, or pass "
-                             f"samples_per_new_class=None")
+            raise ValueError(
+                f"class {int(class_order[p])} needs {int(need(spc)[p])} images (samples_per_new_class="
+                f"{spc} plus later old-class shares at old_class_percent={old_class_percent}) but has "
+                f"{counts[p]}; lower samples_per_new_class or old_class_percent, or pass "
+                f"samples_per_new_class=None"
+            )
         shares = _general_shares(S, C, L, spc, m)
         for p in range(needed):
             g = groups[p]
             pools[intro[p]].append(g[:spc])
             pos = spc
             for u in range(intro[p] + 1, L):
-                pools[u].append(g[pos:pos + shares[u]])
+                pools[u].append(g[pos : pos + shares[u]])
                 pos += shares[u]
 
     frac = _exact(val_fraction)
@@ -352,6 +381,13 @@ def make_session_plan(train_labels: np.ndarray, *, setup: str, num_sessions: int
         lo = 0 if t == 0 else S + (t - 1) * C
         hi = S if t == 0 else lo + C
         outputs = needed if setup == "blurry" else hi
-        sessions.append(Session(index=t, train=_frozen(train), val=_frozen(val),
-                                new_classes=_frozen(np.arange(lo, hi)), num_outputs=outputs))
+        sessions.append(
+            Session(
+                index=t,
+                train=_frozen(train),
+                val=_frozen(val),
+                new_classes=_frozen(np.arange(lo, hi)),
+                num_outputs=outputs,
+            )
+        )
     return SessionPlan(setup=setup, class_order=class_order, sessions=tuple(sessions))

@@ -11,8 +11,12 @@ from cvs_jax.methods.baselines import make_bct, make_ewc, make_lwf, make_mmd, ma
 from cvs_jax.methods.cvs import make_cvs
 
 FINETUNE = Method(name="finetune", description="lower bound: L_c only, no replay, no re-extraction")
-JOINT = Method(name="joint", train_on="cumulative", reextract_gallery=True,
-               description="upper bound: trains on all data seen so far (warm start) and re-embeds the gallery")
+JOINT = Method(
+    name="joint",
+    train_on="cumulative",
+    reextract_gallery=True,
+    description="upper bound: trains on all data seen so far (warm start) and re-embeds the gallery",
+)
 
 METHODS: dict[str, Callable[[ml_collections.ConfigDict], Method]] = {
     "finetune": lambda config: FINETUNE,
@@ -29,8 +33,9 @@ METHODS: dict[str, Callable[[ml_collections.ConfigDict], Method]] = {
 
 def get_method(config: ml_collections.ConfigDict) -> Method:
     if config.method not in METHODS:
-        raise ValueError(f"method={config.method!r} is unknown; choose one of {sorted(METHODS)} "
-                         f"(e.g. --config.method=finetune).")
+        raise ValueError(
+            f"method={config.method!r} is unknown; choose one of {sorted(METHODS)} (e.g. --config.method=finetune)."
+        )
     return METHODS[config.method](config)
 
 

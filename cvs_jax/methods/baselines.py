@@ -30,8 +30,12 @@ def make_bct(config: ml_collections.ConfigDict) -> Method:
         return {"L_bct": distillation.bct_influence_loss(x.new_emb, x.old_head, x.labels, x.aux["old_classes"])}
 
     replay = "herding" if config.data.setup == "disjoint" else "none"
-    return Method(name="bct", memory_policy=replay, extra_terms=terms,
-                  description="BCT influence loss" + (" with herded replay" if replay != "none" else ""))
+    return Method(
+        name="bct",
+        memory_policy=replay,
+        extra_terms=terms,
+        description="BCT influence loss" + (" with herded replay" if replay != "none" else ""),
+    )
 
 
 def make_lwf(config: ml_collections.ConfigDict) -> Method:
@@ -40,20 +44,30 @@ def make_lwf(config: ml_collections.ConfigDict) -> Method:
         old = losses.cosine_logits(x.old_emb, x.old_head)
         return {"L_kd": distillation.lwf_kd_loss(new, old, num_old_classes=x.aux["old_classes"])}
 
-    return Method(name="lwf", uses_old_model=True, extra_terms=terms,
-                  extra_params=lambda frozen: {"lwf_head": frozen["head"]},
-                  description="LwF: T=2 KD into a trainable copy of the old head")
+    return Method(
+        name="lwf",
+        uses_old_model=True,
+        extra_terms=terms,
+        extra_params=lambda frozen: {"lwf_head": frozen["head"]},
+        description="LwF: T=2 KD into a trainable copy of the old head",
+    )
 
 
 def make_mmd(config: ml_collections.ConfigDict) -> Method:
     def terms(x: StepInputs):
         new = losses.cosine_logits(x.new_emb, x.head)
         old = losses.cosine_logits(x.old_emb, x.old_head)
-        return {"L_mmd": distillation.mmd_loss(x.new_emb, x.old_emb),
-                "L_mmd_kd": distillation.mmd_kd_new_class_loss(new, old, x.labels, x.aux["old_classes"])}
+        return {
+            "L_mmd": distillation.mmd_loss(x.new_emb, x.old_emb),
+            "L_mmd_kd": distillation.mmd_kd_new_class_loss(new, old, x.labels, x.aux["old_classes"]),
+        }
 
-    return Method(name="mmd", uses_old_model=True, extra_terms=terms,
-                  description="MMD between new and old embeddings + KD on new classes")
+    return Method(
+        name="mmd",
+        uses_old_model=True,
+        extra_terms=terms,
+        description="MMD between new and old embeddings + KD on new classes",
+    )
 
 
 def _penalty(x: StepInputs):
@@ -61,15 +75,28 @@ def _penalty(x: StepInputs):
 
 
 def make_ewc(config: ml_collections.ConfigDict) -> Method:
-    return Method(name="ewc", importance="ewc", extra_terms=_penalty,
-                  description="EWC: Fisher-weighted quadratic penalty, no memory")
+    return Method(
+        name="ewc",
+        importance="ewc",
+        extra_terms=_penalty,
+        description="EWC: Fisher-weighted quadratic penalty, no memory",
+    )
 
 
 def make_rwalk(config: ml_collections.ConfigDict) -> Method:
-    return Method(name="rwalk", importance="rwalk", memory_policy="reservoir", extra_terms=_penalty,
-                  description="RWalk (as the author's fork): EWC++ Fisher penalty + reservoir memory")
+    return Method(
+        name="rwalk",
+        importance="rwalk",
+        memory_policy="reservoir",
+        extra_terms=_penalty,
+        description="RWalk (as the author's fork): EWC++ Fisher penalty + reservoir memory",
+    )
 
 
 def make_rainbow(config: ml_collections.ConfigDict) -> Method:
-    return Method(name="rainbow", memory_policy="rainbow", half_memory_batches=True,
-                  description="Rainbow Memory: uncertainty-based memory, half-memory batches")
+    return Method(
+        name="rainbow",
+        memory_policy="rainbow",
+        half_memory_batches=True,
+        description="Rainbow Memory: uncertainty-based memory, half-memory batches",
+    )

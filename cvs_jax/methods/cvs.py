@@ -17,9 +17,16 @@ import ml_collections
 from cvs_jax import distillation, losses
 from cvs_jax.methods.base import Method, StepInputs
 
-
-LM_LOSSES = ("triplet", "batch_hard", "dark_knowledge", "mlkd_absolute", "mlkd_relative", "rkd_distance",
-             "rkd_angle", "darkrank")
+LM_LOSSES = (
+    "triplet",
+    "batch_hard",
+    "dark_knowledge",
+    "mlkd_absolute",
+    "mlkd_relative",
+    "rkd_distance",
+    "rkd_angle",
+    "darkrank",
+)
 
 
 def _lm(x: StepInputs, kind: str, margin: float, squared: bool):
@@ -29,37 +36,58 @@ def _lm(x: StepInputs, kind: str, margin: float, squared: bool):
     if kind == "batch_hard":
         return distillation.batch_hard_triplet_loss(x.new_emb, x.old_emb, x.labels, margin=margin)
     if kind == "dark_knowledge":
-        return distillation.dark_knowledge_loss(losses.cosine_logits(x.new_emb, x.head),
-                                                losses.cosine_logits(x.old_emb, x.old_head),
-                                                num_old_classes=x.aux["old_classes"])
-    simple = {"mlkd_absolute": distillation.mlkd_absolute_loss, "mlkd_relative": distillation.mlkd_relative_loss,
-              "rkd_distance": distillation.rkd_distance_loss, "rkd_angle": distillation.rkd_angle_loss,
-              "darkrank": distillation.darkrank_hard_loss}
+        return distillation.dark_knowledge_loss(
+            losses.cosine_logits(x.new_emb, x.head),
+            losses.cosine_logits(x.old_emb, x.old_head),
+            num_old_classes=x.aux["old_classes"],
+        )
+    simple = {
+        "mlkd_absolute": distillation.mlkd_absolute_loss,
+        "mlkd_relative": distillation.mlkd_relative_loss,
+        "rkd_distance": distillation.rkd_distance_loss,
+        "rkd_angle": distillation.rkd_angle_loss,
+        "darkrank": distillation.darkrank_hard_loss,
+    }
     return simple[kind](x.new_emb, x.old_emb)
 
 
-def _terms(inputs: StepInputs, *, use_lm: bool, use_ld: bool, lm_loss: str, margin: float, squared: bool,
-           per_batch: bool):
+def _terms(
+    inputs: StepInputs, *, use_lm: bool, use_ld: bool, lm_loss: str, margin: float, squared: bool, per_batch: bool
+):
     out = {}
     if use_lm:
         out["L_m"] = _lm(inputs, lm_loss, margin, squared)
     if use_ld:
-        out["L_d"] = losses.inter_session_coherence_loss(inputs.new_emb, inputs.labels, inputs.aux["centers"],
-                                                         inputs.aux["center_mask"], per_batch=per_batch)
+        out["L_d"] = losses.inter_session_coherence_loss(
+            inputs.new_emb, inputs.labels, inputs.aux["centers"], inputs.aux["center_mask"], per_batch=per_batch
+        )
     return out
 
 
 def make_cvs(config: ml_collections.ConfigDict) -> Method:
     c = config.cvs
     if not (c.use_lm or c.use_ld):
-        raise ValueError("method=cvs with cvs.use_lm=False and cvs.use_ld=False is plain finetuning "
-                         "(plus replay if cvs.replay); use method=finetune, or enable a term.")
+        raise ValueError(
+            "method=cvs with cvs.use_lm=False and cvs.use_ld=False is plain finetuning "
+            "(plus replay if cvs.replay); use method=finetune, or enable a term."
+        )
     if c.lm_loss not in LM_LOSSES:
         raise ValueError(f"cvs.lm_loss={c.lm_loss!r} is unknown; choose one of {list(LM_LOSSES)}.")
-    terms = functools.partial(_terms, use_lm=c.use_lm, use_ld=c.use_ld, lm_loss=c.lm_loss, margin=c.margin,
-                              squared=c.squared_triplet, per_batch=c.per_batch_coherence)
+    terms = functools.partial(
+        _terms,
+        use_lm=c.use_lm,
+        use_ld=c.use_ld,
+        lm_loss=c.lm_loss,
+        margin=c.margin,
+        squared=c.squared_triplet,
+        per_batch=c.per_batch_coherence,
+    )
     parts = ["L_c"] + ([f"L_m ({c.lm_loss})"] if c.use_lm else []) + (["L_d"] if c.use_ld else [])
-    return Method(name="cvs", uses_old_model=c.use_lm, memory_policy="herding" if c.replay else "none",
-                  uses_centers=c.use_ld,
-                  extra_terms=terms,
-                  description=" + ".join(parts) + (" with herded replay" if c.replay else " without replay"))
+    return Method(
+        name="cvs",
+        uses_old_model=c.use_lm,
+        memory_policy="herding" if c.replay else "none",
+        uses_centers=c.use_ld,
+        extra_terms=terms,
+        description=" + ".join(parts) + (" with herded replay" if c.replay else " without replay"),
+    )

@@ -14,8 +14,16 @@ ARCHITECTURES = {
 LAYOUTS = ("cifar", "imagenet", "torchvision")
 
 
-def build_model(name: str, *, width: int, layout: str, embed_dim: int, dtype="float32",
-                frozen_bn: bool = False, bn_eps: float | None = None):
+def build_model(
+    name: str,
+    *,
+    width: int,
+    layout: str,
+    embed_dim: int,
+    dtype="float32",
+    frozen_bn: bool = False,
+    bn_eps: float | None = None,
+):
     """The embedding network ``name`` in ``layout``.
 
     * ``cifar`` / ``imagenet``: the official CIFAR / Tiny-ImageNet ResNets (``ResNetEmbedding``,
@@ -31,16 +39,32 @@ def build_model(name: str, *, width: int, layout: str, embed_dim: int, dtype="fl
     arch = dict(ARCHITECTURES[name])
     block = arch.pop("block", "basic")
     if layout == "torchvision":
-        return TorchvisionResNet(block=block, width=width, embed_dim=embed_dim, dtype=dtype, frozen_bn=frozen_bn,
-                                 bn_eps=1e-5 if bn_eps is None else bn_eps, **arch)
+        return TorchvisionResNet(
+            block=block,
+            width=width,
+            embed_dim=embed_dim,
+            dtype=dtype,
+            frozen_bn=frozen_bn,
+            bn_eps=1e-5 if bn_eps is None else bn_eps,
+            **arch,
+        )
     if block != "basic":
         raise ValueError(f"model.name={name!r} has {block} blocks, which exist only in model.layout='torchvision'.")
     if bn_eps is not None and bn_eps != 1e-6:
-        raise ValueError(f"bn_eps={bn_eps}: the {layout!r} layout uses the official eps 1e-6; "
-                         f"other values need model.layout='torchvision'.")
-    return ResNetEmbedding(width=width, layout=layout, embed_dim=embed_dim, dtype=dtype, frozen_bn=frozen_bn,
-                           **arch)
+        raise ValueError(
+            f"bn_eps={bn_eps}: the {layout!r} layout uses the official eps 1e-6; "
+            f"other values need model.layout='torchvision'."
+        )
+    return ResNetEmbedding(width=width, layout=layout, embed_dim=embed_dim, dtype=dtype, frozen_bn=frozen_bn, **arch)
 
 
-__all__ = ["ARCHITECTURES", "Bottleneck", "LAYOUTS", "ResNetEmbedding", "TorchvisionResNet", "build_model",
-           "grow_head", "init_head"]
+__all__ = [
+    "ARCHITECTURES",
+    "Bottleneck",
+    "LAYOUTS",
+    "ResNetEmbedding",
+    "TorchvisionResNet",
+    "build_model",
+    "grow_head",
+    "init_head",
+]

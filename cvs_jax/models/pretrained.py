@@ -42,12 +42,15 @@ __all__ = [
 ]
 
 CONVERT_ONE_LINER = (
-    "python -c 'import sys, torch, numpy as np; sd = torch.load(sys.argv[1], map_location=\"cpu\"); "
-    "sd = sd.get(\"state_dict\", sd); np.savez(sys.argv[2], **{k: v.numpy() for k, v in sd.items()})' "
-    "resnet50-0676ba61.pth resnet50.npz")
-_WHERE = ("torchvision's ImageNet ResNet-50 weights (IMAGENET1K_V1, "
-          "https://download.pytorch.org/models/resnet50-0676ba61.pth, or pretrainedmodels' "
-          "resnet50-19c8e357.pth)")
+    'python -c \'import sys, torch, numpy as np; sd = torch.load(sys.argv[1], map_location="cpu"); '
+    'sd = sd.get("state_dict", sd); np.savez(sys.argv[2], **{k: v.numpy() for k, v in sd.items()})\' '
+    "resnet50-0676ba61.pth resnet50.npz"
+)
+_WHERE = (
+    "torchvision's ImageNet ResNet-50 weights (IMAGENET1K_V1, "
+    "https://download.pytorch.org/models/resnet50-0676ba61.pth, or pretrainedmodels' "
+    "resnet50-19c8e357.pth)"
+)
 _IGNORED = re.compile(r"^(fc|last_linear)\.|(^|\.)num_batches_tracked$")
 _EXPANSION = {"bottleneck": 4, "basic": 1}
 
@@ -57,8 +60,9 @@ class PretrainedWeightsError(ValueError):
 
 
 # ---------------------------------------------------------------- expected layout
-def torchvision_resnet_shapes(stage_sizes: Sequence[int] = (3, 4, 6, 3), block: str = "bottleneck",
-                              width: int = 64) -> dict[str, tuple[int, ...]]:
+def torchvision_resnet_shapes(
+    stage_sizes: Sequence[int] = (3, 4, 6, 3), block: str = "bottleneck", width: int = 64
+) -> dict[str, tuple[int, ...]]:
     """Torch key -> torch shape of every conv / BN tensor of a torchvision ResNet (no ``fc``)."""
     if block not in _EXPANSION:
         raise ValueError(f"block={block!r}: use one of {sorted(_EXPANSION)}")
@@ -117,7 +121,8 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"pretrained weights {path!r} not found. Fix: on a machine with internet download {_WHERE}, "
-            f"convert it to .npz with\n  {CONVERT_ONE_LINER}\nand pass the .npz path.")
+            f"convert it to .npz with\n  {CONVERT_ONE_LINER}\nand pass the .npz path."
+        )
     if path.endswith(".npz"):
         with np.load(path, allow_pickle=False) as z:
             sd = {k: np.asarray(z[k]) for k in z.files}
@@ -125,29 +130,40 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
         if importlib.util.find_spec("torch") is None:
             raise PretrainedWeightsError(
                 f"{path!r} is a PyTorch file but torch is not installed here. Fix: convert it to .npz "
-                f"where torch is installed with\n  {CONVERT_ONE_LINER}\nand pass the .npz path.")
+                f"where torch is installed with\n  {CONVERT_ONE_LINER}\nand pass the .npz path."
+            )
         import torch  # pylint: disable=g-import-not-at-top
+
         obj = torch.load(path, map_location="cpu")
         if isinstance(obj, Mapping) and "state_dict" in obj:
             obj = obj["state_dict"]
         sd = {k: v.detach().cpu().numpy() for k, v in obj.items() if hasattr(v, "detach")}
     else:
-        raise PretrainedWeightsError(f"{path!r}: use a .npz (or, with torch installed, a .pth) state dict. "
-                                     f"Convert with\n  {CONVERT_ONE_LINER}")
-    return {(k[len("module."):] if k.startswith("module.") else k): v for k, v in sd.items()}
+        raise PretrainedWeightsError(
+            f"{path!r}: use a .npz (or, with torch installed, a .pth) state dict. Convert with\n  {CONVERT_ONE_LINER}"
+        )
+    return {(k[len("module.") :] if k.startswith("module.") else k): v for k, v in sd.items()}
 
 
 # ---------------------------------------------------------------- conversion
-def convert_torchvision_state_dict(state_dict: Mapping[str, np.ndarray], *, stage_sizes: Sequence[int] = (3, 4, 6, 3),
-                                   block: str = "bottleneck", width: int = 64, source: str = "state dict"
-                                   ) -> dict[str, dict]:
+def convert_torchvision_state_dict(
+    state_dict: Mapping[str, np.ndarray],
+    *,
+    stage_sizes: Sequence[int] = (3, 4, 6, 3),
+    block: str = "bottleneck",
+    width: int = 64,
+    source: str = "state dict",
+) -> dict[str, dict]:
     """Torchvision state dict -> ``{"params": ..., "batch_stats": ...}`` of the TorchvisionResNet body."""
     want = torchvision_resnet_shapes(stage_sizes, block, width)
     have = {k: np.asarray(v) for k, v in state_dict.items() if not _IGNORED.search(k)}
     missing = [k for k in want if k not in have]
     unexpected = [k for k in have if k not in want]
-    wrong = [f"{k}: file {tuple(have[k].shape)} vs model {want[k]}" for k in want
-             if k in have and tuple(have[k].shape) != want[k]]
+    wrong = [
+        f"{k}: file {tuple(have[k].shape)} vs model {want[k]}"
+        for k in want
+        if k in have and tuple(have[k].shape) != want[k]
+    ]
     if missing or unexpected or wrong:
         parts = []
         for title, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", wrong)):
@@ -155,14 +171,16 @@ def convert_torchvision_state_dict(state_dict: Mapping[str, np.ndarray], *, stag
                 parts.append(f"{len(items)} {title} (first: {', '.join(items[:5])})")
         arch = f"stages {tuple(stage_sizes)}, {block} blocks, width {width}"
         raise PretrainedWeightsError(
-            f"{source} does not fit the torchvision ResNet ({arch}): " + "; ".join(parts) +
-            f". Fix: pass the state dict of {_WHERE} (keys like 'layer1.0.downsample.0.weight'), "
-            f"converted with\n  {CONVERT_ONE_LINER}")
+            f"{source} does not fit the torchvision ResNet ({arch}): "
+            + "; ".join(parts)
+            + f". Fix: pass the state dict of {_WHERE} (keys like 'layer1.0.downsample.0.weight'), "
+            f"converted with\n  {CONVERT_ONE_LINER}"
+        )
     out: dict[str, dict] = {"params": {}, "batch_stats": {}}
     for k in want:
         v = have[k].astype(np.float32)
         if v.ndim == 4:
-            v = np.ascontiguousarray(v.transpose(2, 3, 1, 0))   # OIHW -> HWIO
+            v = np.ascontiguousarray(v.transpose(2, 3, 1, 0))  # OIHW -> HWIO
         collection, path = _flax_location(k, have[k].ndim)
         node = out[collection]
         for p in path[:-1]:
@@ -172,8 +190,9 @@ def convert_torchvision_state_dict(state_dict: Mapping[str, np.ndarray], *, stag
 
 
 def load_torchvision_resnet(path: str, *, stage_sizes: Sequence[int], block: str, width: int = 64) -> dict[str, dict]:
-    return convert_torchvision_state_dict(read_state_dict(path), stage_sizes=stage_sizes, block=block,
-                                          width=width, source=repr(str(path)))
+    return convert_torchvision_state_dict(
+        read_state_dict(path), stage_sizes=stage_sizes, block=block, width=width, source=repr(str(path))
+    )
 
 
 def load_torchvision_resnet50(path: str) -> dict[str, dict]:
@@ -181,8 +200,9 @@ def load_torchvision_resnet50(path: str) -> dict[str, dict]:
     return load_torchvision_resnet(path, stage_sizes=(3, 4, 6, 3), block="bottleneck", width=64)
 
 
-def merge_pretrained(variables: Mapping[str, Any], pretrained: Mapping[str, Any],
-                     keep: Sequence[str] = ("params/embedding",)) -> dict[str, Any]:
+def merge_pretrained(
+    variables: Mapping[str, Any], pretrained: Mapping[str, Any], keep: Sequence[str] = ("params/embedding",)
+) -> dict[str, Any]:
     """``variables`` (from ``model.init``) with every leaf present in ``pretrained`` replaced.
 
     Leaves under ``keep`` (the new ``embedding`` layer) keep their initial values. Every other
@@ -215,7 +235,9 @@ def merge_pretrained(variables: Mapping[str, Any], pretrained: Mapping[str, Any]
     merged = {c: merge(variables[c], pretrained[c], c) if c in pretrained else variables[c] for c in variables}
     problems += [f"{c} not in the model" for c in pretrained if c not in variables]
     if problems:
-        raise PretrainedWeightsError(f"pretrained weights do not fit the model ({len(problems)} problems, first: "
-                                     f"{'; '.join(problems[:5])}); build it with layout='torchvision' and the "
-                                     f"matching architecture")
+        raise PretrainedWeightsError(
+            f"pretrained weights do not fit the model ({len(problems)} problems, first: "
+            f"{'; '.join(problems[:5])}); build it with layout='torchvision' and the "
+            f"matching architecture"
+        )
     return merged

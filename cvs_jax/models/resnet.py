@@ -49,8 +49,8 @@ def global_average_pool(x):
 
     The barrier keeps XLA from fusing the last residual add into the reduction: jax 0.12's CPU
     compiler miscompiles that bf16 fusion (conv + conv + add + mean gives NaN/inf, while jax 0.10 on
-    CPU and jax 0.11 on an H100 agree with the unjitted result), which made bf16 embeddings NaN on CPU.  The pool is a few KB per
-    image, so the unfused add costs nothing measurable.  float32 features take the plain path.
+    CPU and jax 0.11 on an H100 agree with the unjitted result), which made bf16 embeddings NaN on CPU.
+    The pool is a few KB per image, so the unfused add costs nothing measurable.  float32 features take the plain path.
     """
     if x.dtype != jnp.float32:
         x = jax.lax.optimization_barrier(x).astype(jnp.float32)
@@ -70,11 +70,18 @@ class ConvBNReLU(nn.Module):
     @nn.compact
     def __call__(self, x, train: bool):
         pad = (self.kernel - 1) // 2
-        x = nn.Conv(self.features, (self.kernel, self.kernel), (self.stride, self.stride),
-                    padding=[(pad, pad), (pad, pad)], use_bias=False,
-                    kernel_init=_conv_init, dtype=self.dtype)(x)
-        x = nn.BatchNorm(use_running_average=self.frozen_bn or not train, momentum=0.9, epsilon=1e-6,
-                         dtype=self.dtype)(x)
+        x = nn.Conv(
+            self.features,
+            (self.kernel, self.kernel),
+            (self.stride, self.stride),
+            padding=[(pad, pad), (pad, pad)],
+            use_bias=False,
+            kernel_init=_conv_init,
+            dtype=self.dtype,
+        )(x)
+        x = nn.BatchNorm(use_running_average=self.frozen_bn or not train, momentum=0.9, epsilon=1e-6, dtype=self.dtype)(
+            x
+        )
         return nn.relu(x) if self.relu else x
 
 
@@ -120,12 +127,17 @@ class ResNetEmbedding(nn.Module):
         for i, blocks in enumerate(self.stage_sizes):
             for b in range(blocks):
                 stride = 2 if (i > 0 and b == 0) else 1
-                x = BasicBlock(self.width * 2**i, stride, self.layout, dtype=self.dtype,
-                               frozen_bn=self.frozen_bn)(x, train)
+                x = BasicBlock(self.width * 2**i, stride, self.layout, dtype=self.dtype, frozen_bn=self.frozen_bn)(
+                    x, train
+                )
         x = global_average_pool(x)
         fan_in = x.shape[-1]
-        return nn.Dense(self.embed_dim, kernel_init=_torch_linear_init(fan_in),
-                        bias_init=_torch_linear_init(fan_in), name="embedding")(x)
+        return nn.Dense(
+            self.embed_dim,
+            kernel_init=_torch_linear_init(fan_in),
+            bias_init=_torch_linear_init(fan_in),
+            name="embedding",
+        )(x)
 
 
 # ------------------------------------------------------------------ torchvision layout
@@ -134,13 +146,20 @@ BOTTLENECK_EXPANSION = 4
 
 def _tv_conv(features: int, kernel: int, stride: int, name: str, dtype) -> nn.Conv:
     pad = (kernel - 1) // 2
-    return nn.Conv(features, (kernel, kernel), (stride, stride), padding=[(pad, pad), (pad, pad)],
-                   use_bias=False, kernel_init=_conv_init, dtype=dtype, name=name)
+    return nn.Conv(
+        features,
+        (kernel, kernel),
+        (stride, stride),
+        padding=[(pad, pad), (pad, pad)],
+        use_bias=False,
+        kernel_init=_conv_init,
+        dtype=dtype,
+        name=name,
+    )
 
 
 def _tv_bn(name: str, train: bool, frozen: bool, eps: float, dtype) -> nn.BatchNorm:
-    return nn.BatchNorm(use_running_average=frozen or not train, momentum=0.9, epsilon=eps, dtype=dtype,
-                        name=name)
+    return nn.BatchNorm(use_running_average=frozen or not train, momentum=0.9, epsilon=eps, dtype=dtype, name=name)
 
 
 class TorchvisionBasicBlock(nn.Module):
@@ -194,7 +213,7 @@ class TorchvisionResNet(nn.Module):
     """
 
     stage_sizes: Sequence[int] = (3, 4, 6, 3)
-    block: str = "bottleneck"   # "bottleneck" or "basic"
+    block: str = "bottleneck"  # "bottleneck" or "basic"
     width: int = 64
     embed_dim: int = 128
     bn_eps: float = 1e-5
@@ -213,9 +232,19 @@ class TorchvisionResNet(nn.Module):
         for i, blocks in enumerate(self.stage_sizes):
             for b in range(blocks):
                 stride = 2 if (i > 0 and b == 0) else 1
-                x = cls(self.width * 2**i, stride, bn_eps=self.bn_eps, frozen_bn=self.frozen_bn,
-                        dtype=self.dtype, name=f"layer{i + 1}_{b}")(x, train)
+                x = cls(
+                    self.width * 2**i,
+                    stride,
+                    bn_eps=self.bn_eps,
+                    frozen_bn=self.frozen_bn,
+                    dtype=self.dtype,
+                    name=f"layer{i + 1}_{b}",
+                )(x, train)
         x = global_average_pool(x)
         fan_in = x.shape[-1]
-        return nn.Dense(self.embed_dim, kernel_init=_torch_linear_init(fan_in),
-                        bias_init=_torch_linear_init(fan_in), name="embedding")(x)
+        return nn.Dense(
+            self.embed_dim,
+            kernel_init=_torch_linear_init(fan_in),
+            bias_init=_torch_linear_init(fan_in),
+            name="embedding",
+        )(x)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import zipfile
 from typing import Any, ClassVar
 
@@ -13,116 +12,114 @@ import tensorflow_datasets as tfds
 
 
 class DatasetNotFoundError(FileNotFoundError):
-  """The files a dataset is built from (or its prepared copy) are missing.
+    """The files a dataset is built from (or its prepared copy) are missing.
 
-  The message names the dataset, the directory that was searched and the fix.
-  """
+    The message names the dataset, the directory that was searched and the fix.
+    """
 
 
 class SourceMismatchError(ValueError):
-  """A prepared dataset in `data_dir` was built from different source files."""
+    """A prepared dataset in `data_dir` was built from different source files."""
 
 
 @dataclasses.dataclass(frozen=True)
 class SourceInfo:
-  """What a builder found in its manual dir (cheap to compute: no decoding).
+    """What a builder found in its manual dir (cheap to compute: no decoding).
 
-  Attributes:
-    config_name: builder config that matches these files (None: no configs).
-    fingerprint: JSON-able identity of the source content; stored in the
-      prepared dataset's metadata and compared on reuse.
-    description: human-readable location, e.g. the zip path.
-  """
+    Attributes:
+      config_name: builder config that matches these files (None: no configs).
+      fingerprint: JSON-able identity of the source content; stored in the
+        prepared dataset's metadata and compared on reuse.
+      description: human-readable location, e.g. the zip path.
+    """
 
-  config_name: str | None
-  fingerprint: dict[str, Any]
-  description: str
+    config_name: str | None
+    fingerprint: dict[str, Any]
+    description: str
 
-  def normalized_fingerprint(self) -> Any:
-    return normalize_json(self.fingerprint)
+    def normalized_fingerprint(self) -> Any:
+        return normalize_json(self.fingerprint)
 
 
 def normalize_json(value: Any) -> Any:
-  """Round-trips `value` through JSON (tuples -> lists, ...) for comparisons."""
-  return json.loads(json.dumps(value, sort_keys=True))
+    """Round-trips `value` through JSON (tuples -> lists, ...) for comparisons."""
+    return json.loads(json.dumps(value, sort_keys=True))
 
 
 def sha256_lines(lines) -> str:
-  h = hashlib.sha256()
-  for line in lines:
-    h.update(str(line).encode('utf-8'))
-    h.update(b'\n')
-  return h.hexdigest()
+    h = hashlib.sha256()
+    for line in lines:
+        h.update(str(line).encode("utf-8"))
+        h.update(b"\n")
+    return h.hexdigest()
 
 
 class ZipOrFolder:
-  """Source files read either from a zip archive (opened once, on first use) or from a folder.
+    """Source files read either from a zip archive (opened once, on first use) or from a folder.
 
-  Subclasses set `is_zip`, `archive` (the zip's path) and implement `_member(name)` (the name
-  inside the zip) and `_file(name)` (the path in the folder).
-  """
+    Subclasses set `is_zip`, `archive` (the zip's path) and implement `_member(name)` (the name
+    inside the zip) and `_file(name)` (the path in the folder).
+    """
 
-  is_zip: bool
-  archive: str
-  _zip: zipfile.ZipFile | None = None
+    is_zip: bool
+    archive: str
+    _zip: zipfile.ZipFile | None = None
 
-  def _member(self, name: str) -> str:
-    raise NotImplementedError
+    def _member(self, name: str) -> str:
+        raise NotImplementedError
 
-  def _file(self, name: str) -> str:
-    raise NotImplementedError
+    def _file(self, name: str) -> str:
+        raise NotImplementedError
 
-  def _zipfile(self) -> zipfile.ZipFile:
-    if self._zip is None:
-      self._zip = zipfile.ZipFile(self.archive)
-    return self._zip
+    def _zipfile(self) -> zipfile.ZipFile:
+        if self._zip is None:
+            self._zip = zipfile.ZipFile(self.archive)
+        return self._zip
 
-  def read(self, name: str) -> bytes:
-    if self.is_zip:
-      return self._zipfile().read(self._member(name))
-    with open(self._file(name), 'rb') as f:
-      return f.read()
+    def read(self, name: str) -> bytes:
+        if self.is_zip:
+            return self._zipfile().read(self._member(name))
+        with open(self._file(name), "rb") as f:
+            return f.read()
 
-  def close(self):
-    if self._zip is not None:
-      self._zip.close()
-      self._zip = None
+    def close(self):
+        if self._zip is not None:
+            self._zip.close()
+            self._zip = None
 
 
 class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-  """Base of the builders that read local files given as a manual dir.
+    """Base of the builders that read local files given as a manual dir.
 
-  Subclasses define `DEFAULT_MANUAL_DIR`, `MANUAL_FILES_HINT` and
-  `inspect_source`; the prepared data always keeps the original file order
-  (`disable_shuffling=True`) and has an int64 `id` feature = position in that
-  order.
-  """
+    Subclasses define `DEFAULT_MANUAL_DIR`, `MANUAL_FILES_HINT` and
+    `inspect_source`; the prepared data always keeps the original file order
+    (`disable_shuffling=True`) and has an int64 `id` feature = position in that
+    order.
+    """
 
-  DEFAULT_MANUAL_DIR: ClassVar[str | None] = None
-  # Short description of the expected files, used in error messages.
-  MANUAL_FILES_HINT: ClassVar[str] = ''
-  # True for builders derived from a standard TFDS dataset prepared in the
-  # data_dir (stanford_dogs_256, inat_m): `inspect_source` is then given the
-  # data_dir instead of a manual dir.
-  SOURCE_IN_DATA_DIR: ClassVar[bool] = False
+    DEFAULT_MANUAL_DIR: ClassVar[str | None] = None
+    # Short description of the expected files, used in error messages.
+    MANUAL_FILES_HINT: ClassVar[str] = ""
+    # True for builders derived from a standard TFDS dataset prepared in the
+    # data_dir (stanford_dogs_256, inat_m): `inspect_source` is then given the
+    # data_dir instead of a manual dir.
+    SOURCE_IN_DATA_DIR: ClassVar[bool] = False
 
-  @classmethod
-  def inspect_source(
-      cls, manual_dir: str, config_name: str | None = None
-  ) -> SourceInfo:
-    """Checks `manual_dir` quickly; raises DatasetNotFoundError if unusable."""
-    raise NotImplementedError
+    @classmethod
+    def inspect_source(cls, manual_dir: str, config_name: str | None = None) -> SourceInfo:
+        """Checks `manual_dir` quickly; raises DatasetNotFoundError if unusable."""
+        raise NotImplementedError
 
-  def _resolve_manual_dir(self, dl_manager) -> str:
-    """The manual dir passed to download_and_prepare, else the default one."""
-    try:
-      return str(dl_manager.manual_dir)
-    except AssertionError:  # Not given / missing / empty.
-      if self.DEFAULT_MANUAL_DIR is None:
-        raise
-      return self.DEFAULT_MANUAL_DIR
+    def _resolve_manual_dir(self, dl_manager) -> str:
+        """The manual dir passed to download_and_prepare, else the default one."""
+        try:
+            return str(dl_manager.manual_dir)
+        except AssertionError:  # Not given / missing / empty.
+            if self.DEFAULT_MANUAL_DIR is None:
+                raise
+            return self.DEFAULT_MANUAL_DIR
 
-  def _record_source(self, source: SourceInfo) -> None:
-    """Stores the source identity in the dataset metadata (metadata.json)."""
-    self.info.metadata['source_fingerprint'] = source.normalized_fingerprint()
-    self.info.metadata['source_description'] = source.description
+    def _record_source(self, source: SourceInfo) -> None:
+        """Stores the source identity in the dataset metadata (metadata.json)."""
+        self.info.metadata["source_fingerprint"] = source.normalized_fingerprint()
+        self.info.metadata["source_description"] = source.description

@@ -27,66 +27,67 @@ STORED_SIZE = 256
 
 
 def stored_size() -> int:
-  """The current `STORED_SIZE` (looked up at call time, so tests can patch it)."""
-  return int(STORED_SIZE)
+    """The current `STORED_SIZE` (looked up at call time, so tests can patch it)."""
+    return int(STORED_SIZE)
 
 
 def resized_shape(width: int, height: int, size: int) -> tuple[int, int]:
-  """(width, height) with the shorter side = `size`, as torchvision's Resize(size).
+    """(width, height) with the shorter side = `size`, as torchvision's Resize(size).
 
-  The longer side is truncated (`int(size * long / short)`), as in torchvision.
-  """
-  if width <= height:
-    return size, int(size * height / width)
-  return int(size * width / height), size
+    The longer side is truncated (`int(size * long / short)`), as in torchvision.
+    """
+    if width <= height:
+        return size, int(size * height / width)
+    return int(size * width / height), size
 
 
 def to_square_uint8(pil_image, size: int | None = None) -> np.ndarray:
-  """PIL image -> uint8 [size, size, 3]: RGB, shorter side resized, centre crop.
+    """PIL image -> uint8 [size, size, 3]: RGB, shorter side resized, centre crop.
 
-  Args:
-    pil_image: any PIL image (greyscale, palette, CMYK, RGBA... converted to
-      RGB first, as torchvision's ImageFolder loader does).
-    size: output side; default `STORED_SIZE` (read now).
-  """
-  from PIL import Image  # pylint: disable=g-import-not-at-top
+    Args:
+      pil_image: any PIL image (greyscale, palette, CMYK, RGBA... converted to
+        RGB first, as torchvision's ImageFolder loader does).
+      size: output side; default `STORED_SIZE` (read now).
+    """
+    from PIL import Image  # pylint: disable=g-import-not-at-top
 
-  size = stored_size() if size is None else int(size)
-  img = pil_image if pil_image.mode == 'RGB' else pil_image.convert('RGB')
-  width, height = resized_shape(img.width, img.height, size)
-  if (width, height) != img.size:
-    img = img.resize((width, height), Image.BILINEAR)
-  left = int(round((width - size) / 2.0))  # torchvision's CenterCrop offsets
-  top = int(round((height - size) / 2.0))
-  img = img.crop((left, top, left + size, top + size))
-  array = np.asarray(img, dtype=np.uint8)
-  if array.shape != (size, size, 3):
-    raise AssertionError(f'resize gave {array.shape}, expected {(size, size, 3)}')
-  return array
+    size = stored_size() if size is None else int(size)
+    img = pil_image if pil_image.mode == "RGB" else pil_image.convert("RGB")
+    width, height = resized_shape(img.width, img.height, size)
+    if (width, height) != img.size:
+        img = img.resize((width, height), Image.BILINEAR)
+    left = int(round((width - size) / 2.0))  # torchvision's CenterCrop offsets
+    top = int(round((height - size) / 2.0))
+    img = img.crop((left, top, left + size, top + size))
+    array = np.asarray(img, dtype=np.uint8)
+    if array.shape != (size, size, 3):
+        raise AssertionError(f"resize gave {array.shape}, expected {(size, size, 3)}")
+    return array
 
 
 def decode_to_square(data: bytes, size: int) -> np.ndarray:
-  """Encoded image bytes (JPEG, PNG, ...) -> uint8 [size, size, 3].
+    """Encoded image bytes (JPEG, PNG, ...) -> uint8 [size, size, 3].
 
-  Raises PIL's errors (OSError, ValueError, SyntaxError...) for broken files.
-  """
-  from PIL import Image  # pylint: disable=g-import-not-at-top
+    Raises PIL's errors (OSError, ValueError, SyntaxError...) for broken files.
+    """
+    from PIL import Image  # pylint: disable=g-import-not-at-top
 
-  with Image.open(io.BytesIO(data)) as img:
-    img.load()
-    return to_square_uint8(img, size)
+    with Image.open(io.BytesIO(data)) as img:
+        img.load()
+        return to_square_uint8(img, size)
 
 
 def stored_features():
-  """The features of every fine-grained builder: a STORED_SIZE square uint8 image (raw bytes, read
-  back by `sources._read_local_split`'s fast path), a class label (names set by the builder) and
-  the record's position `id`."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    """The features of every fine-grained builder: a STORED_SIZE square uint8 image (raw bytes, read
+    back by `sources._read_local_split`'s fast path), a class label (names set by the builder) and
+    the record's position `id`."""
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-  size = stored_size()
-  return tfds.features.FeaturesDict({
-      'image': tfds.features.Tensor(shape=(size, size, 3), dtype=np.uint8,
-                                    encoding=tfds.features.Encoding.BYTES),
-      'label': tfds.features.ClassLabel(),
-      'id': tfds.features.Scalar(dtype=np.int64),
-  })
+    size = stored_size()
+    return tfds.features.FeaturesDict(
+        {
+            "image": tfds.features.Tensor(shape=(size, size, 3), dtype=np.uint8, encoding=tfds.features.Encoding.BYTES),
+            "label": tfds.features.ClassLabel(),
+            "id": tfds.features.Scalar(dtype=np.int64),
+        }
+    )

@@ -24,219 +24,215 @@ from typing import Any, Callable, ClassVar, Sequence
 import numpy as np
 import tensorflow_datasets as tfds
 
-from cvs_jax.data.builders import _decode
-from cvs_jax.data.builders import _resize
-from cvs_jax.data.builders._common import DatasetNotFoundError
-from cvs_jax.data.builders._common import LocalBuilder
-from cvs_jax.data.builders._common import SourceInfo
+from cvs_jax.data.builders import _decode, _resize
+from cvs_jax.data.builders._common import DatasetNotFoundError, LocalBuilder, SourceInfo
 
 _INDEX_CHUNK = 256  # Records per read in the label pass (bounds memory).
 
 
 def fix_hint(source_name: str) -> str:
-  return (
-      f'Fix: on a machine with TensorFlow and internet, run `tfds build'
-      f' {source_name} --data_dir=DIR --file_format=array_record`, copy DIR'
-      ' here and point --config.data.data_dir at DIR (the derived dataset is'
-      ' then prepared into the same DIR).'
-  )
+    return (
+        f"Fix: on a machine with TensorFlow and internet, run `tfds build"
+        f" {source_name} --data_dir=DIR --file_format=array_record`, copy DIR"
+        " here and point --config.data.data_dir at DIR (the derived dataset is"
+        " then prepared into the same DIR)."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class SourceDescription:
-  """A prepared standard TFDS dataset, as told by its dataset_info.json."""
+    """A prepared standard TFDS dataset, as told by its dataset_info.json."""
 
-  name: str
-  version: str
-  data_dir: str  # Where its files are (data_dir/name/version).
-  class_names: tuple[str, ...]
-  num_examples: dict[str, int]  # Source split -> records.
+    name: str
+    version: str
+    data_dir: str  # Where its files are (data_dir/name/version).
+    class_names: tuple[str, ...]
+    num_examples: dict[str, int]  # Source split -> records.
 
 
-def describe_source(
-    source_name: str, data_dir: str, splits: Sequence[str], derived_name: str
-) -> SourceDescription:
-  """Checks that `source_name` is prepared in `data_dir` (reads no records).
+def describe_source(source_name: str, data_dir: str, splits: Sequence[str], derived_name: str) -> SourceDescription:
+    """Checks that `source_name` is prepared in `data_dir` (reads no records).
 
-  Raises:
-    DatasetNotFoundError: not prepared, not in array_record, or a split missing.
-  """
-  builder = tfds.builder(source_name, data_dir=data_dir)
-  if not builder.is_prepared():
-    raise DatasetNotFoundError(
-        f'{derived_name}: it is made from the standard TFDS dataset'
-        f' {source_name!r}, which is not prepared in data_dir {data_dir!r}'
-        f' (no {builder.data_dir}). {fix_hint(source_name)}')
-  formats = [builder.info.file_format, *builder.info.alternative_file_formats]
-  if tfds.core.file_adapters.FileFormat.ARRAY_RECORD not in formats:
-    raise DatasetNotFoundError(
-        f'{derived_name}: {source_name} in {builder.data_dir} has no'
-        f' array_record files ({builder.info.file_format}); reading it without'
-        f' TensorFlow needs them. Fix: re-prepare it with `tfds build'
-        f' {source_name} --data_dir=DIR --file_format=array_record`.')
-  missing = [s for s in splits if s not in builder.info.splits]
-  if missing:
-    raise DatasetNotFoundError(
-        f'{derived_name}: {source_name} in {builder.data_dir} has no split(s)'
-        f' {missing} (has {list(builder.info.splits)}). {fix_hint(source_name)}')
-  return SourceDescription(
-      name=source_name,
-      version=str(builder.version),
-      data_dir=str(builder.data_dir),
-      class_names=tuple(builder.info.features['label'].names),
-      num_examples={s: int(builder.info.splits[s].num_examples) for s in splits},
-  )
+    Raises:
+      DatasetNotFoundError: not prepared, not in array_record, or a split missing.
+    """
+    builder = tfds.builder(source_name, data_dir=data_dir)
+    if not builder.is_prepared():
+        raise DatasetNotFoundError(
+            f"{derived_name}: it is made from the standard TFDS dataset"
+            f" {source_name!r}, which is not prepared in data_dir {data_dir!r}"
+            f" (no {builder.data_dir}). {fix_hint(source_name)}"
+        )
+    formats = [builder.info.file_format, *builder.info.alternative_file_formats]
+    if tfds.core.file_adapters.FileFormat.ARRAY_RECORD not in formats:
+        raise DatasetNotFoundError(
+            f"{derived_name}: {source_name} in {builder.data_dir} has no"
+            f" array_record files ({builder.info.file_format}); reading it without"
+            f" TensorFlow needs them. Fix: re-prepare it with `tfds build"
+            f" {source_name} --data_dir=DIR --file_format=array_record`."
+        )
+    missing = [s for s in splits if s not in builder.info.splits]
+    if missing:
+        raise DatasetNotFoundError(
+            f"{derived_name}: {source_name} in {builder.data_dir} has no split(s)"
+            f" {missing} (has {list(builder.info.splits)}). {fix_hint(source_name)}"
+        )
+    return SourceDescription(
+        name=source_name,
+        version=str(builder.version),
+        data_dir=str(builder.data_dir),
+        class_names=tuple(builder.info.features["label"].names),
+        num_examples={s: int(builder.info.splits[s].num_examples) for s in splits},
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class SourceSplit:
-  """One split of the source: keys and labels up front, images on demand.
+    """One split of the source: keys and labels up front, images on demand.
 
-  Attributes:
-    keys: stable id of each record (by position in the data source).
-    labels: int64 source label of each record.
-    read_encoded: positions -> the encoded image bytes (JPEG/PNG).
-  """
+    Attributes:
+      keys: stable id of each record (by position in the data source).
+      labels: int64 source label of each record.
+      read_encoded: positions -> the encoded image bytes (JPEG/PNG).
+    """
 
-  keys: tuple[str, ...]
-  labels: np.ndarray
-  read_encoded: Callable[[Sequence[int]], list[bytes]]
+    keys: tuple[str, ...]
+    labels: np.ndarray
+    read_encoded: Callable[[Sequence[int]], list[bytes]]
 
 
-def open_split(
-    source_name: str, split: str, data_dir: str, key_feature: str
-) -> SourceSplit:
-  """Reads the keys and labels of one split (one pass, images not decoded)."""
-  from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
+def open_split(source_name: str, split: str, data_dir: str, key_feature: str) -> SourceSplit:
+    """Reads the keys and labels of one split (one pass, images not decoded)."""
+    from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
 
-  builder = tfds.builder(source_name, data_dir=data_dir)
-  raw = builder.as_data_source(
-      split=split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
-  parse = tf_example_pb2.Example.FromString
-  n = len(raw)
-  keys, labels = [], np.empty((n,), np.int64)
-  for start in range(0, n, _INDEX_CHUNK):
-    stop = min(n, start + _INDEX_CHUNK)
-    for j, record in enumerate(raw.__getitems__(list(range(start, stop)))):
-      feature = parse(record).features.feature
-      keys.append(feature[key_feature].bytes_list.value[0].decode('utf-8'))
-      labels[start + j] = feature['label'].int64_list.value[0]
+    builder = tfds.builder(source_name, data_dir=data_dir)
+    raw = builder.as_data_source(split=split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
+    parse = tf_example_pb2.Example.FromString
+    n = len(raw)
+    keys, labels = [], np.empty((n,), np.int64)
+    for start in range(0, n, _INDEX_CHUNK):
+        stop = min(n, start + _INDEX_CHUNK)
+        for j, record in enumerate(raw.__getitems__(list(range(start, stop)))):
+            feature = parse(record).features.feature
+            keys.append(feature[key_feature].bytes_list.value[0].decode("utf-8"))
+            labels[start + j] = feature["label"].int64_list.value[0]
 
-  def read_encoded(positions):
-    records = raw.__getitems__([int(p) for p in positions])
-    return [parse(r).features.feature['image'].bytes_list.value[0]
-            for r in records]
+    def read_encoded(positions):
+        records = raw.__getitems__([int(p) for p in positions])
+        return [parse(r).features.feature["image"].bytes_list.value[0] for r in records]
 
-  return SourceSplit(keys=tuple(keys), labels=labels, read_encoded=read_encoded)
+    return SourceSplit(keys=tuple(keys), labels=labels, read_encoded=read_encoded)
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """What a derived builder stores.
+    """What a derived builder stores.
 
-  Attributes:
-    class_names: names of the new labels 0..K-1.
-    source_classes: source label of each new label.
-    records: our split -> [(source position, new label)] in storage order.
-  """
+    Attributes:
+      class_names: names of the new labels 0..K-1.
+      source_classes: source label of each new label.
+      records: our split -> [(source position, new label)] in storage order.
+    """
 
-  class_names: tuple[str, ...]
-  source_classes: tuple[int, ...]
-  records: dict[str, list[tuple[int, int]]]
+    class_names: tuple[str, ...]
+    source_classes: tuple[int, ...]
+    records: dict[str, list[tuple[int, int]]]
 
 
 class TfdsDerivedBuilder(LocalBuilder, skip_registration=True):
-  """Base of builders that re-store a standard TFDS dataset from `data_dir`.
+    """Base of builders that re-store a standard TFDS dataset from `data_dir`.
 
-  `inspect_source` takes the data_dir (SOURCE_IN_DATA_DIR): the source is a
-  prepared TFDS dataset there, not files in a manual dir. The fingerprint
-  holds the source's name, version and split sizes, the stored image size and
-  the selection parameters, so a copy prepared otherwise is never reused.
-  """
-
-  SOURCE_IN_DATA_DIR = True
-  SOURCE_NAME: ClassVar[str]
-  # Our split -> source split.
-  SOURCE_SPLITS: ClassVar[dict[str, str]]
-  # Source feature with a stable string id of each record.
-  KEY_FEATURE: ClassVar[str]
-  DESCRIPTION: ClassVar[str]
-  HOMEPAGE: ClassVar[str]
-
-  @classmethod
-  def selection_params(cls) -> dict[str, Any]:
-    """The constants the stored content depends on (read at call time)."""
-    return {}
-
-  @classmethod
-  def plan(cls, source: SourceDescription,
-           splits: dict[str, SourceSplit]) -> Plan:
-    raise NotImplementedError
-
-  @classmethod
-  def describe(cls, data_dir: str) -> SourceDescription:
-    return describe_source(cls.SOURCE_NAME, data_dir,
-                           list(cls.SOURCE_SPLITS.values()), cls.name)
-
-  @classmethod
-  def _source_info(cls, source: SourceDescription, size: int) -> SourceInfo:
-    return SourceInfo(
-        config_name=None,
-        fingerprint={
-            'source': source.name,
-            'source_version': source.version,
-            'source_num_examples': source.num_examples,
-            'stored_size': size,
-            **cls.selection_params(),
-        },
-        description=source.data_dir,
-    )
-
-  @classmethod
-  def inspect_source(cls, manual_dir: str,
-                     config_name: str | None = None) -> SourceInfo:
-    """`manual_dir` is the data_dir here (see SOURCE_IN_DATA_DIR)."""
-    return cls._source_info(cls.describe(manual_dir), _resize.stored_size())
-
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=self.DESCRIPTION,
-        features=_resize.stored_features(),  # label names set at preparation
-        supervised_keys=('image', 'label'),
-        disable_shuffling=True,
-        homepage=self.HOMEPAGE,
-        metadata=tfds.core.MetadataDict(),
-    )
-
-  def _split_generators(self, dl_manager):
-    del dl_manager  # The source is in data_dir.
-    data_dir = os.fspath(self.data_dir_root)
-    size = int(self.info.features['image'].shape[0])
-    source = self.describe(data_dir)
-    self._record_source(self._source_info(source, size))
-    splits = {ours: open_split(self.SOURCE_NAME, theirs, data_dir,
-                               self.KEY_FEATURE)
-              for ours, theirs in self.SOURCE_SPLITS.items()}
-    plan = self.plan(source, splits)
-    self.info.features['label'].names = list(plan.class_names)
-    self.info.metadata['source_classes'] = list(plan.source_classes)
-    return {split: self._generate_examples(splits[split], records, size, split)
-            for split, records in plan.records.items()}
-
-  def _generate_examples(self, source: SourceSplit, records, size: int,
-                         split: str):
-    """Yields the planned records in order; `id` = position among the stored.
-
-    `metadata['source_ids_<split>'][id]` is the source key of record `id`;
-    undecodable images go to `metadata['skipped_<split>']`.
+    `inspect_source` takes the data_dir (SOURCE_IN_DATA_DIR): the source is a
+    prepared TFDS dataset there, not files in a manual dir. The fingerprint
+    holds the source's name, version and split sizes, the stored image size and
+    the selection parameters, so a copy prepared otherwise is never reused.
     """
-    skipped = self.info.metadata.setdefault(f'skipped_{split}', [])
-    ids = self.info.metadata.setdefault(f'source_ids_{split}', [])
-    items = _decode.decode_blocks(
-        records,
-        lambda block: source.read_encoded([p for p, _ in block]),
-        size, skipped, describe=lambda item: source.keys[item[0]])
-    for i, ((position, label), image) in enumerate(items):
-      ids.append(source.keys[position])
-      yield i, {'image': image, 'label': label, 'id': i}
+
+    SOURCE_IN_DATA_DIR = True
+    SOURCE_NAME: ClassVar[str]
+    # Our split -> source split.
+    SOURCE_SPLITS: ClassVar[dict[str, str]]
+    # Source feature with a stable string id of each record.
+    KEY_FEATURE: ClassVar[str]
+    DESCRIPTION: ClassVar[str]
+    HOMEPAGE: ClassVar[str]
+
+    @classmethod
+    def selection_params(cls) -> dict[str, Any]:
+        """The constants the stored content depends on (read at call time)."""
+        return {}
+
+    @classmethod
+    def plan(cls, source: SourceDescription, splits: dict[str, SourceSplit]) -> Plan:
+        raise NotImplementedError
+
+    @classmethod
+    def describe(cls, data_dir: str) -> SourceDescription:
+        return describe_source(cls.SOURCE_NAME, data_dir, list(cls.SOURCE_SPLITS.values()), cls.name)
+
+    @classmethod
+    def _source_info(cls, source: SourceDescription, size: int) -> SourceInfo:
+        return SourceInfo(
+            config_name=None,
+            fingerprint={
+                "source": source.name,
+                "source_version": source.version,
+                "source_num_examples": source.num_examples,
+                "stored_size": size,
+                **cls.selection_params(),
+            },
+            description=source.data_dir,
+        )
+
+    @classmethod
+    def inspect_source(cls, manual_dir: str, config_name: str | None = None) -> SourceInfo:
+        """`manual_dir` is the data_dir here (see SOURCE_IN_DATA_DIR)."""
+        return cls._source_info(cls.describe(manual_dir), _resize.stored_size())
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description=self.DESCRIPTION,
+            features=_resize.stored_features(),  # label names set at preparation
+            supervised_keys=("image", "label"),
+            disable_shuffling=True,
+            homepage=self.HOMEPAGE,
+            metadata=tfds.core.MetadataDict(),
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager  # The source is in data_dir.
+        data_dir = os.fspath(self.data_dir_root)
+        size = int(self.info.features["image"].shape[0])
+        source = self.describe(data_dir)
+        self._record_source(self._source_info(source, size))
+        splits = {
+            ours: open_split(self.SOURCE_NAME, theirs, data_dir, self.KEY_FEATURE)
+            for ours, theirs in self.SOURCE_SPLITS.items()
+        }
+        plan = self.plan(source, splits)
+        self.info.features["label"].names = list(plan.class_names)
+        self.info.metadata["source_classes"] = list(plan.source_classes)
+        return {
+            split: self._generate_examples(splits[split], records, size, split)
+            for split, records in plan.records.items()
+        }
+
+    def _generate_examples(self, source: SourceSplit, records, size: int, split: str):
+        """Yields the planned records in order; `id` = position among the stored.
+
+        `metadata['source_ids_<split>'][id]` is the source key of record `id`;
+        undecodable images go to `metadata['skipped_<split>']`.
+        """
+        skipped = self.info.metadata.setdefault(f"skipped_{split}", [])
+        ids = self.info.metadata.setdefault(f"source_ids_{split}", [])
+        items = _decode.decode_blocks(
+            records,
+            lambda block: source.read_encoded([p for p, _ in block]),
+            size,
+            skipped,
+            describe=lambda item: source.keys[item[0]],
+        )
+        for i, ((position, label), image) in enumerate(items):
+            ids.append(source.keys[position])
+            yield i, {"image": image, "label": label, "id": i}

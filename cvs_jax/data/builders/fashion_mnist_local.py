@@ -14,118 +14,112 @@ import struct
 import numpy as np
 import tensorflow_datasets as tfds
 
-from cvs_jax.data.builders._common import DatasetNotFoundError
-from cvs_jax.data.builders._common import LocalBuilder
-from cvs_jax.data.builders._common import SourceInfo
+from cvs_jax.data.builders._common import DatasetNotFoundError, LocalBuilder, SourceInfo
 
-DEFAULT_MANUAL_DIR = '/usr/share/datasets/fashion-mnist'
+DEFAULT_MANUAL_DIR = "/usr/share/datasets/fashion-mnist"
 
 CLASS_NAMES = (
-    'T-shirt/top',
-    'Trouser',
-    'Pullover',
-    'Dress',
-    'Coat',
-    'Sandal',
-    'Shirt',
-    'Sneaker',
-    'Bag',
-    'Ankle boot',
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
 )
 
 # split -> (images file, labels file), without the optional '.gz'.
 IDX_FILES = {
-    'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
-    'test': ('t10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte'),
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 ALL_IDX_FILES = tuple(f for pair in IDX_FILES.values() for f in pair)
 
 _IDX_DTYPES = {
     0x08: np.uint8,
     0x09: np.int8,
-    0x0B: np.dtype('>i2'),
-    0x0C: np.dtype('>i4'),
-    0x0D: np.dtype('>f4'),
-    0x0E: np.dtype('>f8'),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
 }
 
 
 def _open(path: str):
-  return gzip.open(path, 'rb') if path.endswith('.gz') else open(path, 'rb')
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
 def find_idx_files(manual_dir: str) -> dict[str, str]:
-  """Maps each IDX base name to its path in `manual_dir` ('.gz' or plain).
+    """Maps each IDX base name to its path in `manual_dir` ('.gz' or plain).
 
-  Raises:
-    DatasetNotFoundError: a file is missing.
-  """
-  found, missing = {}, []
-  for base in ALL_IDX_FILES:
-    for candidate in (base + '.gz', base):
-      path = os.path.join(manual_dir, candidate)
-      if os.path.isfile(path):
-        found[base] = path
-        break
-    else:
-      missing.append(base)
-  if missing:
-    raise DatasetNotFoundError(
-        f'fashion_mnist_local: Fashion-MNIST IDX files not found in'
-        f' {manual_dir!r} (missing: {", ".join(m + "[.gz]" for m in missing)}).'
-        ' Fix: `apt-get install dataset-fashion-mnist` (installs them in'
-        f' {DEFAULT_MANUAL_DIR}), or set --config.data.manual_dir=DIR to a'
-        ' folder holding train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz,'
-        ' t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz (gzipped or'
-        ' not), downloaded from'
-        ' https://github.com/zalandoresearch/fashion-mnist.'
-    )
-  return found
+    Raises:
+      DatasetNotFoundError: a file is missing.
+    """
+    found, missing = {}, []
+    for base in ALL_IDX_FILES:
+        for candidate in (base + ".gz", base):
+            path = os.path.join(manual_dir, candidate)
+            if os.path.isfile(path):
+                found[base] = path
+                break
+        else:
+            missing.append(base)
+    if missing:
+        raise DatasetNotFoundError(
+            f"fashion_mnist_local: Fashion-MNIST IDX files not found in"
+            f" {manual_dir!r} (missing: {', '.join(m + '[.gz]' for m in missing)})."
+            " Fix: `apt-get install dataset-fashion-mnist` (installs them in"
+            f" {DEFAULT_MANUAL_DIR}), or set --config.data.manual_dir=DIR to a"
+            " folder holding train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz,"
+            " t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz (gzipped or"
+            " not), downloaded from"
+            " https://github.com/zalandoresearch/fashion-mnist."
+        )
+    return found
 
 
 def _parse_header(f, path: str) -> tuple[np.dtype, tuple[int, ...]]:
-  magic = f.read(4)
-  if len(magic) != 4 or magic[0] != 0 or magic[1] != 0:
-    raise ValueError(f'{path}: not an IDX file (magic {magic!r}).')
-  type_code, ndim = magic[2], magic[3]
-  if type_code not in _IDX_DTYPES:
-    raise ValueError(f'{path}: unknown IDX type code {type_code:#x}.')
-  shape = struct.unpack(f'>{ndim}I', f.read(4 * ndim))
-  return np.dtype(_IDX_DTYPES[type_code]), tuple(shape)
+    magic = f.read(4)
+    if len(magic) != 4 or magic[0] != 0 or magic[1] != 0:
+        raise ValueError(f"{path}: not an IDX file (magic {magic!r}).")
+    type_code, ndim = magic[2], magic[3]
+    if type_code not in _IDX_DTYPES:
+        raise ValueError(f"{path}: unknown IDX type code {type_code:#x}.")
+    shape = struct.unpack(f">{ndim}I", f.read(4 * ndim))
+    return np.dtype(_IDX_DTYPES[type_code]), tuple(shape)
 
 
 def read_idx_shape(path: str) -> tuple[int, ...]:
-  """Reads only the header of an IDX file (gz or plain)."""
-  with _open(path) as f:
-    return _parse_header(f, path)[1]
+    """Reads only the header of an IDX file (gz or plain)."""
+    with _open(path) as f:
+        return _parse_header(f, path)[1]
 
 
 def read_idx(path: str) -> np.ndarray:
-  """Reads an IDX file (gzipped or plain) into a numpy array."""
-  with _open(path) as f:
-    dtype, shape = _parse_header(f, path)
-    data = f.read()
-  expected = int(np.prod(shape)) * dtype.itemsize
-  if len(data) != expected:
-    raise ValueError(
-        f'{path}: expected {expected} data bytes for shape {shape}, got'
-        f' {len(data)}.'
-    )
-  return np.frombuffer(data, dtype=dtype).reshape(shape)
+    """Reads an IDX file (gzipped or plain) into a numpy array."""
+    with _open(path) as f:
+        dtype, shape = _parse_header(f, path)
+        data = f.read()
+    expected = int(np.prod(shape)) * dtype.itemsize
+    if len(data) != expected:
+        raise ValueError(f"{path}: expected {expected} data bytes for shape {shape}, got {len(data)}.")
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 class FashionMnistLocal(LocalBuilder):
-  """Fashion-MNIST (60k train / 10k test, 28x28 grey) from local IDX files."""
+    """Fashion-MNIST (60k train / 10k test, 28x28 grey) from local IDX files."""
 
-  name = 'fashion_mnist_local'
-  VERSION = tfds.core.Version('1.0.0')
-  RELEASE_NOTES = {'1.0.0': 'Initial release: IDX files read directly.'}
-  DEFAULT_MANUAL_DIR = DEFAULT_MANUAL_DIR
-  MANUAL_FILES_HINT = (
-      'train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz,'
-      ' t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz'
-  )
-  MANUAL_DOWNLOAD_INSTRUCTIONS = f"""
+    name = "fashion_mnist_local"
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release: IDX files read directly."}
+    DEFAULT_MANUAL_DIR = DEFAULT_MANUAL_DIR
+    MANUAL_FILES_HINT = (
+        "train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz"
+    )
+    MANUAL_DOWNLOAD_INSTRUCTIONS = f"""
   The manual dir must hold the four Fashion-MNIST IDX files (gzipped or not):
   {MANUAL_FILES_HINT}.
   Either `apt-get install dataset-fashion-mnist` (puts them in
@@ -134,78 +128,72 @@ class FashionMnistLocal(LocalBuilder):
   pass it as the manual dir.
   """
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=(
-            'Fashion-MNIST read from local IDX files; records are in file'
-            ' order and `id` is the position in the original file.'
-        ),
-        features=tfds.features.FeaturesDict({
-            # BYTES: stored as the raw 784 bytes (compact, fast to decode).
-            'image': tfds.features.Tensor(
-                shape=(28, 28, 1),
-                dtype=np.uint8,
-                encoding=tfds.features.Encoding.BYTES,
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description=(
+                "Fashion-MNIST read from local IDX files; records are in file"
+                " order and `id` is the position in the original file."
             ),
-            'label': tfds.features.ClassLabel(names=CLASS_NAMES),
-            'id': tfds.features.Scalar(dtype=np.int64),
-        }),
-        supervised_keys=('image', 'label'),
-        disable_shuffling=True,
-        homepage='https://github.com/zalandoresearch/fashion-mnist',
-        metadata=tfds.core.MetadataDict(),
-    )
-
-  @classmethod
-  def inspect_source(
-      cls, manual_dir: str, config_name: str | None = None
-  ) -> SourceInfo:
-    del config_name  # No configs.
-    files = find_idx_files(manual_dir)
-    counts = {}
-    for split, (images_base, labels_base) in IDX_FILES.items():
-      image_shape = read_idx_shape(files[images_base])
-      label_shape = read_idx_shape(files[labels_base])
-      if len(image_shape) != 3 or tuple(image_shape[1:]) != (28, 28):
-        raise ValueError(
-            f'{files[images_base]}: expected images of shape [N, 28, 28], got'
-            f' {image_shape}.'
+            features=tfds.features.FeaturesDict(
+                {
+                    # BYTES: stored as the raw 784 bytes (compact, fast to decode).
+                    "image": tfds.features.Tensor(
+                        shape=(28, 28, 1),
+                        dtype=np.uint8,
+                        encoding=tfds.features.Encoding.BYTES,
+                    ),
+                    "label": tfds.features.ClassLabel(names=CLASS_NAMES),
+                    "id": tfds.features.Scalar(dtype=np.int64),
+                }
+            ),
+            supervised_keys=("image", "label"),
+            disable_shuffling=True,
+            homepage="https://github.com/zalandoresearch/fashion-mnist",
+            metadata=tfds.core.MetadataDict(),
         )
-      if label_shape != image_shape[:1]:
-        raise ValueError(
-            f'{files[labels_base]}: {label_shape[0]} labels for'
-            f' {image_shape[0]} images in {files[images_base]}.'
-        )
-      counts[split] = image_shape[0]
-    return SourceInfo(
-        config_name=None,
-        fingerprint={'num_examples': counts},
-        description=f'IDX files in {manual_dir}',
-    )
 
-  def _split_generators(self, dl_manager):
-    manual_dir = self._resolve_manual_dir(dl_manager)
-    source = self.inspect_source(manual_dir)
-    self._record_source(source)
-    files = find_idx_files(manual_dir)
-    return {
-        split: self._generate_examples(
-            files[images_base], files[labels_base]
+    @classmethod
+    def inspect_source(cls, manual_dir: str, config_name: str | None = None) -> SourceInfo:
+        del config_name  # No configs.
+        files = find_idx_files(manual_dir)
+        counts = {}
+        for split, (images_base, labels_base) in IDX_FILES.items():
+            image_shape = read_idx_shape(files[images_base])
+            label_shape = read_idx_shape(files[labels_base])
+            if len(image_shape) != 3 or tuple(image_shape[1:]) != (28, 28):
+                raise ValueError(f"{files[images_base]}: expected images of shape [N, 28, 28], got {image_shape}.")
+            if label_shape != image_shape[:1]:
+                raise ValueError(
+                    f"{files[labels_base]}: {label_shape[0]} labels for"
+                    f" {image_shape[0]} images in {files[images_base]}."
+                )
+            counts[split] = image_shape[0]
+        return SourceInfo(
+            config_name=None,
+            fingerprint={"num_examples": counts},
+            description=f"IDX files in {manual_dir}",
         )
-        for split, (images_base, labels_base) in IDX_FILES.items()
-    }
 
-  def _generate_examples(self, images_path: str, labels_path: str):
-    images = read_idx(images_path)
-    labels = read_idx(labels_path)
-    if images.dtype != np.uint8 or labels.dtype != np.uint8:
-      raise ValueError(
-          f'{images_path}, {labels_path}: expected uint8 IDX data, got'
-          f' {images.dtype} and {labels.dtype}.'
-      )
-    if labels.size and int(labels.max()) >= len(CLASS_NAMES):
-      raise ValueError(f'{labels_path}: label {labels.max()} out of range.')
-    images = images[..., None]
-    for i in range(images.shape[0]):
-      yield i, {'image': images[i], 'label': int(labels[i]), 'id': i}
+    def _split_generators(self, dl_manager):
+        manual_dir = self._resolve_manual_dir(dl_manager)
+        source = self.inspect_source(manual_dir)
+        self._record_source(source)
+        files = find_idx_files(manual_dir)
+        return {
+            split: self._generate_examples(files[images_base], files[labels_base])
+            for split, (images_base, labels_base) in IDX_FILES.items()
+        }
+
+    def _generate_examples(self, images_path: str, labels_path: str):
+        images = read_idx(images_path)
+        labels = read_idx(labels_path)
+        if images.dtype != np.uint8 or labels.dtype != np.uint8:
+            raise ValueError(
+                f"{images_path}, {labels_path}: expected uint8 IDX data, got {images.dtype} and {labels.dtype}."
+            )
+        if labels.size and int(labels.max()) >= len(CLASS_NAMES):
+            raise ValueError(f"{labels_path}: label {labels.max()} out of range.")
+        images = images[..., None]
+        for i in range(images.shape[0]):
+            yield i, {"image": images[i], "label": int(labels[i]), "id": i}

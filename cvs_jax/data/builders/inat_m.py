@@ -40,12 +40,9 @@ from __future__ import annotations
 import numpy as np
 import tensorflow_datasets as tfds
 
-from cvs_jax.data.builders._tfds_source import Plan
-from cvs_jax.data.builders._tfds_source import SourceDescription
-from cvs_jax.data.builders._tfds_source import SourceSplit
-from cvs_jax.data.builders._tfds_source import TfdsDerivedBuilder
+from cvs_jax.data.builders._tfds_source import Plan, SourceDescription, SourceSplit, TfdsDerivedBuilder
 
-SOURCE_NAME = 'i_naturalist2017'
+SOURCE_NAME = "i_naturalist2017"
 # Read at preparation time (tests patch them small).
 SEED = 0
 NUM_CLASSES = 200
@@ -53,71 +50,79 @@ MIN_TRAIN_PER_CLASS = 527
 TRAIN_PER_CLASS = 527
 
 
-def select(train: SourceSplit, test: SourceSplit, class_names,
-           *, seed: int, num_classes: int, min_train_per_class: int,
-           train_per_class: int) -> Plan:
-  """The selection of the module docstring (steps 2-6)."""
-  if train_per_class > min_train_per_class:
-    raise ValueError(f'inat_m: TRAIN_PER_CLASS={train_per_class} >'
-                     f' MIN_TRAIN_PER_CLASS={min_train_per_class}.')
-  counts = np.bincount(train.labels, minlength=len(class_names))
-  eligible = np.flatnonzero(counts >= min_train_per_class)
-  if len(eligible) < num_classes:
-    raise ValueError(
-        f'inat_m: only {len(eligible)} classes of {SOURCE_NAME} have >='
-        f' {min_train_per_class} train images; {num_classes} are needed.'
-        ' Is the source complete?')
-  rng = np.random.default_rng(seed)
-  chosen = np.sort(rng.choice(eligible, size=num_classes, replace=False))
-  new_label = {int(c): i for i, c in enumerate(chosen)}
+def select(
+    train: SourceSplit,
+    test: SourceSplit,
+    class_names,
+    *,
+    seed: int,
+    num_classes: int,
+    min_train_per_class: int,
+    train_per_class: int,
+) -> Plan:
+    """The selection of the module docstring (steps 2-6)."""
+    if train_per_class > min_train_per_class:
+        raise ValueError(f"inat_m: TRAIN_PER_CLASS={train_per_class} > MIN_TRAIN_PER_CLASS={min_train_per_class}.")
+    counts = np.bincount(train.labels, minlength=len(class_names))
+    eligible = np.flatnonzero(counts >= min_train_per_class)
+    if len(eligible) < num_classes:
+        raise ValueError(
+            f"inat_m: only {len(eligible)} classes of {SOURCE_NAME} have >="
+            f" {min_train_per_class} train images; {num_classes} are needed."
+            " Is the source complete?"
+        )
+    rng = np.random.default_rng(seed)
+    chosen = np.sort(rng.choice(eligible, size=num_classes, replace=False))
+    new_label = {int(c): i for i, c in enumerate(chosen)}
 
-  def by_class(split: SourceSplit):
-    groups = {c: [] for c in new_label}
-    for p in sorted(range(len(split.keys)), key=lambda p: split.keys[p]):
-      label = int(split.labels[p])
-      if label in groups:
-        groups[label].append(p)
-    return groups
+    def by_class(split: SourceSplit):
+        groups = {c: [] for c in new_label}
+        for p in sorted(range(len(split.keys)), key=lambda p: split.keys[p]):
+            label = int(split.labels[p])
+            if label in groups:
+                groups[label].append(p)
+        return groups
 
-  train_groups, test_groups = by_class(train), by_class(test)
-  train_records, test_records = [], []
-  for c in chosen:
-    c = int(c)
-    positions = train_groups[c]
-    picks = np.sort(rng.choice(len(positions), size=train_per_class,
-                               replace=False))
-    train_records += [(positions[k], new_label[c]) for k in picks]
-    test_records += [(p, new_label[c]) for p in test_groups[c]]
-  return Plan(
-      class_names=tuple(class_names[int(c)] for c in chosen),
-      source_classes=tuple(int(c) for c in chosen),
-      records={'train': train_records, 'test': test_records},
-  )
+    train_groups, test_groups = by_class(train), by_class(test)
+    train_records, test_records = [], []
+    for c in chosen:
+        c = int(c)
+        positions = train_groups[c]
+        picks = np.sort(rng.choice(len(positions), size=train_per_class, replace=False))
+        train_records += [(positions[k], new_label[c]) for k in picks]
+        test_records += [(p, new_label[c]) for p in test_groups[c]]
+    return Plan(
+        class_names=tuple(class_names[int(c)] for c in chosen),
+        source_classes=tuple(int(c) for c in chosen),
+        records={"train": train_records, "test": test_records},
+    )
 
 
 class InatM(TfdsDerivedBuilder):
-  """iNat-M: 200 iNat-2017 classes x 527 train images, their validation as test."""
+    """iNat-M: 200 iNat-2017 classes x 527 train images, their validation as test."""
 
-  name = 'inat_m'
-  VERSION = tfds.core.Version('1.0.0')
-  RELEASE_NOTES = {'1.0.0': 'Initial release.'}
-  SOURCE_NAME = SOURCE_NAME
-  SOURCE_SPLITS = {'train': 'train', 'test': 'validation'}
-  KEY_FEATURE = 'id'
-  HOMEPAGE = 'https://github.com/visipedia/inat_comp/tree/master/2017'
-  DESCRIPTION = (
-      'iNat-M (CVS, CVPR 2022): 200 seeded-random classes of iNaturalist 2017'
-      ' with >= 527 train images, 527 seeded-random train images each, all'
-      ' their validation images as test; 256x256 images.')
+    name = "inat_m"
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release."}
+    SOURCE_NAME = SOURCE_NAME
+    SOURCE_SPLITS = {"train": "train", "test": "validation"}
+    KEY_FEATURE = "id"
+    HOMEPAGE = "https://github.com/visipedia/inat_comp/tree/master/2017"
+    DESCRIPTION = (
+        "iNat-M (CVS, CVPR 2022): 200 seeded-random classes of iNaturalist 2017"
+        " with >= 527 train images, 527 seeded-random train images each, all"
+        " their validation images as test; 256x256 images."
+    )
 
-  @classmethod
-  def selection_params(cls):
-    return {'seed': SEED, 'num_classes': NUM_CLASSES,
-            'min_train_per_class': MIN_TRAIN_PER_CLASS,
-            'train_per_class': TRAIN_PER_CLASS}
+    @classmethod
+    def selection_params(cls):
+        return {
+            "seed": SEED,
+            "num_classes": NUM_CLASSES,
+            "min_train_per_class": MIN_TRAIN_PER_CLASS,
+            "train_per_class": TRAIN_PER_CLASS,
+        }
 
-  @classmethod
-  def plan(cls, source: SourceDescription,
-           splits: dict[str, SourceSplit]) -> Plan:
-    return select(splits['train'], splits['test'], source.class_names,
-                  **cls.selection_params())
+    @classmethod
+    def plan(cls, source: SourceDescription, splits: dict[str, SourceSplit]) -> Plan:
+        return select(splits["train"], splits["test"], source.class_names, **cls.selection_params())

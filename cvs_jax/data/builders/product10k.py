@@ -43,209 +43,202 @@ import os
 import numpy as np
 import tensorflow_datasets as tfds
 
-from cvs_jax.data.builders import _decode
-from cvs_jax.data.builders import _resize
-from cvs_jax.data.builders._common import DatasetNotFoundError
-from cvs_jax.data.builders._common import LocalBuilder
-from cvs_jax.data.builders._common import SourceInfo
-from cvs_jax.data.builders._common import ZipOrFolder
+from cvs_jax.data.builders import _decode, _resize
+from cvs_jax.data.builders._common import DatasetNotFoundError, LocalBuilder, SourceInfo, ZipOrFolder
 
 # Read at preparation time (tests patch them).
 MIN_IMAGES_PER_CLASS = 20
 TEST_PERCENT = 20
 SEED = 0
 
-CSV_NAME = 'train.csv'
+CSV_NAME = "train.csv"
 LAYOUT_HINT = (
-    'Expected layout: DIR/train.csv (official, columns name,class,group) and'
-    ' the training images as DIR/train/<name> or in DIR/train.zip. Fix:'
-    ' download them from https://products-10k.github.io/ and set'
-    ' --config.data.manual_dir=DIR.'
+    "Expected layout: DIR/train.csv (official, columns name,class,group) and"
+    " the training images as DIR/train/<name> or in DIR/train.zip. Fix:"
+    " download them from https://products-10k.github.io/ and set"
+    " --config.data.manual_dir=DIR."
 )
 
 
 class ImageFiles(ZipOrFolder):
-  """The training images: a `train/` folder or `train.zip`, by file name."""
+    """The training images: a `train/` folder or `train.zip`, by file name."""
 
-  def __init__(self, manual_dir: str):
-    self.folder = os.path.join(manual_dir, 'train')
-    self.zip_path = self.archive = os.path.join(manual_dir, 'train.zip')
-    self.is_zip = not os.path.isdir(self.folder)
-    if not self.is_zip:
-      self.members = {n: n for n in os.listdir(self.folder)}
-    elif os.path.isfile(self.zip_path):
-      self.members = {}
-      for member in self._zipfile().namelist():
-        name = member[len('train/'):] if member.startswith('train/') else (
-            member if '/' not in member else '')
-        if name and not member.endswith('/'):
-          self.members[name] = member
-    else:
-      raise DatasetNotFoundError(
-          f'product_m: neither the folder {self.folder!r} nor'
-          f' {self.zip_path!r} exists. {LAYOUT_HINT}')
+    def __init__(self, manual_dir: str):
+        self.folder = os.path.join(manual_dir, "train")
+        self.zip_path = self.archive = os.path.join(manual_dir, "train.zip")
+        self.is_zip = not os.path.isdir(self.folder)
+        if not self.is_zip:
+            self.members = {n: n for n in os.listdir(self.folder)}
+        elif os.path.isfile(self.zip_path):
+            self.members = {}
+            for member in self._zipfile().namelist():
+                name = member[len("train/") :] if member.startswith("train/") else (member if "/" not in member else "")
+                if name and not member.endswith("/"):
+                    self.members[name] = member
+        else:
+            raise DatasetNotFoundError(
+                f"product_m: neither the folder {self.folder!r} nor {self.zip_path!r} exists. {LAYOUT_HINT}"
+            )
 
-  @property
-  def description(self) -> str:
-    return self.zip_path if self.is_zip else self.folder
+    @property
+    def description(self) -> str:
+        return self.zip_path if self.is_zip else self.folder
 
-  def _member(self, name: str) -> str:
-    return self.members[name]
+    def _member(self, name: str) -> str:
+        return self.members[name]
 
-  def _file(self, name: str) -> str:
-    return os.path.join(self.folder, name)
+    def _file(self, name: str) -> str:
+        return os.path.join(self.folder, name)
 
 
 @dataclasses.dataclass(frozen=True)
 class CsvIndex:
-  sha256: str
-  rows: tuple[tuple[str, int], ...]  # (file name, original class), csv order.
+    sha256: str
+    rows: tuple[tuple[str, int], ...]  # (file name, original class), csv order.
 
 
 def read_csv(manual_dir: str) -> CsvIndex:
-  path = os.path.join(manual_dir, CSV_NAME)
-  if not os.path.isfile(path):
-    raise DatasetNotFoundError(
-        f'product_m: {CSV_NAME} not found in {manual_dir!r}. {LAYOUT_HINT}')
-  with open(path, 'rb') as f:
-    data = f.read()
-  reader = csv.DictReader(io.StringIO(data.decode('utf-8-sig')))
-  if not {'name', 'class'} <= set(reader.fieldnames or ()):
-    raise ValueError(f'product_m: {path} has columns {reader.fieldnames};'
-                     ' expected name,class,group (the official train.csv).')
-  rows = []
-  for line, row in enumerate(reader, start=2):
-    try:
-      rows.append((row['name'], int(row['class'])))
-    except (TypeError, ValueError) as e:
-      raise ValueError(f'product_m: {path}:{line}: bad row {row}.') from e
-  if not rows:
-    raise ValueError(f'product_m: {path} has no rows.')
-  return CsvIndex(sha256=hashlib.sha256(data).hexdigest(), rows=tuple(rows))
+    path = os.path.join(manual_dir, CSV_NAME)
+    if not os.path.isfile(path):
+        raise DatasetNotFoundError(f"product_m: {CSV_NAME} not found in {manual_dir!r}. {LAYOUT_HINT}")
+    with open(path, "rb") as f:
+        data = f.read()
+    reader = csv.DictReader(io.StringIO(data.decode("utf-8-sig")))
+    if not {"name", "class"} <= set(reader.fieldnames or ()):
+        raise ValueError(
+            f"product_m: {path} has columns {reader.fieldnames}; expected name,class,group (the official train.csv)."
+        )
+    rows = []
+    for line, row in enumerate(reader, start=2):
+        try:
+            rows.append((row["name"], int(row["class"])))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"product_m: {path}:{line}: bad row {row}.") from e
+    if not rows:
+        raise ValueError(f"product_m: {path} has no rows.")
+    return CsvIndex(sha256=hashlib.sha256(data).hexdigest(), rows=tuple(rows))
 
 
 def open_source(manual_dir: str) -> tuple[CsvIndex, ImageFiles]:
-  """Reads the csv and lists the images (cheap); raises if anything is missing."""
-  absent = []
-  if not os.path.isfile(os.path.join(manual_dir, CSV_NAME)):
-    absent.append(CSV_NAME)
-  if not (os.path.isdir(os.path.join(manual_dir, 'train'))
-          or os.path.isfile(os.path.join(manual_dir, 'train.zip'))):
-    absent.append('train/ (or train.zip)')
-  if absent:
-    raise DatasetNotFoundError(
-        f'product_m: missing in manual dir {manual_dir!r}:'
-        f' {" and ".join(absent)}. {LAYOUT_HINT}')
-  index = read_csv(manual_dir)
-  images = ImageFiles(manual_dir)
-  missing = [name for name, _ in index.rows if name not in images.members]
-  if missing:
-    images.close()
-    raise DatasetNotFoundError(
-        f'product_m: {len(missing)} image(s) named in {CSV_NAME} are not in'
-        f' {images.description!r} (e.g. {missing[:3]}). {LAYOUT_HINT}')
-  return index, images
+    """Reads the csv and lists the images (cheap); raises if anything is missing."""
+    absent = []
+    if not os.path.isfile(os.path.join(manual_dir, CSV_NAME)):
+        absent.append(CSV_NAME)
+    if not (os.path.isdir(os.path.join(manual_dir, "train")) or os.path.isfile(os.path.join(manual_dir, "train.zip"))):
+        absent.append("train/ (or train.zip)")
+    if absent:
+        raise DatasetNotFoundError(
+            f"product_m: missing in manual dir {manual_dir!r}: {' and '.join(absent)}. {LAYOUT_HINT}"
+        )
+    index = read_csv(manual_dir)
+    images = ImageFiles(manual_dir)
+    missing = [name for name, _ in index.rows if name not in images.members]
+    if missing:
+        images.close()
+        raise DatasetNotFoundError(
+            f"product_m: {len(missing)} image(s) named in {CSV_NAME} are not in"
+            f" {images.description!r} (e.g. {missing[:3]}). {LAYOUT_HINT}"
+        )
+    return index, images
 
 
 def selection_params() -> dict:
-  return {'min_images_per_class': MIN_IMAGES_PER_CLASS,
-          'test_percent': TEST_PERCENT, 'seed': SEED}
+    return {"min_images_per_class": MIN_IMAGES_PER_CLASS, "test_percent": TEST_PERCENT, "seed": SEED}
 
 
 @dataclasses.dataclass(frozen=True)
 class Split:
-  source_classes: tuple[int, ...]  # Original id of each new label.
-  train: tuple[tuple[str, int], ...]  # (file name, new label), stored order.
-  test: tuple[tuple[str, int], ...]
+    source_classes: tuple[int, ...]  # Original id of each new label.
+    train: tuple[tuple[str, int], ...]  # (file name, new label), stored order.
+    test: tuple[tuple[str, int], ...]
 
 
-def split(rows, *, min_images_per_class: int, test_percent: int,
-          seed: int) -> Split:
-  """Steps 1-4 of the module docstring."""
-  files = collections.defaultdict(list)
-  for name, cls in rows:
-    files[cls].append(name)
-  kept = sorted(c for c, names in files.items()
-                if len(names) >= min_images_per_class)
-  if not kept:
-    raise ValueError(f'product_m: no class has >= {min_images_per_class}'
-                     ' images.')
-  rng = np.random.default_rng(seed)
-  train, test = [], []
-  for label, cls in enumerate(kept):
-    names = sorted(files[cls])
-    n = len(names)
-    is_test = np.zeros(n, bool)
-    is_test[rng.choice(n, size=n * test_percent // 100, replace=False)] = True
-    train += [(name, label) for name, t in zip(names, is_test) if not t]
-    test += [(name, label) for name, t in zip(names, is_test) if t]
-  return Split(source_classes=tuple(kept), train=tuple(train), test=tuple(test))
+def split(rows, *, min_images_per_class: int, test_percent: int, seed: int) -> Split:
+    """Steps 1-4 of the module docstring."""
+    files = collections.defaultdict(list)
+    for name, cls in rows:
+        files[cls].append(name)
+    kept = sorted(c for c, names in files.items() if len(names) >= min_images_per_class)
+    if not kept:
+        raise ValueError(f"product_m: no class has >= {min_images_per_class} images.")
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for label, cls in enumerate(kept):
+        names = sorted(files[cls])
+        n = len(names)
+        is_test = np.zeros(n, bool)
+        is_test[rng.choice(n, size=n * test_percent // 100, replace=False)] = True
+        train += [(name, label) for name, t in zip(names, is_test) if not t]
+        test += [(name, label) for name, t in zip(names, is_test) if t]
+    return Split(source_classes=tuple(kept), train=tuple(train), test=tuple(test))
 
 
 def _fingerprint(index: CsvIndex, size: int) -> dict:
-  return {'csv_sha256': index.sha256, 'num_images': len(index.rows),
-          'stored_size': size, **selection_params()}
+    return {"csv_sha256": index.sha256, "num_images": len(index.rows), "stored_size": size, **selection_params()}
 
 
 class ProductM(LocalBuilder):
-  """Product-M: Product-10K train classes with >= 20 images, seeded 80/20 split."""
+    """Product-M: Product-10K train classes with >= 20 images, seeded 80/20 split."""
 
-  name = 'product_m'
-  VERSION = tfds.core.Version('1.0.0')
-  RELEASE_NOTES = {'1.0.0': 'Initial release.'}
-  DEFAULT_MANUAL_DIR = None  # TFDS default: <data_dir>/downloads/manual.
-  MANUAL_FILES_HINT = 'train.csv and train/ (or train.zip) of Product-10K'
-  MANUAL_DOWNLOAD_INSTRUCTIONS = """
+    name = "product_m"
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release."}
+    DEFAULT_MANUAL_DIR = None  # TFDS default: <data_dir>/downloads/manual.
+    MANUAL_FILES_HINT = "train.csv and train/ (or train.zip) of Product-10K"
+    MANUAL_DOWNLOAD_INSTRUCTIONS = """
   Put the official Product-10K training files (https://products-10k.github.io/)
   in the manual dir: train.csv and either the train/ image folder or train.zip.
   """
 
-  @classmethod
-  def inspect_source(cls, manual_dir: str,
-                     config_name: str | None = None) -> SourceInfo:
-    index, images = open_source(manual_dir)
-    images.close()
-    return SourceInfo(config_name=None,
-                      fingerprint=_fingerprint(index, _resize.stored_size()),
-                      description=images.description)
+    @classmethod
+    def inspect_source(cls, manual_dir: str, config_name: str | None = None) -> SourceInfo:
+        index, images = open_source(manual_dir)
+        images.close()
+        return SourceInfo(
+            config_name=None, fingerprint=_fingerprint(index, _resize.stored_size()), description=images.description
+        )
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=(
-            'Product-M (CVS, CVPR 2022): Product-10K training classes with >='
-            ' 20 images, split per class (seeded) into 80% train / 20% test;'
-            ' 256x256 images; records ordered by (label, file name).'),
-        features=_resize.stored_features(),  # label names set at preparation
-        supervised_keys=('image', 'label'),
-        disable_shuffling=True,
-        homepage='https://products-10k.github.io/',
-        metadata=tfds.core.MetadataDict(),
-    )
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description=(
+                "Product-M (CVS, CVPR 2022): Product-10K training classes with >="
+                " 20 images, split per class (seeded) into 80% train / 20% test;"
+                " 256x256 images; records ordered by (label, file name)."
+            ),
+            features=_resize.stored_features(),  # label names set at preparation
+            supervised_keys=("image", "label"),
+            disable_shuffling=True,
+            homepage="https://products-10k.github.io/",
+            metadata=tfds.core.MetadataDict(),
+        )
 
-  def _split_generators(self, dl_manager):
-    manual_dir = self._resolve_manual_dir(dl_manager)
-    index, images = open_source(manual_dir)
-    size = int(self.info.features['image'].shape[0])
-    self._record_source(SourceInfo(config_name=None,
-                                   fingerprint=_fingerprint(index, size),
-                                   description=images.description))
-    plan = split(index.rows, **selection_params())
-    self.info.features['label'].names = [str(c) for c in plan.source_classes]
-    self.info.metadata['source_classes'] = list(plan.source_classes)
-    return {
-        'train': self._generate_examples(images, plan.train, size, 'train'),
-        'test': self._generate_examples(images, plan.test, size, 'test'),
-    }
+    def _split_generators(self, dl_manager):
+        manual_dir = self._resolve_manual_dir(dl_manager)
+        index, images = open_source(manual_dir)
+        size = int(self.info.features["image"].shape[0])
+        self._record_source(
+            SourceInfo(config_name=None, fingerprint=_fingerprint(index, size), description=images.description)
+        )
+        plan = split(index.rows, **selection_params())
+        self.info.features["label"].names = [str(c) for c in plan.source_classes]
+        self.info.metadata["source_classes"] = list(plan.source_classes)
+        return {
+            "train": self._generate_examples(images, plan.train, size, "train"),
+            "test": self._generate_examples(images, plan.test, size, "test"),
+        }
 
-  def _generate_examples(self, images: ImageFiles, records, size: int,
-                         split_name: str):
-    """Yields records in order; `id` = position among the stored ones."""
-    skipped = self.info.metadata.setdefault(f'skipped_{split_name}', [])
-    files = self.info.metadata.setdefault(f'source_files_{split_name}', [])
-    items = _decode.decode_blocks(
-        records, lambda block: [images.read(name) for name, _ in block],
-        size, skipped, describe=lambda item: item[0])
-    for i, ((name, label), image) in enumerate(items):
-      files.append(name)
-      yield i, {'image': image, 'label': label, 'id': i}
+    def _generate_examples(self, images: ImageFiles, records, size: int, split_name: str):
+        """Yields records in order; `id` = position among the stored ones."""
+        skipped = self.info.metadata.setdefault(f"skipped_{split_name}", [])
+        files = self.info.metadata.setdefault(f"source_files_{split_name}", [])
+        items = _decode.decode_blocks(
+            records,
+            lambda block: [images.read(name) for name, _ in block],
+            size,
+            skipped,
+            describe=lambda item: item[0],
+        )
+        for i, ((name, label), image) in enumerate(items):
+            files.append(name)
+            yield i, {"image": image, "label": label, "id": i}

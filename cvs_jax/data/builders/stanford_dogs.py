@@ -18,39 +18,35 @@ from __future__ import annotations
 
 import tensorflow_datasets as tfds
 
-from cvs_jax.data.builders._tfds_source import Plan
-from cvs_jax.data.builders._tfds_source import SourceDescription
-from cvs_jax.data.builders._tfds_source import SourceSplit
-from cvs_jax.data.builders._tfds_source import TfdsDerivedBuilder
+from cvs_jax.data.builders._tfds_source import Plan, SourceDescription, SourceSplit, TfdsDerivedBuilder
 
-SOURCE_NAME = 'stanford_dogs'
+SOURCE_NAME = "stanford_dogs"
 
 
 class StanfordDogs256(TfdsDerivedBuilder):
-  """All of TFDS's stanford_dogs, stored as 256x256 uint8 arrays."""
+    """All of TFDS's stanford_dogs, stored as 256x256 uint8 arrays."""
 
-  name = 'stanford_dogs_256'
-  VERSION = tfds.core.Version('1.0.0')
-  RELEASE_NOTES = {'1.0.0': 'Initial release.'}
-  SOURCE_NAME = SOURCE_NAME
-  SOURCE_SPLITS = {'train': 'train', 'test': 'test'}
-  KEY_FEATURE = 'image/filename'
-  HOMEPAGE = 'http://vision.stanford.edu/aditya86/ImageNetDogs/main.html'
-  DESCRIPTION = (
-      'Stanford Dogs (TFDS stanford_dogs, official train/test lists), images'
-      ' resized to shorter side 256 and centre-cropped to 256x256; records'
-      ' sorted by source file name, `id` = position.')
-
-  @classmethod
-  def plan(cls, source: SourceDescription,
-           splits: dict[str, SourceSplit]) -> Plan:
-    records = {}
-    for split, data in splits.items():
-      order = sorted(range(len(data.keys)), key=lambda p: data.keys[p])
-      records[split] = [(p, int(data.labels[p])) for p in order]
-    return Plan(
-        class_names=source.class_names,
-        source_classes=tuple(range(len(source.class_names))),
-        records=records,
+    name = "stanford_dogs_256"
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release."}
+    SOURCE_NAME = SOURCE_NAME
+    SOURCE_SPLITS = {"train": "train", "test": "test"}
+    KEY_FEATURE = "image/filename"
+    HOMEPAGE = "http://vision.stanford.edu/aditya86/ImageNetDogs/main.html"
+    DESCRIPTION = (
+        "Stanford Dogs (TFDS stanford_dogs, official train/test lists), images"
+        " resized to shorter side 256 and centre-cropped to 256x256; records"
+        " sorted by source file name, `id` = position."
     )
 
+    @classmethod
+    def plan(cls, source: SourceDescription, splits: dict[str, SourceSplit]) -> Plan:
+        records = {}
+        for split, data in splits.items():
+            order = sorted(range(len(data.keys)), key=lambda p: data.keys[p])
+            records[split] = [(p, int(data.labels[p])) for p in order]
+        return Plan(
+            class_names=source.class_names,
+            source_classes=tuple(range(len(source.class_names))),
+            records=records,
+        )
