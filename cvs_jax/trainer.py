@@ -254,12 +254,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     distributed.maybe_initialize(config.distributed.multihost)  # before anything touches the devices
     n_dev = jax.device_count()
     config_checks.check(config, num_devices=n_dev)  # before any data loading or compilation
-    workdir_lib.prepare(config, workdir)
-    log = RunLog(workdir)
-    try:
-        return _run_sessions(config, workdir, log)
-    finally:  # also after an error: the TensorBoard file is flushed and no writer thread outlives the run
-        log.close()
+    with workdir_lib.open_run(config, workdir):
+        log = RunLog(workdir)
+        try:
+            return _run_sessions(config, workdir, log)
+        finally:  # also after an error: the TensorBoard file is flushed and no writer thread outlives the run
+            log.close()
 
 
 def _run_sessions(config: ml_collections.ConfigDict, workdir: str, log: RunLog) -> dict[str, Any]:

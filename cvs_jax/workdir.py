@@ -8,6 +8,7 @@ checkpoints and galleries are never deleted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -73,3 +74,10 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
     if jax.process_index() == 0:
         with open(path, "w") as f:
             json.dump(current, f, indent=2)
+
+
+@contextlib.contextmanager
+def open_run(config: ml_collections.ConfigDict, workdir: str):
+    """Holds the workdir for one run (to be completed: the one-writer lock)."""
+    prepare(config, workdir)
+    yield
