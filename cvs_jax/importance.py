@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from cvs_jax import augment, losses, regularizers
+from cvs_jax.chunks import iter_chunks
+from cvs_jax.models import net_variables
 
 
 def make_batch_grad_fn(model, pipeline: augment.Pipeline, *, temperature: float):
@@ -30,7 +32,7 @@ def make_batch_grad_fn(model, pipeline: augment.Pipeline, *, temperature: float)
         x = pipeline.eval(images)
 
         def loss(net):
-            emb = model.apply({"params": net, "batch_stats": variables["batch_stats"]}, x, train=False)
+            emb = model.apply(net_variables({"net": net}, variables["batch_stats"]), x, train=False)
             logits = losses.cosine_logits(emb, variables["params"]["head"])
             masked = jnp.where(jnp.arange(logits.shape[1])[None] < valid_classes, logits, -jnp.inf)
             target = jnp.where(use_predictions, jnp.argmax(masked, axis=1), labels)
@@ -58,13 +60,9 @@ def session_fisher(
     n = images.shape[0]
     fisher = jax.tree.map(jnp.zeros_like, variables["params"]["net"]) if running is None else running
     first = running is None
-    for start in range(0, n - batch_size + 1, batch_size):  # full batches: one compiled shape
+    for _, batch, _ in iter_chunks((images, labels), batch_size, drop_remainder=True):  # one compiled shape
         g = grad_fn(
-            variables,
-            jnp.asarray(images[start : start + batch_size]),
-            jnp.asarray(labels[start : start + batch_size], jnp.int32),
-            jnp.int32(valid_classes),
-            kind == "ewc",
+            variables, jnp.asarray(batch[0]), jnp.asarray(batch[1], jnp.int32), jnp.int32(valid_classes), kind == "ewc"
         )
         if kind == "ewc":
             fisher = jax.tree.map(lambda f, gi: f + gi**2 * (batch_size / n), fisher, g)
@@ -74,18 +72,23 @@ def session_fisher(
     return fisher
 
 
-def accumulate(kind: str, previous_raw, fisher, *, normalize: bool):
-    """``(raw, used)``: the importance carried to the next session and the one the penalty uses.
+def accumulate(kind: str, previous_raw, fisher):
+    """The raw importance carried to the next session (host arrays).
 
-    ``ewc``: raw = previous raw + this session's Fisher (online EWC); ``rwalk``: raw = the
-    running Fisher ``session_fisher`` continued.  ``used`` = raw / max(raw) when ``normalize``.
+    ``ewc``: previous raw + this session's Fisher (online EWC); ``rwalk``: the running Fisher
+    that ``session_fisher`` continued.
     """
     if kind == "ewc" and previous_raw is not None:
         fisher = jax.tree.map(jnp.add, previous_raw, fisher)
-    raw = jax.device_get(fisher)
+    return jax.device_get(fisher)
+
+
+def for_penalty(raw, *, normalize: bool):
+    """The importance the penalty uses: raw / max(raw) when ``normalize``, else raw."""
+    if not normalize:
+        return raw
     top = max(float(np.max(x)) for x in jax.tree.leaves(raw))
-    used = jax.tree.map(lambda f: f / max(top, 1e-12), raw) if normalize else raw
-    return raw, used
+    return jax.tree.map(lambda f: f / max(top, 1e-12), raw)
 
 
 def describe(raw) -> str:

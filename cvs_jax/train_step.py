@@ -11,6 +11,7 @@ do not depend on the number of devices.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping
 
 import flax
@@ -20,6 +21,7 @@ import optax
 from cvs_jax import augment
 from cvs_jax.losses import normalized_softmax_loss
 from cvs_jax.methods import Method, StepInputs
+from cvs_jax.models import net_variables
 
 
 @flax.struct.dataclass
@@ -48,22 +50,20 @@ def make_train_step(
     loss_weights: Mapping[str, float],
     pipeline: augment.Pipeline,
 ):
-    """Returns ``step(state, frozen, batch, aux, lr, key) -> (state, metrics)`` (jitted)."""
+    """Returns ``step(state, frozen, batch, consts, lr, key) -> (state, metrics)`` (jitted)."""
 
-    def loss_fn(params, batch_stats, frozen, images, labels, aux):
-        emb, new_vars = model.apply(
-            {"params": params["net"], "batch_stats": batch_stats}, images, train=True, mutable=["batch_stats"]
-        )
+    def loss_fn(params, batch_stats, frozen, images, labels, consts):
+        emb, new_vars = model.apply(net_variables(params, batch_stats), images, train=True, mutable=["batch_stats"])
         terms = {
-            "L_c": normalized_softmax_loss(emb, params["head"], labels, temperature, valid_classes=aux["valid_classes"])
+            "L_c": normalized_softmax_loss(
+                emb, params["head"], labels, temperature, valid_classes=consts["valid_classes"]
+            )
         }
         total = terms["L_c"]
         if frozen is not None and method.extra_terms is not None:
             old_emb = None
             if method.uses_old_model:
-                old_emb = model.apply(
-                    {"params": frozen["params"]["net"], "batch_stats": frozen["batch_stats"]}, images, train=False
-                )
+                old_emb = model.apply(net_variables(frozen["params"], frozen["batch_stats"]), images, train=False)
                 old_emb = jax.lax.stop_gradient(old_emb)
             inputs = StepInputs(
                 params=params,
@@ -72,19 +72,19 @@ def make_train_step(
                 labels=labels,
                 head=params["head"],
                 old_head=jax.lax.stop_gradient(frozen["params"]["head"]),
-                aux=aux,
+                consts=consts,
             )
             for name, value in method.extra_terms(inputs).items():
                 terms[name] = value
                 total = total + loss_weights[name] * value
         return total, (terms, new_vars["batch_stats"])
 
-    @jax.jit
-    def step(state: TrainState, frozen, batch, aux, lr, key):
+    @functools.partial(jax.jit, donate_argnums=0)  # the state is replaced every step: reuse its buffers
+    def step(state: TrainState, frozen, batch, consts, lr, key):
         key = jax.random.fold_in(key, state.step)
         images = pipeline.train(key, batch["images"])
         (total, (terms, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            state.params, state.batch_stats, frozen, images, batch["labels"], aux
+            state.params, state.batch_stats, frozen, images, batch["labels"], consts
         )
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = jax.tree.map(lambda p, u: p + lr * u, state.params, updates)
@@ -100,6 +100,6 @@ def make_embed_fn(model, pipeline: augment.Pipeline):
     @jax.jit
     def embed(params, batch_stats, images):
         x = pipeline.eval(images)
-        return model.apply({"params": params["net"], "batch_stats": batch_stats}, x, train=False)
+        return model.apply(net_variables(params, batch_stats), x, train=False)
 
     return embed

@@ -233,12 +233,14 @@ def test_importance_accumulates_and_normalises():
     rng = np.random.default_rng(3)
     f1 = {"a": rng.random((3, 2)).astype(np.float32), "b": rng.random(4).astype(np.float32)}
     f2 = {"a": rng.random((3, 2)).astype(np.float32), "b": 5 * rng.random(4).astype(np.float32)}
-    raw, used = importance.accumulate("ewc", None, f1, normalize=True)
-    raw, used = importance.accumulate("ewc", raw, f2, normalize=True)
+    raw = importance.accumulate("ewc", None, f1)
+    raw = importance.accumulate("ewc", raw, f2)
+    used = importance.for_penalty(raw, normalize=True)
     top = max(np.max(f1["a"] + f2["a"]), np.max(f1["b"] + f2["b"]))
     np.testing.assert_allclose(raw["a"], f1["a"] + f2["a"], rtol=1e-6)
     np.testing.assert_allclose(used["b"], (f1["b"] + f2["b"]) / top, rtol=1e-6)
     assert max(np.max(used["a"]), np.max(used["b"])) == pytest.approx(1.0)
-    raw, used = importance.accumulate("rwalk", f1, f2, normalize=False)  # running Fisher passed through
+    raw = importance.accumulate("rwalk", f1, f2)  # running Fisher passed through
+    used = importance.for_penalty(raw, normalize=False)
     np.testing.assert_array_equal(used["b"], f2["b"])
     np.testing.assert_array_equal(raw["a"], f2["a"])

@@ -6,6 +6,8 @@ from typing import Callable
 
 import ml_collections
 
+from cvs_jax.errors import ConfigError
+from cvs_jax.methods import policies
 from cvs_jax.methods.base import Method, StepInputs
 from cvs_jax.methods.baselines import make_bct, make_ewc, make_lwf, make_mmd, make_rainbow, make_rwalk
 from cvs_jax.methods.cvs import make_cvs
@@ -13,8 +15,7 @@ from cvs_jax.methods.cvs import make_cvs
 FINETUNE = Method(name="finetune", description="lower bound: L_c only, no replay, no re-extraction")
 JOINT = Method(
     name="joint",
-    train_on="cumulative",
-    reextract_gallery=True,
+    scope=policies.AllSeenData(),
     description="upper bound: trains on all data seen so far (warm start) and re-embeds the gallery",
 )
 
@@ -33,7 +34,7 @@ METHODS: dict[str, Callable[[ml_collections.ConfigDict], Method]] = {
 
 def get_method(config: ml_collections.ConfigDict) -> Method:
     if config.method not in METHODS:
-        raise ValueError(
+        raise ConfigError(
             f"method={config.method!r} is unknown; choose one of {sorted(METHODS)} (e.g. --config.method=finetune)."
         )
     return METHODS[config.method](config)

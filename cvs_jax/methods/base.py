@@ -1,10 +1,11 @@
-"""What a continual-learning method contributes to the shared trainer.
+"""What a continual-learning method contributes to the shared session engine.
 
-Every method trains with the normalized-softmax loss L_c on a growing cosine head;
-a method adds named loss terms (each with its weight), says which data it trains
-on, whether it needs the frozen previous model in the step, and whether it keeps
-a replay memory or re-extracts the gallery.  The trainer, data, gallery and
-evaluator are shared, so all methods run on identical splits and seeds.
+Every method trains with the normalized-softmax loss L_c on a growing cosine head.
+A method adds named loss terms (each weighted by ``config.loss_weights``), says
+whether the jitted step runs the frozen previous model, and composes host-side
+policies (``methods.policies``): its data scope, replay memory, parameter
+importance, batch composition and per-session constants.  The engine calls them
+without branching on the method, so adding a baseline touches no engine code.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import dataclasses
 from typing import Any, Callable, Mapping
 
 import jax
+
+from cvs_jax.methods import policies
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,27 +28,32 @@ class StepInputs:
     labels: jax.Array  # [B] protocol labels
     head: jax.Array  # [K, D] current cosine head
     old_head: jax.Array | None  # [K, D] previous session's head (frozen)
-    aux: Mapping[str, jax.Array]  # per-session constants: valid_classes, old_classes, centers, ...
+    consts: Mapping[str, jax.Array]  # per-session constants: valid_classes, old_classes, centers, ...
 
 
 # A term function returns {name: scalar}; its weights come from the config.
 TermFn = Callable[[StepInputs], dict]
 
 
+def no_extra_params(frozen_params: Mapping[str, Any]) -> dict:
+    return {}
+
+
 @dataclasses.dataclass(frozen=True)
 class Method:
     name: str
-    train_on: str = "session"  # "session": the session's data; "cumulative": all data seen so far
-    reextract_gallery: bool = False  # True only for the joint upper bound
-    uses_old_model: bool = False  # run the frozen previous model in the step (sessions >= 1)
-    memory_policy: str = "none"  # "herding" (iCaRL), "reservoir", "rainbow" (uncertainty) or "none"
-    half_memory_batches: bool = False  # Rainbow: every batch half session data, half memory
-    uses_centers: bool = False  # per-class centres of the stored gallery (L_d)
-    importance: str = "none"  # "ewc" / "rwalk": parameter importance for a quadratic penalty
-    extra_params: Callable[[Mapping[str, Any]], dict] | None = None  # trainable extras from the frozen params
-    extra_terms: TermFn | None = None  # added to L_c from session 1 on
     description: str = ""
+    scope: Any = policies.SessionData()  # which images a session trains on and adds to the gallery
+    memory: Any = policies.NoMemory()  # replay memory policy
+    batches: Any = policies.MixedBatches()  # how replayed images enter the batches
+    importance: Any = policies.NoImportance()  # EWC/RWalk parameter importance
+    constants: tuple = ()  # per-session constants for the step, e.g. (ClassCenters(...),)
+    uses_old_model: bool = False  # run the frozen previous model in the step (sessions >= 1)
+    # trainable extras made from the frozen previous parameters at each session (LwF's head copy);
+    # they live for one session: the selected model keeps only "net" and "head".
+    extra_params: Callable[[Mapping[str, Any]], dict] = no_extra_params
+    extra_terms: TermFn | None = None  # added to L_c from session 2 on
 
     @property
     def uses_memory(self) -> bool:
-        return self.memory_policy != "none"
+        return self.memory.keeps_memory

@@ -22,19 +22,20 @@ from __future__ import annotations
 import ml_collections
 
 from cvs_jax import distillation, losses, regularizers
+from cvs_jax.methods import policies
 from cvs_jax.methods.base import Method, StepInputs
 
 
 def make_bct(config: ml_collections.ConfigDict) -> Method:
     def terms(x: StepInputs):
-        return {"L_bct": distillation.bct_influence_loss(x.new_emb, x.old_head, x.labels, x.aux["old_classes"])}
+        return {"L_bct": distillation.bct_influence_loss(x.new_emb, x.old_head, x.labels, x.consts["old_classes"])}
 
-    replay = "herding" if config.data.setup == "disjoint" else "none"
+    replay = config.data.setup == "disjoint"
     return Method(
         name="bct",
-        memory_policy=replay,
+        memory=policies.HerdingMemory() if replay else policies.NoMemory(),
         extra_terms=terms,
-        description="BCT influence loss" + (" with herded replay" if replay != "none" else ""),
+        description="BCT influence loss" + (" with herded replay" if replay else ""),
     )
 
 
@@ -42,7 +43,7 @@ def make_lwf(config: ml_collections.ConfigDict) -> Method:
     def terms(x: StepInputs):
         new = losses.cosine_logits(x.new_emb, x.params["lwf_head"])
         old = losses.cosine_logits(x.old_emb, x.old_head)
-        return {"L_kd": distillation.lwf_kd_loss(new, old, num_old_classes=x.aux["old_classes"])}
+        return {"L_kd": distillation.lwf_kd_loss(new, old, num_old_classes=x.consts["old_classes"])}
 
     return Method(
         name="lwf",
@@ -59,7 +60,7 @@ def make_mmd(config: ml_collections.ConfigDict) -> Method:
         old = losses.cosine_logits(x.old_emb, x.old_head)
         return {
             "L_mmd": distillation.mmd_loss(x.new_emb, x.old_emb),
-            "L_mmd_kd": distillation.mmd_kd_new_class_loss(new, old, x.labels, x.aux["old_classes"]),
+            "L_mmd_kd": distillation.mmd_kd_new_class_loss(new, old, x.labels, x.consts["old_classes"]),
         }
 
     return Method(
@@ -71,13 +72,13 @@ def make_mmd(config: ml_collections.ConfigDict) -> Method:
 
 
 def _penalty(x: StepInputs):
-    return {"L_reg": regularizers.ewc_penalty(x.params["net"], x.aux["reg_anchor"], x.aux["reg_importance"])}
+    return {"L_reg": regularizers.ewc_penalty(x.params["net"], x.consts["reg_anchor"], x.consts["reg_importance"])}
 
 
 def make_ewc(config: ml_collections.ConfigDict) -> Method:
     return Method(
         name="ewc",
-        importance="ewc",
+        importance=policies.FisherImportance("ewc"),
         extra_terms=_penalty,
         description="EWC: Fisher-weighted quadratic penalty, no memory",
     )
@@ -86,8 +87,8 @@ def make_ewc(config: ml_collections.ConfigDict) -> Method:
 def make_rwalk(config: ml_collections.ConfigDict) -> Method:
     return Method(
         name="rwalk",
-        importance="rwalk",
-        memory_policy="reservoir",
+        importance=policies.FisherImportance("rwalk"),
+        memory=policies.ReservoirMemory(),
         extra_terms=_penalty,
         description="RWalk (as the author's fork): EWC++ Fisher penalty + reservoir memory",
     )
@@ -96,7 +97,7 @@ def make_rwalk(config: ml_collections.ConfigDict) -> Method:
 def make_rainbow(config: ml_collections.ConfigDict) -> Method:
     return Method(
         name="rainbow",
-        memory_policy="rainbow",
-        half_memory_batches=True,
+        memory=policies.UncertaintyMemory(),
+        batches=policies.HalfMemoryBatches(),
         description="Rainbow Memory: uncertainty-based memory, half-memory batches",
     )

@@ -15,6 +15,8 @@ import functools
 import ml_collections
 
 from cvs_jax import distillation, losses
+from cvs_jax.errors import ConfigError
+from cvs_jax.methods import policies
 from cvs_jax.methods.base import Method, StepInputs
 
 LM_LOSSES = (
@@ -39,7 +41,7 @@ def _lm(x: StepInputs, kind: str, margin: float, squared: bool):
         return distillation.dark_knowledge_loss(
             losses.cosine_logits(x.new_emb, x.head),
             losses.cosine_logits(x.old_emb, x.old_head),
-            num_old_classes=x.aux["old_classes"],
+            num_old_classes=x.consts["old_classes"],
         )
     simple = {
         "mlkd_absolute": distillation.mlkd_absolute_loss,
@@ -59,7 +61,7 @@ def _terms(
         out["L_m"] = _lm(inputs, lm_loss, margin, squared)
     if use_ld:
         out["L_d"] = losses.inter_session_coherence_loss(
-            inputs.new_emb, inputs.labels, inputs.aux["centers"], inputs.aux["center_mask"], per_batch=per_batch
+            inputs.new_emb, inputs.labels, inputs.consts["centers"], inputs.consts["center_mask"], per_batch=per_batch
         )
     return out
 
@@ -67,12 +69,12 @@ def _terms(
 def make_cvs(config: ml_collections.ConfigDict) -> Method:
     c = config.cvs
     if not (c.use_lm or c.use_ld):
-        raise ValueError(
+        raise ConfigError(
             "method=cvs with cvs.use_lm=False and cvs.use_ld=False is plain finetuning "
             "(plus replay if cvs.replay); use method=finetune, or enable a term."
         )
     if c.lm_loss not in LM_LOSSES:
-        raise ValueError(f"cvs.lm_loss={c.lm_loss!r} is unknown; choose one of {list(LM_LOSSES)}.")
+        raise ConfigError(f"cvs.lm_loss={c.lm_loss!r} is unknown; choose one of {list(LM_LOSSES)}.")
     terms = functools.partial(
         _terms,
         use_lm=c.use_lm,
@@ -86,8 +88,8 @@ def make_cvs(config: ml_collections.ConfigDict) -> Method:
     return Method(
         name="cvs",
         uses_old_model=c.use_lm,
-        memory_policy="herding" if c.replay else "none",
-        uses_centers=c.use_ld,
+        memory=policies.HerdingMemory() if c.replay else policies.NoMemory(),
+        constants=(policies.ClassCenters(per_session_mean=c.per_session_centers),) if c.use_ld else (),
         extra_terms=terms,
         description=" + ".join(parts) + (" with herded replay" if c.replay else " without replay"),
     )

@@ -1,5 +1,10 @@
 """Model zoo: ResNet embedding networks and the growing cosine head."""
 
+import os
+
+import jax.numpy as jnp
+
+from cvs_jax.errors import ConfigError
 from cvs_jax.models.heads import grow_head, init_head
 from cvs_jax.models.resnet import Bottleneck, ResNetEmbedding, TorchvisionResNet
 
@@ -33,9 +38,9 @@ def build_model(
     ``frozen_bn``: every BN uses its running statistics, also when ``train=True``.
     """
     if name not in ARCHITECTURES:
-        raise ValueError(f"model.name={name!r} is unknown; choose one of {sorted(ARCHITECTURES)}.")
+        raise ConfigError(f"model.name={name!r} is unknown; choose one of {sorted(ARCHITECTURES)}.")
     if layout not in LAYOUTS:
-        raise ValueError(f"model.layout={layout!r}: use one of {LAYOUTS}.")
+        raise ConfigError(f"model.layout={layout!r}: use one of {LAYOUTS}.")
     arch = dict(ARCHITECTURES[name])
     block = arch.pop("block", "basic")
     if layout == "torchvision":
@@ -49,13 +54,38 @@ def build_model(
             **arch,
         )
     if block != "basic":
-        raise ValueError(f"model.name={name!r} has {block} blocks, which exist only in model.layout='torchvision'.")
+        raise ConfigError(f"model.name={name!r} has {block} blocks, which exist only in model.layout='torchvision'.")
     if bn_eps is not None and bn_eps != 1e-6:
-        raise ValueError(
+        raise ConfigError(
             f"bn_eps={bn_eps}: the {layout!r} layout uses the official eps 1e-6; "
             f"other values need model.layout='torchvision'."
         )
     return ResNetEmbedding(width=width, layout=layout, embed_dim=embed_dim, dtype=dtype, frozen_bn=frozen_bn, **arch)
+
+
+def from_config(config):
+    """The run's embedding network, from ``config.model`` (one place for every entry point)."""
+    m = config.model
+    return build_model(
+        m.name, width=m.width, layout=m.layout, embed_dim=m.embed_dim, dtype=m.dtype, frozen_bn=m.frozen_bn
+    )
+
+
+def init_variables(model, config, image_shape, num_classes: int, init_key, head_key) -> dict:
+    """``{"params": {"net", "head"}, "batch_stats"}`` of a fresh run: the network (ImageNet weights
+    merged in when ``model.pretrained`` names a file) and a cosine head with a row for every class."""
+    init = model.init(init_key, jnp.zeros((1,) + tuple(image_shape), jnp.float32), train=False)
+    if config.model.pretrained is not None:  # refused early by config_checks when the file is absent
+        from cvs_jax.models.pretrained import load_torchvision_resnet50, merge_pretrained
+
+        init = merge_pretrained(init, load_torchvision_resnet50(os.path.expanduser(config.model.pretrained)))
+    head = init_head(head_key, num_classes, config.model.embed_dim)
+    return {"params": {"net": init["params"], "head": head}, "batch_stats": init["batch_stats"]}
+
+
+def net_variables(params, batch_stats) -> dict:
+    """The Flax variables of the embedding network alone (the cosine head and method extras left out)."""
+    return {"params": params["net"], "batch_stats": batch_stats}
 
 
 __all__ = [
@@ -65,6 +95,9 @@ __all__ = [
     "ResNetEmbedding",
     "TorchvisionResNet",
     "build_model",
+    "from_config",
+    "init_variables",
+    "net_variables",
     "grow_head",
     "init_head",
 ]

@@ -1,0 +1,114 @@
+"""Everything fixed for a whole run: config, method, data, model, compiled functions, checkpoints.
+
+Built once by ``RunContext.build``; the session phases (``phases.py``) and the
+methods' host-side policies read it and never change it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable
+
+import jax
+import ml_collections
+
+from cvs_jax import augment, distributed, models
+from cvs_jax.checkpoint import Checkpoints
+from cvs_jax.embedder import Embedder
+from cvs_jax.methods import Method, get_method
+from cvs_jax.protocol import Protocol
+from cvs_jax.run_log import RunLog
+from cvs_jax.train_step import make_optimizer, make_train_step
+
+
+@dataclasses.dataclass
+class RunContext:
+    config: ml_collections.ConfigDict
+    workdir: str
+    method: Method
+    proto: Protocol
+    mesh: Any
+    model: Any
+    tx: Any
+    pipeline: augment.Pipeline
+    step_fn: Callable
+    embed: Embedder
+    log: RunLog
+    sessions: Checkpoints  # one per completed session, kept forever (run_state.RunState)
+    progress: Checkpoints  # rolling mid-session checkpoints, numbered by the run's global step
+    init_key: jax.Array
+    head_key: jax.Array  # folded with the session index: the rows a session adds to the head
+    step_key: jax.Array  # folded with the session index, then with the step: augmentation draws
+    ks: tuple[int, ...]
+    _cache: dict = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def build(cls, config: ml_collections.ConfigDict, workdir: str, log: RunLog) -> "RunContext":
+        method = get_method(config)
+        mesh = distributed.data_mesh()  # one "data" axis over every device of every process
+        t0 = time.time()
+        proto = Protocol.build(config)
+        plan = proto.plan
+        log.print(
+            f"data: {proto.dataset.name} {len(proto.dataset.train)} train / {len(proto.dataset.test)} test "
+            f"images, setup={plan.setup}, {plan.num_sessions} sessions, {proto.num_classes} classes "
+            f"({time.time() - t0:.1f}s)"
+        )
+        if jax.process_index() == 0:
+            with open(os.path.join(workdir, "protocol.json"), "w") as f:
+                json.dump(proto.description(), f, indent=1)
+        model = models.from_config(config)
+        tx = make_optimizer(
+            momentum=config.train.momentum, nesterov=config.train.nesterov, weight_decay=config.train.weight_decay
+        )
+        pipeline = augment.Pipeline.from_config(config)  # train-time augmentation and eval preprocessing
+        step_fn = make_train_step(
+            model,
+            tx,
+            method,
+            temperature=config.train.temperature,
+            loss_weights=dict(config.loss_weights),
+            pipeline=pipeline,
+        )
+        embed = Embedder(
+            model, pipeline, config.train.eval_batch_size, config.model.dtype, mesh, config.model.embed_dim
+        )
+        init_key, head_key, step_key = jax.random.split(jax.random.key(config.seed), 3)
+        ckpt_dir = os.path.join(workdir, "checkpoints")
+        return cls(
+            config=config,
+            workdir=workdir,
+            method=method,
+            proto=proto,
+            mesh=mesh,
+            model=model,
+            tx=tx,
+            pipeline=pipeline,
+            step_fn=step_fn,
+            embed=embed,
+            log=log,
+            sessions=Checkpoints(os.path.join(ckpt_dir, "sessions"), max_to_keep=None, log=log.print),
+            progress=Checkpoints(os.path.join(ckpt_dir, "progress"), max_to_keep=2, log=log.print),
+            init_key=init_key,
+            head_key=head_key,
+            step_key=step_key,
+            ks=tuple(int(k) for k in config.eval.ks),
+        )
+
+    def initial_variables(self) -> dict:
+        return models.init_variables(
+            self.model, self.config, self.proto.image_shape, self.proto.num_classes, self.init_key, self.head_key
+        )
+
+    def cached(self, name: str, factory: Callable[[], Any]) -> Any:
+        """A compiled helper built on first use (e.g. Rainbow's perturbed predictions)."""
+        if name not in self._cache:
+            self._cache[name] = factory()
+        return self._cache[name]
+
+    def close(self) -> None:
+        self.sessions.close()
+        self.progress.close()

@@ -1,0 +1,96 @@
+"""The data of a run: the dataset, its session plan and the protocol labels."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import ml_collections
+import numpy as np
+
+from cvs_jax.data import official_splits, sources, splits
+from cvs_jax.methods import Method
+
+
+@dataclasses.dataclass
+class Protocol:
+    """The data of a run: images, protocol labels and the session plan."""
+
+    dataset: sources.ImageDataset
+    plan: splits.SessionPlan
+    train_labels: np.ndarray  # protocol labels of the train split (-1: class not used)
+    test_labels: np.ndarray
+
+    @classmethod
+    def build(cls, config: ml_collections.ConfigDict) -> "Protocol":
+        d = config.data
+        dataset = sources.load_dataset(d.name, data_dir=d.data_dir, manual_dir=d.manual_dir, on_corrupt=d.on_corrupt)
+        if d.official_split_dir is not None:  # the official CVS JSON session files (CIFAR-100)
+            plan = official_splits.official_plan_for_dataset(os.path.expanduser(d.official_split_dir), d.setup, dataset)
+        else:
+            plan = splits.make_session_plan(
+                dataset.train.labels,
+                setup=d.setup,
+                num_sessions=d.num_sessions,
+                first_classes=d.first_classes,
+                classes_per_session=d.classes_per_session,
+                old_class_percent=d.old_class_percent,
+                samples_per_new_class=d.samples_per_new_class,
+                blurry_minor_percent=d.blurry_minor_percent,
+                val_fraction=d.val_fraction,
+                num_classes=dataset.num_classes,
+                shuffle_classes=d.shuffle_classes,
+                seed=config.seed,
+                val_per_class=d.val_per_class,
+                general_shares=d.general_shares,
+            )
+        return cls(
+            dataset, plan, plan.to_protocol_labels(dataset.train.labels), plan.to_protocol_labels(dataset.test.labels)
+        )
+
+    def train_images(self, idx: np.ndarray) -> np.ndarray:
+        """uint8 train images by index: the one place the phases read image data from."""
+        return self.dataset.train.images[idx]
+
+    def test_images(self, idx: np.ndarray) -> np.ndarray:
+        return self.dataset.test.images[idx]
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.dataset.image_shape)
+
+    @property
+    def num_classes(self) -> int:
+        return max(s.num_outputs for s in self.plan.sessions)
+
+    def training_indices(self, method: Method, s: int) -> np.ndarray:
+        """The images session s trains on and adds to the gallery (the method's data scope)."""
+        return method.scope.indices(self.plan, s)
+
+    def session_class_counts(self, method: Method) -> np.ndarray:
+        """``[session, class]`` counts of the images each session trains on (without replay)."""
+        return np.stack(
+            [
+                np.bincount(self.train_labels[self.training_indices(method, s)], minlength=self.num_classes)
+                for s in range(self.plan.num_sessions)
+            ]
+        )
+
+    def description(self) -> dict:
+        """What ``protocol.json`` records: class names in protocol order and the session sizes."""
+        names = self.dataset.class_names
+        return {
+            "dataset": self.dataset.name,
+            "setup": self.plan.setup,
+            "image_shape": list(self.dataset.image_shape),
+            "class_names": [names[int(c)] for c in self.plan.class_order],
+            "sessions": [
+                {
+                    "train": int(len(s.train)),
+                    "val": int(len(s.val)),
+                    "num_outputs": s.num_outputs,
+                    "new_classes": s.new_classes.tolist(),
+                }
+                for s in self.plan.sessions
+            ],
+        }

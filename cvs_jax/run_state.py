@@ -1,0 +1,74 @@
+"""What carries from one session to the next, and its session checkpoint.
+
+``RunState`` after session s holds: the selected model of session s, the gallery
+(one part per session, never re-extracted), the replay memory, the EWC/RWalk
+importance and the per-session result records.  Saving it *is* the session
+checkpoint ``checkpoints/sessions/<s>``; restoring the newest one resumes the run.
+Items: ``variables`` (net + head), ``gallery`` (only the rows session s added),
+``regularizer`` (raw importance + anchor, or empty) and the JSON ``meta``
+(records, memory, when the importance was built).  Nothing else is stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from cvs_jax.checkpoint import Checkpoints
+from cvs_jax.gallery import Gallery, GalleryPart
+from cvs_jax.methods.policies import ImportanceState, ReplayMemory
+
+
+@dataclasses.dataclass(frozen=True)
+class RunState:
+    variables: dict  # {"params": {"net", "head"}, "batch_stats"} of the last completed session (host arrays)
+    gallery: Gallery
+    memory: ReplayMemory
+    importance: ImportanceState
+    records: tuple[dict, ...] = ()  # one result record per completed session
+
+    @classmethod
+    def initial(cls, variables: dict, embed_dim: int) -> "RunState":
+        return cls(jax.device_get(variables), Gallery.empty(embed_dim), ReplayMemory.empty(), ImportanceState())
+
+    @property
+    def completed(self) -> int:
+        """Sessions completed: the index of the next session."""
+        return len(self.records)
+
+    @property
+    def steps_done(self) -> int:
+        """Training steps of the completed sessions (the x-axis offset of the run's curves)."""
+        return sum(r["steps"] for r in self.records)
+
+    def replace(self, **changes) -> "RunState":
+        return dataclasses.replace(self, **changes)
+
+    def save(self, checkpoints: Checkpoints, part: GalleryPart) -> None:
+        """Writes the session checkpoint of the last completed session; ``part`` = its gallery rows."""
+        checkpoints.save(
+            self.completed - 1,
+            {"variables": self.variables, "gallery": part.as_dict(), "regularizer": self.importance.to_item()},
+            {
+                "per_session": list(self.records),
+                "memory": self.memory.to_meta(),
+                "regularizer_built_after": self.importance.built_after,
+            },
+        )
+
+    @classmethod
+    def restore(cls, checkpoints: Checkpoints, template: "RunState") -> "RunState | None":
+        """The state after the newest readable session checkpoint, or None before the first."""
+        restored = checkpoints.restore_latest({"variables": template.variables, "regularizer": None})
+        if restored is None:
+            return None
+        last, items = restored
+        meta = items["meta"]
+        return cls(
+            variables=jax.device_get(items["variables"]),
+            gallery=Gallery.restore(checkpoints, last, template.gallery.embed_dim),  # one part per session
+            memory=ReplayMemory.from_meta(meta["memory"]),
+            importance=ImportanceState.from_item(items["regularizer"], meta["regularizer_built_after"]),
+            records=tuple(meta["per_session"]),
+        )
