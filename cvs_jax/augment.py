@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from cvs_jax import autoaugment
+from cvs_jax.errors import ConfigError
 
 
 def normalize(images_u8: jax.Array, mean, std) -> jax.Array:
@@ -61,7 +62,7 @@ def apply_policy(key, images_u8, policy: str):
     if policy == "randaugment":
         return autoaugment.rand_augment(key, images_u8)
     if policy != "none":
-        raise ValueError(f"augment.policy={policy!r} is unknown; choose one of {POLICIES}.")
+        raise ConfigError(f"augment.policy={policy!r} is unknown; choose one of {POLICIES}.")
     return images_u8
 
 
@@ -133,7 +134,7 @@ def center_crop(images_u8, size: int):
     """torchvision CenterCrop(size) (top = round((H - size) / 2))."""
     h, w = images_u8.shape[1:3]
     if size > h or size > w:
-        raise ValueError(f"augment.size={size} is larger than the stored {h}x{w} images.")
+        raise ConfigError(f"augment.size={size} is larger than the stored {h}x{w} images.")
     top, left = int(round((h - size) / 2.0)), int(round((w - size) / 2.0))
     return images_u8[:, top : top + size, left : left + size, :]
 
@@ -181,7 +182,7 @@ class Pipeline:
             crop_key, policy_key = jax.random.split(key)
             images = random_resized_crop_flip(crop_key, images_u8, self.size, flip=self.flip)
             return normalize(apply_policy(policy_key, images, self.policy), self.mean, self.std)
-        raise ValueError(f"augment.crop={self.crop!r} is unknown; choose one of {CROPS}.")
+        raise ConfigError(f"augment.crop={self.crop!r} is unknown; choose one of {CROPS}.")
 
     def eval(self, images_u8):
         if self.crop == "resized":

@@ -1,6 +1,6 @@
-"""Run several methods on identical splits and seeds and tabulate them like the paper's Table 1.
+r"""Run several methods on identical splits and seeds and tabulate them like the paper's Table 1.
 
-    python -m cvs_jax.compare --config configs/<name>.py --workdir DIR \
+    python -m cvs_jax.compare --config configs/<name>.py[:<variant>] --workdir DIR \
         --methods finetune,joint,cvs --seeds 0,1,2 [--config.<key>=<value> ...]
 
 Each (seed, method) runs in ``DIR/seed<seed>/<method>`` (rerunning resumes).  Session 1
@@ -8,7 +8,9 @@ is plain normalized-softmax training for every method (as in the official launch
 scripts), so it is trained once per seed and its checkpoint is copied into the other
 methods' workdirs, which then resume from session 2.  Writes ``DIR/comparison.md``,
 ``DIR/comparison.csv`` (AR@K mean ± std over seeds) and ``DIR/comparison.png``
-(recall@1 per session per method, mean over seeds).
+(recall@1 per session per method, mean over seeds).  The comparison holds DIR's lock
+throughout, and each run also locks its own workdir.  A problem to fix ends with one
+``error: ...`` line and exit status 2.
 """
 
 from __future__ import annotations
@@ -22,18 +24,24 @@ import sys
 import time
 
 import numpy as np
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
-from cvs_jax import determinism, plots, trainer
-from cvs_jax.config_checks import ConfigError
+from cvs_jax import cli, determinism, distributed, plots, trainer
+from cvs_jax import workdir as workdir_lib
+from cvs_jax.errors import ConfigError, UserError
 from cvs_jax.methods import METHODS
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/<name>.py file.", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for all runs and the comparison table.")
-_METHODS = flags.DEFINE_list("methods", ["finetune", "joint", "cvs"], "Methods to compare.")
-_SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds (each seed: its own class order, splits and initialisation).")
-flags.mark_flags_as_required(["config", "workdir"])
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The command's flags (defined when it runs, so that tests can import every entry point together)."""
+    config_flags.DEFINE_config_file("config", None, cli.config_help(), lock_config=True)
+    flags.DEFINE_string("workdir", None, "Directory for all runs and the comparison table.")
+    flags.DEFINE_list("methods", ["finetune", "joint", "cvs"], f"Methods to compare, from: {', '.join(METHODS)}.")
+    flags.DEFINE_list("seeds", ["0"], "Seeds (each seed: its own class order, splits and initialisation).")
+    flags.mark_flags_as_required(["config", "workdir"])
 
 
 def share_first_session(source: str, target: str) -> None:
@@ -81,6 +89,12 @@ def run_comparison(config, workdir: str, methods: list[str], seeds: list[int]) -
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ConfigError(f"--methods names unknown methods {unknown}; choose from {sorted(METHODS)}.")
+    distributed.maybe_initialize(config.distributed.multihost)  # before the lock asks JAX for the process index
+    with workdir_lib.hold(workdir):  # one comparison per DIR; each run also locks its own workdir
+        return _compare(config, workdir, methods, seeds)
+
+
+def _compare(config, workdir: str, methods: list[str], seeds: list[int]) -> list[dict]:
     results: dict[str, list[dict]] = {m: [] for m in methods}
     t0 = time.time()
     for seed in seeds:
@@ -128,14 +142,16 @@ def run_comparison(config, workdir: str, methods: list[str], seeds: list[int]) -
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    logging.set_verbosity(logging.WARNING)
-    determinism.apply(_CONFIG.value.deterministic)  # before the first JAX computation
+    if not all(s.strip().lstrip("-").isdigit() for s in FLAGS.seeds):
+        raise app.UsageError(f"--seeds={','.join(FLAGS.seeds)}: give integers, e.g. --seeds 0,1,2")
+    cli.quiet_logging()
+    determinism.apply(FLAGS.config.deterministic)  # before the first JAX computation
     try:
-        run_comparison(_CONFIG.value, _WORKDIR.value, _METHODS.value, [int(s) for s in _SEEDS.value])
-    except (ValueError, FileNotFoundError, FloatingPointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        run_comparison(FLAGS.config, FLAGS.workdir, FLAGS.methods, [int(s) for s in FLAGS.seeds])
+    except UserError as e:  # a problem the user must fix: one line, no traceback; anything else is a bug
+        sys.exit(cli.report(e))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    define_flags()
+    cli.run(main)

@@ -13,6 +13,7 @@ import ml_collections
 
 from cvs_jax import augment, schedules
 from cvs_jax.data import splits
+from cvs_jax.errors import ConfigError
 from cvs_jax.methods import METHODS
 from cvs_jax.models.pretrained import CONVERT_ONE_LINER
 
@@ -30,10 +31,6 @@ KNOWN_NUM_CLASSES = {
     "product_m": 2743,
 }
 LOCAL_BUILDERS = ("fashion_mnist_local", "tiny_imagenet_zip", "product_m")  # read data.manual_dir
-
-
-class ConfigError(ValueError):
-    """A configuration problem the user must fix (one message: field, problem, fix)."""
 
 
 def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:

@@ -39,6 +39,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from cvs_jax import distributed
+from cvs_jax.errors import NonFiniteError
 
 _SENTINEL = np.iinfo(np.int32).max  # index of "no candidate yet"; sorts after every real row on ties
 DEFAULT_PRECISION = jax.lax.Precision.HIGHEST  # exact f32 scores (no TF32 on GPUs), as faiss
@@ -284,7 +285,7 @@ def _query_chunks(query_emb, chunk: int, mesh: Mesh):
 def _checked(idx: np.ndarray, n: int) -> np.ndarray:
     """Indices past the gallery: only NaN/inf scores lose to the -inf padding, so say that."""
     if idx.size and int(idx.max()) >= n:
-        raise FloatingPointError(
+        raise NonFiniteError(
             "the query or gallery embeddings contain NaN/inf: no real gallery row scored "
             "for some queries; check the model that embedded them"
         )

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+from cvs_jax.errors import ConfigError
+
 SCHEDULES = ("official", "cosine", "constant")
 
 
@@ -32,4 +34,4 @@ def epoch_lr(name: str, epoch: int, base_lr: float, epochs: int) -> float:
         return _cos(base_lr, lo, epoch / max(epochs, 1))
     if name == "constant":
         return base_lr
-    raise ValueError(f"train.schedule={name!r} is unknown; choose one of {SCHEDULES}.")
+    raise ConfigError(f"train.schedule={name!r} is unknown; choose one of {SCHEDULES}.")

@@ -3,36 +3,38 @@
     python -m cvs_jax.search --workdir DIR --images a.png b.jpg [--k 5]
     python -m cvs_jax.search --workdir DIR --images new/*.png --add [--label CLASS]
 
+(``--images`` takes the files after it, or repeat it: ``--images a.png --images b.jpg``.)
+
 Queries are embedded by the newest session's selected model (the run's last
 completed session checkpoint) and searched by cosine similarity against the whole
 gallery: the rows of every session (each embedded by its own session's model,
 never re-extracted) plus the rows added with ``--add``.  ``--add`` embeds the
 images with the newest model and appends them, persisted with orbax under
-``checkpoints/additions``; it never changes the session checkpoints.
+``checkpoints/additions``; it never changes the session checkpoints.  Searching reads a
+run at any time, also while it trains; ``--add`` holds the workdir's lock, so it waits
+for no one and is refused while a run (or another ``--add``) writes there.  A problem to
+fix ends with one ``error: ...`` line and exit status 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from absl import flags
 from PIL import Image
 
-from cvs_jax import augment, evaluate
+from cvs_jax import augment, cli, evaluate
+from cvs_jax import workdir as workdir_lib
 from cvs_jax.checkpoint import Checkpoints
+from cvs_jax.errors import SearchError, UserError
 from cvs_jax.gallery import Gallery, GalleryPart, RowConcat
 from cvs_jax.models import build_model, init_head
 from cvs_jax.train_step import make_embed_fn
-
-
-class SearchError(ValueError):
-    pass
 
 
 def load_images(paths: list[str], shape: tuple[int, int, int]) -> np.ndarray:
@@ -50,17 +52,21 @@ def load_images(paths: list[str], shape: tuple[int, int, int]) -> np.ndarray:
     return np.stack(out)
 
 
+def check_is_run(workdir: str) -> None:
+    for name in ("config.json", "protocol.json"):
+        if not os.path.exists(os.path.join(workdir, name)):
+            raise SearchError(
+                f"{workdir} holds no cvs_jax run ({name} is missing); pass the --workdir of "
+                f"a run of python -m cvs_jax.main."
+            )
+
+
 class Run:
     """The newest model and the full gallery of a finished (or partly finished) run."""
 
     def __init__(self, workdir: str):
         self.workdir = workdir
-        for name in ("config.json", "protocol.json"):
-            if not os.path.exists(os.path.join(workdir, name)):
-                raise SearchError(
-                    f"{workdir} holds no cvs_jax run ({name} is missing); pass the --workdir of "
-                    f"a run of python -m cvs_jax.main."
-                )
+        check_is_run(workdir)
         with open(os.path.join(workdir, "config.json")) as f:
             self.config = ml_collections.ConfigDict(json.load(f))
         with open(os.path.join(workdir, "protocol.json")) as f:
@@ -154,25 +160,43 @@ class Run:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cvs_jax.search", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--images", nargs="+", required=True)
-    parser.add_argument("--k", type=int, default=5, help="gallery rows to print per query")
-    parser.add_argument("--add", action="store_true", help="add the images to the gallery instead of searching")
-    parser.add_argument("--label", default=None, help="class name or label of the images added with --add")
-    args = parser.parse_args(argv)
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """The command's flags (defined when it runs, so that tests can import every entry point together)."""
+    flags.DEFINE_string("workdir", None, "The --workdir of a run of python -m cvs_jax.main.", flag_values=flag_values)
+    flags.DEFINE_multi_string(
+        "images", [], "Image files (PNG/JPEG): --images a.png b.jpg, or repeat the flag.", flag_values=flag_values
+    )
+    flags.DEFINE_integer("k", 5, "Gallery rows to print per query.", flag_values=flag_values)
+    flags.DEFINE_boolean("add", False, "Add the images to the gallery instead of searching.", flag_values=flag_values)
+    flags.DEFINE_string("label", None, "Class name or label of the images added with --add.", flag_values=flag_values)
+    flags.mark_flags_as_required(["workdir"], flag_values=flag_values)
+
+
+def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
+    """``argv``: what absl left after the flags (program name, then further image files)."""
+    fv = flag_values
+    return search_or_add(fv.workdir, list(fv.images) + list(argv[1:]), k=fv.k, add=fv.add, label=fv.label)
+
+
+def search_or_add(workdir: str, paths: list[str], *, k: int = 5, add: bool = False, label: str | None = None) -> int:
+    """The command: prints the hits (or adds the images); returns the exit status."""
     try:
-        run = Run(args.workdir)
-        images = load_images(args.images, run.image_shape)
-        if args.add:
-            run.add(images, args.images, run.label_of(args.label))
+        if not paths:
+            raise SearchError("no images given; pass image files with --images a.png b.jpg.")
+        if k < 1:
+            raise SearchError(f"--k={k}: ask for at least one gallery row per query.")
+        if add:
+            check_is_run(workdir)  # before the lock, which would create the folder
+            with workdir_lib.hold(workdir):  # additions are written: one writer at a time
+                run = Run(workdir)
+                run.add(load_images(paths, run.image_shape), paths, run.label_of(label))
             print(
-                f"added {len(args.images)} images to the gallery of {args.workdir} (model of session "
+                f"added {len(paths)} images to the gallery of {workdir} (model of session "
                 f"{run.session + 1}); gallery now {len(run.gallery) + len(run.added)} rows"
             )
             return 0
-        for path, hits in zip(args.images, run.search(images, args.k)):
+        run = Run(workdir)
+        for path, hits in zip(paths, run.search(load_images(paths, run.image_shape), k)):
             print(f"{path}  (model of session {run.session + 1}, gallery {len(run.gallery) + len(run.added)} rows)")
             for h in hits:
                 print(
@@ -180,10 +204,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"session {h['session']}  {h['source']}"
                 )
         return 0
-    except SearchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except UserError as e:  # a problem the user must fix: one line, no traceback; anything else is a bug
+        return cli.report(e)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    define_flags()
+    cli.run(main)

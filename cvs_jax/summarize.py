@@ -1,4 +1,4 @@
-"""Prints one table comparing finished runs: ``python -m cvs_jax.summarize WORKDIR...``.
+"""Prints one table comparing finished runs: ``python -m cvs_jax.summarize WORKDIR [WORKDIR ...]``.
 
 Reads each run's ``results.json``: per-session recall@1 and AR@K (in %).
 """
@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
+
+from absl import app
+
+from cvs_jax import cli
+from cvs_jax.errors import UserError
 
 
 def summary_table(results: list[dict]) -> str:
@@ -29,22 +33,27 @@ def summary_table(results: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def main(argv: list[str]) -> int:
-    if not argv:
-        print("usage: python -m cvs_jax.summarize WORKDIR [WORKDIR ...]", file=sys.stderr)
-        return 2
+def summarize(workdirs: list[str]) -> str:
     results = []
-    for d in argv:
+    for d in workdirs:
         path = os.path.join(d, "results.json")
         if not os.path.exists(path):
-            print(f"error: {path} does not exist; run the experiment first.", file=sys.stderr)
-            return 2
+            raise UserError(f"{path} does not exist; run the experiment first (python -m cvs_jax.main --workdir {d}).")
         with open(path) as f:
             results.append(json.load(f))
-    print(f"{results[0]['dataset']} / {results[0]['setup']} (recall in %)")
-    print(summary_table(results))
+    return f"{results[0]['dataset']} / {results[0]['setup']} (recall in %)\n{summary_table(results)}"
+
+
+def main(argv: list[str]) -> int:
+    """``argv``: what absl left after the flags (program name, then the workdirs)."""
+    if len(argv) < 2:
+        raise app.UsageError("name at least one WORKDIR")
+    try:
+        print(summarize(argv[1:]))
+    except UserError as e:  # a problem the user must fix: one line, no traceback; anything else is a bug
+        return cli.report(e)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    cli.run(main)

@@ -1,23 +1,43 @@
-"""One run per workdir: remember the config, refuse to mix runs, move old runs aside.
+"""One writer per workdir; remember the config, refuse to mix runs, move old runs aside.
 
-The first run writes ``config.json``.  A later run with a different config (apart
-from fields that do not change results, e.g. paths or logging) is refused unless
-``overwrite=True``, which moves the existing run into ``previous-<time>/`` — saved
-checkpoints and galleries are never deleted.
+``open_run(config, workdir)`` holds the workdir for one run:
+
+* **The lock.**  Process 0 takes an exclusive ``flock`` on ``<workdir>/.lock`` before it
+  reads or writes anything else there.  A second live process is refused with
+  ``WorkdirBusyError`` naming the holder (host, pid, start time, command; written into
+  the file).  The kernel drops the lock when its process dies, so a run killed with
+  ``kill -9`` (or a lost machine) never blocks its rerun.  In a multi-host run only
+  process 0 locks, and its outcome is broadcast so every process stops when it is refused.
+* **The config.**  The first run writes ``config.json``.  A later run with a different
+  config (apart from fields that do not change results, e.g. paths or logging) is refused
+  once the workdir holds a checkpoint, unless ``overwrite=True``, which moves the
+  existing run into ``previous-<time>/`` — saved checkpoints and galleries are never
+  deleted.  A workdir without any checkpoint (a start that failed, e.g. on a data check)
+  takes the new config.
+
+``hold(workdir)`` is the lock alone (``compare`` over its whole directory, ``search --add``).
+Reading a run (plain ``search``) needs no lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
+import socket
+import sys
 import time
+from typing import Callable, Iterator
 
 import jax
 import ml_collections
+import numpy as np
 
-from cvs_jax.config_checks import ConfigError
+from cvs_jax.errors import ConfigError, UserError, WorkdirBusyError
 
+LOCK_NAME = ".lock"
 # Fields that may change between a run and its resumption.
 OPERATIONAL = (
     "overwrite",
@@ -28,6 +48,8 @@ OPERATIONAL = (
     "log_every_steps",
     "distributed.multihost",
 )
+# Checkpoint folders whose numbered step directories make a workdir hold a run.
+CHECKPOINT_DIRS = (os.path.join("checkpoints", "sessions"), os.path.join("checkpoints", "progress"))
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -46,7 +68,37 @@ def _comparable(config_dict: dict) -> dict:
     return {k: v for k, v in flat.items() if k not in OPERATIONAL}
 
 
+def has_checkpoint(workdir: str) -> bool:
+    """True when ``workdir`` holds a saved step (a numbered directory of the session or progress checkpoints)."""
+    for sub in CHECKPOINT_DIRS:
+        d = os.path.join(workdir, sub)
+        if os.path.isdir(d) and any(n.isdigit() and os.path.isdir(os.path.join(d, n)) for n in os.listdir(d)):
+            return True
+    return False
+
+
+def _write_config(path: str, current: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(current, f, indent=2)
+    os.replace(tmp, path)  # never a half-written config.json
+
+
+def _move_aside(workdir: str) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside, n = os.path.join(workdir, f"previous-{stamp}"), 1
+    while os.path.exists(aside):
+        n += 1
+        aside = os.path.join(workdir, f"previous-{stamp}-{n}")
+    os.makedirs(aside)
+    for name in os.listdir(workdir):
+        if not name.startswith("previous-") and name != LOCK_NAME:
+            os.rename(os.path.join(workdir, name), os.path.join(aside, name))
+    return aside
+
+
 def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
+    """Checks ``config`` against the workdir's ``config.json`` and records it (call with the lock held)."""
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, "config.json")
     current = config.to_dict()
@@ -55,29 +107,127 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
             stored = json.load(f)
         a, b = _comparable(stored), _comparable(current)
         diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-        if diff:
-            if not config.overwrite:
-                shown = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:5])
-                raise ConfigError(
-                    f"workdir {workdir} holds a run with a different config ({shown}"
-                    f"{', ...' if len(diff) > 5 else ''}); use another --workdir, or pass "
-                    f"--config.overwrite=True to move that run into {workdir}/previous-<time>/."
-                )
-            aside = os.path.join(workdir, f"previous-{time.strftime('%Y%m%d-%H%M%S')}")
-            os.makedirs(aside)
-            for name in os.listdir(workdir):
-                if not name.startswith("previous-"):
-                    os.rename(os.path.join(workdir, name), os.path.join(aside, name))
-            print(f"moved the previous run in {workdir} to {aside}")
-        else:
+        if not diff:
             return
-    if jax.process_index() == 0:
-        with open(path, "w") as f:
-            json.dump(current, f, indent=2)
+        shown = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:5]) + (", ..." if len(diff) > 5 else "")
+        if not has_checkpoint(workdir):
+            print(f"{workdir} holds no checkpoint of its earlier config ({shown}); config.json now records this one")
+        elif not config.overwrite:
+            raise ConfigError(
+                f"workdir {workdir} holds a run with a different config ({shown}); use another --workdir, "
+                f"or pass --config.overwrite=True to move that run into {workdir}/previous-<time>/."
+            )
+        else:
+            print(f"moved the previous run in {workdir} to {_move_aside(workdir)}")
+    _write_config(path, current)
+
+
+# ---------------------------------------------------------------- the lock
+def _holder() -> dict:
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+    }
+
+
+def _busy(workdir: str, fd: int) -> WorkdirBusyError:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        holder = json.loads(os.read(fd, 1 << 16).decode() or "{}")
+    except (OSError, ValueError):
+        holder = {}
+    host, pid = holder.get("host", "an unknown host"), holder.get("pid", "?")
+    return WorkdirBusyError(
+        f"{workdir} is in use by pid {pid} on {host} (started {holder.get('started', '?')}: "
+        f"{holder.get('command', '?')}); wait for it to finish, or stop it (kill {pid} on {host}) and rerun "
+        f"to resume from its last checkpoint. python -m cvs_jax.search can read a live run at any time."
+    )
+
+
+def _lock(workdir: str) -> int:
+    """Takes ``<workdir>/.lock`` (never waits); returns its descriptor, or raises ``WorkdirBusyError``."""
+    os.makedirs(workdir, exist_ok=True)
+    fd = os.open(os.path.join(workdir, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        busy = e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+        error = _busy(workdir, fd) if busy else None
+        os.close(fd)
+        if error is not None:
+            raise error from None
+        raise
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps(_holder()).encode())
+    os.fsync(fd)
+    return fd
+
+
+def _unlock(fd: int) -> None:
+    try:
+        os.ftruncate(fd, 0)  # the file stays (unlinking it would let two processes lock two files)
+    finally:
+        os.close(fd)  # releases the flock
+
+
+# What process 0 broadcasts: 0 = the workdir is held, else the kind of refusal.
+_OUTCOMES = {WorkdirBusyError: 1, ConfigError: 2, UserError: 3}
+
+
+def _outcome(error: BaseException | None) -> int:
+    if error is None:
+        return 0
+    for kind, code in _OUTCOMES.items():
+        if isinstance(error, kind):
+            return code
+    return 4
+
+
+def _agree(workdir: str, error: BaseException | None) -> None:
+    """Multi-host: every process learns process 0's outcome; the others raise if it was refused."""
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+    code = int(np.asarray(multihost_utils.broadcast_one_to_all(np.int32(_outcome(error)))))
+    if jax.process_index() == 0 or code == 0:
+        return
+    message = f"process 0 could not open {workdir} (see its output)"
+    kind = {v: k for k, v in _OUTCOMES.items()}.get(code)
+    raise kind(message) if kind is not None else RuntimeError(message)
 
 
 @contextlib.contextmanager
-def open_run(config: ml_collections.ConfigDict, workdir: str):
-    """Holds the workdir for one run (to be completed: the one-writer lock)."""
-    prepare(config, workdir)
-    yield
+def _held(workdir: str, then: Callable[[], None] | None = None) -> Iterator[None]:
+    fd, error = None, None
+    if jax.process_index() == 0:
+        try:
+            fd = _lock(workdir)
+            if then is not None:
+                then()
+        except Exception as e:  # reported to the other processes before it is raised here
+            error = e
+    try:
+        _agree(workdir, error)
+        if error is not None:
+            raise error
+        yield
+    finally:
+        if fd is not None:
+            _unlock(fd)
+
+
+@contextlib.contextmanager
+def hold(workdir: str) -> Iterator[None]:
+    """The workdir's lock alone, for the whole with-block (see the module docstring)."""
+    with _held(workdir):
+        yield
+
+
+@contextlib.contextmanager
+def open_run(config: ml_collections.ConfigDict, workdir: str) -> Iterator[None]:
+    """Holds the workdir for one run: the lock first, then the config check (see the module docstring)."""
+    with _held(workdir, lambda: prepare(config, workdir)):
+        yield

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from cvs_jax import augment
+from cvs_jax.errors import ConfigError
 
 
 def images(n=6, h=8, w=8, c=1, seed=0):
@@ -51,7 +52,7 @@ def test_preprocess_train_with_policy(policy):
 
 
 def test_unknown_policy_refused():
-    with pytest.raises(ValueError, match="augment.policy='autoaug'"):
+    with pytest.raises(ConfigError, match="augment.policy='autoaug'"):
         augment.preprocess_train(
             jax.random.key(0), jnp.asarray(images()), mean=(0.5,), std=(0.25,), padding=0, flip=False, policy="autoaug"
         )
@@ -108,5 +109,5 @@ def test_pipeline_resized_train_and_centre_crop_eval():
     assert out.shape == (5, 24, 24, 3) and np.isfinite(out).all()
     ev = np.asarray(pipe.eval(jnp.asarray(x)))
     np.testing.assert_allclose(ev, (x[:, 4:28, 4:28] / 255.0 - 0.5) / 0.25, rtol=1e-6, atol=1e-6)
-    with pytest.raises(ValueError, match="larger than the stored"):
+    with pytest.raises(ConfigError, match="larger than the stored"):
         augment.Pipeline(mean=(0.5,), std=(0.25,), crop="resized", size=40).eval(jnp.asarray(x))

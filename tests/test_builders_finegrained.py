@@ -14,6 +14,7 @@ from PIL import Image
 
 from cvs_jax.data import sources
 from cvs_jax.data.builders import InatM, ProductM, StanfordDogs256, _resize, _tfds_source, inat_m, product10k
+from cvs_jax.errors import DataError
 from tests import tiny_data
 
 
@@ -345,5 +346,5 @@ def test_inat_m_selection_ignores_record_order():
     shuffled_keys = [keys[p] for p in perm]
     assert to_key(plan.records["train"], keys) == to_key(shuffled.records["train"], shuffled_keys)
     assert to_key(plan.records["test"], val_keys) == to_key(shuffled.records["test"], val_keys[::-1])
-    with pytest.raises(ValueError, match="only 8 classes"):
+    with pytest.raises(DataError, match="only 8 classes"):
         inat_m.select(_split(keys, labels), _split(val_keys, val_labels), names, **{**params, "num_classes": 9})

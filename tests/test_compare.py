@@ -6,6 +6,7 @@ import os
 import pytest
 
 from cvs_jax import compare, trainer
+from cvs_jax.errors import ConfigError
 from tests.tiny_data import tiny_config, write_fashion_idx
 
 
@@ -36,5 +37,5 @@ def test_runner_table_and_shared_first_session(tmp_path):
 
 def test_unknown_method_refused(tmp_path):
     c = tiny_config(str(tmp_path), tmp_path, sessions=2)
-    with pytest.raises(ValueError, match="unknown methods"):
+    with pytest.raises(ConfigError, match="unknown methods"):
         compare.run_comparison(c, str(tmp_path / "cmp"), ["finetune", "lwf2"], [0])

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from cvs_jax.errors import ConfigError
 from cvs_jax.models import build_model, grow_head, init_head
 
 
@@ -31,7 +32,7 @@ def test_resnet18_structure():
 
 
 def test_unknown_model_refused():
-    with pytest.raises(ValueError, match="model.name"):
+    with pytest.raises(ConfigError, match="model.name"):
         build_model("resnet7", width=8, layout="cifar", embed_dim=16)
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from cvs_jax.data import official_splits as osp
+from cvs_jax.errors import ConfigError, SplitError
 
 SPLIT_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "cvs-official-splits", "cifar100")
 pytestmark = pytest.mark.skipif(not os.path.isdir(SPLIT_DIR), reason="official split files not available")
@@ -154,9 +155,9 @@ def test_plan_for_a_loaded_dataset():
 def test_refusals(tmp_path):
     with pytest.raises(osp.OfficialSplitError, match="500 per class"):
         osp.check_dataset_counts(TRAIN[:-1], TEST, NAMES)
-    with pytest.raises(ValueError, match="setup"):
+    with pytest.raises(ConfigError, match="setup"):
         osp.load_official_plan(SPLIT_DIR, "blurry30", train_class_index=TRAIN, test_class_index=TEST, class_names=NAMES)
-    with pytest.raises(FileNotFoundError, match="missing"):
+    with pytest.raises(SplitError, match="missing"):
         osp.load_official_plan(
             str(tmp_path), "general", train_class_index=TRAIN, test_class_index=TEST, class_names=NAMES
         )

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from cvs_jax.errors import ConfigError, WeightsError
 from cvs_jax.models import build_model
 from cvs_jax.models.pretrained import (
     PretrainedWeightsError,
@@ -135,13 +136,13 @@ def test_torchvision_basic_and_unfrozen_bn_update_statistics():
     emb, upd = model.apply(variables, x, train=True, mutable=["batch_stats"])
     assert emb.shape == (2, 16)
     assert not np.allclose(upd["batch_stats"]["bn1"]["mean"], variables["batch_stats"]["bn1"]["mean"])
-    with pytest.raises(ValueError, match="torchvision"):
+    with pytest.raises(ConfigError, match="torchvision"):
         build_model("resnet50", width=64, layout="imagenet", embed_dim=128)
 
 
 def test_missing_file_names_path_and_fix(tmp_path):
     missing = tmp_path / "nope.npz"
-    with pytest.raises(FileNotFoundError, match="nope.npz") as e:
+    with pytest.raises(WeightsError, match="nope.npz") as e:
         load_torchvision_resnet50(str(missing))
     assert "np.savez" in str(e.value) and "torch.load" in str(e.value)
     pth = tmp_path / "w.pth"
@@ -151,6 +152,31 @@ def test_missing_file_names_path_and_fix(tmp_path):
     if importlib.util.find_spec("torch") is None:
         with pytest.raises(PretrainedWeightsError, match="torch is not installed"):
             read_state_dict(str(pth))
+    assert "weights_only=True" in str(e.value)  # the conversion one-liner never unpickles code either
+
+
+class _RunsCode:
+    """A pickled object whose loading would run code (``torch.load`` without ``weights_only``)."""
+
+    def __reduce__(self):
+        import os
+
+        return (os.makedirs, ("UNPICKLED-CODE-RAN",))
+
+
+def test_pth_is_read_weights_only(weights, tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    sd, _ = weights
+    good = tmp_path / "good.pth"
+    torch.save({"state_dict": {k: torch.from_numpy(v) for k, v in sd.items()}}, str(good))
+    got = read_state_dict(str(good))
+    np.testing.assert_array_equal(got["layer1.0.conv1.weight"], sd["layer1.0.conv1.weight"])
+    evil = tmp_path / "evil.pth"
+    torch.save({"conv1.weight": torch.zeros(1), "payload": _RunsCode()}, str(evil))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(WeightsError, match="evil.pth.*tensors"):
+        read_state_dict(str(evil))
+    assert not (tmp_path / "UNPICKLED-CODE-RAN").exists()
 
 
 def test_key_and_shape_mismatches_are_listed(weights, tmp_path):

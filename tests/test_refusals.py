@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from cvs_jax import config_checks, trainer
+from cvs_jax import config_checks, embedder, trainer
 from cvs_jax.data.sources import DatasetNotFoundError
+from cvs_jax.errors import ConfigError, DataError, NonFiniteError, UserError
 from tests.tiny_data import tiny_config, write_fashion_idx
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,11 +79,21 @@ def test_batch_not_divisible_by_devices(config):
         config_checks.check(config, num_devices=2)
 
 
+def test_refusals_are_user_errors():
+    """The one error boundary: what the entry points print as one line (and nothing else)."""
+    assert config_checks.ConfigError is ConfigError and issubclass(DatasetNotFoundError, DataError)
+    assert not issubclass(UserError, (ValueError, OSError, FloatingPointError))
+
+
 def test_missing_dataset_files(config, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     config.data.manual_dir = str(empty)
     with pytest.raises(DatasetNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        trainer.run(config, str(tmp_path / "wd"))
+    assert os.path.exists(tmp_path / "wd" / "config.json")
+    config.train.lr = 0.01  # the next command may differ in anything: that start wrote no checkpoint
+    with pytest.raises(DatasetNotFoundError):  # (not "holds a run with a different config")
         trainer.run(config, str(tmp_path / "wd"))
 
 
@@ -111,7 +122,7 @@ def test_workdir_with_other_config_refused_then_moved_aside(config, tmp_path):
 def test_nan_loss_stops_with_step_and_session(config, tmp_path):
     wd = str(tmp_path / "wd")
     config.train.lr = 1e38
-    with pytest.raises(FloatingPointError, match=r"NaN/inf at step \d+ of session 1"):
+    with pytest.raises(NonFiniteError, match=r"NaN/inf at step \d+ of session 1"):
         trainer.run(config, wd)
     assert not os.path.exists(os.path.join(wd, "results.json"))
 
@@ -120,15 +131,15 @@ def test_nan_embeddings_stop_the_run_with_a_clear_message(config, tmp_path, monk
     """Finite losses but NaN eval-mode embeddings (seen with bf16 on jax 0.12's CPU compiler)."""
     import jax.numpy as jnp
 
-    original = trainer.make_embed_fn
+    original = embedder.make_embed_fn
 
     def one_nan_row(model, pipeline):
         fn = original(model, pipeline)
         return lambda params, batch_stats, images: fn(params, batch_stats, images).at[0].set(jnp.nan)
 
-    monkeypatch.setattr(trainer, "make_embed_fn", one_nan_row)
+    monkeypatch.setattr(embedder, "make_embed_fn", one_nan_row)
     wd = str(tmp_path / "wd")
-    with pytest.raises(FloatingPointError, match=r"embeddings are NaN/inf \(model.dtype=float32\)"):
+    with pytest.raises(NonFiniteError, match=r"embeddings are NaN/inf \(model.dtype=float32\)"):
         trainer.run(config, wd)
     assert not os.path.exists(os.path.join(wd, "results.json"))
 

@@ -4,9 +4,11 @@ import os
 
 import numpy as np
 import pytest
+from absl import flags
 from PIL import Image
 
 from cvs_jax import search, trainer
+from cvs_jax import workdir as workdir_lib
 from cvs_jax.data import sources
 from tests.tiny_data import tiny_config, write_fashion_idx
 
@@ -33,7 +35,7 @@ def test_gallery_image_finds_its_own_class_first(finished_run, tmp_path, capsys)
         Image.fromarray(data.train.images[src][..., 0]).save(path)
         paths.append(path)
         labels.append(int(run.gallery.labels[row]))
-    assert search.main(["--workdir", wd, "--images", *paths, "--k", "3"]) == 0
+    assert _cli(["--workdir", wd, "--images", *paths, "--k", "3"]) == 0  # the README's form
     out = capsys.readouterr().out
     hits = run.search(search.load_images(paths, run.image_shape), k=3)
     for h, label in zip(hits, labels):
@@ -42,14 +44,17 @@ def test_gallery_image_finds_its_own_class_first(finished_run, tmp_path, capsys)
     assert "1. score" in out and run.protocol["class_names"][labels[0]] in out
 
 
-def test_add_ingests_images_with_the_newest_model(finished_run, tmp_path):
+def test_add_ingests_images_with_the_newest_model(finished_run, tmp_path, capsys):
     wd, _ = finished_run
     before = search.Run(wd)
     img = (np.random.default_rng(0).uniform(0, 255, (28, 28))).astype(np.uint8)
     path = str(tmp_path / "new.png")
     Image.fromarray(img).save(path)
     name = before.protocol["class_names"][0]
-    assert search.main(["--workdir", wd, "--images", path, "--add", "--label", name]) == 0
+    with workdir_lib.hold(wd):  # a live writer (the training run, or another --add): refused
+        assert search.search_or_add(wd, [path], add=True, label=name) == 2
+    assert "is in use by pid" in capsys.readouterr().err
+    assert _cli(["--workdir", wd, "--images", path, "--add", "--label", name]) == 0
     after = search.Run(wd)
     assert len(after.added) == 1 and after.added.labels[0] == 0
     assert after.added.sessions[0] == before.session
@@ -58,6 +63,27 @@ def test_add_ingests_images_with_the_newest_model(finished_run, tmp_path):
     assert top["source"] == os.path.abspath(path) and top["score"] > 0.999
 
 
+def _cli(args: list[str]) -> int:
+    """The command as ``python -m cvs_jax.search ARGS`` runs it (absl flags, then ``main``)."""
+    fv = flags.FlagValues()
+    search.define_flags(fv)
+    return search.main(fv(["search", *args]), fv)
+
+
+def test_images_flag_takes_the_files_after_it_or_repeats(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(search, "search_or_add", lambda workdir, paths, **kw: seen.update(paths=paths, **kw) or 0)
+    assert _cli(["--workdir", "w", "--images", "a.png", "b.jpg", "--k", "3", "c.png"]) == 0
+    assert seen == {"paths": ["a.png", "b.jpg", "c.png"], "k": 3, "add": False, "label": None}
+    assert _cli(["--workdir", "w", "--images", "a.png", "--images", "b.jpg", "--add", "--label", "shirt"]) == 0
+    assert seen == {"paths": ["a.png", "b.jpg"], "k": 5, "add": True, "label": "shirt"}
+
+
 def test_errors_are_one_line(tmp_path, capsys):
-    assert search.main(["--workdir", str(tmp_path), "--images", "x.png"]) == 2
+    assert _cli(["--workdir", str(tmp_path), "--images", "x.png"]) == 2
     assert "holds no cvs_jax run" in capsys.readouterr().err
+    assert search.search_or_add(str(tmp_path / "nope"), ["x.png"], add=True) == 2
+    assert "holds no cvs_jax run" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "nope")  # --add did not create the folder for its lock
+    assert search.search_or_add(str(tmp_path), []) == 2
+    assert capsys.readouterr().err.startswith("error: no images given")

@@ -18,6 +18,7 @@ from PIL import Image
 
 from cvs_jax.data import sources
 from cvs_jax.data.builders import FashionMnistLocal, TinyImagenetZip, fashion_mnist_local, tiny_imagenet
+from cvs_jax.errors import DataError
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEBIAN_FASHION_DIR = "/usr/share/datasets/fashion-mnist"
@@ -303,7 +304,7 @@ def test_missing_fashion_files_error(tmp_path):
     with pytest.raises(sources.DatasetNotFoundError) as info:
         sources.load_dataset("fashion_mnist_local", data_dir=str(tmp_path / "d"), manual_dir=str(empty))
     message = str(info.value)
-    assert isinstance(info.value, FileNotFoundError)
+    assert isinstance(info.value, DataError)  # a UserError: one line from the entry points
     assert "fashion_mnist_local" in message
     assert str(empty) in message
     assert "apt-get install dataset-fashion-mnist" in message

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from cvs_jax.data.splits import SETUPS, SessionPlan, make_session_plan
+from cvs_jax.errors import SplitError
 
 
 def _labels(num_classes, per_class, seed=123):
@@ -136,7 +137,7 @@ def test_general_auto_samples_per_new_class_is_largest_feasible():
 
 
 def test_general_not_enough_images_raises():
-    with pytest.raises(ValueError, match="samples_per_new_class"):
+    with pytest.raises(SplitError, match="samples_per_new_class"):
         make_session_plan(CIFAR, **{**CIFAR_GENERAL, "samples_per_new_class": 495})
 
 
@@ -179,7 +180,7 @@ def test_blurry_counts_and_major_share(plans, name, b, major, minor):
 
 
 def test_blurry_too_few_images_raises():
-    with pytest.raises(ValueError, match="blurry_minor_percent"):
+    with pytest.raises(SplitError, match="blurry_minor_percent"):
         make_session_plan(
             _labels(10, 20),
             setup="blurry",
@@ -342,12 +343,12 @@ def test_unshuffled_seed_still_changes_images():
 def test_invalid_inputs_raise_naming_parameter(overrides, param):
     kw = dict(setup="disjoint", num_sessions=5, first_classes=20, classes_per_session=20)
     kw.update(overrides)
-    with pytest.raises(ValueError, match=param):
+    with pytest.raises(SplitError, match=param):
         make_session_plan(CIFAR, **kw)
 
 
 def test_unknown_setup_lists_valid_ones():
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(SplitError) as e:
         make_session_plan(CIFAR, setup="x", num_sessions=5, first_classes=20, classes_per_session=20)
     assert all(s in str(e.value) for s in SETUPS)
 

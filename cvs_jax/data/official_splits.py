@@ -42,6 +42,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from cvs_jax.data.splits import Session, SessionPlan
+from cvs_jax.errors import ConfigError, SplitError
 
 __all__ = [
     "FILE_SETUPS",
@@ -64,7 +65,7 @@ NUM_CLASSES = 100
 _NAME = re.compile(r"^(?:\./)?(train|test)/([^/]+)/(\d+)\.png$")
 
 
-class OfficialSplitError(ValueError):
+class OfficialSplitError(SplitError):
     """The split files or the dataset do not fit the official CIFAR-100 protocol."""
 
 
@@ -195,7 +196,7 @@ class OfficialSessionPlan(SessionPlan):
 
 def read_records(path: str) -> list[dict]:
     if not os.path.isfile(path):
-        raise FileNotFoundError(
+        raise OfficialSplitError(
             f"official split file {path} is missing; copy the ivclab/CVS "
             f"collections/cifar100/*.json files into {os.path.dirname(path) or '.'}"
         )
@@ -231,7 +232,7 @@ def load_official_plan(
     """
     tags = {**FILE_SETUPS, **{v: v for v in FILE_SETUPS.values()}}
     if setup not in tags:
-        raise ValueError(f"setup={setup!r}: the official CIFAR-100 files exist for {sorted(tags)}")
+        raise ConfigError(f"setup={setup!r}: the official CIFAR-100 files exist for {sorted(tags)}")
     tag = tags[setup]
     plan_setup = {v: k for k, v in FILE_SETUPS.items()}[tag]
     train_index, test_index = _as_index(train_class_index), _as_index(test_class_index)

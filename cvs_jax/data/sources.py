@@ -39,6 +39,7 @@ from cvs_jax.data.builders import (
     StanfordDogs256,
     TinyImagenetZip,
 )
+from cvs_jax.errors import ConfigError, DataError
 
 __all__ = [
     "BUILDERS",
@@ -82,7 +83,7 @@ class ImageDataset:
         return tuple(int(d) for d in self.train.images.shape[1:])  # type: ignore[return-value]
 
 
-class CorruptImagesError(ValueError):
+class CorruptImagesError(DataError):
     """The source had undecodable images and the config says to refuse them."""
 
 
@@ -113,7 +114,7 @@ def load_dataset(
         (with `'skip'` they are left out and counted in the log).
     """
     if on_corrupt not in ("refuse", "skip"):
-        raise ValueError(f"data.on_corrupt={on_corrupt!r}: use 'refuse' or 'skip'.")
+        raise ConfigError(f"data.on_corrupt={on_corrupt!r}: use 'refuse' or 'skip'.")
     data_dir = os.path.expanduser(data_dir)
     base = name.split("/", 1)[0].split(":", 1)[0]
     start = time.perf_counter()
@@ -211,7 +212,7 @@ def _load_local(name: str, *, data_dir: str, manual_dir: str | None, on_corrupt:
         images, labels, ids = _read_local_split(raw_source, source_, builder.info)
         order = np.argsort(ids, kind="stable")
         if not np.array_equal(ids[order], np.arange(len(ids))):
-            raise ValueError(f"{full_name}: ids are not 0..N-1.")
+            raise DataError(f"{full_name}: ids are not 0..N-1; delete {builder.data_dir} to prepare it again.")
         if not np.array_equal(order, np.arange(len(ids))):
             images, labels = images[order], labels[order]
         splits.append(Split(images=images, labels=labels))
@@ -330,7 +331,7 @@ def _read_generic_split(source: Sequence[Any]) -> Split:
         if images is None:
             first = np.asarray(records[0]["image"])
             if first.dtype != np.uint8:
-                raise ValueError(f"Expected uint8 images, got {first.dtype}.")
+                raise DataError(f"expected uint8 images, got {first.dtype}; use a dataset of 8-bit images.")
             images = np.empty((n, *first.shape), np.uint8)
             labels = np.empty((n,), np.int32)
         for j, record in enumerate(records):
@@ -339,7 +340,7 @@ def _read_generic_split(source: Sequence[Any]) -> Split:
             if "id" in record:
                 ids.append(record["id"])
     if images is None:
-        raise ValueError("Empty split.")
+        raise DataError("a split of the dataset is empty; check the prepared copy in data.data_dir.")
     if len(ids) == n:
         from cvs_jax.data.official_splits import original_order  # pylint: disable=g-import-not-at-top
 

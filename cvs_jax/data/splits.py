@@ -29,6 +29,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from cvs_jax.errors import SplitError
+
 SETUPS = ("disjoint", "blurry", "general")
 GENERAL_SHARES = ("uniform", "proportional")
 
@@ -178,7 +180,7 @@ def _proportional_general(
         spc, share, ok = trial(Fraction(k, 1000))
         if ok:
             return spc, share
-    raise ValueError(
+    raise SplitError(
         f"old_class_percent={float(m * 100)} leaves no room for new-class images with these "
         "class sizes; lower old_class_percent"
     )
@@ -222,42 +224,42 @@ def make_session_plan(
     last image), drawn at random; ``val_fraction`` must then be 0.
     """
     if setup not in SETUPS:
-        raise ValueError(f"setup={setup!r} is unknown; use one of {SETUPS}")
+        raise SplitError(f"setup={setup!r} is unknown; use one of {SETUPS}")
     if num_sessions < 1:
-        raise ValueError(f"num_sessions={num_sessions} must be >= 1")
+        raise SplitError(f"num_sessions={num_sessions} must be >= 1")
     if first_classes < 1:
-        raise ValueError(f"first_classes={first_classes} must be >= 1")
+        raise SplitError(f"first_classes={first_classes} must be >= 1")
     if num_sessions > 1 and classes_per_session < 1:
-        raise ValueError(f"classes_per_session={classes_per_session} must be >= 1 when num_sessions > 1")
+        raise SplitError(f"classes_per_session={classes_per_session} must be >= 1 when num_sessions > 1")
     if not 0 <= old_class_percent < 100:
-        raise ValueError(f"old_class_percent={old_class_percent} must lie in [0, 100)")
+        raise SplitError(f"old_class_percent={old_class_percent} must lie in [0, 100)")
     if not 0 <= val_fraction < 1:
-        raise ValueError(f"val_fraction={val_fraction} must lie in [0, 1)")
+        raise SplitError(f"val_fraction={val_fraction} must lie in [0, 1)")
     if general_shares not in GENERAL_SHARES:
-        raise ValueError(f"general_shares={general_shares!r} is unknown; use one of {GENERAL_SHARES}")
+        raise SplitError(f"general_shares={general_shares!r} is unknown; use one of {GENERAL_SHARES}")
     if general_shares == "proportional" and samples_per_new_class is not None:
-        raise ValueError("general_shares='proportional' sizes every class itself; pass samples_per_new_class=None")
+        raise SplitError("general_shares='proportional' sizes every class itself; pass samples_per_new_class=None")
     if val_per_class is not None and (val_per_class < 1 or val_fraction != 0):
-        raise ValueError(f"val_per_class={val_per_class} needs val_fraction=0 (got {val_fraction}) and must be >= 1")
+        raise SplitError(f"val_per_class={val_per_class} needs val_fraction=0 (got {val_fraction}) and must be >= 1")
     if samples_per_new_class is not None and samples_per_new_class < 1:
-        raise ValueError(f"samples_per_new_class={samples_per_new_class} must be >= 1 or None")
+        raise SplitError(f"samples_per_new_class={samples_per_new_class} must be >= 1 or None")
     if setup == "blurry":
         if num_sessions > 1 and first_classes != classes_per_session:
-            raise ValueError(
+            raise SplitError(
                 f"blurry needs first_classes ({first_classes}) == classes_per_session "
                 f"({classes_per_session}); set them equal"
             )
         if not 0 < blurry_minor_percent < 100:
-            raise ValueError(f"blurry_minor_percent={blurry_minor_percent} must lie in (0, 100) for setup='blurry'")
+            raise SplitError(f"blurry_minor_percent={blurry_minor_percent} must lie in (0, 100) for setup='blurry'")
 
     labels = np.asarray(train_labels)
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
         raise ValueError(f"train_labels must be a 1-D integer array, got shape {labels.shape} dtype {labels.dtype}")
     labels = labels.astype(np.int64, copy=False)
     if labels.size and labels.min() < 0:
-        raise ValueError("train_labels must be non-negative original dataset labels")
+        raise SplitError("train_labels must be non-negative original dataset labels")
     if num_classes is not None and labels.size and labels.max() >= num_classes:
-        raise ValueError(
+        raise SplitError(
             f"num_classes={num_classes} but train_labels contain label {int(labels.max())}; "
             f"pass num_classes > max label or None"
         )
@@ -266,7 +268,7 @@ def make_session_plan(
     L, S, C = num_sessions, first_classes, classes_per_session if num_sessions > 1 else 0
     needed = S + (L - 1) * C
     if needed > present.size:
-        raise ValueError(
+        raise SplitError(
             f"first_classes + (num_sessions-1)*classes_per_session = {S} + {L - 1}*{C} = {needed} "
             f"exceeds the {present.size} classes present; lower num_sessions, first_classes "
             f"or classes_per_session"
@@ -290,7 +292,7 @@ def make_session_plan(
     intro = np.concatenate([np.zeros(S, np.int64), np.repeat(np.arange(1, L), C)])  # session of each class
     if samples_per_new_class is not None and samples_per_new_class > counts.min():
         p = int(np.argmin(counts))
-        raise ValueError(
+        raise SplitError(
             f"samples_per_new_class={samples_per_new_class} exceeds the {counts[p]} images of "
             f"class {int(class_order[p])}; lower samples_per_new_class or pass None"
         )
@@ -310,7 +312,7 @@ def make_session_plan(
                 k = math.floor(n * b / (L - 1))
                 major = math.floor(k * (L - 1) * (1 - b) / b + Fraction(1, 2))
                 if k == 0:
-                    raise ValueError(
+                    raise SplitError(
                         f"class {int(class_order[p])} has {n} images: too few for "
                         f"blurry_minor_percent={blurry_minor_percent} over num_sessions={L} "
                         f"(need >= {math.ceil((L - 1) / b)}); raise blurry_minor_percent or "
@@ -347,14 +349,14 @@ def make_session_plan(
             while spc > 0 and np.any(need(spc) > counts):
                 spc -= 1
             if spc == 0:
-                raise ValueError(
+                raise SplitError(
                     f"no samples_per_new_class >= 1 fits old_class_percent={old_class_percent} "
                     f"with the available images; lower old_class_percent"
                 )
         short = np.flatnonzero(need(spc) > counts)
         if short.size:
             p = int(short[0])
-            raise ValueError(
+            raise SplitError(
                 f"class {int(class_order[p])} needs {int(need(spc)[p])} images (samples_per_new_class="
                 f"{spc} plus later old-class shares at old_class_percent={old_class_percent}) but has "
                 f"{counts[p]}; lower samples_per_new_class or old_class_percent, or pass "

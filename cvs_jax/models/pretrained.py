@@ -30,6 +30,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from cvs_jax.errors import WeightsError
+
 __all__ = [
     "CONVERT_ONE_LINER",
     "PretrainedWeightsError",
@@ -42,7 +44,7 @@ __all__ = [
 ]
 
 CONVERT_ONE_LINER = (
-    'python -c \'import sys, torch, numpy as np; sd = torch.load(sys.argv[1], map_location="cpu"); '
+    'python -c \'import sys, torch, numpy as np; sd = torch.load(sys.argv[1], map_location="cpu", weights_only=True); '
     'sd = sd.get("state_dict", sd); np.savez(sys.argv[2], **{k: v.numpy() for k, v in sd.items()})\' '
     "resnet50-0676ba61.pth resnet50.npz"
 )
@@ -55,8 +57,8 @@ _IGNORED = re.compile(r"^(fc|last_linear)\.|(^|\.)num_batches_tracked$")
 _EXPANSION = {"bottleneck": 4, "basic": 1}
 
 
-class PretrainedWeightsError(ValueError):
-    """The weight file does not fit the architecture (wrong keys or shapes)."""
+class PretrainedWeightsError(WeightsError):
+    """The weight file is missing, unreadable, or does not fit the architecture (wrong keys or shapes)."""
 
 
 # ---------------------------------------------------------------- expected layout
@@ -119,7 +121,7 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     """A torchvision state dict as numpy arrays, from ``.npz`` or (with torch installed) ``.pth``."""
     path = os.path.expanduser(str(path))
     if not os.path.isfile(path):
-        raise FileNotFoundError(
+        raise PretrainedWeightsError(
             f"pretrained weights {path!r} not found. Fix: on a machine with internet download {_WHERE}, "
             f"convert it to .npz with\n  {CONVERT_ONE_LINER}\nand pass the .npz path."
         )
@@ -134,7 +136,14 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
             )
         import torch  # pylint: disable=g-import-not-at-top
 
-        obj = torch.load(path, map_location="cpu")
+        try:  # weights_only: tensors and plain containers only, never arbitrary pickled code
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # any failure to read the user's file is reported as such, with its cause
+            raise PretrainedWeightsError(
+                f"cannot read {path!r} as a PyTorch state dict of tensors ({type(e).__name__}: {e}). Fix: pass "
+                f"the state dict of {_WHERE} (objects other than tensors are refused, as they could run code), "
+                f"or convert it to .npz with\n  {CONVERT_ONE_LINER}"
+            ) from e
         if isinstance(obj, Mapping) and "state_dict" in obj:
             obj = obj["state_dict"]
         sd = {k: v.detach().cpu().numpy() for k, v in obj.items() if hasattr(v, "detach")}

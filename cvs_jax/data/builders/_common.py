@@ -10,15 +10,17 @@ from typing import Any, ClassVar
 
 import tensorflow_datasets as tfds
 
+from cvs_jax.errors import DataError
 
-class DatasetNotFoundError(FileNotFoundError):
+
+class DatasetNotFoundError(DataError):
     """The files a dataset is built from (or its prepared copy) are missing.
 
     The message names the dataset, the directory that was searched and the fix.
     """
 
 
-class SourceMismatchError(ValueError):
+class SourceMismatchError(DataError):
     """A prepared dataset in `data_dir` was built from different source files."""
 
 

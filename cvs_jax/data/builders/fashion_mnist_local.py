@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from cvs_jax.data.builders._common import DatasetNotFoundError, LocalBuilder, SourceInfo
+from cvs_jax.errors import DataError
 
 DEFAULT_MANUAL_DIR = "/usr/share/datasets/fashion-mnist"
 
@@ -84,10 +85,10 @@ def find_idx_files(manual_dir: str) -> dict[str, str]:
 def _parse_header(f, path: str) -> tuple[np.dtype, tuple[int, ...]]:
     magic = f.read(4)
     if len(magic) != 4 or magic[0] != 0 or magic[1] != 0:
-        raise ValueError(f"{path}: not an IDX file (magic {magic!r}).")
+        raise DataError(f"{path}: not an IDX file (magic {magic!r}).")
     type_code, ndim = magic[2], magic[3]
     if type_code not in _IDX_DTYPES:
-        raise ValueError(f"{path}: unknown IDX type code {type_code:#x}.")
+        raise DataError(f"{path}: unknown IDX type code {type_code:#x}.")
     shape = struct.unpack(f">{ndim}I", f.read(4 * ndim))
     return np.dtype(_IDX_DTYPES[type_code]), tuple(shape)
 
@@ -105,7 +106,7 @@ def read_idx(path: str) -> np.ndarray:
         data = f.read()
     expected = int(np.prod(shape)) * dtype.itemsize
     if len(data) != expected:
-        raise ValueError(f"{path}: expected {expected} data bytes for shape {shape}, got {len(data)}.")
+        raise DataError(f"{path}: expected {expected} data bytes for shape {shape}, got {len(data)}.")
     return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
@@ -162,9 +163,9 @@ class FashionMnistLocal(LocalBuilder):
             image_shape = read_idx_shape(files[images_base])
             label_shape = read_idx_shape(files[labels_base])
             if len(image_shape) != 3 or tuple(image_shape[1:]) != (28, 28):
-                raise ValueError(f"{files[images_base]}: expected images of shape [N, 28, 28], got {image_shape}.")
+                raise DataError(f"{files[images_base]}: expected images of shape [N, 28, 28], got {image_shape}.")
             if label_shape != image_shape[:1]:
-                raise ValueError(
+                raise DataError(
                     f"{files[labels_base]}: {label_shape[0]} labels for"
                     f" {image_shape[0]} images in {files[images_base]}."
                 )
@@ -189,11 +190,11 @@ class FashionMnistLocal(LocalBuilder):
         images = read_idx(images_path)
         labels = read_idx(labels_path)
         if images.dtype != np.uint8 or labels.dtype != np.uint8:
-            raise ValueError(
+            raise DataError(
                 f"{images_path}, {labels_path}: expected uint8 IDX data, got {images.dtype} and {labels.dtype}."
             )
         if labels.size and int(labels.max()) >= len(CLASS_NAMES):
-            raise ValueError(f"{labels_path}: label {labels.max()} out of range.")
+            raise DataError(f"{labels_path}: label {labels.max()} out of range.")
         images = images[..., None]
         for i in range(images.shape[0]):
             yield i, {"image": images[i], "label": int(labels[i]), "id": i}

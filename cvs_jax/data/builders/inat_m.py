@@ -41,6 +41,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from cvs_jax.data.builders._tfds_source import Plan, SourceDescription, SourceSplit, TfdsDerivedBuilder
+from cvs_jax.errors import DataError
 
 SOURCE_NAME = "i_naturalist2017"
 # Read at preparation time (tests patch them small).
@@ -66,7 +67,7 @@ def select(
     counts = np.bincount(train.labels, minlength=len(class_names))
     eligible = np.flatnonzero(counts >= min_train_per_class)
     if len(eligible) < num_classes:
-        raise ValueError(
+        raise DataError(
             f"inat_m: only {len(eligible)} classes of {SOURCE_NAME} have >="
             f" {min_train_per_class} train images; {num_classes} are needed."
             " Is the source complete?"

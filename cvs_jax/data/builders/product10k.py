@@ -45,6 +45,7 @@ import tensorflow_datasets as tfds
 
 from cvs_jax.data.builders import _decode, _resize
 from cvs_jax.data.builders._common import DatasetNotFoundError, LocalBuilder, SourceInfo, ZipOrFolder
+from cvs_jax.errors import DataError
 
 # Read at preparation time (tests patch them).
 MIN_IMAGES_PER_CLASS = 20
@@ -105,7 +106,7 @@ def read_csv(manual_dir: str) -> CsvIndex:
         data = f.read()
     reader = csv.DictReader(io.StringIO(data.decode("utf-8-sig")))
     if not {"name", "class"} <= set(reader.fieldnames or ()):
-        raise ValueError(
+        raise DataError(
             f"product_m: {path} has columns {reader.fieldnames}; expected name,class,group (the official train.csv)."
         )
     rows = []
@@ -113,9 +114,9 @@ def read_csv(manual_dir: str) -> CsvIndex:
         try:
             rows.append((row["name"], int(row["class"])))
         except (TypeError, ValueError) as e:
-            raise ValueError(f"product_m: {path}:{line}: bad row {row}.") from e
+            raise DataError(f"product_m: {path}:{line}: bad row {row}.") from e
     if not rows:
-        raise ValueError(f"product_m: {path} has no rows.")
+        raise DataError(f"product_m: {path} has no rows.")
     return CsvIndex(sha256=hashlib.sha256(data).hexdigest(), rows=tuple(rows))
 
 
@@ -160,7 +161,7 @@ def split(rows, *, min_images_per_class: int, test_percent: int, seed: int) -> S
         files[cls].append(name)
     kept = sorted(c for c, names in files.items() if len(names) >= min_images_per_class)
     if not kept:
-        raise ValueError(f"product_m: no class has >= {min_images_per_class} images.")
+        raise DataError(f"product_m: no class has >= {min_images_per_class} images.")
     rng = np.random.default_rng(seed)
     train, test = [], []
     for label, cls in enumerate(kept):

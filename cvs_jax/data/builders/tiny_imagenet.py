@@ -38,6 +38,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from cvs_jax.data.builders._common import DatasetNotFoundError, LocalBuilder, SourceInfo, ZipOrFolder, sha256_lines
+from cvs_jax.errors import DataError
 
 IMAGE_SHAPE = (64, 64, 3)
 NUM_OFFICIAL_CLASSES = 200
@@ -160,7 +161,7 @@ def build_index(source: TinySource) -> TinyIndex:
     """Parses wnids/words/val_annotations and lists the images (no decoding)."""
     wnids = sorted(set(source.read("wnids.txt").decode("utf-8").split()))
     if not wnids:
-        raise ValueError(f"{source}: wnids.txt is empty.")
+        raise DataError(f"{source}: wnids.txt is empty.")
     label_of = {w: i for i, w in enumerate(wnids)}
     sizes = source.sizes()
 
@@ -180,7 +181,7 @@ def build_index(source: TinySource) -> TinyIndex:
         m = _TRAIN_RE.match(rel)
         if m:
             if m.group(1) not in label_of:
-                raise ValueError(f"{source}: train folder {m.group(1)} not in wnids.txt")
+                raise DataError(f"{source}: train folder {m.group(1)} not in wnids.txt")
             train.append(((label_of[m.group(1)], int(m.group(2))), rel))
     train.sort()
 
@@ -189,7 +190,7 @@ def build_index(source: TinySource) -> TinyIndex:
         fields = line.split("\t")
         if len(fields) >= 2 and fields[0]:
             if fields[1] not in label_of:
-                raise ValueError(f"{source}: val_annotations.txt: {fields[1]} not in wnids.txt")
+                raise DataError(f"{source}: val_annotations.txt: {fields[1]} not in wnids.txt")
             annotations[fields[0]] = label_of[fields[1]]
     test = []
     for rel in sizes:
@@ -197,11 +198,11 @@ def build_index(source: TinySource) -> TinyIndex:
         if m:
             base = rel.rsplit("/", 1)[1]
             if base not in annotations:
-                raise ValueError(f"{source}: {base} has no line in val_annotations.txt")
+                raise DataError(f"{source}: {base} has no line in val_annotations.txt")
             test.append((int(m.group(1)), rel, annotations[base]))
     test.sort()
     if not train or not test:
-        raise ValueError(f"{source}: found {len(train)} train and {len(test)} val images.")
+        raise DataError(f"{source}: found {len(train)} train and {len(test)} val images.")
     return TinyIndex(
         wnids=tuple(wnids),
         class_names=tuple(names),
@@ -317,7 +318,7 @@ class TinyImagenetZip(LocalBuilder):
             indexed = matching
         if len(indexed) > 1:
             found = ", ".join(f"{s} ({i.config_name})" for s, i in indexed)
-            raise ValueError(
+            raise DataError(
                 f"tiny_imagenet_zip: several Tiny-ImageNet copies in {manual_dir!r}:"
                 f" {found}. Name the config (tiny_imagenet_zip/full, /mini,"
                 " /custom) or keep a single copy there."

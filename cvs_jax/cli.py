@@ -1,0 +1,82 @@
+"""What the command-line entry points share: the ``--config`` help, logging, the one error boundary.
+
+Each entry point (``main``, ``compare``, ``search``, ``summarize``) parses absl flags and
+catches ``errors.UserError`` only: it prints one ``error: <message>`` line to stderr and
+exits with status 2.  Every other exception keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+from absl import app, flags, logging
+
+from cvs_jax.errors import UserError
+
+
+class _HelpFlag(app.HelpFlag):
+    """``--help`` / ``-?``: the command's usage and flags, exit status 0 (absl's own exits with 1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.allow_override = True  # replaces absl's flag of the same name
+
+    def parse(self, arg):
+        if self._parse(arg):
+            app.usage(shorthelp=True, writeto_stdout=True)
+            print("\nTry --helpfull to get a list of all flags.")
+            sys.exit(0)
+
+
+class _HelpshortFlag(_HelpFlag):
+    NAME = "helpshort"
+    SHORT_NAME = None
+
+
+class _HelpfullFlag(app.HelpfullFlag):
+    """``--helpfull``: every flag, exit status 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.allow_override = True
+
+    def parse(self, arg):
+        if self._parse(arg):
+            app.usage(writeto_stdout=True)
+            sys.exit(0)
+
+
+def run(main: Callable[[list[str]], int | None]) -> None:
+    """``absl.app.run(main)`` whose ``--help`` exits with status 0."""
+    app.define_help_flags()
+    for flag in (_HelpFlag(), _HelpshortFlag(), _HelpfullFlag()):
+        flags.DEFINE_flag(flag)
+    app.run(main)
+
+
+def config_help() -> str:
+    """Help text of ``--config``: the variants a config accepts and the method names."""
+    from cvs_jax.methods import METHODS  # pylint: disable=g-import-not-at-top
+
+    try:
+        from configs.variants import VARIANTS  # pylint: disable=g-import-not-at-top
+    except ImportError:  # run from outside the repository: the config files are not importable either
+        VARIANTS = ()
+    text = "Path to a configs/<name>.py file, optionally with variants: configs/<name>.py:<variant>[,<variant>...]"
+    if VARIANTS:
+        text += f" (variants: {', '.join(VARIANTS)})"
+    return text + f". Override any field with --config.<key>=<value>; --config.method is one of {', '.join(METHODS)}."
+
+
+def quiet_logging() -> None:
+    """WARNING and above (orbax logs every file it writes at INFO), unless ``--verbosity``/``-v`` was passed."""
+    if "verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present:
+        return
+    logging.set_verbosity(logging.WARNING)
+
+
+def report(error: UserError) -> int:
+    """Prints ``error: <message>`` to stderr; returns the exit status of a user error (2)."""
+    print(f"error: {error}", file=sys.stderr)
+    return 2
