@@ -25,23 +25,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import cifar100_general, dogs_general
-from cvs_jax import augment, distributed
+from cvs_jax import augment, distributed, models
 from cvs_jax.methods import get_method
-from cvs_jax.models import build_model, init_head
 from cvs_jax.train_step import TrainState, make_optimizer, make_train_step
 
 NUM_CLASSES, OLD_CLASSES, VALID_CLASSES = 100, 20, 40
 
 
 def build(config, dtype: str, mesh, side: int):
-    model = build_model(
-        config.model.name,
-        width=config.model.width,
-        layout=config.model.layout,
-        embed_dim=config.model.embed_dim,
-        dtype=dtype,
-        frozen_bn=config.model.frozen_bn,
-    )
+    config = config.copy_and_resolve_references()
+    config.model.dtype, config.model.pretrained = dtype, None  # random weights: speed does not depend on them
+    model = models.from_config(config)
     tx = make_optimizer(
         momentum=config.train.momentum, nesterov=config.train.nesterov, weight_decay=config.train.weight_decay
     )
@@ -54,28 +48,30 @@ def build(config, dtype: str, mesh, side: int):
         pipeline=augment.Pipeline.from_config(config),
     )
     k_init, k_head, k_c = jax.random.split(jax.random.key(0), 3)
-    v = model.init(k_init, jnp.zeros((1, side, side, 3), jnp.float32), train=False)
-    params = {"net": v["params"], "head": init_head(k_head, NUM_CLASSES, config.model.embed_dim)}
-    variables = {"params": params, "batch_stats": v["batch_stats"]}
+    # host copies: the step donates the state's buffers, so the frozen model must not share them
+    variables = jax.device_get(models.init_variables(model, config, (side, side, 3), NUM_CLASSES, k_init, k_head))
+    params = variables["params"]
     centers = jax.random.normal(k_c, (NUM_CLASSES, config.model.embed_dim))
     centers = centers / jnp.linalg.norm(centers, axis=1, keepdims=True)
-    aux = {
+    consts = {
         "valid_classes": jnp.int32(VALID_CLASSES),
         "old_classes": jnp.int32(OLD_CLASSES),
         "centers": centers,
         "center_mask": jnp.arange(NUM_CLASSES) < OLD_CLASSES,
     }
-    state = TrainState(step=jnp.int32(0), params=params, batch_stats=v["batch_stats"], opt_state=tx.init(params))
+    state = TrainState(
+        step=jnp.int32(0), params=params, batch_stats=variables["batch_stats"], opt_state=tx.init(params)
+    )
     return (
         step,
         distributed.replicate(state, mesh),
         distributed.replicate(variables, mesh),
-        distributed.replicate(aux, mesh),
+        distributed.replicate(consts, mesh),
     )
 
 
 def bench(config, dtype: str, batch: int, steps: int, mesh, side: int) -> dict:
-    step, state, frozen, aux = build(config, dtype, mesh, side)
+    step, state, frozen, consts = build(config, dtype, mesh, side)
     rng = np.random.default_rng(0)
     lo, hi = distributed.process_slice(batch, mesh)
     images = rng.integers(0, 256, size=(batch, side, side, 3), dtype=np.uint8)
@@ -83,14 +79,14 @@ def bench(config, dtype: str, batch: int, steps: int, mesh, side: int) -> dict:
     data = distributed.global_batch({"images": images[lo:hi], "labels": labels[lo:hi]}, mesh)
     lr, key = jnp.float32(0.03), jax.random.key(1)
     t0 = time.perf_counter()
-    state, m = step(state, frozen, data, aux, lr, key)  # compile + first step
+    state, m = step(state, frozen, data, consts, lr, key)  # compile + first step
     jax.block_until_ready(state)
     compile_s = time.perf_counter() - t0
-    state, m = step(state, frozen, data, aux, lr, key)  # one more warm-up step
+    state, m = step(state, frozen, data, consts, lr, key)  # one more warm-up step
     jax.block_until_ready(state)
     t0 = time.perf_counter()
     for _ in range(steps):
-        state, m = step(state, frozen, data, aux, lr, key)
+        state, m = step(state, frozen, data, consts, lr, key)
     jax.block_until_ready((state, m))
     dt = time.perf_counter() - t0
     assert np.isfinite(float(m["loss"])) and float(m["L_m"]) >= 0 and float(m["L_d"]) >= 0

@@ -1,0 +1,89 @@
+"""Shared by the every-method rerun and kill tests: the tiny two-session command and its outcome."""
+
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALL_METHODS = ["finetune", "joint", "cvs", "bct", "lwf", "mmd", "ewc", "rwalk", "rainbow"]
+
+
+def overrides(manual, tfds_dir):
+    return [
+        f"--config.data.manual_dir={manual}",
+        f"--config.data.data_dir={tfds_dir}",
+        "--config.data.num_sessions=2",
+        "--config.data.samples_per_new_class=30",
+        "--config.model.width=4",
+        "--config.model.embed_dim=8",
+        "--config.train.epochs=2",
+        "--config.train.batch_size=16",
+        "--config.train.eval_batch_size=64",
+        "--config.train.checkpoint_every_steps=3",
+        "--config.memory.budget=20",
+    ]
+
+
+def compare_cmd(manual, tfds_dir, workdir, methods):
+    return [
+        sys.executable,
+        "-m",
+        "cvs_jax.compare",
+        "--config",
+        "configs/fashion_mnist_general.py",
+        "--workdir",
+        workdir,
+        "--methods",
+        ",".join(methods),
+        "--seeds",
+        "0",
+    ] + overrides(manual, tfds_dir)
+
+
+def main_cmd(manual, tfds_dir, workdir, method):
+    return [
+        sys.executable,
+        "-m",
+        "cvs_jax.main",
+        "--config",
+        "configs/fashion_mnist_general.py",
+        "--workdir",
+        workdir,
+        f"--config.method={method}",
+        "--config.seed=0",
+    ] + overrides(manual, tfds_dir)
+
+
+def env(fault=None):
+    e = dict(
+        os.environ,
+        JAX_COMPILATION_CACHE_DIR=os.environ.get("CVS_JAX_TEST_CACHE", "/tmp/cvs_jax_xla_cache"),
+        JAX_PLATFORMS="cpu",
+    )
+    e.pop("CVS_JAX_FAULT", None)
+    if fault:
+        e["CVS_JAX_FAULT"] = fault
+    return e
+
+
+def run(cmd, fault=None):
+    return subprocess.run(cmd, cwd=REPO, env=env(fault), capture_output=True, text=True, timeout=900)
+
+
+def outcome(workdir):
+    """results.json and metrics.jsonl without wall times."""
+    with open(os.path.join(workdir, "results.json")) as f:
+        results = json.load(f)
+    for r in results["per_session"]:
+        r.pop("seconds")
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        metrics = [json.loads(line) for line in f]
+    for m in metrics:
+        m.pop("time"), m.pop("images_per_s", None)
+    return results, metrics
+
+
+def moved_aside(root):
+    """Every directory under root that a restore moved aside."""
+    return [os.path.join(d, n) for d, dirs, _ in os.walk(root) for n in dirs if n.startswith("unreadable-")]

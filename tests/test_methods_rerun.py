@@ -1,0 +1,41 @@
+"""Every method: a finished two-session run, run again with the same command, changes nothing.
+
+(The rerun of a finished ``lwf`` run once moved its good session checkpoint aside as
+"unreadable" and trained session 2 again.)
+"""
+
+import os
+
+import pytest
+
+from tests import methods_runs as mr
+from tests.tiny_data import write_fashion_idx
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rerun")
+    manual = write_fashion_idx(str(root / "idx"), train_per_class=40, test_per_class=6)
+    workdir = str(root / "cmp")
+    cmd = mr.compare_cmd(manual, str(root / "tfds"), workdir, mr.ALL_METHODS)
+    proc = mr.run(cmd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return cmd, workdir
+
+
+def listing(root):
+    return sorted(os.path.join(d, f) for d, _, files in os.walk(root) for f in files if "checkpoints" in d)
+
+
+def test_rerun_of_every_finished_method_changes_nothing(compared):
+    cmd, workdir = compared
+    before = {m: mr.outcome(os.path.join(workdir, "seed0", m)) for m in mr.ALL_METHODS}
+    files = listing(workdir)
+    again = mr.run(cmd)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "cannot be read" not in again.stdout + again.stderr
+    assert mr.moved_aside(workdir) == []
+    assert listing(workdir) == files  # no checkpoint written, moved or removed
+    assert "== session" not in again.stdout  # no finished session is trained again
+    for m in mr.ALL_METHODS:
+        assert mr.outcome(os.path.join(workdir, "seed0", m)) == before[m], m
