@@ -13,6 +13,8 @@ import functools
 
 import numpy as np
 
+from cvs_jax.errors import CheckpointError
+
 
 @dataclasses.dataclass(frozen=True)
 class GalleryPart:
@@ -106,20 +108,34 @@ class Gallery:
 
     @classmethod
     def restore(cls, checkpoints, last_session: int, embed_dim: int, item: str = "gallery") -> "Gallery":
-        """The gallery after ``last_session``: the parts stored in session checkpoints 0..last_session."""
+        """The gallery after ``last_session``: the parts stored in session checkpoints 0..last_session.
+
+        A part that cannot be read is refused (``CheckpointError``), never moved aside: its rows were
+        embedded by that session's model and are never re-extracted.  Any other ``CheckpointError`` of
+        the checkpoint layer (permissions, I/O) passes through unchanged."""
+        from cvs_jax.checkpoint import UnreadableCheckpointError  # orbax is imported only to restore
+
         gallery = cls.empty(embed_dim)
         for s in range(last_session + 1):
             try:
                 d = checkpoints.restore(s, {item: None})[item]
-            except Exception as e:  # orbax raises many types for missing / corrupt files
-                raise ValueError(
-                    f"the gallery rows of session {s + 1} cannot be read from {checkpoints.directory}/{s} "
-                    f"({type(e).__name__}: {str(e)[:160]}); they were embedded by that session's model and are "
-                    "never re-extracted: restore that folder from a backup (nothing was changed)."
-                ) from e
+            except UnreadableCheckpointError as e:  # damaged or missing files
+                raise CheckpointError(cls._unreadable(checkpoints, s, str(e.__cause__ or e))) from e
+            except CheckpointError:
+                raise
+            except Exception as e:  # noqa: BLE001 -- a checkpoint store other than Checkpoints
+                raise CheckpointError(cls._unreadable(checkpoints, s, f"{type(e).__name__}: {e}")) from e
             if d:  # an empty session adds no part
                 gallery = gallery.with_part(GalleryPart.from_dict(d))
         return gallery
+
+    @staticmethod
+    def _unreadable(checkpoints, s: int, why: str) -> str:
+        return (
+            f"the gallery rows of session {s + 1} cannot be read from {checkpoints.directory}/{s} "
+            f"({why[:200]}); they were embedded by that session's model and are never re-extracted: "
+            "restore that folder from a backup (nothing was changed)."
+        )
 
 
 class RowConcat:

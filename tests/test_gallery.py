@@ -1,7 +1,9 @@
 """The per-session gallery: appending copies nothing, each checkpoint holds its session's part,
 and restoring gives back exactly the rows that were stored."""
 
+import errno
 import os
+import shutil
 import tracemalloc
 
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 
 from cvs_jax import losses
 from cvs_jax.checkpoint import Checkpoints
+from cvs_jax.errors import CheckpointError
 from cvs_jax.gallery import Gallery, GalleryPart, RowConcat
 
 
@@ -74,6 +77,7 @@ def test_checkpoints_store_one_part_each_and_restore_exactly(tmp_path):
     ck.close()
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # orbax's closed loop after a read error
 def test_an_unreadable_older_part_is_refused_and_left_in_place(tmp_path):
     ck = Checkpoints(str(tmp_path / "sessions"), max_to_keep=None)
     for s in range(2):
@@ -90,10 +94,50 @@ def test_an_unreadable_older_part_is_refused_and_left_in_place(tmp_path):
         with open(v, "r+b") as f:
             f.truncate(5)
     ck = Checkpoints(str(tmp_path / "sessions"), max_to_keep=None)
-    with pytest.raises(ValueError, match="session 1 cannot be read"):
+    with pytest.raises(CheckpointError, match="session 1 cannot be read.*never re-extracted"):
         Gallery.restore(ck, 1, 8)
     ck.close()
-    assert all(os.path.exists(v) for v in victims) and sorted(os.listdir(tmp_path / "sessions"))[:2] == ["0", "1"]
+    assert all(os.path.exists(v) for v in victims) and sorted(os.listdir(tmp_path / "sessions")) == ["0", "1"]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # orbax's closed loop after a read error
+def test_a_missing_part_is_refused_and_nothing_moved(tmp_path):
+    ck = Checkpoints(str(tmp_path / "sessions"), max_to_keep=None)
+    for s in range(2):
+        ck.save(s, {"gallery": part(s, 3, start=10 * s).as_dict()}, {})
+    ck.close()
+    shutil.rmtree(tmp_path / "sessions" / "1" / "gallery")
+    ck = Checkpoints(str(tmp_path / "sessions"), max_to_keep=None)
+    with pytest.raises(CheckpointError, match="session 2 cannot be read.*restore that folder from a backup"):
+        Gallery.restore(ck, 1, 8)
+    ck.close()
+    assert sorted(os.listdir(tmp_path / "sessions")) == ["0", "1"]
+
+
+def test_a_permission_error_of_the_checkpoint_layer_passes_through(tmp_path, monkeypatch):
+    ck = Checkpoints(str(tmp_path / "sessions"), max_to_keep=None)
+    ck.save(0, {"gallery": part(0, 3).as_dict()}, {})
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(ck._mgr, "restore", denied)
+    with pytest.raises(CheckpointError, match="cannot be read now.*Permission denied") as info:
+        Gallery.restore(ck, 0, 8)
+    assert "gallery rows" not in str(info.value)  # the checkpoint layer's own message, unchanged
+    ck.close()
+    assert sorted(os.listdir(tmp_path / "sessions")) == ["0"]
+
+
+def test_another_store_failing_is_refused_as_unreadable():
+    class Store:
+        directory = "/somewhere"
+
+        def restore(self, step, templates):
+            raise OSError("bad sector")
+
+    with pytest.raises(CheckpointError, match="session 1 cannot be read from /somewhere/0 .OSError: bad sector"):
+        Gallery.restore(Store(), 0, 8)
 
 
 @pytest.mark.parametrize("per_session", [False, True])
