@@ -170,8 +170,9 @@ def train(ctx: RunContext, state: RunState, view: SessionView, consts: dict) -> 
         ts, meta = items["state"], items["meta"]
         best = Selection(items["best"], meta["best_r1"], meta["best_epoch"])
         sums = {k: jnp.asarray(v) for k, v in (items["sums"] or {}).items()}
-        log.truncate(session=s + 1, step=int(ts.step))
         log.print(f"resumed session {s + 1} at step {int(ts.step)}/{total}")
+    # metrics a killed process wrote after the point this session resumes from are written again
+    log.truncate(session=s + 1, step=int(ts.step))
     ts = distributed.replicate(ts, ctx.mesh)
     search = make_search(ctx, view)
     val_images = ctx.proto.train_images(view.val_idx)

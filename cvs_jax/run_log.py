@@ -40,15 +40,14 @@ class RunLog:
         if self._tb is not None:
             self._tb.close()
 
-    def truncate(self, *, session: int, step: int | None) -> None:
+    def truncate(self, *, session: int, step: int) -> None:
         """Drops records written after (session, step) by a run that crashed, so a resumed
-        run's ``metrics.jsonl`` equals an uninterrupted one's.  ``step=None``: keep the
-        whole session."""
+        run's ``metrics.jsonl`` equals an uninterrupted one's."""
         if not self._main or not os.path.exists(self._path):
             return
         with open(self._path) as f:
             records = [json.loads(line) for line in f if line.strip()]
-        limit = (session, float("inf") if step is None else step)
+        limit = (session, step)
         kept = [r for r in records if (r["session"], r["step"]) <= limit]
         if len(kept) != len(records):
             tmp = self._path + ".tmp"

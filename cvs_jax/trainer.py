@@ -42,7 +42,6 @@ def resume(ctx: RunContext) -> RunState:
     state = RunState.restore(ctx.sessions, fresh)
     if state is None:
         return fresh
-    ctx.log.truncate(session=state.completed, step=None)
     ctx.log.print(
         f"resumed after session {state.completed}: gallery {len(state.gallery)} rows, memory {len(state.memory)}"
     )
