@@ -66,10 +66,6 @@ def apply_policy(key, images_u8, policy: str):
     return images_u8
 
 
-def preprocess_eval(images_u8, *, mean, std):
-    return normalize(images_u8, mean, std)
-
-
 # ----------------------------------------------------------------- fine-grained recipe (spec §1.6)
 
 

@@ -22,8 +22,9 @@ Conventions (same as :mod:`cvs_jax.losses`):
   integer class counts (``old_classes`` ...) may be traced;
 * everything coming from the old model (``old_*``) passes through ``stop_gradient``:
   the gradient reaches only the new model's outputs;
-* ``valid`` (bool [n], optional) drops padding rows everywhere (as anchors, as candidates,
-  from all means); the official code never pads (``drop_last=True``);
+* every row of the batch takes part (the official code never pads, ``drop_last=True``); the
+  only row masks are the losses' own sample selections (BCT: old-class rows, MMD KD:
+  new-class rows);
 * batch-wide (relational) losses are computed on whatever batch they are given -- pass the
   GLOBAL batch (e.g. after an all-gather) to match the official single-GPU semantics;
 * "logits" of a NormLayer head are the cosines cos(e, w_k) in [-1, 1], i.e. the output of
@@ -39,11 +40,11 @@ import jax.numpy as jnp
 
 from cvs_jax.losses import (
     TRIPLET_EPS,
+    _mean,
     _row_mean,
     _safe_norm,
-    _valid_mask,
+    _softmax_nll,
     l2_normalize,
-    normalized_softmax_loss,
 )
 
 sg = jax.lax.stop_gradient
@@ -113,32 +114,34 @@ def _class_mask(width: int, num_classes) -> tuple[jax.Array, jax.Array]:
 # --------------------------------------------------------------------------
 
 
+def _kd_rows(student_logits: jax.Array, teacher_logits: jax.Array, T: float, num_classes):
+    """Per-row official ``KDLoss`` terms [n] and the ``any class`` flag (see :func:`kd_loss`)."""
+    s, t = _match_width(student_logits, sg(teacher_logits))
+    colmask, any_cls = _class_mask(s.shape[1], num_classes)
+    s = jnp.where(colmask[None, :], s / T, -jnp.inf)
+    t = jnp.where(colmask[None, :], t / T, -jnp.inf)
+    logp_s = jnp.where(colmask[None, :], jax.nn.log_softmax(s, axis=-1), 0.0)
+    p_t = jnp.where(colmask[None, :], jax.nn.softmax(t, axis=-1), 0.0)
+    return -jnp.sum(p_t * logp_s, axis=-1), any_cls
+
+
 def kd_loss(
     student_logits: jax.Array,
     teacher_logits: jax.Array,
     T: float = 2.0,
     num_classes=None,
-    valid: jax.Array | None = None,
 ) -> jax.Array:
     """Official ``kdloss.py::KDLoss(logits, labels, temperature=T)`` on pre-scaled logits:
 
-        L = − (1/|V|) Σ_{i∈V} Σ_{k<C} softmax(t_i/T)_k · log_softmax(s_i/T)_k
+        L = − (1/n) Σ_i Σ_{k<C} softmax(t_i/T)_k · log_softmax(s_i/T)_k
 
     (cross-entropy form, NO T² factor, mean over the rows). ``num_classes`` = C (int, may
     be traced) keeps only the columns k < C in both softmaxes (the official tensors have
     exactly C columns); C = 0 gives 0. If the two inputs differ in width the wider one is
     sliced to the narrower (static). Teacher logits get ``stop_gradient``.
     """
-    s, t = _match_width(student_logits, sg(teacher_logits))
-    n, k = s.shape
-    colmask, any_cls = _class_mask(k, num_classes)
-    s = jnp.where(colmask[None, :], s / T, -jnp.inf)
-    t = jnp.where(colmask[None, :], t / T, -jnp.inf)
-    logp_s = jnp.where(colmask[None, :], jax.nn.log_softmax(s, axis=-1), 0.0)
-    p_t = jnp.where(colmask[None, :], jax.nn.softmax(t, axis=-1), 0.0)
-    per_row = -jnp.sum(p_t * logp_s, axis=-1)
-    v = _valid_mask(n, valid)
-    out = _row_mean(per_row, v, jnp.sum(v))
+    per_row, any_cls = _kd_rows(student_logits, teacher_logits, T, num_classes)
+    out = _mean(per_row)
     return jnp.where(any_cls, out, jnp.zeros((), out.dtype))
 
 
@@ -148,7 +151,6 @@ def bct_influence_loss(
     labels: jax.Array,
     old_classes,
     temperature: float = 0.05,
-    valid: jax.Array | None = None,
 ) -> jax.Array:
     """BCT "influence loss" (Shen et al. CVPR 2020) as in ivclab/CVS ``train.py`` (``--bct``):
 
@@ -161,17 +163,12 @@ def bct_influence_loss(
     K >= old_classes (may be the full allocated head).
     """
     labels = jnp.asarray(labels)
-    v = _valid_mask(new_emb.shape[0], valid) & (labels < old_classes)
+    old_rows = labels < old_classes
     # max(.,1): keep one column so the masked softmax never is all −inf (NaN gradients);
-    # with old_classes == 0 no row is selected anyway.
-    return normalized_softmax_loss(
-        new_emb,
-        sg(old_head),
-        labels,
-        temperature=temperature,
-        valid_classes=jnp.maximum(jnp.asarray(old_classes), 1),
-        valid=v,
-    )
+    # with old_classes == 0 no row is selected anyway. New-class rows have nll = +inf
+    # (masked label); the masked mean leaves them out.
+    nll = _softmax_nll(new_emb, sg(old_head), labels, temperature, jnp.maximum(jnp.asarray(old_classes), 1))
+    return _masked_mean(nll, old_rows)
 
 
 def lwf_kd_loss(
@@ -180,7 +177,6 @@ def lwf_kd_loss(
     T: float = 2.0,
     temperature: float = 0.05,
     num_old_classes=None,
-    valid: jax.Array | None = None,
 ) -> jax.Array:
     """LwF distillation term as in ivclab/CVS ``train.py`` (``--lwf``):
     ``KDLoss(head_y_o / 0.05, old_logit / 0.05)`` with T = 2, i.e.
@@ -195,14 +191,13 @@ def lwf_kd_loss(
     ``new_logits`` h = the (trainable, in the official code) copy of the OLD classifier
     applied to the NEW embedding; ``old_logits`` o = frozen old classifier on the old
     embedding (``stop_gradient``). ``num_old_classes`` masks columns >= C_old when the heads
-    are allocated wider than the old head. All (valid) samples take part.
+    are allocated wider than the old head. All samples take part.
     """
     return kd_loss(
         new_logits / temperature,
         old_logits / temperature,
         T=T,
         num_classes=num_old_classes,
-        valid=valid,
     )
 
 
@@ -210,7 +205,6 @@ def mmd_loss(
     new_emb: jax.Array,
     old_emb: jax.Array,
     dim: int | None = None,
-    valid: jax.Array | None = None,
 ) -> jax.Array:
     """MMD term of the MMD baseline (Chen et al. BMVC 2020), ivclab/CVS ``mmdloss.py::MMD``:
 
@@ -221,17 +215,14 @@ def mmd_loss(
     (un-normalized) embeddings e (new) and o (old, ``stop_gradient``). ``dim`` = D defaults
     to the embedding width (``depth = a.shape[1]`` officially, 128).
     """
-    n, d = new_emb.shape
-    D = d if dim is None else dim
+    D = new_emb.shape[1] if dim is None else dim
     e = new_emb
     o = sg(old_emb)
-    v = _valid_mask(n, valid)
-    pair = v[:, None] & v[None, :]
 
     def kern(a, b):
         return jnp.exp(-jnp.mean((a[:, None, :] - b[None, :, :]) ** 2, axis=-1) / D)
 
-    return _masked_mean(kern(e, e), pair) + _masked_mean(kern(o, o), pair) - 2.0 * _masked_mean(kern(e, o), pair)
+    return _mean(kern(e, e)) + _mean(kern(o, o)) - 2.0 * _mean(kern(e, o))
 
 
 def mmd_kd_new_class_loss(
@@ -241,7 +232,6 @@ def mmd_kd_new_class_loss(
     old_classes,
     T: float = 2.0,
     temperature: float = 0.05,
-    valid: jax.Array | None = None,
 ) -> jax.Array:
     """KD part of the MMD baseline, ivclab/CVS ``train.py`` (``--mmd``):
     ``KDLoss(logit[N, :C_old] / 0.05, old_logit[N] / 0.05)`` over the NEW-class samples
@@ -254,15 +244,10 @@ def mmd_kd_new_class_loss(
     model's NormLayer outputs ([n, K_old] or wider; ``stop_gradient``). 0 when N is empty
     (blurry: old_classes = all classes). Same scaling decision as :func:`lwf_kd_loss`.
     """
-    labels = jnp.asarray(labels)
-    v = _valid_mask(new_logits.shape[0], valid) & (labels >= old_classes)
-    return kd_loss(
-        new_logits / temperature,
-        old_logits / temperature,
-        T=T,
-        num_classes=old_classes,
-        valid=v,
-    )
+    new_rows = jnp.asarray(labels) >= old_classes
+    per_row, any_cls = _kd_rows(new_logits / temperature, old_logits / temperature, T, old_classes)
+    out = _masked_mean(per_row, new_rows)
+    return jnp.where(any_cls, out, jnp.zeros((), out.dtype))
 
 
 # --------------------------------------------------------------------------
@@ -277,7 +262,6 @@ def dark_knowledge_loss(
     temperature: float = 0.05,
     num_old_classes=None,
     t_squared: bool = True,
-    valid: jax.Array | None = None,
 ) -> jax.Array:
     """Dark Knowledge (Hinton et al. 2015): KL on the classifier outputs,
 
@@ -293,16 +277,13 @@ def dark_knowledge_loss(
     Differs from :func:`kd_loss` only by the teacher-entropy constant and the T² factor.
     """
     s, t = _match_width(new_logits / temperature, sg(old_logits) / temperature)
-    n, k = s.shape
-    colmask, any_cls = _class_mask(k, num_old_classes)
+    colmask, any_cls = _class_mask(s.shape[1], num_old_classes)
     s = jnp.where(colmask[None, :], s / T, -jnp.inf)
     t = jnp.where(colmask[None, :], t / T, -jnp.inf)
     logq = jnp.where(colmask[None, :], jax.nn.log_softmax(s, axis=-1), 0.0)
     logp = jnp.where(colmask[None, :], jax.nn.log_softmax(t, axis=-1), 0.0)
     p = jnp.where(colmask[None, :], jnp.exp(logp), 0.0)
-    per_row = jnp.sum(p * (logp - logq), axis=-1)
-    v = _valid_mask(n, valid)
-    out = _row_mean(per_row, v, jnp.sum(v))
+    out = _mean(jnp.sum(p * (logp - logq), axis=-1))
     if t_squared:
         out = out * (T * T)
     return jnp.where(any_cls, out, jnp.zeros((), out.dtype))
@@ -312,7 +293,6 @@ def mlkd_absolute_loss(
     new_emb: jax.Array,
     old_emb: jax.Array,
     normalize: bool = True,
-    valid: jax.Array | None = None,
 ) -> jax.Array:
     """Absolute MLKD (Yu et al. CVPR 2019, "Learning Metrics from Teachers"), official
     ``train_distillation.py`` (``Ttype == 'absolute'``):
@@ -325,16 +305,13 @@ def mlkd_absolute_loss(
     """
     a = _maybe_normalize(new_emb, normalize)
     o = sg(_maybe_normalize(old_emb, normalize))
-    d = _safe_norm(a - o + TRIPLET_EPS, axis=-1)
-    v = _valid_mask(a.shape[0], valid)
-    return _row_mean(d, v, jnp.sum(v))
+    return _mean(_safe_norm(a - o + TRIPLET_EPS, axis=-1))
 
 
 def mlkd_relative_loss(
     new_emb: jax.Array,
     old_emb: jax.Array,
     normalize: bool = True,
-    valid: jax.Array | None = None,
 ) -> jax.Array:
     """Relative MLKD (Yu et al. CVPR 2019), official ``train_distillation.py``
     (``Ttype == 'relative'``): ``torch.mean(torch.norm(dis − dis_T, p=2))`` where ``dis`` is
@@ -346,14 +323,11 @@ def mlkd_relative_loss(
 
     -- NOT averaged over pairs (it grows ~linearly with the batch size; the CVS paper also
     calls it "the difference of Frobenius norm"). Diagonals are sqrt(1e-12) in both and
-    cancel. ``valid`` restricts the sum to valid×valid pairs. The square root uses a safe
-    norm (zero gradient when both matrices coincide).
+    cancel. The square root uses a safe norm (zero gradient when both matrices coincide).
     """
     a = _maybe_normalize(new_emb, normalize)
     o = sg(_maybe_normalize(old_emb, normalize))
-    v = _valid_mask(a.shape[0], valid)
-    pair = v[:, None] & v[None, :]
-    diff = jnp.where(pair, _pdist(a, zero_diag=False) - _pdist(o, zero_diag=False), 0.0)
+    diff = _pdist(a, zero_diag=False) - _pdist(o, zero_diag=False)
     return _safe_norm(diff.reshape(-1), axis=-1)
 
 
@@ -361,7 +335,6 @@ def rkd_distance_loss(
     new_emb: jax.Array,
     old_emb: jax.Array,
     normalize: bool = True,
-    valid: jax.Array | None = None,
 ) -> jax.Array:
     """Distance-wise RKD (Park et al. CVPR 2019), lenscloth/RKD ``metric/loss.py::RkdDistance``:
 
@@ -374,22 +347,18 @@ def rkd_distance_loss(
     """
     a = _maybe_normalize(new_emb, normalize)
     o = sg(_maybe_normalize(old_emb, normalize))
-    n = a.shape[0]
-    v = _valid_mask(n, valid)
-    pair = v[:, None] & v[None, :]
-    off = pair & ~jnp.eye(n, dtype=bool)
+    off = ~jnp.eye(a.shape[0], dtype=bool)
     d_s = _pdist(a)
     d_t = _pdist(o)
     mu_s = jnp.maximum(_masked_mean(d_s, off), PDIST_EPS)
     mu_t = jnp.maximum(_masked_mean(d_t, off), PDIST_EPS)
-    return _masked_mean(_smooth_l1(d_s / mu_s - d_t / mu_t), pair)
+    return _mean(_smooth_l1(d_s / mu_s - d_t / mu_t))
 
 
 def rkd_angle_loss(
     new_emb: jax.Array,
     old_emb: jax.Array,
     normalize: bool = True,
-    valid: jax.Array | None = None,
 ) -> jax.Array:
     """Angle-wise RKD (Park et al. CVPR 2019), lenscloth/RKD ``metric/loss.py::RKdAngle``:
 
@@ -402,11 +371,7 @@ def rkd_angle_loss(
     """
     a = _maybe_normalize(new_emb, normalize)
     o = sg(_maybe_normalize(old_emb, normalize))
-    n = a.shape[0]
-    v = _valid_mask(n, valid)
-    trip = v[:, None, None] & v[None, :, None] & v[None, None, :]
-
-    eye = jnp.eye(n, dtype=bool)[:, :, None]
+    eye = jnp.eye(a.shape[0], dtype=bool)[:, :, None]
 
     def angles(x):
         # u[i, j] = normalize(x_j − x_i); u[i, i] = 0 exactly (see _pdist on jit noise --
@@ -415,7 +380,7 @@ def rkd_angle_loss(
         u = l2_normalize(u)
         return jnp.einsum("ijc,ikc->ijk", u, u, precision=jax.lax.Precision.HIGHEST)
 
-    return _masked_mean(_smooth_l1(angles(a) - angles(o)), trip)
+    return _mean(_smooth_l1(angles(a) - angles(o)))
 
 
 def darkrank_hard_loss(
@@ -425,7 +390,6 @@ def darkrank_hard_loss(
     beta: float = 3.0,
     list_len: int | None = None,
     normalize: bool = True,
-    valid: jax.Array | None = None,
 ) -> jax.Array:
     """Hard DarkRank (Chen et al. AAAI 2018), as lenscloth/RKD ``metric/loss.py::HardDarkRank``:
 
@@ -439,23 +403,22 @@ def darkrank_hard_loss(
     (L = n−1, the full list-wise likelihood of the DarkRank paper); ``list_len=4``
     reproduces RKD's ``permute_len=4``, which normalizes only over the L chosen items.
     (RKD's *script* default is α = 2; the class default and the brief's choice α = 3 is used.)
-    Invalid rows are neither anchors nor candidates (their positions are dropped from the
-    likelihood). Teacher side / ranking is constant; ties are broken by index.
+    Teacher side / ranking is constant; ties are broken by index.
     """
     a = _maybe_normalize(new_emb, normalize)
     o = sg(_maybe_normalize(old_emb, normalize))
     n = a.shape[0]
     L = n - 1 if list_len is None else min(int(list_len), n - 1)
-    v = _valid_mask(n, valid)
-    cand = v[None, :] & ~jnp.eye(n, dtype=bool)  # [anchor, candidate]
+    cand = ~jnp.eye(n, dtype=bool)  # [anchor, candidate]
 
     s_t = -alpha * _pdist(o) ** beta
     s_s = -alpha * _pdist(a) ** beta
     order = jnp.argsort(jnp.where(cand, -s_t, jnp.inf), axis=1, stable=True)[:, :L]
     ordered = jnp.take_along_axis(s_s, order, axis=1)  # [n, L]
     pos_ok = jnp.take_along_axis(cand, order, axis=1)
-    # Dropped positions sit at the end of each list (sorted last); give them a score whose
-    # exp is 0 so they leave the suffix log-sum-exp, and mask their terms.
+    # The anchor itself sorts last (+inf) and stays out of the first L <= n−1 entries, unless
+    # teacher scores overflow to −inf (raw embeddings); such a position gets a score whose exp
+    # is 0 so it leaves the suffix log-sum-exp, and its term is masked.
     neg = jnp.asarray(-1e30, ordered.dtype)
     ordered = jnp.where(pos_ok, ordered, neg)
     # suffix log-sum-exp over r' >= r via an [L, L] upper-triangular mask (O(n L²), cheap to
@@ -464,7 +427,7 @@ def darkrank_hard_loss(
     suffix_lse = jax.nn.logsumexp(jnp.where(upper[None, :, :], ordered[:, None, :], neg), axis=-1)
     terms = jnp.where(pos_ok, ordered - suffix_lse, 0.0)
     nll = -jnp.sum(terms, axis=1)
-    anchors = v & jnp.any(pos_ok, axis=1)
+    anchors = jnp.any(pos_ok, axis=1)
     return _row_mean(nll, anchors, jnp.sum(anchors))
 
 
@@ -473,7 +436,6 @@ def batch_hard_triplet_loss(
     old_emb: jax.Array,
     labels: jax.Array,
     margin: float = 0.1,
-    valid: jax.Array | None = None,
 ) -> jax.Array:
     """BatchHard mining (Hermans et al. 2017) in place of CVS's 2-sample-3-embedding triplet
     (paper supplement, "Comparisons to Other Sample Mining Strategy"), cross-model like L_m:
@@ -488,20 +450,16 @@ def batch_hard_triplet_loss(
     ties). Anchors without a different-label sample are skipped; a single-label batch gives
     exactly 0. (The paper pairs this with a balanced sampler; that is the data loader's job.)
     """
-    n = new_emb.shape[0]
     a = l2_normalize(new_emb)
     o = sg(l2_normalize(old_emb))
     labels = jnp.asarray(labels)
-    v = _valid_mask(n, valid)
 
     d2 = jnp.sum((sg(a)[:, None, :] - o[None, :, :]) ** 2, axis=-1)
-    same = labels[:, None] == labels[None, :]
-    pos_c = same & v[None, :]
-    neg_c = ~same & v[None, :]
+    same = labels[:, None] == labels[None, :]  # an anchor always has itself as positive
     big = jnp.asarray(jnp.finfo(d2.dtype).max, d2.dtype)
-    pos_idx = jnp.argmax(jnp.where(pos_c, d2, -big), axis=1)
-    neg_idx = jnp.argmin(jnp.where(neg_c, d2, big), axis=1)
-    has = jnp.any(neg_c, axis=1) & v  # a valid anchor always has itself as positive
+    pos_idx = jnp.argmax(jnp.where(same, d2, -big), axis=1)
+    neg_idx = jnp.argmin(jnp.where(~same, d2, big), axis=1)
+    has = jnp.any(~same, axis=1)
 
     d_pos = _safe_norm(a - o[pos_idx] + TRIPLET_EPS, axis=-1)
     d_neg = _safe_norm(a - o[neg_idx] + TRIPLET_EPS, axis=-1)

@@ -49,10 +49,11 @@ def _row_mean(values: jax.Array, weights: jax.Array, denom: jax.Array) -> jax.Ar
     return jnp.where(denom > 0, total / safe, jnp.zeros((), values.dtype))
 
 
-def _valid_mask(n: int, valid: jax.Array | None) -> jax.Array:
-    if valid is None:
-        return jnp.ones((n,), dtype=bool)
-    return jnp.asarray(valid, dtype=bool)
+def _mean(values: jax.Array) -> jax.Array:
+    """Mean of all entries (sum / count), exactly 0 for an empty array, like :func:`_row_mean`."""
+    if values.size == 0:
+        return jnp.zeros((), values.dtype)
+    return jnp.sum(values) / values.size
 
 
 # --------------------------------------------------------------------------
@@ -66,33 +67,37 @@ def cosine_logits(embeddings: jax.Array, class_weights: jax.Array) -> jax.Array:
     return jnp.matmul(l2_normalize(embeddings), l2_normalize(class_weights).T, precision=jax.lax.Precision.HIGHEST)
 
 
-def normalized_softmax_loss(
+def _softmax_nll(
     embeddings: jax.Array,
     class_weights: jax.Array,
     labels: jax.Array,
-    temperature: float = 0.05,
-    valid_classes: jax.Array | int | None = None,
-    valid: jax.Array | None = None,
+    temperature: float,
+    valid_classes: jax.Array | int | None,
 ) -> jax.Array:
-    """Official L_c: ``CrossEntropyLoss(NormLayer(e) / 0.05, y)``, mean over the batch.
-
-    ``valid_classes`` (int scalar, may be traced) masks head rows >= valid_classes to
-    -inf, which equals the official loss on a head with exactly ``class_list[s]`` rows
-    while keeping the allocated head (and the jit shapes) fixed. ``valid`` (bool [n])
-    optionally drops padding rows from the mean (not needed by the official code,
-    which uses ``drop_last=True``).
-    """
+    """Per-row ``CrossEntropy(NormLayer(e) / temperature, y)`` [n]; +inf for a label >= valid_classes."""
     logits = cosine_logits(embeddings, class_weights) / temperature
     if valid_classes is not None:
         k = jnp.arange(class_weights.shape[0])
         logits = jnp.where(k[None, :] < valid_classes, logits, -jnp.inf)
     logp = jax.nn.log_softmax(logits, axis=-1)
     labels = jnp.asarray(labels)
-    nll = -jnp.take_along_axis(logp, labels[:, None].astype(jnp.int32), axis=1, mode="clip")[:, 0]
-    v = _valid_mask(embeddings.shape[0], valid)
-    # Padding rows may carry a masked label (nll = +inf); keep them out of the sum.
-    nll = jnp.where(v, nll, 0.0)
-    return _row_mean(nll, v, jnp.sum(v))
+    return -jnp.take_along_axis(logp, labels[:, None].astype(jnp.int32), axis=1, mode="clip")[:, 0]
+
+
+def normalized_softmax_loss(
+    embeddings: jax.Array,
+    class_weights: jax.Array,
+    labels: jax.Array,
+    temperature: float = 0.05,
+    valid_classes: jax.Array | int | None = None,
+) -> jax.Array:
+    """Official L_c: ``CrossEntropyLoss(NormLayer(e) / 0.05, y)``, mean over the batch.
+
+    ``valid_classes`` (int scalar, may be traced) masks head rows >= valid_classes to
+    -inf, which equals the official loss on a head with exactly ``class_list[s]`` rows
+    while keeping the allocated head (and the jit shapes) fixed.
+    """
+    return _mean(_softmax_nll(embeddings, class_weights, labels, temperature, valid_classes))
 
 
 # --------------------------------------------------------------------------
@@ -106,7 +111,6 @@ def neighbor_session_triplet_loss(
     labels: jax.Array,
     margin: float = 0.1,
     squared: bool = False,
-    valid: jax.Array | None = None,
 ) -> jax.Array:
     """Official L_m: anchor ê_i (new model), positive ô_i (same image, old model),
     negative ô_j* with j* = argmin_{j: y_j != y_i} ||ê_i − ô_j|| (``torch.cdist``,
@@ -116,22 +120,19 @@ def neighbor_session_triplet_loss(
     Deviation (documented): anchors without any other-label sample are skipped
     instead of reusing the previous anchor's negative / crashing, and the mean is
     over the remaining anchors (0 if none). ``squared=True`` is the paper's Eq. 3
-    (squared distances, no eps). ``valid`` (bool [n]) removes padding rows both as
-    anchors and as negative candidates. Gradients reach ``new_emb`` only.
+    (squared distances, no eps). Gradients reach ``new_emb`` only.
     """
-    n = new_emb.shape[0]
     a = l2_normalize(new_emb)
     o = jax.lax.stop_gradient(l2_normalize(old_emb))
     labels = jnp.asarray(labels)
-    v = _valid_mask(n, valid)
 
     # Mining: plain (no eps) distances; squared is monotone so argmin is unchanged.
     a_sg = jax.lax.stop_gradient(a)
     d2 = jnp.sum((a_sg[:, None, :] - o[None, :, :]) ** 2, axis=-1)  # [n, n]
-    cand = (labels[:, None] != labels[None, :]) & v[None, :]
+    cand = labels[:, None] != labels[None, :]
     big = jnp.asarray(jnp.finfo(d2.dtype).max, d2.dtype)
     neg_idx = jnp.argmin(jnp.where(cand, d2, big), axis=1)
-    has_neg = jnp.any(cand, axis=1) & v
+    has_neg = jnp.any(cand, axis=1)
 
     o_neg = o[neg_idx]
     if squared:
@@ -155,7 +156,6 @@ def inter_session_coherence_loss(
     centers: jax.Array,
     center_mask: jax.Array,
     per_batch: bool = False,
-    valid: jax.Array | None = None,
 ) -> jax.Array:
     """Official L_d: mean over samples whose class has a centre of ||E_y − ê_i||_2^2.
 
@@ -163,17 +163,16 @@ def inter_session_coherence_loss(
     ``load_center``. The official selection ``y < class_list[s-1]`` is expressed by
     ``center_mask`` [K] (bool, indexed by label). Returns exactly 0 with a finite
     gradient when nothing is selected. ``per_batch=True`` is the paper's Eq. 4: divide
-    by the number of (valid) rows n instead of the number of selected samples.
+    by the number of rows n instead of the number of selected samples.
     """
     n = embeddings.shape[0]
     e = l2_normalize(embeddings)
     centers = jax.lax.stop_gradient(jnp.asarray(centers, e.dtype))
     labels = jnp.asarray(labels).astype(jnp.int32)
-    v = _valid_mask(n, valid)
-    sel = jnp.take(jnp.asarray(center_mask, bool), labels, mode="clip") & v
+    sel = jnp.take(jnp.asarray(center_mask, bool), labels, mode="clip")
     c = jnp.take(centers, labels, axis=0, mode="clip")
     sq = jnp.sum((c - e) ** 2, axis=-1)
-    denom = jnp.sum(v) if per_batch else jnp.sum(sel)
+    denom = n if per_batch else jnp.sum(sel)
     return _row_mean(sq, sel, denom)
 
 

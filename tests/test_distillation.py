@@ -346,37 +346,6 @@ def test_batch_hard_reduces_to_cvs_positive_when_classes_are_singletons():
     )
 
 
-def test_valid_mask_equals_sliced_batch():
-    """Padding rows (valid=False) must not change any loss: equal to the sliced batch."""
-    new, old, labels, head, new_cos, old_cos = make(21, n=N + 3, n_labels=3)
-    valid = np.ones(N + 3, bool)
-    valid[[2, 7, 11]] = False
-    keep = valid
-    for name, f in EMB_JIT.items():
-        np.testing.assert_allclose(float(f(new, old, valid=valid)), float(f(new[keep], old[keep])), err_msg=name, **TOL)
-    pairs = [
-        (BH(new, old, labels, valid=valid), BH(new[keep], old[keep], labels[keep])),
-        (
-            BCT(new, head, labels, 2, valid=valid),
-            BCT(new[keep], head, labels[keep], 2),
-        ),
-        (
-            LWF(new_cos, old_cos, num_old_classes=C_OLD, valid=valid),
-            LWF(new_cos[keep], old_cos[keep], num_old_classes=C_OLD),
-        ),
-        (
-            MMDKD(new_cos, old_cos, labels, 1, valid=valid),
-            MMDKD(new_cos[keep], old_cos[keep], labels[keep], 1),
-        ),
-        (
-            DARK(new_cos, old_cos, num_old_classes=C_OLD, valid=valid),
-            DARK(new_cos[keep], old_cos[keep], num_old_classes=C_OLD),
-        ),
-    ]
-    for i, (full, ref) in enumerate(pairs):
-        np.testing.assert_allclose(float(full), float(ref), err_msg=str(i), **TOL)
-
-
 def test_darkrank_list_len_clipped_and_identical_models():
     new, old, *_ = make(17)
     np.testing.assert_allclose(

@@ -31,17 +31,14 @@ def np_softmax_loss(emb, w, labels, temperature=0.05):
     return np.mean(out)
 
 
-def np_triplet(new, old, labels, margin=0.1, squared=False, valid=None, eps=1e-6):
+def np_triplet(new, old, labels, margin=0.1, squared=False, eps=1e-6):
     a, o = np_norm(new), np_norm(old)
     n = a.shape[0]
-    valid = np.ones(n, bool) if valid is None else np.asarray(valid)
     terms = []
     for i in range(n):
-        if not valid[i]:
-            continue
         best, neg = np.inf, None
         for j in range(n):  # torch.cdist mining, first index wins ties
-            if valid[j] and labels[j] != labels[i]:
+            if labels[j] != labels[i]:
                 dij = np.sqrt(np.sum((a[i] - o[j]) ** 2))
                 if dij < best:
                     best, neg = dij, j
@@ -56,16 +53,15 @@ def np_triplet(new, old, labels, margin=0.1, squared=False, valid=None, eps=1e-6
     return float(np.mean(terms)) if terms else 0.0
 
 
-def np_coherence(emb, labels, centers, mask, per_batch=False, valid=None):
+def np_coherence(emb, labels, centers, mask, per_batch=False):
     e = np_norm(emb)
     n = e.shape[0]
-    valid = np.ones(n, bool) if valid is None else np.asarray(valid)
     total, count = 0.0, 0
     for i in range(n):
-        if valid[i] and mask[labels[i]]:
+        if mask[labels[i]]:
             total += np.sum((np.asarray(centers[labels[i]], np.float64) - e[i]) ** 2)
             count += 1
-    denom = valid.sum() if per_batch else count
+    denom = n if per_batch else count
     return total / denom if count else 0.0
 
 
@@ -138,14 +134,6 @@ def test_normalized_softmax_valid_classes_equals_truncated_head(seed):
     np.testing.assert_array_equal(gw[k_seen:], 0.0)  # unseen rows get no gradient
 
 
-def test_normalized_softmax_valid_rows():
-    rng, emb, _, labels = rand_batch(5, n=12)
-    w = rng.normal(size=(6, emb.shape[1])).astype(np.float32)
-    valid = np.arange(12) < 9
-    got = float(softmax_jit(emb, w, labels, valid=valid))
-    np.testing.assert_allclose(got, np_softmax_loss(emb[:9], w, labels[:9]), **TOL)
-
-
 # ----------------------------------------------------------------------------
 # L_m
 # ----------------------------------------------------------------------------
@@ -168,32 +156,12 @@ def test_triplet_close_models_matches_numpy(seed):
     np.testing.assert_allclose(got, np_triplet(new, old, labels, margin=0.5), **TOL)
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_triplet_padding_rows(seed):
-    rng, new, old, labels = rand_batch(seed, n=14)
-    valid = np.ones(14, bool)
-    valid[-4:] = False
-    # Padding rows: extreme values and unique labels that must not be mined.
-    new[-4:] = 100.0
-    old[-4:] = new[:4] * 3.0  # would be the hardest negatives if not masked
-    labels[-4:] = 99
-    got = float(triplet_jit(new, old, labels, valid=valid))
-    want = np_triplet(new[:10], old[:10], labels[:10])
-    np.testing.assert_allclose(got, want, **TOL)
-    np.testing.assert_allclose(got, np_triplet(new, old, labels, valid=valid), **TOL)
-
-
 def test_triplet_single_label_is_zero_without_nan():
     _, new, old, _ = rand_batch(0, n=10)
     labels = np.full(10, 3, np.int32)
     val, (g, _) = triplet_vg(new, old, labels)
     assert float(val) == 0.0
     assert np.all(np.isfinite(np.asarray(g)))
-    # one label among the valid rows; padding carries another label
-    labels2 = labels.copy()
-    labels2[-2:] = 7
-    valid = np.arange(10) < 8
-    assert float(triplet_jit(new, old, labels2, valid=valid)) == 0.0
 
 
 def test_triplet_gradients_only_reach_new_embeddings():
@@ -220,12 +188,8 @@ def test_coherence_matches_numpy(seed, per_batch):
     gal = rng.normal(size=(40, d)).astype(np.float32)
     gal_lab = rng.integers(0, 4, size=40)
     centers, mask = losses.class_centers(gal, gal_lab, num_classes=6)
-    n = emb.shape[0]
-    valid = np.arange(n) < n - 2
-    for v in (None, valid):
-        got = float(coherence_jit(emb, labels, centers, mask, per_batch=per_batch, valid=v))
-        want = np_coherence(emb, labels, centers, mask, per_batch=per_batch, valid=v)
-        np.testing.assert_allclose(got, want, **TOL)
+    got = float(coherence_jit(emb, labels, centers, mask, per_batch=per_batch))
+    np.testing.assert_allclose(got, np_coherence(emb, labels, centers, mask, per_batch=per_batch), **TOL)
 
 
 def test_coherence_mask_excludes_samples_and_centers_not_renormalised():
