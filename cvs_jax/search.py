@@ -28,12 +28,11 @@ import numpy as np
 from absl import flags
 from PIL import Image
 
-from cvs_jax import augment, cli, evaluate
+from cvs_jax import augment, cli, evaluate, models
 from cvs_jax import workdir as workdir_lib
 from cvs_jax.checkpoint import Checkpoints
 from cvs_jax.errors import SearchError, UserError
 from cvs_jax.gallery import Gallery, GalleryPart, RowConcat
-from cvs_jax.models import build_model, init_head
 from cvs_jax.train_step import make_embed_fn
 
 
@@ -61,6 +60,12 @@ def check_is_run(workdir: str) -> None:
             )
 
 
+def _without_pretrained(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.model.pretrained = None
+    return c
+
+
 class Run:
     """The newest model and the full gallery of a finished (or partly finished) run."""
 
@@ -72,24 +77,21 @@ class Run:
         with open(os.path.join(workdir, "protocol.json")) as f:
             self.protocol = json.load(f)
         c = self.config
-        self.model = build_model(
-            c.model.name, width=c.model.width, layout=c.model.layout, embed_dim=c.model.embed_dim, dtype=c.model.dtype
+        self.model = models.from_config(c)
+        template = models.init_variables(
+            self.model,
+            _without_pretrained(c),  # the checkpoint holds the trained weights: only their structure is needed
+            self.image_shape,
+            len(self.protocol["class_names"]),
+            jax.random.key(0),
+            jax.random.key(0),
         )
-        shape = tuple(self.protocol["image_shape"])
-        init = self.model.init(jax.random.key(0), jnp.zeros((1,) + shape), train=False)
-        template = {
-            "params": {
-                "net": init["params"],
-                "head": init_head(jax.random.key(0), len(self.protocol["class_names"]), c.model.embed_dim),
-            },
-            "batch_stats": init["batch_stats"],
-        }
         self._sessions = Checkpoints(os.path.join(workdir, "checkpoints", "sessions"), max_to_keep=None)
-        restored = self._sessions.restore_latest({"variables": template})
-        if restored is None:
+        if not self._sessions.steps():
             raise SearchError(f"{workdir} has no completed session yet; wait for the first session to finish.")
-        self.session, items = restored
-        self.variables = items["variables"]
+        # the newest session's model; a reader never moves a checkpoint (a damaged one is refused)
+        self.session = self._sessions.steps()[-1]
+        self.variables = self._sessions.restore(self.session, {"variables": template})["variables"]
         self.gallery = Gallery.restore(self._sessions, self.session, c.model.embed_dim)
         self._additions = Checkpoints(os.path.join(workdir, "checkpoints", "additions"), max_to_keep=2)
         added = self._additions.restore_latest({"rows": None})
