@@ -7,19 +7,15 @@ uninterrupted run.
 """
 
 import glob
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from cvs_jax.checkpoint import Checkpoints
 from cvs_jax.gallery import Gallery
+from tests import methods_runs as mr
 from tests.tiny_data import write_fashion_idx
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -30,70 +26,29 @@ def data_dirs(tmp_path_factory):
 
 
 def command(manual, tfds_dir, workdir):
-    return [
-        sys.executable,
-        "-m",
-        "cvs_jax.main",
-        "--config",
-        "configs/fashion_mnist_general.py",
-        "--workdir",
-        workdir,
-        "--config.method=cvs",
-        f"--config.data.manual_dir={manual}",
-        f"--config.data.data_dir={tfds_dir}",
-        "--config.data.num_sessions=2",
-        "--config.data.samples_per_new_class=30",
-        "--config.model.width=4",
-        "--config.model.embed_dim=8",
-        "--config.train.epochs=2",
-        "--config.train.batch_size=16",
-        "--config.train.eval_batch_size=64",
-        "--config.train.checkpoint_every_steps=3",
-        "--config.memory.budget=20",
-    ]
-
-
-def run(cmd, fault=None):
-    env = dict(
-        os.environ,
-        JAX_COMPILATION_CACHE_DIR=os.environ.get("CVS_JAX_TEST_CACHE", "/tmp/cvs_jax_xla_cache"),
-        JAX_PLATFORMS="cpu",
-    )
-    env.pop("CVS_JAX_FAULT", None)
-    if fault:
-        env["CVS_JAX_FAULT"] = fault
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return mr.main_cmd(manual, tfds_dir, workdir, "cvs")
 
 
 def outcome(workdir):
-    with open(os.path.join(workdir, "results.json")) as f:
-        results = json.load(f)
-    for r in results["per_session"]:
-        r.pop("seconds")
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        metrics = [json.loads(line) for line in f]
-    for m in metrics:
-        m.pop("time"), m.pop("images_per_s", None)
+    """results.json and metrics.jsonl without wall times, and every session's stored gallery part."""
+    results, metrics = mr.outcome(workdir)
     ck = Checkpoints(os.path.join(workdir, "checkpoints", "sessions"), max_to_keep=None)
-    g = Gallery.restore(ck, max(ck.steps()), embed_dim=8)  # every session's stored part
+    g = Gallery.restore(ck, max(ck.steps()), embed_dim=8)
     ck.close()
-    return (
-        results,
-        metrics,
-        {
-            "embeddings": np.asarray(g.embeddings),
-            "labels": g.labels,
-            "sessions": g.sessions,
-            "source_ids": g.source_ids,
-        },
-    )
+    gallery = {
+        "embeddings": np.asarray(g.embeddings),
+        "labels": g.labels,
+        "sessions": g.sessions,
+        "source_ids": g.source_ids,
+    }
+    return results, metrics, gallery
 
 
 @pytest.fixture(scope="module")
 def reference(data_dirs):
     manual, tfds_dir, root = data_dirs
     workdir = str(root / "reference")
-    proc = run(command(manual, tfds_dir, workdir))
+    proc = mr.run(command(manual, tfds_dir, workdir))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return outcome(workdir)
 
@@ -103,10 +58,10 @@ def test_kill_and_rerun_matches_uninterrupted(data_dirs, reference, fault):
     manual, tfds_dir, root = data_dirs
     workdir = str(root / f"killed-{fault.replace(':', '-')}")
     cmd = command(manual, tfds_dir, workdir)
-    killed = run(cmd, fault)
+    killed = mr.run(cmd, fault)
     assert killed.returncode == -9, f"the fault {fault} did not fire: {killed.stderr[-2000:]}"
     assert not os.path.exists(os.path.join(workdir, "results.json"))
-    resumed = run(cmd)
+    resumed = mr.run(cmd)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     results, metrics, gallery = outcome(workdir)
     ref_results, ref_metrics, ref_gallery = reference
@@ -121,14 +76,14 @@ def test_corrupt_latest_checkpoint_falls_back(data_dirs, reference):
     manual, tfds_dir, root = data_dirs
     workdir = str(root / "corrupt")
     cmd = command(manual, tfds_dir, workdir)
-    assert run(cmd, "step:10").returncode == -9
+    assert mr.run(cmd, "step:10").returncode == -9
     progress = os.path.join(workdir, "checkpoints", "progress")
     latest = max((d for d in os.listdir(progress) if d.isdigit()), key=int)
     for path in glob.glob(os.path.join(progress, latest, "state", "**", "*"), recursive=True):
         if os.path.isfile(path) and os.path.getsize(path) > 0:
             with open(path, "r+b") as f:  # clobber the data files of the newest checkpoint
                 f.truncate(max(os.path.getsize(path) // 3, 1))
-    resumed = run(cmd)
+    resumed = mr.run(cmd)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "cannot be read" in resumed.stdout
     assert any(d.startswith("unreadable-") for d in os.listdir(progress))  # moved aside, not deleted
