@@ -5,6 +5,8 @@ config ends with ``variants.apply(c, variant)``, so each variant is applied afte
 own settings.  Ablations only flip switches of ``config.cvs`` / ``config.memory``.
 """
 
+from cvs_jax.errors import ConfigError
+
 ABLATIONS = {
     "cvs": {},
     "lc": {"method": "finetune"},  # L_c only
@@ -44,7 +46,7 @@ def apply(config, spec: str | None):
             smoke(config)
             continue
         if name not in ABLATIONS:
-            raise ValueError(f"config variant {name!r} is unknown; choose from {sorted(VARIANTS)}.")
+            raise ConfigError(f"config variant {name!r} is unknown; choose from {sorted(VARIANTS)}.")
         for key, value in ABLATIONS[name].items():
             if key == "method":
                 config.method = value

@@ -52,7 +52,23 @@ def run(main: Callable[[list[str]], int | None]) -> None:
     app.define_help_flags()
     for flag in (_HelpFlag(), _HelpshortFlag(), _HelpfullFlag()):
         flags.DEFINE_flag(flag)
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, except that a ``UserError`` raised while loading the config (e.g. an unknown
+    ``:variant``) is reported like any other: one ``error:`` line, exit status 2."""
+    try:
+        return flags.FLAGS(argv)
+    except UserError as e:
+        sys.exit(report(e))
+    except flags.Error as e:
+        cause = e.__cause__ or e.__context__
+        while cause is not None and not isinstance(cause, UserError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        sys.exit(report(cause))
 
 
 def config_help() -> str:

@@ -80,3 +80,21 @@ def test_other_exceptions_keep_their_traceback_and_verbosity_is_respected():
     assert "verbosity 1" in proc.stdout  # --verbosity is not overridden
     assert "Traceback" in proc.stderr and "RuntimeError: a bug in the trainer" in proc.stderr
     assert "error: a bug" not in proc.stderr
+
+
+def test_unknown_config_variant_is_one_error_line():
+    proc = _run(
+        [
+            sys.executable,
+            "-m",
+            "cvs_jax.main",
+            "--config",
+            "configs/fashion_mnist_general.py:nope",
+            "--workdir",
+            "/nonexistent/wd",
+        ]
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: config variant 'nope' is unknown; choose from {sorted(VARIANTS)}."
+    ]
