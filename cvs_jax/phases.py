@@ -193,7 +193,7 @@ def train(ctx: RunContext, state: RunState, view: SessionView, consts: dict) -> 
 
     def save_progress(step):
         faults.fail_while_writing("progress_write", ctx.progress.directory)
-        meta = {"session": s, "step": step, "best_r1": best.val_recall1, "best_epoch": best.epoch}
+        meta = {"best_r1": best.val_recall1, "best_epoch": best.epoch}
         ctx.progress.save(first + step, {"state": ts, "best": best.variables, "sums": sums}, meta)
 
     cadence = Cadence(spe, c.log_every_steps, c.train.checkpoint_every_steps)

@@ -285,3 +285,37 @@ def test_class_centres_match_losses_reference():
     centers, mask = losses.class_centers(emb, labels, 5)
     np.testing.assert_array_equal(np.asarray(out["centers"]), centers)
     np.testing.assert_array_equal(np.asarray(out["center_mask"]), mask)
+
+
+def test_test_and_append_and_save_on_their_own(manual_dir, tmp_path):
+    """test(): the selected model's queries against stored rows + its own session rows; append_and_save():
+    the part holds exactly those rows, the record the recall, and the checkpoint restores the state."""
+    ctx = build_ctx(manual_dir, tmp_path, method="finetune")
+    proto = ctx.proto
+    state = RunState.initial(ctx.initial_variables(), 8)
+    rng = np.random.default_rng(2)
+    stored_idx = proto.plan.sessions[0].train[:10]  # pretend rows of an earlier model
+    stored = GalleryPart(
+        rng.normal(size=(10, 8)).astype(np.float32),
+        proto.train_labels[stored_idx],
+        np.arange(10**6, 10**6 + 10, dtype=np.int64),
+        0,
+    )
+    state = state.replace(gallery=state.gallery.with_part(stored), records=({"session": 0, "steps": 4},))
+    view = phases.session_view(ctx, state, 1)
+    sel = phases.Selection(state.variables, 0.5, 0)
+    recall, new_rows = phases.test(ctx, view, sel)
+    np.testing.assert_array_equal(new_rows, ctx.embed(state.variables, proto.train_images(view.gallery_idx)))
+    q = ctx.embed(state.variables, proto.test_images(view.test_idx))
+    gallery = np.concatenate([stored.embeddings, new_rows])
+    labels = np.concatenate([stored.labels, proto.train_labels[view.gallery_idx]])
+    assert recall == evaluate.recall_at_k(q, proto.test_labels[view.test_idx], gallery, labels, ctx.ks)
+    after = phases.append_and_save(ctx, state, view, sel, recall, new_rows, seconds=1.0)
+    assert after.completed == 2 and after.records[-1]["recall"] == {str(k): v for k, v in recall.items()}
+    assert after.records[-1]["gallery_rows"] == 10 + len(view.gallery_idx)
+    np.testing.assert_array_equal(after.gallery.parts[0].embeddings, stored.embeddings)  # not re-embedded
+    assert ctx.sessions.steps() == [1]
+    saved = ctx.sessions.restore(1, {"gallery": None})
+    np.testing.assert_array_equal(saved["gallery"]["embeddings"], new_rows)  # only this session's rows
+    assert saved["meta"]["per_session"] == list(after.records)
+    ctx.close()
