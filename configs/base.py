@@ -93,6 +93,26 @@ def get_config() -> ml_collections.ConfigDict:
     c.memory = ml_collections.ConfigDict()
     c.memory.budget = 2000
 
+    # Rainbow Memory (methods/policies.py UncertaintyMemory, HalfMemoryBatches; memory.py). Defaults = the
+    # author's fork, spec §6b (finetune.py uncertainty_sampling / montecarlo / equal_class_sampling,
+    # rainbow_memory.py). Earlier cvs-jax: perturbations=8, perturbation="train_pipeline", selection="spread",
+    # refill=False, first_session="uncertainty", memory_batches="with_replacement".
+    c.rainbow = ml_collections.ConfigDict()
+    # fork: uncertainty = 1 - (votes of the most-voted class) / T over T = 12 draws (uncert_metric "vr_randaug")
+    c.rainbow.perturbations = 12
+    # fork: RandAugment, then the test transform, model in eval mode; "train_pipeline": the training augmentation
+    c.rainbow.perturbation = "randaugment"
+    # fork: per class (quota = budget // classes; <= quota candidates: all kept) ascending uncertainty, every
+    # (len // quota)-th from the most certain on, the first quota; "spread": quota evenly spaced (linspace)
+    c.rainbow.selection = "stride"
+    # fork: unused slots (classes under the quota, the floor) refilled at random from the other candidates
+    c.rainbow.refill = True
+    # fork: the first session's memory at random, equal shares per class; "uncertainty": the rule above
+    c.rainbow.first_session = "random"
+    # fork: batch_size // 2 rows from a shuffled memory loader that cycles (a new order each pass, restarted
+    # every epoch); "with_replacement": i.i.d. draws from the memory at every step
+    c.rainbow.memory_batches = "cycle"
+
     c.distributed = ml_collections.ConfigDict()
     c.distributed.multihost = False  # True (or env CVS_JAX_MULTIHOST=1): jax.distributed.initialize() first
 

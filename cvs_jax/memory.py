@@ -1,4 +1,5 @@
-"""Replay memory: iCaRL herding as in the official CVS code.
+"""Replay memory: iCaRL herding as in the official CVS code, reservoir sampling, and Rainbow Memory's
+uncertainty-based selection as in the author's Rainbow-Memory fork (spec §6b).
 
 Source (``shared/spec/reference-implementation.md`` Sec. 4):
 ``utils/train_utils.py::icarl`` / ``addNewExemplars`` and ``train.py`` 116-125,
@@ -7,7 +8,8 @@ Source (``shared/spec/reference-implementation.md`` Sec. 4):
 ``floor(buffer / #classes in pool)``, on L2-normalised embeddings of the
 session's best-val model.
 
-This runs once per session on the host, so it is plain numpy.
+This runs once per session on the host, so it is plain numpy; randomness comes from the caller's
+seeded ``np.random.Generator``.
 """
 
 from __future__ import annotations
@@ -114,20 +116,45 @@ def reservoir_update(memory_ids, seen: int, stream_ids, budget: int, rng: np.ran
     return np.asarray(mem, dtype=np.asarray(stream_ids).dtype), seen
 
 
-def uncertainty_select(uncertainty, labels, source_ids, budget: int):
-    """Rainbow Memory's diversity-aware selection: per class, sort the candidates by their
-    uncertainty under perturbations and take ``floor(budget / classes)`` of them evenly
-    spaced along that ranking (easy, typical and hard samples alike).
+def _class_quota(labels: np.ndarray, budget: int) -> tuple[np.ndarray, int]:
+    """The classes of the candidates and the per-class quota ``budget // #classes``."""
+    classes = np.unique(labels)
+    if budget < classes.size:
+        raise ValueError(f"memory_budget={budget} must be at least the number of classes seen, N={classes.size}")
+    return classes, int(budget) // max(classes.size, 1)
 
-    Returns ``(selected_source_ids, selected_labels)`` ordered by class, then rank.
+
+def stride_rows(uncertainty, labels, budget: int) -> np.ndarray:
+    """The fork's per-class rule (``finetune.py uncertainty_sampling``): quota = budget // #classes; a
+    class with <= quota candidates keeps them all; otherwise its candidates are sorted by uncertainty in
+    **ascending** order (pandas ``sort_values`` default: most certain first) and every
+    ``(len // quota)``-th is taken from the first one on, the first ``quota`` of those.  So the
+    memory spans the ranking from the most certain candidate towards the uncertain end; the last pick
+    has rank ``(quota - 1) * (len // quota)``, so the most uncertain candidates beyond it are never
+    taken (up to half of the class when ``len < 2 * quota``).
+
+    Ties keep the candidates' order (stable sort). Returns candidate rows, by class (ascending).
     """
     unc = np.asarray(uncertainty, np.float64)
     lab = np.asarray(labels).reshape(-1)
-    ids = np.asarray(source_ids)
-    classes = np.unique(lab)
-    if budget < classes.size:
-        raise ValueError(f"memory_budget={budget} must be at least the number of classes seen, N={classes.size}")
-    quota = budget // max(classes.size, 1)
+    classes, quota = _class_quota(lab, budget)
+    rows = []
+    for c in classes:
+        members = np.flatnonzero(lab == c)
+        if members.size <= quota:
+            rows.append(members)
+            continue
+        ranked = members[np.argsort(unc[members], kind="stable")]
+        rows.append(ranked[:: members.size // quota][:quota])
+    return np.concatenate(rows) if rows else np.zeros((0,), np.int64)
+
+
+def spread_rows(uncertainty, labels, budget: int) -> np.ndarray:
+    """Earlier cvs-jax rule: per class, ``budget // #classes`` candidates evenly spaced (``linspace``)
+    along the ascending uncertainty ranking, both ends included. Returns candidate rows, by class."""
+    unc = np.asarray(uncertainty, np.float64)
+    lab = np.asarray(labels).reshape(-1)
+    classes, quota = _class_quota(lab, budget)
     rows = []
     for c in classes:
         members = np.flatnonzero(lab == c)
@@ -136,15 +163,78 @@ def uncertainty_select(uncertainty, labels, source_ids, budget: int):
             rows.append(ranked)
         else:
             rows.append(ranked[np.unique(np.linspace(0, ranked.size - 1, quota).round().astype(int))])
-    order = np.concatenate(rows) if rows else np.zeros((0,), int)
-    return ids[order], lab[order]
+    return np.concatenate(rows) if rows else np.zeros((0,), np.int64)
+
+
+def random_class_rows(labels, budget: int, rng: np.random.Generator) -> np.ndarray:
+    """The fork's first-task memory (``equal_class_sampling``): per class ``min(quota, len)`` candidates
+    drawn at random without replacement, quota = budget // #classes. Returns candidate rows, by class."""
+    lab = np.asarray(labels).reshape(-1)
+    classes, quota = _class_quota(lab, budget)
+    rows = []
+    for c in classes:
+        members = np.flatnonzero(lab == c)
+        rows.append(rng.choice(members, size=min(quota, members.size), replace=False))
+    return np.concatenate(rows).astype(np.int64) if rows else np.zeros((0,), np.int64)
+
+
+def refill_rows(chosen, num_candidates: int, budget: int, rng: np.random.Generator) -> np.ndarray:
+    """The fork's "breaking the equilibrium": the ``budget - len(chosen)`` unused slots (classes with
+    fewer candidates than the quota, the floor of ``budget // #classes``) are filled with candidates
+    drawn at random, without replacement, from those not chosen; all of them when fewer remain (the fork
+    then keeps every candidate). Returns ``chosen`` followed by the drawn rows."""
+    chosen = np.asarray(chosen, np.int64)
+    remaining = np.setdiff1d(np.arange(num_candidates), chosen)  # candidate order
+    k = min(int(budget) - chosen.size, remaining.size)
+    if k <= 0:
+        return chosen
+    return np.concatenate([chosen, rng.choice(remaining, size=k, replace=False).astype(np.int64)])
+
+
+UNCERTAINTY_SELECTIONS = ("stride", "spread")
+
+
+def uncertainty_select(uncertainty, labels, source_ids, budget: int, *, selection: str = "stride", refill_rng=None):
+    """Rainbow Memory's diversity-aware selection over the candidates (previous session + memory).
+
+    ``selection="stride"``: the fork's rule (:func:`stride_rows`); ``"spread"``: evenly spaced along
+    the ranking (:func:`spread_rows`). ``refill_rng``: a ``np.random.Generator`` fills the unused slots
+    at random (:func:`refill_rows`, the fork); ``None`` leaves them empty.
+
+    Returns ``(selected_source_ids, selected_labels)`` ordered by class then rank, refills last.
+    """
+    lab = np.asarray(labels).reshape(-1)
+    ids = np.asarray(source_ids)
+    if selection == "stride":
+        rows = stride_rows(uncertainty, lab, budget)
+    elif selection == "spread":
+        rows = spread_rows(uncertainty, lab, budget)
+    else:
+        raise ValueError(f"selection={selection!r} is unknown; choose one of {UNCERTAINTY_SELECTIONS}")
+    if refill_rng is not None:
+        rows = refill_rows(rows, lab.shape[0], budget, refill_rng)
+    return ids[rows], lab[rows]
+
+
+def random_class_select(labels, source_ids, budget: int, rng: np.random.Generator, *, refill: bool = True):
+    """The fork's first-task memory: random equal shares per class (:func:`random_class_rows`), then
+    the unused slots refilled at random (:func:`refill_rows`) when ``refill``.
+
+    Returns ``(selected_source_ids, selected_labels)``: by class, refills last.
+    """
+    lab = np.asarray(labels).reshape(-1)
+    rows = random_class_rows(lab, budget, rng)
+    if refill:
+        rows = refill_rows(rows, lab.shape[0], budget, rng)
+    return np.asarray(source_ids)[rows], lab[rows]
 
 
 def prediction_uncertainty(predictions: np.ndarray) -> np.ndarray:
-    """Rainbow's uncertainty from ``predictions[T, N]`` (labels predicted under T
-    perturbations): 1 - (votes of the most frequent label) / T."""
-    t, n = predictions.shape
+    """Rainbow's uncertainty from ``predictions[T, N]`` (labels predicted under T perturbations):
+    1 - (votes of the most-voted label) / T (the fork's ``variance_ratio``)."""
+    preds = np.asarray(predictions)
+    t, n = preds.shape
     votes = np.zeros(n)
     for i in range(n):
-        votes[i] = np.bincount(predictions[:, i]).max()
+        votes[i] = np.bincount(preds[:, i]).max()
     return 1.0 - votes / t

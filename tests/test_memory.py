@@ -163,7 +163,7 @@ def test_uncertainty_select_spreads_over_the_ranking():
     labels = np.repeat(np.arange(4), 25)
     unc = rng.uniform(size=100)
     ids = np.arange(100) + 1000
-    sel_ids, sel_labels = memory.uncertainty_select(unc, labels, ids, budget=22)
+    sel_ids, sel_labels = memory.uncertainty_select(unc, labels, ids, budget=22, selection="spread")
     assert len(sel_ids) == 4 * (22 // 4) <= 22
     for c in range(4):
         members = np.flatnonzero(labels == c)
@@ -173,6 +173,21 @@ def test_uncertainty_select_spreads_over_the_ranking():
         assert members[np.argmin(unc[members])] in chosen and members[np.argmax(unc[members])] in chosen
     with pytest.raises(ValueError, match="memory_budget=3"):
         memory.uncertainty_select(unc, labels, ids, budget=3)
+    with pytest.raises(ValueError, match="selection='median'"):
+        memory.uncertainty_select(unc, labels, ids, budget=22, selection="median")
+
+
+def test_uncertainty_select_stride_is_the_fork_default():
+    """Per class (25 candidates, quota 5): ranks 0, 5, 10, 15, 20 of the ascending ranking (tests/test_rainbow.py
+    pins the rule against a transcription of the fork)."""
+    rng = np.random.default_rng(1)
+    labels = np.repeat(np.arange(4), 25)
+    unc = rng.uniform(size=100)
+    sel_ids, sel_labels = memory.uncertainty_select(unc, labels, np.arange(100), budget=22)
+    for c in range(4):
+        members = np.flatnonzero(labels == c)
+        ranked = members[np.argsort(unc[members])]
+        np.testing.assert_array_equal(sel_ids[sel_labels == c], ranked[[0, 5, 10, 15, 20]])
 
 
 def test_prediction_uncertainty():

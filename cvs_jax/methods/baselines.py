@@ -12,8 +12,10 @@
 * ``rwalk``: the same penalty with an EWC++ running Fisher (alpha 0.5) plus reservoir
   memory.  The path-integral score of RWalk is identically zero in the author's fork
   (see ``regularizers.py``), so the fork's behaviour is reproduced: importance = Fisher.
-* ``rainbow``: Rainbow Memory, uncertainty-based memory under the budget (classes spread
-  over the uncertainty ranking), batches half memory / half session data.
+* ``rainbow``: Rainbow Memory as the author's fork by default (``config.rainbow``): first memory
+  random with equal class shares, then per class a stride over the uncertainty ranking (12
+  RandAugment votes), unused slots refilled at random; batches half session data / half a cycling
+  shuffled memory.
 Extra terms are weighted by ``config.loss_weights`` (official alpha = 1 for BCT/LwF/MMD).
 """
 
@@ -95,9 +97,21 @@ def make_rwalk(config: ml_collections.ConfigDict) -> Method:
 
 
 def make_rainbow(config: ml_collections.ConfigDict) -> Method:
+    """Rainbow Memory with the rules of ``config.rainbow`` (defaults = the author's fork, spec §6b)."""
+    r = config.rainbow
     return Method(
         name="rainbow",
-        memory=policies.UncertaintyMemory(),
-        batches=policies.HalfMemoryBatches(),
-        description="Rainbow Memory: uncertainty-based memory, half-memory batches",
+        memory=policies.UncertaintyMemory(
+            perturbations=int(r.perturbations),
+            perturbation=r.perturbation,
+            selection=r.selection,
+            refill=bool(r.refill),
+            first_session=r.first_session,
+        ),
+        batches=policies.HalfMemoryBatches(r.memory_batches),
+        description=(
+            f"Rainbow Memory: uncertainty over {r.perturbations} {r.perturbation} draws, {r.selection} selection"
+            f"{' + random refill' if r.refill else ''}, first memory {r.first_session}, "
+            f"half-memory batches ({r.memory_batches})"
+        ),
     )

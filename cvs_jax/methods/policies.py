@@ -21,8 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cvs_jax import importance, losses, memory
+from cvs_jax import augment, importance, losses, memory
 from cvs_jax.chunks import iter_chunks
+from cvs_jax.errors import ConfigError
 from cvs_jax.gallery import Gallery
 from cvs_jax.models import net_variables
 
@@ -131,15 +132,34 @@ class ReservoirMemory:
         return ReplayMemory(ids, ctx.proto.train_labels[ids].astype(np.int32), s - 1, seen)
 
 
-RAINBOW_PERTURBATIONS = 8
+# Rainbow Memory (the author's fork, spec §6b); config.rainbow picks the rules, defaults = the fork.
+RAINBOW_PERTURBATIONS = 12  # the fork's uncert_metric "vr_randaug": 12 RandAugment draws
+RAINBOW_PERTURBATION_KINDS = ("randaugment", "train_pipeline")
+RAINBOW_SELECTIONS = memory.UNCERTAINTY_SELECTIONS  # ("stride", "spread")
+RAINBOW_FIRST_SESSION = ("random", "uncertainty")
+RAINBOW_MEMORY_BATCHES = ("cycle", "with_replacement")
 
 
-def _make_perturbed_predict(model, pipeline):
-    """Labels predicted by a model on train-time perturbations of the images (Rainbow Memory)."""
+def _check_choice(field: str, value, choices) -> None:
+    if value not in choices:
+        raise ConfigError(f"rainbow.{field}={value!r} is unknown; choose one of {list(choices)}.")
+
+
+def perturb_images(pipeline, perturbation: str, key, images_u8):
+    """One perturbation of a uint8 batch, as the model's input. ``"randaugment"`` (the fork): RandAugment,
+    then the eval transform (``pipeline.eval``: normalise; centre crop for the fine-grained recipe).
+    ``"train_pipeline"``: the training augmentation (crop / flip / ``augment.policy``)."""
+    if perturbation == "randaugment":
+        return pipeline.eval(augment.apply_policy(key, images_u8, "randaugment"))
+    return pipeline.train(key, images_u8)
+
+
+def _make_perturbed_predict(model, pipeline, perturbation: str):
+    """Labels predicted by the model in eval mode on perturbed images (Rainbow Memory's votes)."""
 
     @jax.jit
     def predict(variables, images, key, valid_classes):
-        x = pipeline.train(key, images)
+        x = perturb_images(pipeline, perturbation, key, images)
         emb = model.apply(net_variables(variables["params"], variables["batch_stats"]), x, train=False)
         logits = losses.cosine_logits(emb, variables["params"]["head"])
         return jnp.argmax(jnp.where(jnp.arange(logits.shape[1])[None] < valid_classes, logits, -jnp.inf), axis=1)
@@ -147,25 +167,88 @@ def _make_perturbed_predict(model, pipeline):
     return predict
 
 
+def perturbation_key(seed: int, s: int, t: int, perturbation: str) -> jax.Array:
+    """The key of perturbation ``t`` at the start of session ``s``: from (seed, session, t).
+    ``"train_pipeline"`` keeps the earlier derivation ``key(seed + s)`` so that it reproduces earlier runs."""
+    if perturbation == "train_pipeline":
+        return jax.random.fold_in(jax.random.key(seed + s), t)
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), s), t)
+
+
 @dataclasses.dataclass(frozen=True)
 class UncertaintyMemory:
-    """Rainbow Memory: per class, candidates spread over their uncertainty under perturbations."""
+    """Rainbow Memory's memory over the candidates = the previous session's images + the memory.
+
+    Defaults = the author's fork (``finetune.py update_memory / uncertainty_sampling / montecarlo /
+    variance_ratio / equal_class_sampling``):
+
+    * ``first_session="random"``: the memory after the first session is drawn at random, equal shares
+      per class (``memory.random_class_rows``); ``"uncertainty"``: the uncertainty rule from the start.
+    * ``perturbations`` / ``perturbation``: uncertainty = 1 - (votes of the most-voted class) / T over
+      T = 12 RandAugment draws, each followed by the eval transform, model in eval mode
+      (``"train_pipeline"``: the training augmentation instead).
+    * ``selection="stride"``: per class, ascending uncertainty, every ``(len // quota)``-th, the first
+      ``quota`` (``memory.stride_rows``); ``"spread"``: evenly spaced along the ranking.
+    * ``refill``: slots left unused are refilled at random from the remaining candidates.
+
+    With ``selection="stride"`` the candidates are in the fork's order, the previous session's images
+    shuffled (its stream list is shuffled) then the memory, so uncertainty ties (frequent: T + 1 values)
+    fall in a random order.  Randomness: ``np.random.default_rng([seed, s, 13])`` and JAX keys from
+    (seed, s, t), so a resumed run rebuilds the same memory.
+    """
+
+    perturbations: int = RAINBOW_PERTURBATIONS
+    perturbation: str = "randaugment"
+    selection: str = "stride"
+    refill: bool = True
+    first_session: str = "random"
 
     keeps_memory = True
 
-    def update(self, ctx, mem: ReplayMemory, variables, s: int) -> ReplayMemory:
-        pool = _pool(ctx, mem, s)
+    def __post_init__(self):
+        _check_choice("perturbation", self.perturbation, RAINBOW_PERTURBATION_KINDS)
+        _check_choice("selection", self.selection, RAINBOW_SELECTIONS)
+        _check_choice("first_session", self.first_session, RAINBOW_FIRST_SESSION)
+        if int(self.perturbations) < 1:
+            raise ConfigError(f"rainbow.perturbations={self.perturbations} must be at least 1.")
+
+    def candidates(self, ctx, mem: ReplayMemory, s: int, rng: np.random.Generator) -> np.ndarray:
+        """Dataset indices of the candidates, in the fork's order (stride) or the earlier pool order."""
+        prev = ctx.proto.plan.sessions[s - 1].train
+        if self.selection == "stride":
+            prev = prev[rng.permutation(len(prev))]
+        return np.concatenate([prev, mem.source_ids]).astype(np.int64)
+
+    def uncertainty(self, ctx, variables, pool: np.ndarray, s: int) -> np.ndarray:
         images = ctx.proto.train_images(pool)
-        predict = ctx.cached("perturbed_predict", lambda: _make_perturbed_predict(ctx.model, ctx.pipeline))
+        predict = ctx.cached(
+            f"perturbed_predict_{self.perturbation}",
+            lambda: _make_perturbed_predict(ctx.model, ctx.pipeline, self.perturbation),
+        )
         valid = jnp.int32(ctx.proto.plan.sessions[s - 1].num_outputs)
-        preds = np.zeros((RAINBOW_PERTURBATIONS, images.shape[0]), np.int64)
-        for t in range(RAINBOW_PERTURBATIONS):
-            key = jax.random.fold_in(jax.random.key(ctx.config.seed + s), t)
+        preds = np.zeros((self.perturbations, images.shape[0]), np.int64)
+        for t in range(self.perturbations):
+            key = perturbation_key(ctx.config.seed, s, t, self.perturbation)
             for start, chunk, n in iter_chunks(images, ctx.config.train.eval_batch_size):
                 out = predict(variables, jnp.asarray(chunk), jax.random.fold_in(key, start), valid)
                 preds[t, start : start + n] = np.asarray(out)[:n]
-        unc = memory.prediction_uncertainty(preds)
-        ids, labels = memory.uncertainty_select(unc, ctx.proto.train_labels[pool], pool, ctx.config.memory.budget)
+        return memory.prediction_uncertainty(preds)
+
+    def update(self, ctx, mem: ReplayMemory, variables, s: int) -> ReplayMemory:
+        rng = np.random.default_rng([ctx.config.seed, s, 13])
+        pool = self.candidates(ctx, mem, s, rng)
+        labels, budget = ctx.proto.train_labels[pool], ctx.config.memory.budget
+        if s == 1 and self.first_session == "random":
+            ids, labels = memory.random_class_select(labels, pool, budget, rng, refill=self.refill)
+            how = "random, equal shares per class"
+        else:
+            unc = self.uncertainty(ctx, variables, pool, s)
+            refill_rng = rng if self.refill else None
+            ids, labels = memory.uncertainty_select(
+                unc, labels, pool, budget, selection=self.selection, refill_rng=refill_rng
+            )
+            how = f"uncertainty over {self.perturbations} {self.perturbation} draws, {self.selection}"
+        ctx.log.print(f"rainbow memory after session {s}: {len(ids)} of {len(pool)} candidates ({how})")
         seen = mem.seen + len(ctx.proto.plan.sessions[s - 1].train)
         return ReplayMemory(np.asarray(ids, np.int64), np.asarray(labels, np.int32), s - 1, seen)
 
@@ -266,26 +349,65 @@ class ShuffledEpochs:
         return self.indices[order[i * self.batch_size : (i + 1) * self.batch_size]]
 
 
+@functools.lru_cache(maxsize=4)  # a batch spans at most a few passes; called every step
+def memory_pass_order(seed: int, session: int, epoch: int, cycle: int, n: int) -> np.ndarray:
+    """The memory order of pass ``cycle`` of an epoch: a pure function of (seed, session, epoch, cycle)."""
+    return np.random.default_rng([seed, session, epoch, cycle, 2]).permutation(n)
+
+
+def cycled_memory_rows(seed: int, session: int, epoch: int, start: int, count: int, n: int) -> np.ndarray:
+    """Rows ``start .. start + count - 1`` of the epoch's memory sequence: pass 0 (a random order of the
+    ``n`` items), then pass 1 (a new random order), ...; position p is item ``order(p // n)[p % n]``."""
+    cycle, offset = np.divmod(np.arange(start, start + count), n)
+    rows = np.empty(count, np.int64)
+    for c in np.unique(cycle):
+        at = cycle == c
+        rows[at] = memory_pass_order(seed, session, epoch, int(c), n)[offset[at]]
+    return rows
+
+
 @dataclasses.dataclass(frozen=True)
 class HalfMemoryEpochs:
-    """Rainbow Memory: half of each batch from the session stream, half drawn from the memory."""
+    """Rainbow Memory: half of each batch from the session stream, half from the memory.
+
+    ``memory_batches="cycle"`` (the fork, ``rainbow_memory.py``): ``batch_size // 2`` rows from a
+    shuffled memory loader that cycles (every memory item once per pass, a new random order each pass),
+    restarted at every epoch as the fork's ``zip(train_loader, cycle(memory_loader))``; the stream gives
+    the other ``batch_size - batch_size // 2`` rows (its loader drops the last partial batch).
+    ``"with_replacement"`` (earlier cvs-jax): ``batch_size - batch_size // 2`` memory rows drawn i.i.d.
+    with replacement per step, the stream ``batch_size // 2``.  Either way ``batch(epoch, i)`` is a pure
+    function of (seed, session, epoch, i), so a run resumes exactly from a step number.
+    """
 
     indices: np.ndarray
     memory: np.ndarray
     batch_size: int
     seed: int
     session: int
+    memory_batches: str = "cycle"
+
+    def __post_init__(self):
+        _check_choice("memory_batches", self.memory_batches, RAINBOW_MEMORY_BATCHES)
+
+    @property
+    def split(self) -> tuple[int, int]:
+        """(stream rows, memory rows) of a batch."""
+        half = self.batch_size // 2
+        return (self.batch_size - half, half) if self.memory_batches == "cycle" else (half, self.batch_size - half)
 
     @property
     def steps_per_epoch(self) -> int:
-        return len(self.indices) // (self.batch_size // 2)
+        return len(self.indices) // self.split[0]
 
     def batch(self, epoch: int, i: int) -> np.ndarray:
-        h = self.batch_size // 2
+        n_stream, n_mem = self.split
         order = epoch_order(self.seed, self.session, epoch, len(self.indices))
-        stream = self.indices[order[i * h : (i + 1) * h]]
-        rng = np.random.default_rng([self.seed, self.session, epoch, i, 1])
-        return np.concatenate([stream, self.memory[rng.integers(0, len(self.memory), self.batch_size - h)]])
+        stream = self.indices[order[i * n_stream : (i + 1) * n_stream]]
+        if self.memory_batches == "cycle":
+            rows = cycled_memory_rows(self.seed, self.session, epoch, i * n_mem, n_mem, len(self.memory))
+        else:
+            rows = np.random.default_rng([self.seed, self.session, epoch, i, 1]).integers(0, len(self.memory), n_mem)
+        return np.concatenate([stream, self.memory[rows]])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,12 +420,18 @@ class MixedBatches:
 
 @dataclasses.dataclass(frozen=True)
 class HalfMemoryBatches:
-    """Rainbow Memory's batches; plain shuffling while the memory is empty (session 1)."""
+    """Rainbow Memory's batches (:class:`HalfMemoryEpochs`, ``memory_batches`` = ``rainbow.memory_batches``);
+    plain shuffling while the memory is empty (session 1), as the fork."""
+
+    memory_batches: str = "cycle"
+
+    def __post_init__(self):
+        _check_choice("memory_batches", self.memory_batches, RAINBOW_MEMORY_BATCHES)
 
     def plan(self, indices, mem: ReplayMemory, *, batch_size: int, seed: int, session: int):
         if len(mem) == 0:
             return ShuffledEpochs(indices, batch_size, seed, session)
-        return HalfMemoryEpochs(indices, mem.source_ids, batch_size, seed, session)
+        return HalfMemoryEpochs(indices, mem.source_ids, batch_size, seed, session, self.memory_batches)
 
 
 # ------------------------------------------------------------------ per-session constants
