@@ -20,7 +20,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.name = config_dict.placeholder(str)
     c.data.data_dir = "~/tensorflow_datasets"
     c.data.manual_dir = config_dict.placeholder(str)
-    c.data.official_split_dir = config_dict.placeholder(str)  # official CVS JSON session files (CIFAR-100)
+    # Session split: "generator" (our seeded generator, cvs_jax/data/splits.py, from the fields below) or
+    # "official" (the official CVS CIFAR-100 sessions, packaged with cvs_jax; the CIFAR-100 configs' default).
+    c.data.split = "generator"
+    c.data.official_split_dir = config_dict.placeholder(str)  # with split="official": read the CVS JSON files here
     c.data.on_corrupt = "refuse"  # undecodable source images: "refuse" (stop, name one) or "skip" (count them)
     c.data.setup = "general"
     c.data.num_sessions = 5

@@ -13,6 +13,7 @@ def get_config(variant: str = ""):
     c = base.get_config()
     c.method = "cvs"
     c.data.name = "cifar100"
+    c.data.split = "official"  # the official CVS session files (packaged); "generator": our seeded generator
     c.data.setup = "general"
     c.data.num_sessions = 5
     c.augment.policy = "cifar10"  # AutoAugment CIFAR-10 policy after crop + flip

@@ -23,7 +23,7 @@ def smoke(config):
     """Two one-epoch sessions on a few classes with a width-8 network: checks the whole pipeline of a
     config (its data source, setup, augmentation, model family, method) in seconds, not its results."""
     d, m, t = config.data, config.model, config.train
-    d.num_sessions = 2
+    d.split, d.num_sessions = "generator", 2  # the official CIFAR-100 sessions need 5 x 20 classes of the full data
     if d.setup == "blurry":
         d.first_classes = d.classes_per_session = 3  # blurry needs S == C
     else:

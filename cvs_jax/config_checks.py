@@ -12,7 +12,7 @@ import os
 import ml_collections
 
 from cvs_jax import augment, schedules
-from cvs_jax.data import splits
+from cvs_jax.data import official_splits, splits
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import METHODS
 from cvs_jax.models.pretrained import CONVERT_ONE_LINER
@@ -31,6 +31,7 @@ KNOWN_NUM_CLASSES = {
     "product_m": 2743,
 }
 LOCAL_BUILDERS = ("fashion_mnist_local", "tiny_imagenet_zip", "product_m")  # read data.manual_dir
+SPLITS = ("official", "generator")  # data.split
 
 
 def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
@@ -41,6 +42,7 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
         raise ConfigError(f"data.setup={d.setup!r} is unknown; choose one of {list(splits.SETUPS)}.")
     if d.name is None:
         raise ConfigError("data.name is not set; set --config.data.name (e.g. fashion_mnist_local).")
+    _check_split(d)
     if d.on_corrupt not in ("refuse", "skip"):
         raise ConfigError(f"data.on_corrupt={d.on_corrupt!r} is unknown; choose 'refuse' or 'skip'.")
     if t.schedule not in schedules.SCHEDULES:
@@ -104,15 +106,44 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
             f"model.pretrained={config.model.pretrained!r} does not exist; download torchvision's "
             f"resnet50-0676ba61.pth and convert it: {CONVERT_ONE_LINER} (or unset model.pretrained)."
         )
-    if d.official_split_dir is not None and not os.path.isdir(os.path.expanduser(d.official_split_dir)):
-        raise ConfigError(
-            f"data.official_split_dir={d.official_split_dir!r} does not exist; point it at the "
-            f"official cifar100_*.json session files (e.g. ../shared/data/cvs-official-splits/cifar100)."
-        )
     if d.name in LOCAL_BUILDERS and d.manual_dir is not None:
         manual = os.path.expanduser(d.manual_dir)
         if not os.path.isdir(manual):
             raise ConfigError(
                 f"data.manual_dir={d.manual_dir!r} does not exist; point it at the folder holding "
                 f"the {d.name} source files (see README, Data)."
+            )
+
+
+def _check_split(d: ml_collections.ConfigDict) -> None:
+    """``data.split``: "generator" or "official" (only where official files exist, with the fields they fix)."""
+    if d.split not in SPLITS:
+        raise ConfigError(
+            f"data.split={d.split!r} is unknown; choose 'official' (the official CVS sessions, CIFAR-100) "
+            "or 'generator' (our seeded generator)."
+        )
+    if d.official_split_dir is not None and not os.path.isdir(os.path.expanduser(d.official_split_dir)):
+        raise ConfigError(
+            f"data.official_split_dir={d.official_split_dir!r} does not exist; point it at the "
+            f"official cifar100_*.json session files (e.g. ../shared/data/cvs-official-splits/cifar100)."
+        )
+    if d.split == "generator":
+        if d.official_split_dir is not None:
+            raise ConfigError(
+                f"data.official_split_dir={d.official_split_dir!r} is only read with data.split='official'; "
+                "set --config.data.split=official (CIFAR-100) or unset data.official_split_dir."
+            )
+        return
+    base = d.name.split("/", 1)[0].split(":", 1)[0]
+    if base not in official_splits.OFFICIAL_DATASETS:
+        raise ConfigError(
+            f"data.split='official': the official CVS session files exist only for "
+            f"{', '.join(official_splits.OFFICIAL_DATASETS)}, not {d.name}; set --config.data.split=generator."
+        )
+    for field, want in official_splits.OFFICIAL_FIELDS[d.setup].items():
+        if d[field] != want:
+            raise ConfigError(
+                f"data.{field}={d[field]!r}, but the official CIFAR-100 {official_splits.FILE_SETUPS[d.setup]} "
+                f"sessions fix {want!r}; set --config.data.split=generator to split with data.{field}={d[field]!r} "
+                f"(or leave it at {want!r})."
             )

@@ -9,6 +9,7 @@ import ml_collections
 import numpy as np
 
 from cvs_jax.data import official_splits, sources, splits
+from cvs_jax.errors import ConfigError
 from cvs_jax.methods import Method
 
 
@@ -25,9 +26,10 @@ class Protocol:
     def build(cls, config: ml_collections.ConfigDict) -> "Protocol":
         d = config.data
         dataset = sources.load_dataset(d.name, data_dir=d.data_dir, manual_dir=d.manual_dir, on_corrupt=d.on_corrupt)
-        if d.official_split_dir is not None:  # the official CVS JSON session files (CIFAR-100)
-            plan = official_splits.official_plan_for_dataset(os.path.expanduser(d.official_split_dir), d.setup, dataset)
-        else:
+        if d.split == "official":  # official CVS CIFAR-100 sessions: the JSON files if given, else the packaged copy
+            split_dir = None if d.official_split_dir is None else os.path.expanduser(d.official_split_dir)
+            plan = official_splits.official_plan_for_dataset(split_dir, d.setup, dataset)
+        elif d.split == "generator":
             plan = splits.make_session_plan(
                 dataset.train.labels,
                 setup=d.setup,
@@ -44,6 +46,8 @@ class Protocol:
                 val_per_class=d.val_per_class,
                 general_shares=d.general_shares,
             )
+        else:
+            raise ConfigError(f"data.split={d.split!r} is unknown; choose 'official' or 'generator'.")
         return cls(
             dataset, plan, plan.to_protocol_labels(dataset.train.labels), plan.to_protocol_labels(dataset.test.labels)
         )

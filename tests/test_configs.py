@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from cvs_jax import config_checks
+from cvs_jax.data import official_splits
+from cvs_jax.data.sources import ImageDataset, Split
 from cvs_jax.data.splits import make_session_plan
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -45,6 +47,117 @@ def test_config_loads_and_passes_checks(name, variant, tmp_path):
     if variant == "smoke":
         assert c.train.epochs == 1 and c.data.num_sessions == 2 and c.model.width == 8
         assert c.model.pretrained is None
+
+
+CIFAR = ("cifar100_general", "cifar100_disjoint", "cifar100_blurry")
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_split_source(name):
+    """CIFAR-100 configs use the official sessions (packaged); the others, and every :smoke, the generator."""
+    c = load(name)
+    assert c.data.split == ("official" if name in CIFAR else "generator")
+    assert c.data.official_split_dir is None
+    assert load(name, "smoke").data.split == "generator"
+
+
+def _official_plan(c, seed=0):
+    """The plan ``Protocol.build`` makes for ``c`` (data.split="official") on CIFAR-100-shaped labels."""
+    rng = np.random.default_rng(seed)
+    train, test = rng.permutation(np.repeat(np.arange(100), 500)), rng.permutation(np.repeat(np.arange(100), 100))
+    names = sorted(str(n) for n in official_splits.packaged_arrays()["class_names"])
+    ds = ImageDataset(
+        name="cifar100",
+        class_names=tuple(names),
+        train=Split(images=np.zeros((train.size, 1, 1, 3), np.uint8), labels=train.astype(np.int32)),
+        test=Split(images=np.zeros((test.size, 1, 1, 3), np.uint8), labels=test.astype(np.int32)),
+    )
+    return official_splits.official_plan_for_dataset(c.data.official_split_dir, c.data.setup, ds), train
+
+
+def test_cifar100_general_official_split_statistics():
+    """The official general10 files follow the (S,C,M,L) rule of spec §2.3: train 7200/7992/7992/7956/7992."""
+    c = load("cifar100_general")
+    plan, labels = _official_plan(c)
+    assert [len(s.train) for s in plan.sessions] == [7200, 7992, 7992, 7956, 7992]
+    _check_general(c, plan, labels)
+    # the generator (data.split="generator") gives the same session sizes, from other images
+    c.data.split = "generator"
+    gen = _plan(c, labels)
+    assert [len(s.train) for s in gen.sessions] == [7200, 7992, 7992, 7956, 7992]
+    _check_general(c, gen, labels)
+
+
+def test_cifar100_disjoint_official_split_statistics():
+    plan, labels = _official_plan(load("cifar100_disjoint"))
+    pl = plan.to_protocol_labels(labels)
+    for t, s in enumerate(plan.sessions):
+        assert (len(s.train), len(s.val)) == (9000, 1000)
+        for idx, per in ((s.train, 450), (s.val, 50)):
+            counts = np.bincount(pl[idx], minlength=100)
+            assert np.all(counts[20 * t : 20 * t + 20] == per) and counts.sum() == 20 * per
+
+
+def test_cifar100_blurry_official_split_statistics():
+    """Official blurry10 (spec §2.3): 10,000 images per session (9,000 train), every class in every session,
+    about 8.1 % minor-class images drawn unevenly (2-21 per minor class; 441-473 per major class); all 500
+    images of every class used. Our generator (data.split="generator") makes 9,600 at exactly 10 %."""
+    c = load("cifar100_blurry")
+    plan, labels = _official_plan(c)
+    pl = plan.to_protocol_labels(labels)
+    minor_share, minor_counts, major_counts = [], [], []
+    for t, s in enumerate(plan.sessions):
+        assert (len(s.train), len(s.val)) == (9000, 1000)
+        counts = np.bincount(pl[np.concatenate([s.train, s.val])], minlength=100)
+        major = np.zeros(100, bool)
+        major[20 * t : 20 * t + 20] = True
+        assert np.all(np.bincount(pl[s.train], minlength=100) > 0)
+        minor_share.append(counts[~major].sum() / counts.sum())
+        minor_counts.append(counts[~major])
+        major_counts.append(counts[major])
+    assert all(0.079 <= m <= 0.081 for m in minor_share), minor_share
+    assert np.concatenate(minor_counts).min() == 2 and np.concatenate(minor_counts).max() == 21
+    assert np.concatenate(major_counts).min() == 441 and np.concatenate(major_counts).max() == 473
+    assert sum(len(s.train) + len(s.val) for s in plan.sessions) == 50000
+    c.data.split = "generator"
+    gen = _plan(c, labels)
+    gl = gen.to_protocol_labels(labels)
+    for t, s in enumerate(gen.sessions):
+        pool = np.concatenate([s.train, s.val])
+        assert len(pool) == 9600
+        assert np.isin(gl[pool], np.arange(20 * t, 20 * t + 20)).sum() == 8640  # 90 % major, 10 % minor
+
+
+@pytest.mark.parametrize(
+    "name,field,value,message",
+    [
+        ("tinyimagenet_general", "data.split", "official", "exist only for cifar100, not tiny_imagenet_zip"),
+        ("fashion_mnist_general", "data.split", "official", "set --config.data.split=generator"),
+        ("cifar100_general", "data.split", "random", "data.split='random' is unknown"),
+        ("cifar100_general", "data.num_sessions", 3, "data.num_sessions=3, but the official CIFAR-100 general10"),
+        ("cifar100_general", "data.old_class_percent", 30.0, "data.old_class_percent=30.0, but .* fix 10.0"),
+        ("cifar100_blurry", "data.blurry_minor_percent", 30.0, "blurry10 sessions fix 10.0"),
+        ("cifar100_disjoint", "data.val_fraction", 0.2, "set --config.data.split=generator to split with"),
+        ("fashion_mnist_general", "data.official_split_dir", "CONFIGS", "only read with data.split='official'"),
+    ],
+)
+def test_split_refusals(name, field, value, message, tmp_path):
+    c = load(name)
+    if c.data.manual_dir is not None:
+        c.data.manual_dir = str(tmp_path)
+    group, key = field.split(".")
+    c[group][key] = CONFIG_DIR if value == "CONFIGS" else value  # any existing folder
+    with pytest.raises(config_checks.ConfigError, match=message):
+        config_checks.check(c, num_devices=1)
+
+
+def test_official_split_with_its_fields_passes_and_generator_switch_frees_them():
+    c = load("cifar100_general")
+    c.data.official_split_dir = CONFIG_DIR  # any existing folder passes the check
+    config_checks.check(c, num_devices=1)
+    c.data.official_split_dir = None
+    c.data.split, c.data.old_class_percent, c.data.num_sessions = "generator", 30.0, 3
+    config_checks.check(c, num_devices=1)
 
 
 @pytest.mark.parametrize(
