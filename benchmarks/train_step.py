@@ -60,7 +60,7 @@ def build(config, dtype: str, mesh, side: int):
         "center_mask": jnp.arange(NUM_CLASSES) < OLD_CLASSES,
     }
     state = TrainState(
-        step=jnp.int32(0), params=params, batch_stats=variables["batch_stats"], opt_state=tx.init(params)
+        step=jnp.int32(0), params=params, batch_stats=variables["batch_stats"], opt_state=tx.init(params), tracked={}
     )
     return (
         step,

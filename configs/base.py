@@ -11,7 +11,8 @@ from ml_collections import config_dict
 def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.method = "finetune"
-    c.seed = 0
+    c.seed = 0  # initialisation, augmentation, data order (and the split unless split_seed is set)
+    c.split_seed = config_dict.placeholder(int)  # session plan (class order + image split); None: same as seed
     c.overwrite = False  # True: move a different run found in --workdir aside and start anew
     c.log_every_steps = 0  # >0: progress lines inside epochs too (0: one line per epoch)
     c.deterministic = False  # True: bit-reproducible GPU runs (XLA deterministic ops; slower, see BENCHMARKS.md)
@@ -68,10 +69,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.augment.policy = "none"  # "cifar10": AutoAugment CIFAR-10 policy; "randaugment": RandAugment (spec §1.6)
 
     # Weights of the loss terms added to L_c (CVS: L = L_c + 10 L_m + 1 L_d). Baselines: official
-    # alpha = 1 for BCT / LwF / MMD. The EWC/RWalk coefficient is not given by the paper: 100 diverged
-    # (NaN in session 3 of the demo, Fisher max 0.03, Nesterov momentum 0.9); 10 keeps SGD stable.
+    # alpha = 1 for BCT / LwF / MMD; EWC/RWalk: the fork's reg_coef 100 (with importance.mode="online"
+    # 100 diverged on the demo at session 3, and 10 kept SGD stable).
     c.loss_weights = ml_collections.ConfigDict(
-        {"L_m": 10.0, "L_d": 1.0, "L_bct": 1.0, "L_kd": 1.0, "L_mmd": 1.0, "L_mmd_kd": 1.0, "L_reg": 10.0}
+        {"L_m": 10.0, "L_d": 1.0, "L_bct": 1.0, "L_kd": 1.0, "L_mmd": 1.0, "L_mmd_kd": 1.0, "L_reg": 100.0}
     )
 
     # CVS switches (ablations) and the paper's written variants; defaults = official code.
@@ -87,11 +88,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.cvs.per_batch_coherence = False  # paper Eq. 4 divides by the batch size; the code by #old samples
     c.cvs.per_session_centers = False  # paper Eq. 1 averages per session; the code pools all rows
 
-    # EWC / RWalk parameter importance. normalize: divide the (summed / running) Fisher by its maximum
-    # before use, as the RWalk paper does; then L_reg's weight bounds the stiffest parameter's curvature.
-    # Unnormalised (the fork's raw values) RWalk diverged on the demo, and EWC on one of two H100 runs.
+    # EWC / RWalk parameter importance (cvs_jax/methods/importance_policies.py).
+    # mode "fork" (the author's Rainbow-Memory fork, spec §6b): one slot per session anchored at its last
+    # epoch, EWC's Fisher after the session, RWalk's running Fisher from the training steps, raw values,
+    # weight 100. mode "online": earlier cvs-jax's stabilised variant (one summed / running Fisher of the
+    # selected model, anchor = selected model); use it with normalize=True and loss_weights.L_reg=10.
     c.importance = ml_collections.ConfigDict()
-    c.importance.normalize = True
+    c.importance.mode = "fork"
+    c.importance.normalize = False  # True: divide each slot's importance by its maximum before use
 
     c.memory = ml_collections.ConfigDict()
     c.memory.budget = 2000

@@ -27,18 +27,26 @@ from cvs_jax.models import net_variables
 
 
 def make_batch_grad_fn(model, pipeline: augment.Pipeline, *, temperature: float):
+    """``grad_fn(variables, images, labels, valid_classes, use_predictions, key, slots, reg_weight)``:
+    the network's gradient of L_c on one batch, BatchNorm on running statistics.  ``key``: None for
+    un-augmented images, else train-time augmentation; ``slots``/``reg_weight``: the EWC penalty
+    added to the loss (the fork's importance loss includes it)."""
+
     @jax.jit
-    def grad_fn(variables, images, labels, valid_classes, use_predictions):
-        x = pipeline.eval(images)
+    def grad_fn(variables, images, labels, valid_classes, use_predictions, key=None, slots=(), reg_weight=0.0):
+        x = pipeline.eval(images) if key is None else pipeline.train(key, images)
 
         def loss(net):
             emb = model.apply(net_variables({"net": net}, variables["batch_stats"]), x, train=False)
             logits = losses.cosine_logits(emb, variables["params"]["head"])
             masked = jnp.where(jnp.arange(logits.shape[1])[None] < valid_classes, logits, -jnp.inf)
             target = jnp.where(use_predictions, jnp.argmax(masked, axis=1), labels)
-            return losses.normalized_softmax_loss(
+            value = losses.normalized_softmax_loss(
                 emb, variables["params"]["head"], target, temperature, valid_classes=valid_classes
             )
+            if slots:
+                value = value + reg_weight * regularizers.slots_penalty(net, slots)
+            return value
 
         return jax.grad(loss)(variables["params"]["net"])
 
@@ -54,15 +62,27 @@ def session_fisher(
     valid_classes: int,
     batch_size: int,
     running=None,
+    augment_key=None,
+    penalty=((), 0.0),
 ):
     """``ewc``: this session's Fisher.  ``rwalk``: the EWC++ running Fisher continued from
-    ``running`` (the previous sessions' value): one running average over the whole stream."""
+    ``running`` (the previous sessions' value): one running average over the whole stream.
+    ``augment_key``: augment batch b with ``fold_in(augment_key, b)``; ``penalty``: (slots, weight)."""
     n = images.shape[0]
     fisher = jax.tree.map(jnp.zeros_like, variables["params"]["net"]) if running is None else running
     first = running is None
-    for _, batch, _ in iter_chunks((images, labels), batch_size, drop_remainder=True):  # one compiled shape
+    slots, reg_weight = penalty
+    for start, batch, _ in iter_chunks((images, labels), batch_size, drop_remainder=True):  # one compiled shape
+        key = None if augment_key is None else jax.random.fold_in(augment_key, start)
         g = grad_fn(
-            variables, jnp.asarray(batch[0]), jnp.asarray(batch[1], jnp.int32), jnp.int32(valid_classes), kind == "ewc"
+            variables,
+            jnp.asarray(batch[0]),
+            jnp.asarray(batch[1], jnp.int32),
+            jnp.int32(valid_classes),
+            kind == "ewc",
+            key,
+            slots,
+            jnp.float32(reg_weight),
         )
         if kind == "ewc":
             fisher = jax.tree.map(lambda f, gi: f + gi**2 * (batch_size / n), fisher, g)

@@ -129,6 +129,8 @@ class Selection:
     variables: dict
     val_recall1: float
     epoch: int  # 0-based; -1 before the first validation
+    last: dict | None = None  # the last epoch's model (host; EWC/RWalk anchors in the fork's mode)
+    tracked: dict | None = None  # what the method tracked over the steps, at the last step (host)
 
 
 def initial_train_state(ctx: RunContext, state: RunState, s: int) -> TrainState:
@@ -143,7 +145,11 @@ def initial_train_state(ctx: RunContext, state: RunState, s: int) -> TrainState:
     if s > 0:
         params.update(ctx.method.extra_params(state.variables["params"]))
     return TrainState(
-        step=jnp.int32(0), params=params, batch_stats=state.variables["batch_stats"], opt_state=ctx.tx.init(params)
+        step=jnp.int32(0),
+        params=params,
+        batch_stats=state.variables["batch_stats"],
+        opt_state=ctx.tx.init(params),
+        tracked=ctx.method.importance.tracked_init(state.importance, params["net"]),
     )
 
 
@@ -248,9 +254,20 @@ def train(ctx: RunContext, state: RunState, view: SessionView, consts: dict) -> 
         )
         save_progress(step)
         t_epoch = time.time()
-    selected = jax.device_get(best.variables)
-    selected["params"] = {k: selected["params"][k] for k in ("net", "head")}  # method extras end here
-    return Selection(selected, best.val_recall1, best.epoch)
+    return Selection(
+        _net_and_head(best.variables),
+        best.val_recall1,
+        best.epoch,
+        last=_net_and_head(_host_variables(ts)),
+        tracked=jax.device_get(ts.tracked),
+    )
+
+
+def _net_and_head(variables: dict) -> dict:
+    """Host variables without the method's per-session extras (they end with the session)."""
+    out = jax.device_get(variables)
+    out["params"] = {k: out["params"][k] for k in ("net", "head")}
+    return out
 
 
 def test(ctx: RunContext, view: SessionView, selection: Selection) -> tuple[dict, np.ndarray]:
@@ -306,7 +323,12 @@ def append_and_save(
         + " ".join(f"R@{k}={100 * v:.2f}" for k, v in recall.items())
         + f" (best epoch {selection.epoch + 1}, val R@1 {100 * selection.val_recall1:.2f})"
     )
-    new_state = state.replace(variables=selection.variables, gallery=gallery, records=state.records + (record,))
+    new_state = state.replace(
+        variables=selection.variables,
+        gallery=gallery,
+        importance=ctx.method.importance.after_session(ctx, state.importance, selection, s),
+        records=state.records + (record,),
+    )
     faults.fail_while_writing("session_write", ctx.sessions.directory)
     new_state.save(ctx.sessions, part)
     return new_state

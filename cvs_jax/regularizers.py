@@ -94,7 +94,17 @@ def update_ewcpp_importance(importance, grads, alpha: float = 0.5, init_if_zero:
     return tree_map(leaf, importance, grads)
 
 
+def slots_penalty(params, slots) -> jax.Array:
+    """Σ_slots :func:`ewc_penalty` over ``slots`` = ``({"importance", "anchor"}, ...)``: the fork keeps one
+    slot per finished task (``regularization_terms[task]``); 0 for no slots."""
+    total = jnp.zeros(())
+    for slot in slots:
+        total = total + ewc_penalty(params, slot["anchor"], slot["importance"])
+    return total
+
+
 __all__ = [
     "ewc_penalty",
+    "slots_penalty",
     "update_ewcpp_importance",
 ]

@@ -30,6 +30,7 @@ class TrainState:
     params: Any  # {"net": backbone + embedding params, "head": [K, D] cosine head}
     batch_stats: Any
     opt_state: Any
+    tracked: Any  # what the method's importance policy tracks over the steps (RWalk: running Fisher); {} if none
 
 
 def make_optimizer(*, momentum: float, nesterov: bool, weight_decay: float) -> optax.GradientTransformation:
@@ -89,7 +90,11 @@ def make_train_step(
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = jax.tree.map(lambda p, u: p + lr * u, state.params, updates)
         metrics = dict(terms, loss=total, grad_norm=optax.tree.norm(grads), lr=lr)
-        return TrainState(step=state.step + 1, params=params, batch_stats=batch_stats, opt_state=opt_state), metrics
+        tracked = method.importance.track(state.tracked, grads["net"])
+        state = TrainState(
+            step=state.step + 1, params=params, batch_stats=batch_stats, opt_state=opt_state, tracked=tracked
+        )
+        return state, metrics
 
     return step
 

@@ -57,3 +57,9 @@ class Method:
     @property
     def uses_memory(self) -> bool:
         return self.memory.keeps_memory
+
+    @property
+    def shares_first_session(self) -> bool:
+        """Whether another method's session-1 checkpoint can stand for this method's (``compare``):
+        session 1 is plain L_c training, unless a policy keeps statistics of it (fork EWC/RWalk)."""
+        return self.importance.shares_first_session

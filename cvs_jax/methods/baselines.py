@@ -24,6 +24,7 @@ from __future__ import annotations
 import ml_collections
 
 from cvs_jax import distillation, losses, regularizers
+from cvs_jax.errors import ConfigError
 from cvs_jax.methods import policies
 from cvs_jax.methods.base import Method, StepInputs
 
@@ -74,25 +75,35 @@ def make_mmd(config: ml_collections.ConfigDict) -> Method:
 
 
 def _penalty(x: StepInputs):
-    return {"L_reg": regularizers.ewc_penalty(x.params["net"], x.consts["reg_anchor"], x.consts["reg_importance"])}
+    return {"L_reg": regularizers.slots_penalty(x.params["net"], x.consts["reg_slots"])}
+
+
+IMPORTANCE_MODES = ("fork", "online")
+
+
+def _importance(config: ml_collections.ConfigDict, kind: str):
+    mode = config.importance.mode
+    if mode not in IMPORTANCE_MODES:
+        raise ConfigError(f"importance.mode={mode!r} is unknown; choose one of {list(IMPORTANCE_MODES)}.")
+    return policies.ForkFisher(kind) if mode == "fork" else policies.OnlineFisher(kind)
 
 
 def make_ewc(config: ml_collections.ConfigDict) -> Method:
     return Method(
         name="ewc",
-        importance=policies.FisherImportance("ewc"),
+        importance=_importance(config, "ewc"),
         extra_terms=_penalty,
-        description="EWC: Fisher-weighted quadratic penalty, no memory",
+        description=f"EWC ({config.importance.mode}): Fisher-weighted quadratic penalty, no memory",
     )
 
 
 def make_rwalk(config: ml_collections.ConfigDict) -> Method:
     return Method(
         name="rwalk",
-        importance=policies.FisherImportance("rwalk"),
+        importance=_importance(config, "rwalk"),
         memory=policies.ReservoirMemory(),
         extra_terms=_penalty,
-        description="RWalk (as the author's fork): EWC++ Fisher penalty + reservoir memory",
+        description=f"RWalk ({config.importance.mode}, as the author's fork): EWC++ Fisher penalty + reservoir memory",
     )
 
 

@@ -21,10 +21,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cvs_jax import augment, importance, losses, memory
+from cvs_jax import augment, losses, memory
 from cvs_jax.chunks import iter_chunks
 from cvs_jax.errors import ConfigError
 from cvs_jax.gallery import Gallery
+from cvs_jax.methods.importance_policies import ForkFisher as ForkFisher  # re-exported: one import place
+from cvs_jax.methods.importance_policies import ImportanceState as ImportanceState
+from cvs_jax.methods.importance_policies import NoImportance as NoImportance
+from cvs_jax.methods.importance_policies import OnlineFisher as OnlineFisher
 from cvs_jax.models import net_variables
 
 # ------------------------------------------------------------------ data scope
@@ -254,71 +258,7 @@ class UncertaintyMemory:
 
 
 # ------------------------------------------------------------------ parameter importance
-
-
-@dataclasses.dataclass(frozen=True)
-class ImportanceState:
-    """EWC/RWalk: the raw importance carried across sessions and the anchor θ* of the penalty."""
-
-    raw: dict | None = None
-    anchor: dict | None = None
-    built_after: int = -1
-
-    def to_item(self) -> dict:
-        return {} if self.raw is None else {"raw": self.raw, "anchor": self.anchor}
-
-    @classmethod
-    def from_item(cls, item: dict, built_after: int) -> "ImportanceState":
-        if not item:
-            return cls(built_after=built_after)
-        return cls(item["raw"], item["anchor"], built_after)
-
-
-@dataclasses.dataclass(frozen=True)
-class NoImportance:
-    def update(self, ctx, state: ImportanceState, variables, s: int) -> ImportanceState:
-        return state
-
-    def constants(self, ctx, state: ImportanceState) -> dict:
-        return {}
-
-
-@dataclasses.dataclass(frozen=True)
-class FisherImportance:
-    """``ewc``: online EWC (summed per-session Fisher); ``rwalk``: the EWC++ running Fisher.
-    The penalty uses raw / max(raw) when ``importance.normalize``."""
-
-    kind: str
-
-    def update(self, ctx, state: ImportanceState, variables, s: int) -> ImportanceState:
-        c = ctx.config
-        prev = ctx.proto.plan.sessions[s - 1]
-        grad_fn = ctx.cached(
-            "fisher_grad",
-            lambda: importance.make_batch_grad_fn(ctx.model, ctx.pipeline, temperature=c.train.temperature),
-        )
-        fisher = importance.session_fisher(
-            self.kind,
-            grad_fn,
-            variables,
-            ctx.proto.train_images(prev.train),
-            ctx.proto.train_labels[prev.train],
-            prev.num_outputs,
-            c.train.batch_size,
-            running=state.raw if self.kind == "rwalk" else None,
-        )
-        raw = importance.accumulate(self.kind, state.raw, fisher)
-        ctx.log.print(
-            f"importance ({self.kind}) after session {s}: {importance.describe(raw)}"
-            + (", normalised to max 1" if c.importance.normalize else "")
-        )
-        return ImportanceState(raw, jax.device_get(variables["params"]["net"]), s - 1)
-
-    def constants(self, ctx, state: ImportanceState) -> dict:
-        if state.raw is None:
-            return {}
-        used = importance.for_penalty(state.raw, normalize=ctx.config.importance.normalize)
-        return {"reg_importance": used, "reg_anchor": state.anchor}
+# (EWC / RWalk: ImportanceState, NoImportance, OnlineFisher, ForkFisher live in importance_policies.py)
 
 
 # ------------------------------------------------------------------ batch composition

@@ -1,0 +1,189 @@
+"""Parameter-importance policies of the EWC and RWalk baselines (part of ``methods.policies``).
+
+The penalty is ``L_reg = Σ_slots Σ_params importance · (θ − θ_anchor)²`` over the network (the
+cosine head is not regularized), weighted by ``loss_weights.L_reg``.  Two modes
+(``importance.mode``):
+
+``fork`` (default): the author's Rainbow-Memory fork, rule by rule (spec §6b).
+* one slot per finished session, each with its own anchor = the network at the end of that
+  session's training (its **last** epoch, not the best-validation one);
+* EWC: the slot's importance is the diagonal Fisher computed after the session with the last-epoch
+  model in eval mode over the session's training batches (train-time augmentation, the model's own
+  predictions as labels, the loss including the current penalty), F = Σ_b g_b² n_b / N;
+* RWalk: an EWC++ running Fisher F ← ½F + ½g² updated after every training step from that step's
+  gradients (train-mode BatchNorm, augmented images, the full loss with the penalty), set to g² the
+  first time, continued across sessions; a slot's importance is its value at the session's last
+  step (the fork's path-integral score is identically 0, see ``regularizers``);
+* raw values (no normalisation), ``loss_weights.L_reg`` = 100.
+Since session 1 already carries these statistics, EWC and RWalk train their own session 1 (as in
+the fork) instead of sharing it with other methods in ``cvs_jax.compare``.
+
+``online``: the stabilised variant of earlier cvs-jax versions: after each session one summed (EWC)
+or running (RWalk, replayed over the session's un-augmented images) Fisher of the selected model in
+eval mode, one slot whose anchor is the selected model, normalised to max 1 when
+``importance.normalize``; it diverged less often at weight 10 (README).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from cvs_jax import importance, regularizers
+
+
+@dataclasses.dataclass(frozen=True)
+class ImportanceState:
+    """The penalty's slots (``{"importance", "anchor"}`` each) and RWalk's running Fisher."""
+
+    slots: tuple = ()
+    running: dict | None = None
+    built_after: int = -1  # the last session whose statistics the slots hold
+
+    def to_item(self) -> dict:
+        """The checkpoint item (orbax pytree; slots keyed by position)."""
+        item = {}
+        if self.slots:
+            item["slots"] = {str(i): slot for i, slot in enumerate(self.slots)}
+        if self.running is not None:
+            item["running"] = self.running
+        return item
+
+    @classmethod
+    def from_item(cls, item: dict, built_after: int) -> "ImportanceState":
+        slots = item.get("slots") or {}
+        return cls(tuple(slots[k] for k in sorted(slots, key=int)), item.get("running"), built_after)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoImportance:
+    shares_first_session = True
+
+    def update(self, ctx, state: ImportanceState, variables, s: int) -> ImportanceState:
+        return state
+
+    def after_session(self, ctx, state: ImportanceState, selection, s: int) -> ImportanceState:
+        return state
+
+    def constants(self, ctx, state: ImportanceState) -> dict:
+        return {}
+
+    def tracked_init(self, state: ImportanceState, net_params) -> dict:
+        return {}
+
+    def track(self, tracked, net_grads):
+        return tracked
+
+
+def _penalty_slots(ctx, state: ImportanceState) -> dict:
+    if not state.slots:
+        return {}
+    normalize = ctx.config.importance.normalize
+    return {
+        "reg_slots": tuple(
+            {"importance": importance.for_penalty(slot["importance"], normalize=normalize), "anchor": slot["anchor"]}
+            for slot in state.slots
+        )
+    }
+
+
+def _grad_fn(ctx):
+    return ctx.cached(
+        "fisher_grad",
+        lambda: importance.make_batch_grad_fn(ctx.model, ctx.pipeline, temperature=ctx.config.train.temperature),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineFisher:
+    """``importance.mode=online``: one summed (EWC) or running (RWalk) Fisher, anchor = selected model."""
+
+    kind: str  # "ewc" | "rwalk"
+    shares_first_session = True
+
+    def update(self, ctx, state: ImportanceState, variables, s: int) -> ImportanceState:
+        c = ctx.config
+        prev = ctx.proto.plan.sessions[s - 1]
+        raw = state.slots[0]["importance"] if state.slots else None
+        fisher = importance.session_fisher(
+            self.kind,
+            _grad_fn(ctx),
+            variables,
+            ctx.proto.train_images(prev.train),
+            ctx.proto.train_labels[prev.train],
+            prev.num_outputs,
+            c.train.batch_size,
+            running=raw if self.kind == "rwalk" else None,
+        )
+        raw = importance.accumulate(self.kind, raw, fisher)
+        ctx.log.print(
+            f"importance ({self.kind}, online) after session {s}: {importance.describe(raw)}"
+            + (", normalised to max 1" if c.importance.normalize else "")
+        )
+        slot = {"importance": raw, "anchor": jax.device_get(variables["params"]["net"])}
+        return ImportanceState((slot,), None, s - 1)
+
+    def after_session(self, ctx, state, selection, s):
+        return state
+
+    def constants(self, ctx, state: ImportanceState) -> dict:
+        return _penalty_slots(ctx, state)
+
+    def tracked_init(self, state, net_params) -> dict:
+        return {}
+
+    def track(self, tracked, net_grads):
+        return tracked
+
+
+@dataclasses.dataclass(frozen=True)
+class ForkFisher:
+    """``importance.mode=fork``: one slot per session from the last epoch (EWC: Fisher after the
+    session; RWalk: the running Fisher of the training steps)."""
+
+    kind: str  # "ewc" | "rwalk"
+    shares_first_session = False  # session 1 carries the slot's statistics: each trains its own
+
+    def update(self, ctx, state: ImportanceState, variables, s: int) -> ImportanceState:
+        return state  # slots are made at the end of each session (after_session)
+
+    def tracked_init(self, state: ImportanceState, net_params) -> dict:
+        if self.kind != "rwalk":
+            return {}
+        if state.running is not None:
+            return state.running
+        return jax.tree.map(np.zeros_like, jax.device_get(net_params))
+
+    def track(self, tracked, net_grads):
+        if self.kind != "rwalk":
+            return tracked
+        return regularizers.update_ewcpp_importance(tracked, net_grads, alpha=0.5, init_if_zero=True)
+
+    def after_session(self, ctx, state: ImportanceState, selection, s: int) -> ImportanceState:
+        last = selection.last
+        if self.kind == "rwalk":
+            running = selection.tracked
+            slot_importance = running  # + the path-integral score, which is 0 in the fork
+        else:
+            running = None
+            c = ctx.config
+            sess = ctx.proto.plan.sessions[s]
+            slot_importance = importance.session_fisher(
+                "ewc",
+                _grad_fn(ctx),
+                last,
+                ctx.proto.train_images(sess.train),
+                ctx.proto.train_labels[sess.train],
+                sess.num_outputs,
+                c.train.batch_size,
+                augment_key=jax.random.fold_in(jax.random.key(c.seed), 1000 + s),
+                penalty=(_penalty_slots(ctx, state).get("reg_slots", ()), c.loss_weights.L_reg),
+            )
+        slot = {"importance": jax.device_get(slot_importance), "anchor": jax.device_get(last["params"]["net"])}
+        ctx.log.print(f"importance ({self.kind}, fork) of session {s + 1}: {importance.describe(slot['importance'])}")
+        return ImportanceState(state.slots + (slot,), running, s)
+
+    def constants(self, ctx, state: ImportanceState) -> dict:
+        return _penalty_slots(ctx, state)
