@@ -9,6 +9,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL_METHODS = ["finetune", "joint", "cvs", "bct", "lwf", "mmd", "ewc", "rwalk", "rainbow"]
 
 
+def shares_first_session(method: str) -> bool:
+    """Whether compare reuses another method's session 1 for ``method`` (as in the tiny config)."""
+    from configs import fashion_mnist_general
+    from cvs_jax.methods import get_method
+
+    config = fashion_mnist_general.get_config()
+    config.method = method
+    return get_method(config).shares_first_session
+
+
 def overrides(manual, tfds_dir):
     return [
         f"--config.data.manual_dir={manual}",
