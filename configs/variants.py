@@ -16,7 +16,27 @@ ABLATIONS = {
     "cvs_noreplay": {"cvs.replay": False},  # CVS without replay
     "half_budget": {"memory.budget": 0.5},  # memory budget x0.5
 }
-VARIANTS = tuple(ABLATIONS) + ("smoke",)
+VARIANTS = tuple(ABLATIONS) + ("gpu", "smoke")
+
+# Epochs per session of ``:gpu``: finetune + cvs + joint + rainbow on Tiny-ImageNet mini sum to about
+# 160k image-steps per epoch (session 1 shared, memory and old-model passes, joint's growing data,
+# per-epoch validation); at the ~10k img/s we expect of the ResNet-18 step at batch 64 on one H100
+# (BENCHMARKS.md measured 4.7k at batch 16 and 25.8k at batch 256 on CIFAR) 32 epochs take ~9 min
+# of training, leaving room for compiles, tests and gallery extraction within ~25 minutes.  An
+# estimate, not a measurement: the first GPU run should time one chunk and adjust.
+GPU_EPOCHS = 32
+
+
+def gpu(config):
+    """The paper's network and recipe (ResNet-18 at full width, the official SGDR schedule, the
+    dataset's augmentation policy) at ``GPU_EPOCHS`` epochs per session: a protocol for about half an
+    hour of one GPU, run in resumable chunks (``launch/gpu_chunk.sh``).  Meant for
+    ``tinyimagenet_mini_general``, which otherwise shrinks the network to fit a CPU."""
+    m, t = config.model, config.train
+    m.name, m.width = "resnet18", 64
+    t.schedule, t.epochs = "official", GPU_EPOCHS
+    if config.data.name == "tiny_imagenet_zip":
+        config.augment.policy = "randaugment"  # spec §1.6
 
 
 def smoke(config):
@@ -42,8 +62,8 @@ def apply(config, spec: str | None):
         name = name.strip()
         if not name:
             continue
-        if name == "smoke":
-            smoke(config)
+        if name in ("gpu", "smoke"):
+            {"gpu": gpu, "smoke": smoke}[name](config)
             continue
         if name not in ABLATIONS:
             raise ConfigError(f"config variant {name!r} is unknown; choose from {sorted(VARIANTS)}.")

@@ -14,8 +14,8 @@ import pytest
 from cvs_jax import trainer
 
 
-def smoke_config(name, tmp_path):
-    c = importlib.import_module(f"configs.{name}").get_config("smoke")
+def smoke_config(name, tmp_path, variant="smoke"):
+    c = importlib.import_module(f"configs.{name}").get_config(variant)
     c.data.data_dir = str(tmp_path / "tfds")
     return c
 
@@ -75,6 +75,19 @@ def tiny_zip_dir(tmp_path_factory):
 def test_tinyimagenet_smoke(name, tiny_zip_dir, tmp_path):
     """Our ``tiny_imagenet_zip`` builder on a 6-class zip in the official layout."""
     c = smoke_config(name, tmp_path)
+    c.data.manual_dir = tiny_zip_dir
+    check_two_sessions(trainer.run(c, str(tmp_path / "run")))
+
+
+def test_tinyimagenet_mini_gpu_variant_runs_on_cpu_with_smoke(tiny_zip_dir, tmp_path):
+    """``:gpu`` restores the paper's network and recipe on the mini config; ``:gpu,smoke`` runs here."""
+    from configs import variants
+
+    gpu = importlib.import_module("configs.tinyimagenet_mini_general").get_config("gpu")
+    assert (gpu.model.name, gpu.model.width, gpu.model.layout) == ("resnet18", 64, "imagenet")
+    assert (gpu.train.schedule, gpu.train.epochs, gpu.train.batch_size) == ("official", variants.GPU_EPOCHS, 64)
+    assert gpu.augment.policy == "randaugment" and gpu.memory.budget == 1000
+    c = smoke_config("tinyimagenet_mini_general", tmp_path, variant="gpu,smoke")
     c.data.manual_dir = tiny_zip_dir
     check_two_sessions(trainer.run(c, str(tmp_path / "run")))
 
