@@ -1,15 +1,32 @@
 r"""Run several methods on identical splits and seeds and tabulate them like the paper's Table 1.
 
     python -m cvs_jax.compare --config configs/<name>.py[:<variant>] --workdir DIR \
-        --methods finetune,joint,cvs --seeds 0,1,2 [--config.<key>=<value> ...]
+        --methods finetune,joint,cvs --seeds 0,1,2 [--fixed_split | --split_seed=N] [--config.<key>=<value> ...]
 
 Each (seed, method) runs in ``DIR/seed<seed>/<method>`` (rerunning resumes).  Session 1
 is plain normalized-softmax training for every method (as in the official launch
 scripts), so it is trained once per seed and its checkpoint is copied into the other
-methods' workdirs, which then resume from session 2.  Writes ``DIR/comparison.md``,
-``DIR/comparison.csv`` (AR@K mean ± std over seeds) and ``DIR/comparison.png``
-(recall@1 per session per method, mean over seeds).  The comparison holds DIR's lock
-throughout, and each run also locks its own workdir.  A problem to fix ends with one
+methods' workdirs, which then resume from session 2; a method whose session 1 keeps
+statistics of its own (``Method.shares_first_session`` False: fork EWC / RWalk) trains it.
+
+Seeds and splits: by default each seed draws its own session plan (class order and image
+split) and its own initialisation, augmentation and data order.  ``--fixed_split`` runs
+every seed on one plan (that of ``config.split_seed``, else of the first seed), as the
+official code does (fixed split files, only the run varies); ``--split_seed=N`` names it.
+
+Writes, in DIR:
+
+* ``comparison.md`` / ``comparison.csv``: AR@K mean ± std over seeds; per method the paired
+  difference to ``cvs`` (AR@K of the method minus AR@K of cvs on the same seed): its mean
+  and 95 % Student-t interval over the seeds both finished, "significant" when the interval
+  excludes 0, "n/a" with fewer than two seeds; the per-seed AR@1 of every run;
+* ``comparison.json``: all of it, per-seed values included (format in ``comparison_json``);
+* ``comparison.png``: recall@1 per session per method, mean over seeds.
+
+A run that stops with ``NonFiniteError`` (the NaN guard: a diverged baseline) does not stop
+the comparison: it is recorded as diverged, with its message, its cells read "diverged",
+and the other runs go on (exit status 0).  The comparison holds DIR's lock throughout, and
+each run also locks its own workdir.  Any other problem to fix ends with one
 ``error: ...`` line and exit status 2.
 """
 
@@ -18,6 +35,7 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import math
 import os
 import shutil
 import sys
@@ -29,10 +47,13 @@ from ml_collections import config_flags
 
 from cvs_jax import cli, determinism, distributed, plots, trainer
 from cvs_jax import workdir as workdir_lib
-from cvs_jax.errors import ConfigError, UserError
-from cvs_jax.methods import METHODS
+from cvs_jax.errors import ConfigError, NonFiniteError, UserError
+from cvs_jax.methods import METHODS, get_method
 
 FLAGS = flags.FLAGS
+REFERENCE = "cvs"  # paired differences are taken against this method
+CONFIDENCE = 0.95
+JSON_FORMAT = "cvs_jax.comparison/1"
 
 
 def define_flags() -> None:
@@ -40,8 +61,136 @@ def define_flags() -> None:
     config_flags.DEFINE_config_file("config", None, cli.config_help(), lock_config=True)
     flags.DEFINE_string("workdir", None, "Directory for all runs and the comparison table.")
     flags.DEFINE_list("methods", ["finetune", "joint", "cvs"], f"Methods to compare, from: {', '.join(METHODS)}.")
-    flags.DEFINE_list("seeds", ["0"], "Seeds (each seed: its own class order, splits and initialisation).")
+    flags.DEFINE_list(
+        "seeds",
+        ["0"],
+        "Seeds: each drives initialisation, augmentation and data order, and also the split unless "
+        "--fixed_split / --split_seed is given.",
+    )
+    flags.DEFINE_bool(
+        "fixed_split",
+        False,
+        "Run every seed on one session plan (class order + image split): that of --split_seed, else of "
+        "config.split_seed, else of the first seed (the official code fixes the split and varies the run).",
+    )
+    flags.DEFINE_integer("split_seed", None, "Seed of the one session plan every run uses (implies --fixed_split).")
     flags.mark_flags_as_required(["config", "workdir"])
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny, eps = 1e-300, 1e-15
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 10_000):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < eps:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta function I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom (``math.inf``: the standard normal)."""
+    if math.isinf(df):
+        return 0.5 * (1.0 + math.erf(t / math.sqrt(2.0)))
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))  # P(T > |t|)
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t (``df`` > 0, ``math.inf``: normal), by bisection on ``t_cdf``.
+
+    E.g. ``t_quantile(0.975, 1)`` = 12.706, ``t_quantile(0.975, 4)`` = 2.776, ``t_quantile(0.975, math.inf)`` = 1.960.
+    """
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p={p} must lie in (0, 1)")
+    if not df > 0:
+        raise ValueError(f"df={df} must be > 0")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    if p == 0.5:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        lo, hi = hi, 2.0 * hi
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * max(1.0, hi):
+            break
+    return 0.5 * (lo + hi)
+
+
+def mean_std(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (ddof 1; 0 for one value); (None, None) for no value."""
+    if not values:
+        return None, None
+    a = np.asarray(values, np.float64)
+    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+
+
+def paired_difference(values: dict[int, float], reference: dict[int, float]) -> dict:
+    """``values[seed] - reference[seed]`` over the seeds both hold: per-seed differences, their mean,
+    sample std, the 95 % Student-t interval of the mean (df = n - 1) and whether it excludes 0.
+    With fewer than two seeds the interval and the verdict are None ("n/a")."""
+    seeds = sorted(set(values) & set(reference))
+    diffs = [float(values[s] - reference[s]) for s in seeds]
+    out = {
+        "n": len(seeds),
+        "per_seed": {str(s): d for s, d in zip(seeds, diffs)},
+        "mean": None,
+        "std": None,
+        "ci95": None,
+        "t_quantile": None,
+        "significant": None,
+    }
+    if diffs:
+        out["mean"], out["std"] = mean_std(diffs)
+    if len(diffs) >= 2:
+        q = t_quantile(0.5 + CONFIDENCE / 2, len(diffs) - 1)
+        half = q * out["std"] / math.sqrt(len(diffs))
+        out["ci95"] = [out["mean"] - half, out["mean"] + half]
+        out["t_quantile"] = q
+        out["significant"] = bool(out["ci95"][0] > 0 or out["ci95"][1] < 0)
+    return out
+
+
+def format_difference(d: dict | None) -> str:
+    """``+1.23 [+0.40, +2.06] significant`` / ``... not significant`` / ``n/a``."""
+    if d is None or d["significant"] is None:
+        return "n/a"
+    lo, hi = d["ci95"]
+    verdict = "significant" if d["significant"] else "not significant"
+    return f"{d['mean']:+.2f} [{lo:+.2f}, {hi:+.2f}] {verdict}"
+
+
+# ---------------------------------------------------------------- runs and tables
 
 
 def share_first_session(source: str, target: str) -> None:
@@ -59,84 +208,243 @@ def share_first_session(source: str, target: str) -> None:
         f.writelines(first)
 
 
-def aggregate(results: dict[str, list[dict]]) -> list[dict]:
-    """Per method: AR@K mean/std over seeds and the mean recall@1 of every session."""
-    rows = []
-    for method, runs in results.items():
-        ks = list(runs[0]["average_recall"])
-        row = {"method": method, "seeds": len(runs)}
+def run_record(seed: int, method: str, run_dir: str, workdir: str, results: dict | None, error=None) -> dict:
+    """One run of the comparison: what ``comparison.json`` lists (recalls in %)."""
+    record = {
+        "seed": seed,
+        "method": method,
+        "workdir": os.path.relpath(run_dir, workdir),
+        "status": "ok" if error is None else "diverged",
+        "message": None if error is None else str(error),
+        "average_recall": None,
+        "recall1_per_session": None,
+    }
+    if results is not None:
+        record["average_recall"] = {k: 100 * v for k, v in results["average_recall"].items()}
+        record["recall1_per_session"] = [100 * s["recall"]["1"] for s in results["per_session"]]
+    return record
+
+
+def summarize_runs(runs: list[dict], methods: list[str]) -> list[dict]:
+    """Per method (in ``methods`` order): AR@K mean/std/per-seed over its finished seeds, the seeds that
+    diverged, the mean recall@1 per session and the paired difference to ``cvs`` (None for cvs itself,
+    and when cvs is not compared)."""
+    ks = next((list(r["average_recall"]) for r in runs if r["status"] == "ok"), [])
+    by_method = {m: [r for r in runs if r["method"] == m] for m in methods}
+    ok = {m: {r["seed"]: r for r in rs if r["status"] == "ok"} for m, rs in by_method.items()}
+    summary = []
+    for m in methods:
+        entry = {
+            "method": m,
+            "seeds": sorted(ok[m]),
+            "diverged": {str(r["seed"]): r["message"] for r in by_method[m] if r["status"] == "diverged"},
+            "average_recall": {},
+            "recall1_per_session": None,
+            "vs_" + REFERENCE: None,
+        }
         for k in ks:
-            vals = np.array([100 * r["average_recall"][k] for r in runs])
-            row[f"AR@{k}"] = float(vals.mean())
-            row[f"AR@{k} std"] = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
-        per = np.array([[100 * s["recall"]["1"] for s in r["per_session"]] for r in runs])
-        row["recall1_per_session"] = per.mean(axis=0).tolist()
+            per_seed = {s: r["average_recall"][k] for s, r in ok[m].items()}
+            mean, std = mean_std(list(per_seed.values()))
+            entry["average_recall"][k] = {
+                "mean": mean,
+                "std": std,
+                "per_seed": {str(s): v for s, v in per_seed.items()},
+            }
+        if ok[m]:
+            entry["recall1_per_session"] = np.mean([r["recall1_per_session"] for r in ok[m].values()], 0).tolist()
+        if m != REFERENCE and REFERENCE in ok:
+            entry["vs_" + REFERENCE] = {
+                k: paired_difference(
+                    {s: r["average_recall"][k] for s, r in ok[m].items()},
+                    {s: r["average_recall"][k] for s, r in ok[REFERENCE].items()},
+                )
+                for k in ks
+            }
+        summary.append(entry)
+    return summary
+
+
+def rows_from_summary(summary: list[dict]) -> list[dict]:
+    """One flat row per method (what ``run_comparison`` returns and ``comparison.csv`` holds)."""
+    rows = []
+    for e in summary:
+        row = {"method": e["method"], "seeds": len(e["seeds"]), "diverged": len(e["diverged"])}
+        for k, a in e["average_recall"].items():
+            row[f"AR@{k}"], row[f"AR@{k} std"] = a["mean"], a["std"]
+        vs = e["vs_" + REFERENCE]
+        for k in e["average_recall"]:
+            d = vs[k] if vs else None
+            ci = d["ci95"] if d and d["ci95"] else (None, None)
+            row[f"AR@{k} - {REFERENCE}"] = d["mean"] if d else None
+            row[f"AR@{k} - {REFERENCE} ci95 low"], row[f"AR@{k} - {REFERENCE} ci95 high"] = ci
+            row[f"AR@{k} - {REFERENCE} significant"] = d["significant"] if d else None
+        row["recall1_per_session"] = e["recall1_per_session"]
         rows.append(row)
     return rows
 
 
-def markdown(rows: list[dict], title: str) -> str:
-    ks = [k for k in rows[0] if k.startswith("AR@") and not k.endswith("std")]
-    lines = [f"### {title}", "", "| method | " + " | ".join(ks) + " |", "|---|" + "---|" * len(ks)]
-    for r in rows:
-        lines.append(f"| {r['method']} | " + " | ".join(f"{r[k]:.2f} ± {r[k + ' std']:.2f}" for k in ks) + " |")
-    lines.append("")
-    lines.append(f"AR@K in %, mean ± std over {rows[0]['seeds']} seed(s); each seed has its own class order and split.")
+def _status(e: dict) -> str:
+    if not e["diverged"]:
+        return ""
+    if not e["seeds"]:
+        return "diverged"
+    return f" (seed {', '.join(e['diverged'])} diverged)"
+
+
+def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str) -> str:
+    ks = next((list(e["average_recall"]) for e in summary if e["average_recall"]), [])
+    n_seeds = len({r["seed"] for r in runs})
+    lines = [f"### {title}", "", "| method | " + " | ".join(f"AR@{k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+    for e in summary:
+        if not e["seeds"]:
+            cells = ["diverged"] * len(ks)
+        else:
+            cells = [f"{e['average_recall'][k]['mean']:.2f} ± {e['average_recall'][k]['std']:.2f}" for k in ks]
+            cells[0] += _status(e)
+        lines.append(f"| {e['method']} | " + " | ".join(cells) + " |")
+    lines += ["", f"AR@K in %, mean ± std over the finished seeds ({n_seeds} seed(s) run); {split_note}."]
+    if any(e["vs_" + REFERENCE] for e in summary):
+        lines += [
+            "",
+            f"Paired difference to {REFERENCE} (AR@K of the method minus AR@K of {REFERENCE} on the same seed, in "
+            f"points): mean [95 % Student-t interval, df = n - 1]; significant when the interval excludes 0.",
+            "",
+            "| method | n | " + " | ".join(f"AR@{k} - {REFERENCE}" for k in ks) + " |",
+            "|---|---|" + "---|" * len(ks),
+        ]
+        for e in summary:
+            vs = e["vs_" + REFERENCE]
+            if e["method"] == REFERENCE:
+                continue
+            if not e["seeds"]:
+                lines.append(f"| {e['method']} | 0 | " + " | ".join(["diverged"] * len(ks)) + " |")
+                continue
+            n = vs[ks[0]]["n"] if vs else 0
+            lines.append(f"| {e['method']} | {n} | " + " | ".join(format_difference(vs and vs[k]) for k in ks) + " |")
+    seeds = sorted({r["seed"] for r in runs})
+    lines += ["", "AR@1 per seed (%):", "", "| method | " + " | ".join(f"seed {s}" for s in seeds) + " |"]
+    lines.append("|---|" + "---|" * len(seeds))
+    for e in summary:
+        cells = []
+        for s in seeds:
+            if str(s) in e["diverged"]:
+                cells.append("diverged")
+            elif ks and str(s) in e["average_recall"][ks[0]]["per_seed"]:
+                cells.append(f"{e['average_recall'][ks[0]]['per_seed'][str(s)]:.2f}")
+            else:
+                cells.append("")
+        lines.append(f"| {e['method']} | " + " | ".join(cells) + " |")
+    diverged = [r for r in runs if r["status"] == "diverged"]
+    if diverged:
+        lines += ["", "Diverged runs (stopped by the NaN guard; not in the means):"]
+        lines += [f"- seed {r['seed']}, {r['method']}: {r['message']}" for r in diverged]
     return "\n".join(lines)
 
 
-def run_comparison(config, workdir: str, methods: list[str], seeds: list[int]) -> list[dict]:
+def comparison_json(config, methods: list[str], seeds: list[int], split_seed, runs, summary) -> dict:
+    """``comparison.json``: every number of the tables, per seed.  Recalls in %.
+
+    ``runs``: one entry per (seed, method) with ``status`` "ok" or "diverged" (then ``message``),
+    ``workdir`` (relative to DIR; each holds config.json, and results.json when finished),
+    ``average_recall`` {K: AR@K} and ``recall1_per_session``.  ``summary``: per method, ``seeds``
+    (finished), ``diverged`` {seed: message}, ``average_recall`` {K: {mean, std, per_seed}},
+    ``recall1_per_session`` (mean) and ``vs_cvs`` {K: {n, per_seed, mean, std, ci95, t_quantile,
+    significant}} (paired differences, method minus cvs, same seed).
+    """
+    return {
+        "format": JSON_FORMAT,
+        "dataset": config.data.name,
+        "setup": config.data.setup,
+        "methods": list(methods),
+        "seeds": list(seeds),
+        "split_seed": split_seed,
+        "units": "percent",
+        "confidence": CONFIDENCE,
+        "reference": REFERENCE,
+        "runs": runs,
+        "summary": summary,
+    }
+
+
+def run_comparison(config, workdir: str, methods: list[str], seeds: list[int], split_seed: int | None = None):
+    """Runs every (seed, method); returns one row per method (see ``rows_from_summary``).
+
+    ``split_seed``: every run uses this session plan (None: ``config.split_seed``, and if that is
+    None each seed its own)."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ConfigError(f"--methods names unknown methods {unknown}; choose from {sorted(METHODS)}.")
     distributed.maybe_initialize(config.distributed.multihost)  # before the lock asks JAX for the process index
     with workdir_lib.hold(workdir):  # one comparison per DIR; each run also locks its own workdir
-        return _compare(config, workdir, methods, seeds)
+        return _compare(config, workdir, methods, seeds, split_seed)
 
 
-def _compare(config, workdir: str, methods: list[str], seeds: list[int]) -> list[dict]:
-    results: dict[str, list[dict]] = {m: [] for m in methods}
+def _compare(config, workdir: str, methods: list[str], seeds: list[int], split_seed: int | None) -> list[dict]:
+    if split_seed is None:
+        split_seed = config.get("split_seed")
+    runs: list[dict] = []
     t0 = time.time()
     for seed in seeds:
-        first_dir = None
+        earlier: list[str] = []  # this seed's sharing run dirs so far: session 1 comes from the first that saved it
         for method in methods:
             c = copy.deepcopy(config)
             c.unlock()
-            c.method, c.seed = method, seed
+            c.method, c.seed, c.split_seed = method, seed, split_seed
             run_dir = os.path.join(workdir, f"seed{seed}", method)
-            if first_dir is None:
-                first_dir = run_dir
-            else:
-                share_first_session(first_dir, run_dir)
+            if get_method(c).shares_first_session:  # else: its session 1 keeps statistics, it trains its own
+                saved = (d for d in earlier if os.path.exists(os.path.join(d, "checkpoints", "sessions", "0")))
+                source = next(saved, None)
+                if source is not None:
+                    share_first_session(source, run_dir)
+                earlier.append(run_dir)
             print(f"\n##### seed {seed}, method {method} ({time.time() - t0:.0f}s elapsed)", flush=True)
-            results[method].append(trainer.run(c, run_dir))
-    rows = aggregate(results)
+            try:
+                runs.append(run_record(seed, method, run_dir, workdir, trainer.run(c, run_dir)))
+            except NonFiniteError as e:  # a diverged run: recorded, the comparison goes on
+                print(f"seed {seed}, method {method} diverged: {e}", flush=True)
+                runs.append(run_record(seed, method, run_dir, workdir, None, e))
+    summary = summarize_runs(runs, methods)
+    rows = rows_from_summary(summary)
     title = f"{config.data.name} / {config.data.setup}"
+    if split_seed is None:
+        split_note = "each seed has its own class order and split"
+    else:
+        split_note = f"every seed runs on the split of split_seed={split_seed} (seeds vary initialisation and order)"
+    table = markdown(summary, runs, title, split_note)
     with open(os.path.join(workdir, "comparison.md"), "w") as f:
-        f.write(markdown(rows, title) + "\n")
-    with open(os.path.join(workdir, "comparison.csv"), "w", newline="") as f:
-        fields = [k for k in rows[0] if k != "recall1_per_session"]
-        w = csv.DictWriter(f, fieldnames=fields + [f"S{i + 1} R@1" for i in range(len(rows[0]["recall1_per_session"]))])
+        f.write(table + "\n")
+    _write_csv(os.path.join(workdir, "comparison.csv"), rows)
+    tmp = os.path.join(workdir, "comparison.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(comparison_json(config, methods, seeds, split_seed, runs, summary), f, indent=1)
+    os.replace(tmp, os.path.join(workdir, "comparison.json"))
+    mean_runs = [
+        {
+            "method": e["method"],
+            "dataset": config.data.name,
+            "setup": config.data.setup,
+            "average_recall": {"1": e["average_recall"]["1"]["mean"] / 100},
+            "per_session": [{"session": i, "recall": {"1": v / 100}} for i, v in enumerate(e["recall1_per_session"])],
+        }
+        for e in summary
+        if e["seeds"]
+    ]
+    if mean_runs:
+        plots.recall_per_session(mean_runs, os.path.join(workdir, "comparison.png"))
+    print(f"\n{table}\n\ntotal time {time.time() - t0:.0f}s; tables in {workdir}/comparison.md/.csv/.json")
+    return rows
+
+
+def _write_csv(path: str, rows: list[dict]) -> None:
+    n_sessions = max((len(r["recall1_per_session"] or []) for r in rows), default=0)
+    fields = [k for k in rows[0] if k != "recall1_per_session"]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields + [f"S{i + 1} R@1" for i in range(n_sessions)])
         w.writeheader()
         for r in rows:
             out = {k: r[k] for k in fields}
-            out.update({f"S{i + 1} R@1": v for i, v in enumerate(r["recall1_per_session"])})
+            out.update({f"S{i + 1} R@1": v for i, v in enumerate(r["recall1_per_session"] or [])})
             w.writerow(out)
-    mean_runs = [
-        {
-            "method": r["method"],
-            "dataset": config.data.name,
-            "setup": config.data.setup,
-            "average_recall": {"1": r["AR@1"] / 100},
-            "per_session": [{"session": i, "recall": {"1": v / 100}} for i, v in enumerate(r["recall1_per_session"])],
-        }
-        for r in rows
-    ]
-    plots.recall_per_session(mean_runs, os.path.join(workdir, "comparison.png"))
-    print(
-        "\n" + markdown(rows, title) + f"\n\ntotal time {time.time() - t0:.0f}s; tables in {workdir}/comparison.md/.csv"
-    )
-    return rows
 
 
 def main(argv):
@@ -144,10 +452,14 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if not all(s.strip().lstrip("-").isdigit() for s in FLAGS.seeds):
         raise app.UsageError(f"--seeds={','.join(FLAGS.seeds)}: give integers, e.g. --seeds 0,1,2")
+    seeds = [int(s) for s in FLAGS.seeds]
+    split_seed = FLAGS.split_seed
+    if split_seed is None and FLAGS.fixed_split:
+        split_seed = FLAGS.config.split_seed if FLAGS.config.split_seed is not None else seeds[0]
     cli.quiet_logging()
     determinism.apply(FLAGS.config.deterministic)  # before the first JAX computation
     try:
-        run_comparison(FLAGS.config, FLAGS.workdir, FLAGS.methods, [int(s) for s in FLAGS.seeds])
+        run_comparison(FLAGS.config, FLAGS.workdir, FLAGS.methods, seeds, split_seed)
     except UserError as e:  # a problem the user must fix: one line, no traceback; anything else is a bug
         sys.exit(cli.report(e))
 

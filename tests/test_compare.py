@@ -1,16 +1,24 @@
 """The comparison runner: every method in the table, session 1 trained once and reused exactly."""
 
+import copy
 import csv
+import json
+import math
 import os
 
+import jax
+import numpy as np
 import pytest
 
-from cvs_jax import compare, trainer
-from cvs_jax.errors import ConfigError
+from cvs_jax import compare, trainer, workdir
+from cvs_jax.context import RunContext
+from cvs_jax.errors import ConfigError, NonFiniteError
+from cvs_jax.methods import get_method
+from cvs_jax.run_log import RunLog
 from tests.tiny_data import tiny_config, write_fashion_idx
 
 
-def test_runner_table_and_shared_first_session(tmp_path):
+def test_runner_table_and_shared_first_session(tmp_path, capsys):
     manual = write_fashion_idx(str(tmp_path / "idx"), train_per_class=60, test_per_class=10)
     c = tiny_config(manual, tmp_path, sessions=2)
     c.train.epochs = 1
@@ -22,12 +30,22 @@ def test_runner_table_and_shared_first_session(tmp_path):
         table = f.read()
     for m in methods:
         assert f"| {m} |" in table
+    assert "| finetune | 1 | n/a | n/a | n/a |" in table  # one seed: no interval
     with open(os.path.join(wd, "comparison.csv")) as f:
         assert [r["method"] for r in csv.DictReader(f)] == methods
+    with open(os.path.join(wd, "comparison.json")) as f:
+        out = json.load(f)
+    assert [(r["seed"], r["method"], r["status"]) for r in out["runs"]] == [(0, m, "ok") for m in methods]
+    assert [e["method"] for e in out["summary"]] == methods
     assert os.path.getsize(os.path.join(wd, "comparison.png")) > 0
-    # session 1 was trained once: every method reports the same session-1 recall ...
-    first = {r["method"]: r["recall1_per_session"][0] for r in rows}
+    # session 1 was trained once: every method that shares it reports the same session-1 recall ...
+    shared = [m for m in methods if get_method(_with_method(c, m)).shares_first_session]
+    assert "finetune" in shared and "cvs" in shared
+    first = {r["method"]: r["recall1_per_session"][0] for r in rows if r["method"] in shared}
     assert len(set(first.values())) == 1
+    out = capsys.readouterr().out
+    for m in methods:  # ... the others (fork EWC / RWalk) trained their own session 1
+        assert (f"== session 1/2 [{m}]" in out) == (m == "finetune" or m not in shared), m
     # ... and reusing it changes nothing: cvs from scratch gives the same results.
     c.method = "cvs"
     alone = trainer.run(c, str(tmp_path / "cvs_alone"))
@@ -35,7 +53,161 @@ def test_runner_table_and_shared_first_session(tmp_path):
     assert [100 * s["recall"]["1"] for s in alone["per_session"]] == pytest.approx(shared["recall1_per_session"])
 
 
+def _with_method(config, method):
+    c = copy.deepcopy(config)
+    c.method = method
+    return c
+
+
 def test_unknown_method_refused(tmp_path):
     c = tiny_config(str(tmp_path), tmp_path, sessions=2)
     with pytest.raises(ConfigError, match="unknown methods"):
         compare.run_comparison(c, str(tmp_path / "cmp"), ["finetune", "lwf2"], [0])
+
+
+# ---------------------------------------------------------------- statistics
+
+
+@pytest.mark.parametrize(
+    "df, expected",
+    [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (10, 2.228), (20, 2.086), (30, 2.042), (120, 1.980)],
+)
+def test_t_quantile_matches_the_tables(df, expected):
+    assert compare.t_quantile(0.975, df) == pytest.approx(expected, abs=6e-4)
+
+
+def test_t_quantile_closed_forms_normal_limit_and_symmetry():
+    for p in (0.6, 0.9, 0.975, 0.995, 0.9995):
+        assert compare.t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-9)  # Cauchy
+        assert compare.t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-9)
+        assert compare.t_quantile(1 - p, 7) == pytest.approx(-compare.t_quantile(p, 7), rel=1e-12)
+    assert compare.t_quantile(0.975, math.inf) == pytest.approx(1.959964, abs=1e-6)
+    assert compare.t_quantile(0.975, 10_000) == pytest.approx(1.960201, abs=1e-5)
+    for p in (0.0, 1.0):
+        with pytest.raises(ValueError):
+            compare.t_quantile(p, 3)
+
+
+def test_paired_difference_and_interval_on_three_seeds():
+    cvs = {0: 70.0, 1: 72.0, 2: 71.0}
+    d = compare.paired_difference({0: 60.0, 1: 63.0, 2: 60.5}, cvs)  # differences -10, -9, -10.5
+    diffs = [-10.0, -9.0, -10.5]
+    mean = sum(diffs) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in diffs) / 2)
+    half = 4.302653 * sd / math.sqrt(3)
+    assert d["n"] == 3 and d["per_seed"] == {"0": -10.0, "1": -9.0, "2": -10.5}
+    assert d["mean"] == pytest.approx(mean) and d["std"] == pytest.approx(sd)
+    assert d["ci95"] == pytest.approx([mean - half, mean + half], abs=1e-5)
+    assert d["significant"] is True
+    assert compare.format_difference(d) == f"{mean:+.2f} [{mean - half:+.2f}, {mean + half:+.2f}] significant"
+    # differences of both signs: the interval holds 0
+    d = compare.paired_difference({0: 71.0, 1: 71.0, 2: 71.5}, cvs)  # +1, -1, +0.5
+    assert d["ci95"][0] < 0 < d["ci95"][1] and d["significant"] is False
+    assert compare.format_difference(d).endswith("not significant")
+    # one seed (or one seed in common): no interval
+    d = compare.paired_difference({0: 60.0, 5: 1.0}, cvs)
+    assert d["n"] == 1 and d["mean"] == -10.0 and d["ci95"] is None and d["significant"] is None
+    assert compare.format_difference(d) == "n/a"
+
+
+# ---------------------------------------------------------------- diverged runs, fixed splits
+
+
+def _fake_results(method, seed, ar1):
+    per = [{"session": i, "recall": {"1": ar1 / 100, "2": ar1 / 100 + 0.05, "4": ar1 / 100 + 0.1}} for i in range(2)]
+    return {
+        "method": method,
+        "dataset": "fashion_mnist_local",
+        "setup": "general",
+        "seed": seed,
+        "per_session": per,
+        "average_recall": {"1": ar1 / 100, "2": ar1 / 100 + 0.05, "4": ar1 / 100 + 0.1},
+    }
+
+
+def test_diverged_run_is_marked_and_the_comparison_goes_on(tmp_path, monkeypatch):
+    calls = []
+    ar1 = {("cvs", 0): 70.0, ("cvs", 1): 72.0, ("cvs", 2): 71.0, ("finetune", 0): 60.0, ("finetune", 1): 63.0}
+    ar1[("finetune", 2)] = 60.5
+
+    def fake_run(config, workdir):
+        calls.append((config.method, config.seed, config.split_seed))
+        if config.method == "ewc":
+            raise NonFiniteError(f"loss is NaN at session 2 of {workdir}")
+        if config.method == "lwf" and config.seed == 2:
+            raise NonFiniteError("embedding is inf at session 2")
+        return _fake_results(config.method, config.seed, ar1.get((config.method, config.seed), 50.0 + config.seed))
+
+    monkeypatch.setattr(trainer, "run", fake_run)
+    c = tiny_config(str(tmp_path), tmp_path, sessions=2)
+    wd = str(tmp_path / "cmp")
+    rows = compare.run_comparison(c, wd, ["finetune", "ewc", "lwf", "cvs"], [0, 1, 2], split_seed=7)
+    assert len(calls) == 12 and {s for _, _, s in calls} == {7}  # every run, all on split 7
+    by = {r["method"]: r for r in rows}
+    assert by["ewc"]["seeds"] == 0 and by["ewc"]["diverged"] == 3 and by["ewc"]["AR@1"] is None
+    assert by["lwf"]["seeds"] == 2 and by["lwf"]["diverged"] == 1
+    assert by["finetune"]["AR@1 - cvs significant"] is True
+    assert by["cvs"]["AR@1 - cvs"] is None
+    with open(os.path.join(wd, "comparison.md")) as f:
+        table = f.read()
+    assert "| ewc | diverged | diverged | diverged |" in table
+    assert "(seed 2 diverged)" in table  # lwf: mean of the other two seeds, marked
+    assert "split_seed=7" in table
+    assert "- seed 2, lwf: embedding is inf at session 2" in table
+    assert "| lwf | 2 | " in table  # paired with cvs on its two finished seeds
+    with open(os.path.join(wd, "comparison.json")) as f:
+        out = json.load(f)
+    assert out["split_seed"] == 7 and out["seeds"] == [0, 1, 2]
+    status = {(r["method"], r["seed"]): r["status"] for r in out["runs"]}
+    assert status[("ewc", 0)] == "diverged" and status[("lwf", 2)] == "diverged" and status[("cvs", 2)] == "ok"
+    assert [r["message"] for r in out["runs"] if r["method"] == "ewc"][0].startswith("loss is NaN")
+    summary = {e["method"]: e for e in out["summary"]}
+    assert summary["finetune"]["average_recall"]["1"]["per_seed"] == {"0": 60.0, "1": 63.0, "2": 60.5}
+    assert summary["finetune"]["vs_cvs"]["1"]["per_seed"] == {"0": -10.0, "1": -9.0, "2": -10.5}
+    assert summary["lwf"]["diverged"] == {"2": "embedding is inf at session 2"}
+    with open(os.path.join(wd, "comparison.csv")) as f:
+        csv_rows = {r["method"]: r for r in csv.DictReader(f)}
+    assert csv_rows["ewc"]["diverged"] == "3" and csv_rows["ewc"]["AR@1"] == ""
+    assert csv_rows["finetune"]["AR@1 - cvs significant"] == "True"
+
+    # any other error still stops the comparison
+    def broken(config, workdir):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(trainer, "run", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        compare.run_comparison(c, str(tmp_path / "cmp2"), ["finetune"], [0])
+
+
+def test_split_seed_fixes_the_plan_while_seed_changes_the_initialisation(tmp_path):
+    manual = write_fashion_idx(str(tmp_path / "idx"), train_per_class=60, test_per_class=10)
+    c = tiny_config(manual, tmp_path, sessions=2)
+    assert c.split_seed is None  # default: the split follows the seed, as before
+    assert "split_seed" in workdir._comparable(c.to_dict())  # a result-changing field of config.json
+
+    def build(seed, split_seed):
+        cc = copy.deepcopy(c)
+        cc.seed, cc.split_seed = seed, split_seed
+        wd = str(tmp_path / f"run_{seed}_{split_seed}")
+        os.makedirs(wd)
+        log = RunLog(wd)
+        ctx = RunContext.build(cc, wd, log)
+        try:
+            return ctx.proto.plan, ctx.initial_variables()
+        finally:
+            ctx.close()
+            log.close()
+
+    def same_plan(a, b):
+        return np.array_equal(a.class_order, b.class_order) and all(
+            np.array_equal(x.train, y.train) and np.array_equal(x.val, y.val) for x, y in zip(a.sessions, b.sessions)
+        )
+
+    plan0, vars0 = build(0, 5)
+    plan1, vars1 = build(1, 5)
+    assert same_plan(plan0, plan1)  # one split ...
+    leaves0, leaves1 = jax.tree_util.tree_leaves(vars0["params"]), jax.tree_util.tree_leaves(vars1["params"])
+    assert any(not np.array_equal(a, b) for a, b in zip(leaves0, leaves1))  # ... two initialisations
+    free0, _ = build(0, None)
+    assert not same_plan(free0, plan0)  # without split_seed each seed draws its own split
+    assert same_plan(build(5, None)[0], plan0)  # split_seed=5 is the plan seed 5 draws by default
