@@ -42,7 +42,7 @@ class Protocol:
                 val_fraction=d.val_fraction,
                 num_classes=dataset.num_classes,
                 shuffle_classes=d.shuffle_classes,
-                seed=config.seed if config.get("split_seed") is None else config.split_seed,  # fixed split: split_seed
+                seed=config.seed if config.split_seed is None else config.split_seed,  # split_seed: a fixed split
                 val_per_class=d.val_per_class,
                 general_shares=d.general_shares,
             )
