@@ -30,22 +30,7 @@ class Protocol:
             split_dir = None if d.official_split_dir is None else os.path.expanduser(d.official_split_dir)
             plan = official_splits.official_plan_for_dataset(split_dir, d.setup, dataset)
         elif d.split == "generator":
-            plan = splits.make_session_plan(
-                dataset.train.labels,
-                setup=d.setup,
-                num_sessions=d.num_sessions,
-                first_classes=d.first_classes,
-                classes_per_session=d.classes_per_session,
-                old_class_percent=d.old_class_percent,
-                samples_per_new_class=d.samples_per_new_class,
-                blurry_minor_percent=d.blurry_minor_percent,
-                val_fraction=d.val_fraction,
-                num_classes=dataset.num_classes,
-                shuffle_classes=d.shuffle_classes,
-                seed=config.seed if config.split_seed is None else config.split_seed,  # split_seed: a fixed split
-                val_per_class=d.val_per_class,
-                general_shares=d.general_shares,
-            )
+            plan = splits.plan_from_config(dataset.train.labels, config, num_classes=dataset.num_classes)
         else:
             raise ConfigError(f"data.split={d.split!r} is unknown; choose 'official' or 'generator'.")
         return cls(

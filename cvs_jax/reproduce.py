@@ -99,24 +99,9 @@ def config_name(dataset: str, setup: str) -> str:
 
 def session_plan(config, dataset: str) -> splits.SessionPlan:
     """The config's split on synthetic labels of the dataset's size (no data files)."""
-    info, d = paper_results.DATASETS[dataset], config.data
+    info = paper_results.DATASETS[dataset]
     labels = np.repeat(np.arange(info["num_classes"]), info["train_per_class"])
-    return splits.make_session_plan(
-        labels,
-        setup=d.setup,
-        num_sessions=d.num_sessions,
-        first_classes=d.first_classes,
-        classes_per_session=d.classes_per_session,
-        old_class_percent=d.old_class_percent,
-        samples_per_new_class=d.samples_per_new_class,
-        blurry_minor_percent=d.blurry_minor_percent,
-        val_fraction=d.val_fraction,
-        num_classes=info["num_classes"],
-        shuffle_classes=d.shuffle_classes,
-        seed=0,
-        val_per_class=d.val_per_class,
-        general_shares=d.general_shares,
-    )
+    return splits.plan_from_config(labels, config, num_classes=info["num_classes"])
 
 
 def images_per_epoch(config, dataset: str) -> list[int]:

@@ -393,3 +393,26 @@ def make_session_plan(
             )
         )
     return SessionPlan(setup=setup, class_order=class_order, sessions=tuple(sessions))
+
+
+def plan_from_config(train_labels: np.ndarray, config, *, num_classes: int) -> SessionPlan:
+    """``make_session_plan`` with the fields of ``config.data``: the one place a config becomes a
+    generated split.  The split's seed is ``config.split_seed`` when set (one plan for every run
+    seed), else ``config.seed``."""
+    d = config.data
+    return make_session_plan(
+        train_labels,
+        setup=d.setup,
+        num_sessions=d.num_sessions,
+        first_classes=d.first_classes,
+        classes_per_session=d.classes_per_session,
+        old_class_percent=d.old_class_percent,
+        samples_per_new_class=d.samples_per_new_class,
+        blurry_minor_percent=d.blurry_minor_percent,
+        val_fraction=d.val_fraction,
+        num_classes=num_classes,
+        shuffle_classes=d.shuffle_classes,
+        seed=config.seed if config.split_seed is None else config.split_seed,
+        val_per_class=d.val_per_class,
+        general_shares=d.general_shares,
+    )
