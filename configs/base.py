@@ -25,6 +25,11 @@ def get_config() -> ml_collections.ConfigDict:
     # "official" (the official CVS CIFAR-100 sessions, packaged with cvs_jax; the CIFAR-100 configs' default).
     c.data.split = "generator"
     c.data.official_split_dir = config_dict.placeholder(str)  # with split="official": read the CVS JSON files here
+    # decoded images above this size are read from their records on demand, batch by batch and chunk by
+    # chunk (host memory bounded by the batch, not the dataset); below it they are decoded into memory
+    # once. Either way gives identical batches and results.
+    c.data.in_memory_limit_mb = 4096.0
+    c.data.loader_threads = 2  # threads that read the next training batches while the step runs
     c.data.on_corrupt = "refuse"  # undecodable source images: "refuse" (stop, name one) or "skip" (count them)
     c.data.setup = "general"
     c.data.num_sessions = 5

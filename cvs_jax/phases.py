@@ -20,6 +20,7 @@ import dataclasses
 import time
 from typing import Any, Callable
 
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -153,6 +154,21 @@ def initial_train_state(ctx: RunContext, state: RunState, s: int) -> TrainState:
     )
 
 
+def batch_loader(ctx: RunContext, view: SessionView, start: int) -> grain.IterDataset:
+    """This process's rows of the session's batches from step ``start`` on, read by
+    ``data.loader_threads`` threads ahead of the step (grain keeps their order).  Each batch is a pure
+    function of (seed, session, epoch, step), so a resumed run starts here with no iterator state."""
+    spe, c = view.steps_per_epoch, ctx.config
+    lo, hi = distributed.process_slice(c.train.batch_size, ctx.mesh)
+
+    def load(step: int) -> dict:
+        b = view.batches.batch(*divmod(step, spe))[lo:hi]  # each process loads only its rows
+        return {"images": ctx.proto.train_batch(b), "labels": ctx.proto.train_labels[b].astype(np.int32)}
+
+    options = grain.ReadOptions(num_threads=c.data.loader_threads, prefetch_buffer_size=2 * c.data.loader_threads)
+    return grain.MapDataset.range(start, view.total_steps).map(load).to_iter_dataset(options)
+
+
 def _host_variables(ts: TrainState) -> dict:
     """A host copy of the current model (the step donates the state's device buffers)."""
     return jax.device_get({"params": ts.params, "batch_stats": ts.batch_stats})
@@ -204,15 +220,14 @@ def train(ctx: RunContext, state: RunState, view: SessionView, consts: dict) -> 
 
     cadence = Cadence(spe, c.log_every_steps, c.train.checkpoint_every_steps)
     session_key = jax.random.fold_in(ctx.step_key, s)
-    lo, hi = distributed.process_slice(c.train.batch_size, ctx.mesh)
     bad_step = jnp.int32(_NO_BAD_STEP)
     step = steps_at_start = int(ts.step)
     t_session = t_epoch = time.time()
+    batches = iter(batch_loader(ctx, view, step))
     while step < total:
-        epoch, i = divmod(step, spe)
+        epoch = step // spe
         lr = schedules.epoch_lr(c.train.schedule, epoch, c.train.lr, c.train.epochs)
-        b = view.batches.batch(epoch, i)[lo:hi]  # each process loads only its rows of the global batch
-        batch = {"images": ctx.proto.train_images(b), "labels": ctx.proto.train_labels[b].astype(np.int32)}
+        batch = next(batches)
         ts, metrics = ctx.step_fn(
             ts, frozen, distributed.global_batch(batch, ctx.mesh), consts, jnp.float32(lr), session_key
         )

@@ -25,7 +25,13 @@ class Protocol:
     @classmethod
     def build(cls, config: ml_collections.ConfigDict) -> "Protocol":
         d = config.data
-        dataset = sources.load_dataset(d.name, data_dir=d.data_dir, manual_dir=d.manual_dir, on_corrupt=d.on_corrupt)
+        dataset = sources.load_dataset(
+            d.name,
+            data_dir=d.data_dir,
+            manual_dir=d.manual_dir,
+            on_corrupt=d.on_corrupt,
+            memory_limit_mb=d.in_memory_limit_mb,
+        )
         if d.split == "official":  # official CVS CIFAR-100 sessions: the JSON files if given, else the packaged copy
             split_dir = None if d.official_split_dir is None else os.path.expanduser(d.official_split_dir)
             plan = official_splits.official_plan_for_dataset(split_dir, d.setup, dataset)
@@ -37,12 +43,17 @@ class Protocol:
             dataset, plan, plan.to_protocol_labels(dataset.train.labels), plan.to_protocol_labels(dataset.test.labels)
         )
 
-    def train_images(self, idx: np.ndarray) -> np.ndarray:
-        """uint8 train images by index: the one place the phases read image data from."""
-        return self.dataset.train.images[idx]
+    def train_images(self, idx: np.ndarray) -> "LazyRows":
+        """Train images by index, read only when sliced: embedding, Fisher and memory passes read them
+        chunk by chunk, so no phase copies a whole session (``dataset.train`` may be in RAM or streamed)."""
+        return LazyRows(self.dataset.train, idx)
 
-    def test_images(self, idx: np.ndarray) -> np.ndarray:
-        return self.dataset.test.images[idx]
+    def test_images(self, idx: np.ndarray) -> "LazyRows":
+        return LazyRows(self.dataset.test, idx)
+
+    def train_batch(self, idx: np.ndarray) -> np.ndarray:
+        """The uint8 images of one training batch."""
+        return self.dataset.train.read(idx)
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -83,3 +94,26 @@ class Protocol:
                 for s in self.plan.sessions
             ],
         }
+
+
+class LazyRows:
+    """Rows ``idx`` of a split, read when sliced (``rows[a:b]`` is a uint8 array): what the chunked
+    consumers (``chunks.iter_chunks``) take instead of a copied array."""
+
+    def __init__(self, split, idx: np.ndarray):
+        self._split = split
+        self._idx = np.asarray(idx, np.int64)
+        self.shape = (len(self._idx), *split.image_shape)
+        self.dtype = np.dtype(np.uint8)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, item) -> np.ndarray:
+        if not isinstance(item, slice):
+            raise TypeError("LazyRows supports row slices only")
+        return self._split.read(self._idx[item])
+
+    def __array__(self, dtype=None, copy=None):
+        out = self[:]
+        return out if dtype is None else out.astype(dtype)

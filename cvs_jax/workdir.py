@@ -43,6 +43,8 @@ OPERATIONAL = (
     "overwrite",
     "data.data_dir",
     "data.manual_dir",
+    "data.in_memory_limit_mb",
+    "data.loader_threads",
     "train.eval_batch_size",
     "train.checkpoint_every_steps",
     "log_every_steps",

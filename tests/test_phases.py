@@ -18,7 +18,7 @@ from cvs_jax import cadence, evaluate, losses, phases, trainer
 from cvs_jax.checkpoint import Checkpoints
 from cvs_jax.context import RunContext
 from cvs_jax.gallery import Gallery, GalleryPart
-from cvs_jax.methods import policies
+from cvs_jax.methods import get_method, policies
 from cvs_jax.methods.policies import ImportanceState, ReplayMemory
 from cvs_jax.run_log import RunLog
 from cvs_jax.run_state import RunState
@@ -139,14 +139,21 @@ def test_carry_over_builds_memory_once(manual_dir, tmp_path):
 
 
 def test_carry_over_importance(manual_dir, tmp_path):
+    """The online importance is computed at carry-over from the previous selected model (the fork's
+    slots are made at the end of each session: tests/test_importance.py)."""
     ctx = build_ctx(manual_dir, tmp_path, method="ewc")
+    ctx.config.unlock()
+    ctx.config.importance.mode, ctx.config.importance.normalize = "online", True
+    ctx.method = get_method(ctx.config)
     state = phases.carry_over(ctx, RunState.initial(ctx.initial_variables(), 8), 1)
     imp = state.importance
     assert imp.built_after == 0 and len(state.memory) == 0  # EWC keeps no memory
-    assert tree_equal(imp.anchor, state.variables["params"]["net"])
-    assert jax.tree.structure(imp.raw) == jax.tree.structure(state.variables["params"]["net"])
+    (slot,) = imp.slots
+    assert tree_equal(slot["anchor"], state.variables["params"]["net"])
+    assert jax.tree.structure(slot["importance"]) == jax.tree.structure(state.variables["params"]["net"])
     consts = ctx.method.importance.constants(ctx, imp)
-    assert max(float(np.max(x)) for x in jax.tree.leaves(consts["reg_importance"])) == pytest.approx(1.0)
+    used = consts["reg_slots"][0]["importance"]
+    assert max(float(np.max(x)) for x in jax.tree.leaves(used)) == pytest.approx(1.0)
     ctx.close()
 
 
@@ -252,7 +259,9 @@ def test_run_state_round_trip(tmp_path):
         variables=variables,
         gallery=Gallery([part0], 2),
         memory=ReplayMemory(np.array([4, 1], np.int64), np.array([0, 1], np.int32), built_after=0, seen=5),
-        importance=ImportanceState(raw, {"w": np.zeros((3, 2), np.float32)}, built_after=0),
+        importance=ImportanceState(
+            ({"importance": raw, "anchor": {"w": np.zeros((3, 2), np.float32)}},), running=raw, built_after=0
+        ),
         records=({"session": 0, "steps": 7},),
     )
     ck = Checkpoints(str(tmp_path / "sessions"), max_to_keep=None)
@@ -267,7 +276,8 @@ def test_run_state_round_trip(tmp_path):
     np.testing.assert_array_equal(back.gallery.sessions, [0] * 5 + [1] * 3)
     np.testing.assert_array_equal(back.memory.source_ids, [4, 1])
     assert back.memory.seen == 5 and back.memory.built_after == 0
-    assert tree_equal(back.importance.raw, raw) and back.importance.built_after == 0
+    assert tree_equal(back.importance.slots[0]["importance"], raw) and back.importance.built_after == 0
+    assert tree_equal(back.importance.running, raw)
     ck.close()
 
 

@@ -60,11 +60,49 @@ _CHUNK = 8192  # Records per `__getitems__` call.
 
 @dataclasses.dataclass(frozen=True)
 class Split:
+    """A split decoded into host memory."""
+
     images: np.ndarray  # uint8 [N, H, W, C]
     labels: np.ndarray  # int32 [N], original dataset labels
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
+
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.images.shape[1:])
+
+    def read(self, idx: np.ndarray) -> np.ndarray:
+        return self.images[np.asarray(idx, np.int64)]
+
+
+class RecordSplit:
+    """A split read from its ArrayRecord records on demand (our builders' raw uint8 records): host
+    memory holds the labels and the record order, never the images; ``read`` copies only the rows
+    asked for.  Same pixels as ``Split``, so a run gives the same results either way."""
+
+    def __init__(self, raw_source, order: np.ndarray, labels: np.ndarray, image_shape: tuple[int, ...]):
+        self._source = raw_source
+        self._order = np.asarray(order, np.int64)  # position j of the split = record order[j]
+        self.labels = labels
+        self._shape = tuple(int(d) for d in image_shape)
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    def read(self, idx: np.ndarray) -> np.ndarray:
+        from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
+
+        records = self._source.__getitems__(self._order[np.asarray(idx, np.int64)].tolist())
+        out = np.empty((len(records), *self._shape), np.uint8)
+        for j, r in enumerate(records):
+            data = tf_example_pb2.Example.FromString(r).features.feature["image"].bytes_list.value[0]
+            out[j] = np.frombuffer(data, np.uint8).reshape(self._shape)
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +118,7 @@ class ImageDataset:
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
-        return tuple(int(d) for d in self.train.images.shape[1:])  # type: ignore[return-value]
+        return self.train.image_shape  # type: ignore[return-value]
 
 
 class CorruptImagesError(DataError):
@@ -93,8 +131,10 @@ def load_dataset(
     data_dir: str,
     manual_dir: str | None = None,
     on_corrupt: str = "refuse",
+    memory_limit_mb: float | None = None,
 ) -> ImageDataset:
-    """Loads a dataset's train and test splits into memory.
+    """Loads a dataset's train and test splits: into memory, or, for our builders when the decoded
+    images would take more than ``memory_limit_mb``, as ``RecordSplit``s read on demand.
 
     Args:
       name: a key of `BUILDERS` (optionally `name/config`), or a standard TFDS
@@ -119,7 +159,9 @@ def load_dataset(
     base = name.split("/", 1)[0].split(":", 1)[0]
     start = time.perf_counter()
     if base in BUILDERS:
-        dataset = _load_local(name, data_dir=data_dir, manual_dir=manual_dir, on_corrupt=on_corrupt)
+        dataset = _load_local(
+            name, data_dir=data_dir, manual_dir=manual_dir, on_corrupt=on_corrupt, memory_limit_mb=memory_limit_mb
+        )
     else:
         dataset = _load_tfds(name, data_dir=data_dir)
     logging.info(
@@ -147,7 +189,9 @@ def _prepared_configs(cls: type[LocalBuilder], data_dir: str) -> list[str]:
     return prepared
 
 
-def _load_local(name: str, *, data_dir: str, manual_dir: str | None, on_corrupt: str) -> ImageDataset:
+def _load_local(
+    name: str, *, data_dir: str, manual_dir: str | None, on_corrupt: str, memory_limit_mb: float | None = None
+) -> ImageDataset:
     base, _, config = name.partition("/")
     config = config or None
     cls = BUILDERS[base]
@@ -207,6 +251,12 @@ def _load_local(name: str, *, data_dir: str, manual_dir: str | None, on_corrupt:
     t0 = time.perf_counter()
     raw = builder.as_data_source(split=["train", "test"], deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
     decoded = builder.as_data_source(split=["train", "test"])
+    shape = tuple(builder.info.features["image"].shape)
+    decoded_mb = sum(len(r) for r in raw) * int(np.prod(shape)) / 2**20
+    if memory_limit_mb is not None and decoded_mb > memory_limit_mb:
+        splits = [_record_split(r, d, builder.info, full_name, builder.data_dir) for r, d in zip(raw, decoded)]
+        logging.info("Streaming %s (%.0f MB decoded > data.in_memory_limit_mb).", full_name, decoded_mb)
+        return ImageDataset(full_name, splits[0], splits[1], tuple(builder.info.features["label"].names))
     splits = []
     for raw_source, source_ in zip(raw, decoded):
         images, labels, ids = _read_local_split(raw_source, source_, builder.info)
@@ -223,6 +273,30 @@ def _load_local(name: str, *, data_dir: str, manual_dir: str | None, on_corrupt:
         test=splits[1],
         class_names=tuple(builder.info.features["label"].names),
     )
+
+
+def _record_split(raw_source, source, info, full_name: str, data_dir: str) -> RecordSplit:
+    """A ``RecordSplit``: labels and ids read in chunks (images parsed and dropped), records ordered
+    by id; its first record checked against TFDS's own decoding."""
+    from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
+
+    n = len(raw_source)
+    labels = np.empty((n,), np.int32)
+    ids = np.empty((n,), np.int64)
+    for start in range(0, n, _CHUNK):
+        stop = min(n, start + _CHUNK)
+        for j, r in enumerate(raw_source.__getitems__(list(range(start, stop)))):
+            feature = tf_example_pb2.Example.FromString(r).features.feature
+            labels[start + j], ids[start + j] = feature["label"].int64_list.value[0], feature["id"].int64_list.value[0]
+    order = np.argsort(ids, kind="stable")
+    if not np.array_equal(ids[order], np.arange(n)):
+        raise DataError(f"{full_name}: ids are not 0..N-1; delete {data_dir} to prepare it again.")
+    split = RecordSplit(raw_source, order, labels[order], tuple(info.features["image"].shape))
+    if n:
+        first = int(order[0])
+        if not np.array_equal(np.asarray(source[first]["image"]), split.read(np.array([0]))[0]):
+            raise AssertionError("Record decoding disagrees with TFDS.")
+    return split
 
 
 def _read_local_split(raw_source, source, info):
