@@ -61,13 +61,14 @@ def test_rwalk_running_fisher_is_the_training_step_gradients(tmp_path):
         lc = losses.normalized_softmax_loss(emb, params["head"], labels, 0.05, valid_classes=5)
         return lc + weight * regularizers.ewc_penalty(net, anchor, slot_imp)
 
+    grad = jax.jit(jax.grad(transcribed_loss))
     fisher = None
     for t in range(3):
         images = rng.integers(0, 256, (4, 8, 8, 1), dtype=np.uint8)
         labels = rng.integers(0, 5, 4).astype(np.int32)
         x = PIPE.train(jax.random.fold_in(key, t), jnp.asarray(images))
         params, batch_stats = jax.device_get(state.params), jax.device_get(state.batch_stats)
-        g = jax.grad(transcribed_loss)(params["net"], params, batch_stats, x, jnp.asarray(labels))
+        g = grad(params["net"], params, batch_stats, x, jnp.asarray(labels))
         g2 = jax.tree.map(lambda a: np.asarray(a, np.float64) ** 2, g)
         fisher = g2 if fisher is None else jax.tree.map(lambda f, q: 0.5 * f + 0.5 * q, fisher, g2)
         state, _ = step(
@@ -154,9 +155,10 @@ def test_ewc_slot_fisher_transcribed(manual_dir, tmp_path):
         return lc + c.loss_weights.L_reg * regularizers.ewc_penalty(net, prev_slot["anchor"], prev_slot["importance"])
 
     want = jax.tree.map(lambda x: np.zeros(x.shape, np.float64), v["params"]["net"])
+    grad = jax.jit(jax.grad(loss))
     for start in range(0, n - bs + 1, bs):
         x = ctx.pipeline.train(jax.random.fold_in(k, start), jnp.asarray(images[start : start + bs]))
-        g = jax.grad(loss)(v["params"]["net"], x)
+        g = grad(v["params"]["net"], x)
         want = jax.tree.map(lambda w, gi: w + np.asarray(gi, np.float64) ** 2 * bs / n, want, g)
     for got, w in zip(jax.tree.leaves(imp.slots[1]["importance"]), jax.tree.leaves(want)):
         np.testing.assert_allclose(got, w, rtol=2e-3, atol=1e-10)
