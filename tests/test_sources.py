@@ -401,3 +401,19 @@ def test_tiny_imagenet_corrupt_images_refused_or_skipped(tmp_path):
     ds = sources.load_dataset("tiny_imagenet_zip", on_corrupt="skip", **kwargs)
     assert len(ds.train) == len(_WNIDS) * len(_TRAIN_INDICES) - 1  # the broken one is left out, counted
     assert np.bincount(ds.train.labels)[0] == len(_TRAIN_INDICES) - 1
+
+
+def test_splits_over_tfds_memory_buffer_prepare_without_tensorflow(tmp_path, monkeypatch):
+    """TFDS spills a split over shuffle.MAX_MEM_BUFFER_SIZE (1 GB) to bucket files via tf.io.gfile; without
+    TensorFlow that failed for every large dataset.  A tiny buffer forces the spill: same data as in memory."""
+    from tensorflow_datasets.core import shuffle
+
+    from tests.tiny_data import write_fashion_idx
+
+    manual = write_fashion_idx(str(tmp_path / "idx"), train_per_class=12, test_per_class=3)
+    ref = sources.load_dataset("fashion_mnist_local", data_dir=str(tmp_path / "ref"), manual_dir=manual)
+    monkeypatch.setattr(shuffle, "MAX_MEM_BUFFER_SIZE", 2000)  # bytes: a few records
+    spilled = sources.load_dataset("fashion_mnist_local", data_dir=str(tmp_path / "spill"), manual_dir=manual)
+    for a, b in ((ref.train, spilled.train), (ref.test, spilled.test)):
+        np.testing.assert_array_equal(a.images, b.images)
+        np.testing.assert_array_equal(a.labels, b.labels)

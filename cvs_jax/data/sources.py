@@ -39,6 +39,7 @@ from cvs_jax.data.builders import (
     StanfordDogs256,
     TinyImagenetZip,
 )
+from cvs_jax.data.builders._common import allow_large_splits_without_tensorflow
 from cvs_jax.errors import ConfigError, DataError
 
 __all__ = [
@@ -232,6 +233,7 @@ def _load_local(
             raise missing
         logging.info("Preparing %s from %s into %s ...", full_name, source.description, data_dir)
         t0 = time.perf_counter()
+        allow_large_splits_without_tensorflow()
         builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
         logging.info("Prepared %s in %.1f s.", full_name, time.perf_counter() - t0)
         # Re-open from disk so that everything is read back as stored.

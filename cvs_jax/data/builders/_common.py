@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import resource
+import types
 import zipfile
 from typing import Any, ClassVar
 
@@ -125,3 +128,30 @@ class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         """Stores the source identity in the dataset metadata (metadata.json)."""
         self.info.metadata["source_fingerprint"] = source.normalized_fingerprint()
         self.info.metadata["source_description"] = source.description
+
+
+class _NeverRaised(Exception):
+    """Stands for ``tf.errors.ResourceExhaustedError``, which plain file I/O never raises."""
+
+
+def allow_large_splits_without_tensorflow() -> None:
+    """TFDS writes a split whose records exceed 1 GB (``shuffle.MAX_MEM_BUFFER_SIZE``) through
+    temporary bucket files opened with ``tf.io.gfile``, so without TensorFlow preparing any larger
+    dataset (Stanford Dogs, iNat-M, Product-M at 256x256) fails with ``No module named 'tensorflow'``.
+    Plain local files do the same job: give TFDS's shuffle module those, unless TensorFlow is there.
+    The buckets (up to 1000 open files) need the open-file limit raised to its hard maximum."""
+    from tensorflow_datasets.core import shuffle  # pylint: disable=g-import-not-at-top
+
+    try:
+        import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+
+        return
+    except ImportError:
+        pass
+    gfile = types.SimpleNamespace(GFile=open, exists=os.path.exists, remove=os.remove)
+    shuffle.tf = types.SimpleNamespace(
+        io=types.SimpleNamespace(gfile=gfile), errors=types.SimpleNamespace(ResourceExhaustedError=_NeverRaised)
+    )
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else max(soft, 4096), hard))
