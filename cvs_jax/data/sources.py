@@ -285,8 +285,9 @@ def _record_split(raw_source, source, info, full_name: str, data_dir: str) -> Re
     n = len(raw_source)
     labels = np.empty((n,), np.int32)
     ids = np.empty((n,), np.int64)
-    for start in range(0, n, _CHUNK):
-        stop = min(n, start + _CHUNK)
+    chunk = 256  # whole records (pixels included) pass through memory: keep the batch of them small
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
         for j, r in enumerate(raw_source.__getitems__(list(range(start, stop)))):
             feature = tf_example_pb2.Example.FromString(r).features.feature
             labels[start + j], ids[start + j] = feature["label"].int64_list.value[0], feature["id"].int64_list.value[0]
