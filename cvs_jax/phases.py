@@ -236,8 +236,9 @@ def train(ctx: RunContext, state: RunState, view: SessionView, consts: dict) -> 
         step += 1
         faults.maybe_fail("step")
         events = cadence.after(step)
-        done = (step - steps_at_start) / max(total - steps_at_start, 1)
-        eta = format_eta((time.time() - t_session) / done * (1 - done))
+        if events.log or events.epoch_end:
+            done = (step - steps_at_start) / max(total - steps_at_start, 1)
+            eta = format_eta((time.time() - t_session) / done * (1 - done))
         if events.log:
             log.print(f"  session {s + 1} epoch {epoch + 1} step {step}/{total} ETA {eta}")
         if events.checkpoint:

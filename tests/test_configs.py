@@ -10,7 +10,7 @@ import pytest
 from cvs_jax import config_checks
 from cvs_jax.data import official_splits
 from cvs_jax.data.sources import ImageDataset, Split
-from cvs_jax.data.splits import make_session_plan
+from cvs_jax.data.splits import plan_from_config
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 NOT_RUNNABLE = {"__init__", "base", "variants", "finegrained"}
@@ -186,23 +186,7 @@ def test_finegrained_recipe():
 
 
 def _plan(c, train_labels):
-    d = c.data
-    return make_session_plan(
-        train_labels,
-        setup=d.setup,
-        num_sessions=d.num_sessions,
-        first_classes=d.first_classes,
-        classes_per_session=d.classes_per_session,
-        old_class_percent=d.old_class_percent,
-        samples_per_new_class=d.samples_per_new_class,
-        blurry_minor_percent=d.blurry_minor_percent,
-        val_fraction=d.val_fraction,
-        num_classes=int(train_labels.max()) + 1,
-        shuffle_classes=d.shuffle_classes,
-        seed=c.seed,
-        val_per_class=d.val_per_class,
-        general_shares=d.general_shares,
-    )
+    return plan_from_config(train_labels, c, num_classes=int(train_labels.max()) + 1)
 
 
 def _check_general(c, plan, labels):

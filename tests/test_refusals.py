@@ -145,8 +145,8 @@ def test_nan_embeddings_stop_the_run_with_a_clear_message(config, tmp_path, monk
 
 
 def test_cli_prints_one_line_and_exits_2(manual_dir, tmp_path):
-    proc = subprocess.run(
-        [
+    def main(override):
+        cmd = [
             sys.executable,
             "-m",
             "cvs_jax.main",
@@ -154,29 +154,12 @@ def test_cli_prints_one_line_and_exits_2(manual_dir, tmp_path):
             "configs/fashion_mnist_general.py",
             "--workdir",
             str(tmp_path / "wd"),
-            "--config.method=nope",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+            override,
+        ]
+        return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+    proc = main("--config.method=nope")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: method='nope' is unknown")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cvs_jax.main",
-            "--config",
-            "configs/fashion_mnist_general.py",
-            "--workdir",
-            str(tmp_path / "wd"),
-            "--config.trian.lr=1",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = main("--config.trian.lr=1")
     assert proc.returncode != 0 and "trian" in proc.stderr
