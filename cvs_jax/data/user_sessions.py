@@ -1,0 +1,166 @@
+"""A session plan the user defines: each train image names its session (setup ``"user"``).
+
+:func:`plan_from_sessions` turns per-image sessions (e.g. the ``session`` column of a manifest,
+:meth:`cvs_jax.data.folder_inventory.Inventory.sessions`) into the :class:`~cvs_jax.data.splits.SessionPlan`
+the engine runs, with the same fields and methods as a generated plan:
+
+* session s pools the train images whose session is s; sessions must be 0..S-1, none empty;
+* protocol labels follow the order of first appearance: the classes new in session 0 (sorted by
+  original label), then those new in session 1, ...; ``class_order[p]`` is the original label of
+  protocol label p and ``sessions[s].new_classes`` the protocol labels first seen in s;
+* ``num_outputs`` of session s = the number of classes seen in sessions 0..s (old classes may return
+  in later sessions, as in the general setup);
+* validation queries are held out of every session's pool exactly as
+  :func:`cvs_jax.data.splits.make_session_plan` does it (same code, same seed stream): a stratified
+  ``val_fraction`` of the pool (``data.val_fraction``; n_val = ceil(fraction * pool size), spread over
+  the classes by largest remainder), or with ``val_per_class`` (``data.val_per_class``, needs
+  ``val_fraction=0``) that many random images of each class of the pool, never its last one.
+  The generator's val stream is the third child of ``np.random.SeedSequence(seed).spawn(4)``,
+  consumed session by session; the same child is used here.
+
+A class whose every image in its first session becomes a validation query would enter the classifier
+with nothing to train on and val queries with nothing to find: it is refused (naming the class and
+the session). :func:`check_plan_feasible` adds the checks that depend on the run (batch size,
+memory budget).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from cvs_jax.data import splits
+from cvs_jax.data.splits import Session, SessionPlan
+from cvs_jax.errors import ConfigError, SplitError
+
+__all__ = ["USER_SETUP", "check_plan_feasible", "plan_from_sessions"]
+
+USER_SETUP = "user"
+
+
+def _name(c: int, class_names: Sequence[str] | None) -> str:
+    return f"class {class_names[c]!r} (label {c})" if class_names is not None else f"class {c}"
+
+
+def _int_array(a, what: str) -> np.ndarray:
+    a = np.asarray(a)
+    if a.ndim != 1 or not (np.issubdtype(a.dtype, np.integer) or a.size == 0):
+        raise ValueError(f"{what} must be a 1-D integer array, got shape {a.shape} dtype {a.dtype}")
+    return a.astype(np.int64, copy=False)
+
+
+def plan_from_sessions(
+    train_labels: np.ndarray,
+    train_sessions: np.ndarray,
+    *,
+    val_fraction: float = 0.1,
+    val_per_class: int | None = None,
+    seed: int = 0,
+    class_names: Sequence[str] | None = None,
+) -> SessionPlan:
+    """The ``"user"`` plan of the module docstring.
+
+    Args:
+      train_labels: original labels of the train split (>= 0), one per train image.
+      train_sessions: 0-based session of each train image (same length).
+      val_fraction / val_per_class / seed: the validation rule of ``splits.make_session_plan``
+        (``data.val_fraction``, ``data.val_per_class``, the split seed).
+      class_names: ``class_names[label]``, only to name classes in error messages.
+
+    Raises ``SplitError`` for a gap or a negative value in the sessions, and for a class left with
+    no train image in the session that introduces it.
+    """
+    labels = _int_array(train_labels, "train_labels")
+    sess = _int_array(train_sessions, "train_sessions")
+    if labels.shape != sess.shape:
+        raise ValueError(f"train_labels ({labels.size}) and train_sessions ({sess.size}) differ in length")
+    if not 0 <= val_fraction < 1:
+        raise SplitError(f"val_fraction={val_fraction} must lie in [0, 1)")
+    if val_per_class is not None and (val_per_class < 1 or val_fraction != 0):
+        raise SplitError(f"val_per_class={val_per_class} needs val_fraction=0 (got {val_fraction}) and must be >= 1")
+    if labels.size == 0:
+        raise SplitError("the train split is empty; a user session plan needs train images with sessions")
+    if labels.min() < 0:
+        raise SplitError("train_labels must be non-negative original dataset labels")
+    if sess.min() < 0:
+        raise SplitError(
+            f"session {int(sess.min()) + 1} is not a positive session number; sessions are numbered 1, 2, 3, ..."
+        )
+    counts = np.bincount(sess)
+    gaps = np.flatnonzero(counts == 0)
+    if gaps.size:
+        present = ", ".join(str(int(s) + 1) for s in np.flatnonzero(counts))
+        raise SplitError(
+            f"session {int(gaps[0]) + 1} has no train image but session {counts.size} does (sessions present: "
+            f"{present}; {gaps.size} empty); number the sessions 1..S without gaps (renumber, or move images "
+            f"into session {int(gaps[0]) + 1})."
+        )
+    num_sessions = counts.size
+
+    # Protocol labels: order of first appearance (session, then original label).
+    first = np.full(int(labels.max()) + 1, num_sessions, np.int64)
+    np.minimum.at(first, labels, sess)
+    present = np.flatnonzero(first < num_sessions)
+    class_order = present[np.lexsort((present, first[present]))]
+    lut = np.full(first.size, -1, np.int64)
+    lut[class_order] = np.arange(class_order.size)
+    plabels = lut[labels]
+    intro = first[class_order]  # session introducing each protocol label (non-decreasing)
+
+    frac = splits._exact(val_fraction)
+    val_rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(4)[2])  # make_session_plan's val stream
+    sessions = []
+    for s in range(num_sessions):
+        pool = np.flatnonzero(sess == s).astype(np.int64)
+        if val_per_class is None:
+            train, val = splits._stratified_split(pool, plabels, frac, val_rng)
+        else:
+            train, val = splits._per_class_split(pool, plabels, val_per_class, val_rng)
+        new = np.flatnonzero(intro == s)
+        trained = np.bincount(plabels[train], minlength=class_order.size)
+        starved = new[trained[new] == 0]
+        if starved.size:
+            p = int(starved[0])
+            n = int(np.sum(plabels[pool] == p))
+            rule = f"val_fraction={val_fraction}" if val_per_class is None else f"val_per_class={val_per_class}"
+            raise SplitError(
+                f"{_name(int(class_order[p]), class_names)} first appears in session {s + 1} with {n} image(s), "
+                f"all drawn as validation queries ({rule}), so nothing trains it; add images of it to session "
+                f"{s + 1}, lower val_fraction, or use val_per_class (which never takes a class's last image)."
+            )
+        sessions.append(
+            Session(
+                index=s,
+                train=splits._frozen(train),
+                val=splits._frozen(val),
+                new_classes=splits._frozen(new),
+                num_outputs=int(np.sum(intro <= s)),
+            )
+        )
+    return SessionPlan(setup=USER_SETUP, class_order=splits._frozen(class_order), sessions=tuple(sessions))
+
+
+def check_plan_feasible(plan: SessionPlan, *, batch_size: int, memory_budget: int | None = None) -> None:
+    """Refuse a plan the run cannot train, before any step: what ``phases.session_view`` and
+    ``config_checks`` would find later, stated for a user plan.
+
+    * a session whose own train images are fewer than ``batch_size`` (session 1 of every method and
+      every session of the memory-free ones train on those images alone);
+    * ``memory_budget`` (replay methods) below the number of classes the run sees.
+    """
+    if batch_size < 1:
+        raise ConfigError(f"train.batch_size={batch_size} must be >= 1.")
+    for sess in plan.sessions:
+        if len(sess.train) < batch_size:
+            raise ConfigError(
+                f"session {sess.index + 1} has {len(sess.train)} training images (after "
+                f"{len(sess.val)} validation queries), fewer than train.batch_size={batch_size}; lower the "
+                f"batch size or add images to session {sess.index + 1}."
+            )
+    classes = max(s.num_outputs for s in plan.sessions)
+    if memory_budget is not None and memory_budget < classes:
+        raise ConfigError(
+            f"memory.budget={memory_budget} is smaller than the {classes} classes the run will have seen; "
+            f"raise memory.budget to at least {classes}."
+        )
