@@ -306,7 +306,7 @@ def _scan_folders(root: str, frac: Fraction, seed: int) -> Inventory:
     train_dir, test_dir = os.path.join(root, "train"), os.path.join(root, "test")
     if os.path.isdir(train_dir):
         for name in walker.listdir(root):
-            if name not in SPLITS:
+            if not (name in SPLITS and os.path.isdir(os.path.join(root, name))):
                 walker.ignored["hidden" if name.startswith(".") else "not in train/ or test/"] += 1
         train_classes = walker.class_folders(train_dir, "train")
         test_classes = walker.class_folders(test_dir, "test") if os.path.isdir(test_dir) else None
