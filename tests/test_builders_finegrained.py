@@ -12,8 +12,8 @@ import pytest
 import tensorflow_datasets as tfds
 from PIL import Image
 
-from cvs_jax.data import sources
-from cvs_jax.data.builders import InatM, ProductM, StanfordDogs256, _resize, _tfds_source, inat_m, product10k
+from cvs_jax.data import records, sources
+from cvs_jax.data.builders import ProductM, StanfordDogs256, _resize, _tfds_source, inat_m, product10k
 from cvs_jax.errors import DataError
 from tests import tiny_data
 
@@ -91,6 +91,20 @@ def _csv_rows(manual_dir):
         return [(r["name"], int(r["class"])) for r in csv.DictReader(f)]
 
 
+def _meta(ds) -> dict:
+    """The builder's metadata as the record store keeps it, with each record's source per split."""
+    info = records.read_info(ds.store)
+    meta = dict(info["metadata"], **{k: v for k, v in info.items() if k != "metadata"})
+    for split in ("train", "test"):
+        meta[f"source_files_{split}"] = meta[f"source_ids_{split}"] = ds.source_names(split)
+    return meta
+
+
+def _as_stored(image: np.ndarray) -> np.ndarray:
+    """What a record holds for a resized photo: its one JPEG re-encode (records.py), decoded."""
+    return records.decode(records.encode(records.Example(image, 0, ""), "jpeg"), image.shape)
+
+
 def _decode_file(manual_dir, name, size):
     with Image.open(os.path.join(manual_dir, "train", name)) as img:
         return _resize.to_square_uint8(img, size)
@@ -113,7 +127,7 @@ def test_product_m_split_and_layouts(tmp_path):
     np.testing.assert_array_equal(np.bincount(ds.train.labels), n - n * 20 // 100)
     assert (np.diff(ds.train.labels) >= 0).all() and (np.diff(ds.test.labels) >= 0).all()
 
-    meta = ProductM(data_dir=str(tmp_path / "a")).info.metadata
+    meta = _meta(ds)
     assert meta["source_classes"] == [5, 8, 14]
     assert meta["skipped_train"] == [] and meta["skipped_test"] == []
     files = {s: meta[f"source_files_{s}"] for s in ("train", "test")}
@@ -137,15 +151,15 @@ def test_product_m_split_and_layouts(tmp_path):
             assert names == sorted(names)
     # Pixels: the resize rule applied to the file.
     for j in (0, len(ds.train) - 1):
-        np.testing.assert_array_equal(ds.train.images[j], _decode_file(folder, files["train"][j], 256))
-    np.testing.assert_array_equal(ds.test.images[3], _decode_file(folder, files["test"][3], 256))
+        np.testing.assert_array_equal(ds.train.images[j], _as_stored(_decode_file(folder, files["train"][j], 256)))
+    np.testing.assert_array_equal(ds.test.images[3], _as_stored(_decode_file(folder, files["test"][3], 256)))
 
     # The same files as train.zip, prepared again elsewhere: identical.
     again = sources.load_dataset("product_m", data_dir=str(tmp_path / "b"), manual_dir=zipped)
     np.testing.assert_array_equal(again.train.images, ds.train.images)
     np.testing.assert_array_equal(again.test.images, ds.test.images)
     np.testing.assert_array_equal(again.test.labels, ds.test.labels)
-    meta_b = ProductM(data_dir=str(tmp_path / "b")).info.metadata
+    meta_b = _meta(again)
     assert meta_b["source_files_test"] == files["test"]
     assert meta_b["source_fingerprint"] == meta["source_fingerprint"]
     assert meta_b["source_description"].endswith("train.zip")
@@ -199,7 +213,7 @@ def test_product_m_corrupt_image(tmp_path, small_images):
         sources.load_dataset("product_m", **kwargs)
     ds = sources.load_dataset("product_m", on_corrupt="skip", **kwargs)
     assert ds.image_shape == (small_images, small_images, 3)
-    meta = ProductM(data_dir=kwargs["data_dir"]).info.metadata
+    meta = _meta(ds)
     skipped = meta["skipped_train"] + meta["skipped_test"]
     assert len(skipped) == 1 and skipped[0].startswith("0_7.jpg:")
     assert len(ds.train) + len(ds.test) == 40
@@ -231,7 +245,7 @@ def test_stanford_dogs_256(tmp_path, small_images):
     source_names = tfds.builder("stanford_dogs", data_dir=data_dir).info.features["label"].names
     assert ds.class_names == tuple(source_names) and ds.num_classes == 120
     assert ds.image_shape == (32, 32, 3)
-    meta = StanfordDogs256(data_dir=data_dir).info.metadata
+    meta = _meta(ds)
     for s, split in (("train", ds.train), ("test", ds.test)):
         source = _source_images(data_dir, "stanford_dogs", s, "image/filename")
         ids = meta[f"source_ids_{s}"]
@@ -239,7 +253,7 @@ def test_stanford_dogs_256(tmp_path, small_images):
         for j, key in enumerate(ids):
             image, label = source[key]
             assert split.labels[j] == label  # same label ids
-            np.testing.assert_array_equal(split.images[j], _resize.to_square_uint8(Image.fromarray(image)))
+            np.testing.assert_array_equal(split.images[j], _as_stored(_resize.to_square_uint8(Image.fromarray(image))))
     np.testing.assert_array_equal(np.bincount(ds.train.labels)[[3, 10, 17]], [4, 5, 3])
     assert meta["source_classes"] == list(range(120))
 
@@ -286,7 +300,7 @@ def test_inat_m(tmp_path, small_inat):
     for data_dir in data_dirs:  # Two preparations from identical sources.
         tiny_data.write_fake_tfds_source(data_dir, "i_naturalist2017", 5, _INAT_TRAIN, _INAT_VAL, seed=4)
         loaded.append(sources.load_dataset("inat_m", data_dir=data_dir))
-        metas.append(InatM(data_dir=data_dir).info.metadata)
+        metas.append(_meta(loaded[-1]))
     ds, meta = loaded[0], metas[0]
     eligible = sorted(label_of(k) for k, n in enumerate(_INAT_TRAIN) if n >= 7)
     chosen = meta["source_classes"]
@@ -308,7 +322,7 @@ def test_inat_m(tmp_path, small_inat):
         for j, key in enumerate(meta[f"source_ids_{s}"]):
             image, label = src[key]
             assert chosen[split.labels[j]] == label  # label remap
-            np.testing.assert_array_equal(split.images[j], _resize.to_square_uint8(Image.fromarray(image)))
+            np.testing.assert_array_equal(split.images[j], _as_stored(_resize.to_square_uint8(Image.fromarray(image))))
     assert len(set(meta["source_ids_train"])) == 21
 
     # Deterministic: the second preparation stored the same.

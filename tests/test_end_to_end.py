@@ -91,14 +91,14 @@ def test_cvs_logs_nonzero_loss_terms_from_session_two(manual_dir, tmp_path):
 def test_streamed_records_give_the_in_memory_results(manual_dir, tmp_path):
     """data.in_memory_limit_mb=0 reads every image from its ArrayRecord record on demand; the batches,
     embeddings and results equal those of the decoded in-memory dataset."""
-    from cvs_jax.data import sources
+    from cvs_jax.data import records, sources
     from cvs_jax.protocol import Protocol
 
     c = tiny_config(manual_dir, tmp_path, method="cvs", sessions=2)
     in_ram = Protocol.build(c)
     c.data.in_memory_limit_mb = 0.0
     streamed = Protocol.build(c)
-    assert isinstance(streamed.dataset.train, sources.RecordSplit)
+    assert isinstance(streamed.dataset.train, records.StoreSplit)
     assert isinstance(in_ram.dataset.train, sources.Split)
     idx = np.random.default_rng(0).permutation(len(in_ram.dataset.train))[:50]
     np.testing.assert_array_equal(streamed.train_batch(idx), in_ram.train_batch(idx))

@@ -16,7 +16,7 @@ import pytest
 import tensorflow_datasets as tfds
 from PIL import Image
 
-from cvs_jax.data import sources
+from cvs_jax.data import records, sources
 from cvs_jax.data.builders import FashionMnistLocal, TinyImagenetZip, fashion_mnist_local, tiny_imagenet
 from cvs_jax.errors import DataError
 
@@ -75,13 +75,12 @@ def test_fashion_mnist_local_round_trip(tmp_path):
         np.testing.assert_array_equal(split.images, images[..., None])
         np.testing.assert_array_equal(split.labels, labels)
 
-    # Stored in file order, with id = position (read through TFDS directly).
-    builder = FashionMnistLocal(data_dir=data_dir)
-    assert builder.info.disable_shuffling
-    train = builder.as_data_source()["train"]
-    records = train.__getitems__([0, 7, 49])
-    assert [int(r["id"]) for r in records] == [0, 7, 49]
-    np.testing.assert_array_equal(records[1]["image"][..., 0], data["train"][0][7])
+    # Stored in file order as lossless PNG records, each naming its source.
+    store = records.StoreSplit(ds.store, "train", records.read_info(ds.store))
+    assert records.read_info(ds.store)["encoding"] == "png"
+    np.testing.assert_array_equal(store.read(np.array([49, 7, 0]))[..., 0], data["train"][0][[49, 7, 0]])
+    assert store.sources()[7] == "train-images-idx3-ubyte.gz#7"
+    assert ds.source_names("test")[0].startswith("t10k-images-idx3-ubyte") and ds.source_names("test")[0].endswith("#0")
 
     # Second call reuses the prepared copy.
     with mock.patch.object(FashionMnistLocal, "_split_generators", side_effect=AssertionError("rebuilt")):
@@ -211,9 +210,11 @@ def test_tiny_imagenet_zip(tmp_path):
     assert np.array_equal(grey[..., 0], grey[..., 1])
     assert np.array_equal(grey[..., 0], grey[..., 2])
 
-    builder = TinyImagenetZip(data_dir=data_dir, config="custom")
-    assert builder.info.disable_shuffling
-    assert builder.info.metadata["wnids"] == sorted(_WNIDS)
+    assert records.read_info(ds.store)["metadata"]["wnids"] == sorted(_WNIDS)
+    # The source JPEGs are stored as they are (RGB ones), so the pixels are the source's exactly.
+    assert ds.train.store.sources()[0].endswith(".JPEG")
+    raw = ds.train.store._records([0])[0].partition(b"\n")[2]  # pylint: disable=protected-access
+    assert raw in files.values()
 
     # The extracted folder is the same source: reused, not rebuilt.
     extracted = tmp_path / "extracted"
@@ -401,19 +402,3 @@ def test_tiny_imagenet_corrupt_images_refused_or_skipped(tmp_path):
     ds = sources.load_dataset("tiny_imagenet_zip", on_corrupt="skip", **kwargs)
     assert len(ds.train) == len(_WNIDS) * len(_TRAIN_INDICES) - 1  # the broken one is left out, counted
     assert np.bincount(ds.train.labels)[0] == len(_TRAIN_INDICES) - 1
-
-
-def test_splits_over_tfds_memory_buffer_prepare_without_tensorflow(tmp_path, monkeypatch):
-    """TFDS spills a split over shuffle.MAX_MEM_BUFFER_SIZE (1 GB) to bucket files via tf.io.gfile; without
-    TensorFlow that failed for every large dataset.  A tiny buffer forces the spill: same data as in memory."""
-    from tensorflow_datasets.core import shuffle
-
-    from tests.tiny_data import write_fashion_idx
-
-    manual = write_fashion_idx(str(tmp_path / "idx"), train_per_class=12, test_per_class=3)
-    ref = sources.load_dataset("fashion_mnist_local", data_dir=str(tmp_path / "ref"), manual_dir=manual)
-    monkeypatch.setattr(shuffle, "MAX_MEM_BUFFER_SIZE", 2000)  # bytes: a few records
-    spilled = sources.load_dataset("fashion_mnist_local", data_dir=str(tmp_path / "spill"), manual_dir=manual)
-    for a, b in ((ref.train, spilled.train), (ref.test, spilled.test)):
-        np.testing.assert_array_equal(a.images, b.images)
-        np.testing.assert_array_equal(a.labels, b.labels)

@@ -1,34 +1,38 @@
-"""Image datasets as in-memory numpy arrays, read through TFDS without TensorFlow.
+"""Image datasets for a run: decoded in host memory when small, else streamed from their records.
 
-`load_dataset(name, data_dir=..., manual_dir=...)` returns an `ImageDataset`
-(uint8 images, int32 labels, train + test splits, class names).
+`load_dataset(name, data_dir=..., manual_dir=...)` returns an `ImageDataset` (train + test splits
+whose ``read(idx)`` gives uint8 images, int32 labels, class names).
 
-* Our offline builders (`BUILDERS`: `fashion_mnist_local`, `tiny_imagenet_zip`
-  with configs `full` / `mini` / `custom`, e.g. `tiny_imagenet_zip/mini`) are
-  prepared once into `data_dir` (array_record files) from the files in
-  `manual_dir`, then read back with `builder.as_data_source()`; records keep
-  the original file order (sorted by their `id` feature).
-* Any other name is a standard TFDS dataset (e.g. `fashion_mnist`,
-  `cifar100`), read with `tfds.data_source(name, download=False)`. It must be
-  prepared in `data_dir` in the array_record format (random access; the
-  tfrecord format needs TensorFlow to read). Image features decode with PIL
-  (or OpenCV if installed), no TensorFlow needed. Preparing standard datasets
-  needs TensorFlow (to encode images) and internet, so it is not done here:
-  prepare them elsewhere with
+* Our offline builders (`BUILDERS`: `fashion_mnist_local`, `tiny_imagenet_zip` with configs `full`
+  / `mini` / `custom`, `stanford_dogs_256`, `inat_m`, `product_m`) are prepared once from the files
+  in `manual_dir` into a record store in `data_dir` (`records.py`: ArrayRecord files of encoded
+  images, written one image at a time).  A split whose decoded images fit `data.in_memory_limit_mb`
+  is decoded into RAM once (`Split`); a larger one is read batch by batch (`records.StoreSplit`).
+  Both give the same pixels, so a run gives the same results either way.
+* Any other name is a standard TFDS dataset (e.g. `fashion_mnist`, `cifar100`), read into RAM with
+  `tfds.data_source(name, download=False)`. It must be prepared in `data_dir` in the array_record
+  format (random access; the tfrecord format needs TensorFlow to read). Image features decode with
+  PIL, no TensorFlow needed. Preparing standard datasets needs TensorFlow and internet, so it is
+  not done here: prepare them elsewhere with
   `tfds build NAME --data_dir=DIR --file_format=array_record`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
+import shutil
+import tempfile
 import time
+import types
 from typing import Any, Sequence
 
 import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 
+from cvs_jax.data import records
 from cvs_jax.data.builders import (
     DatasetNotFoundError,
     FashionMnistLocal,
@@ -39,7 +43,6 @@ from cvs_jax.data.builders import (
     StanfordDogs256,
     TinyImagenetZip,
 )
-from cvs_jax.data.builders._common import allow_large_splits_without_tensorflow
 from cvs_jax.errors import ConfigError, DataError
 
 __all__ = [
@@ -61,10 +64,11 @@ _CHUNK = 8192  # Records per `__getitems__` call.
 
 @dataclasses.dataclass(frozen=True)
 class Split:
-    """A split decoded into host memory."""
+    """A split decoded into host memory (``store``: the records it was decoded from, if any)."""
 
     images: np.ndarray  # uint8 [N, H, W, C]
     labels: np.ndarray  # int32 [N], original dataset labels
+    store: records.StoreSplit | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -77,41 +81,13 @@ class Split:
         return self.images[np.asarray(idx, np.int64)]
 
 
-class RecordSplit:
-    """A split read from its ArrayRecord records on demand (our builders' raw uint8 records): host
-    memory holds the labels and the record order, never the images; ``read`` copies only the rows
-    asked for.  Same pixels as ``Split``, so a run gives the same results either way."""
-
-    def __init__(self, raw_source, order: np.ndarray, labels: np.ndarray, image_shape: tuple[int, ...]):
-        self._source = raw_source
-        self._order = np.asarray(order, np.int64)  # position j of the split = record order[j]
-        self.labels = labels
-        self._shape = tuple(int(d) for d in image_shape)
-
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
-
-    @property
-    def image_shape(self) -> tuple[int, ...]:
-        return self._shape
-
-    def read(self, idx: np.ndarray) -> np.ndarray:
-        from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
-
-        records = self._source.__getitems__(self._order[np.asarray(idx, np.int64)].tolist())
-        out = np.empty((len(records), *self._shape), np.uint8)
-        for j, r in enumerate(records):
-            data = tf_example_pb2.Example.FromString(r).features.feature["image"].bytes_list.value[0]
-            out[j] = np.frombuffer(data, np.uint8).reshape(self._shape)
-        return out
-
-
 @dataclasses.dataclass(frozen=True)
 class ImageDataset:
     name: str
-    train: Split
-    test: Split
+    train: Split | records.StoreSplit
+    test: Split | records.StoreSplit
     class_names: tuple[str, ...]
+    store: str | None = None  # the record store's folder (our builders), None for standard TFDS data
 
     @property
     def num_classes(self) -> int:
@@ -120,6 +96,33 @@ class ImageDataset:
     @property
     def image_shape(self) -> tuple[int, int, int]:
         return self.train.image_shape  # type: ignore[return-value]
+
+    def source_names(self, split: str = "train") -> list[str] | None:
+        """Each row's source (a file path, or ``file#index`` for packed files); None when unknown."""
+        return None if self.store is None else read_source_names(self.store, split)
+
+
+def read_source_names(store: str, split: str = "train") -> list[str] | None:
+    """The sources of a store's split, read from its ``<split>.sources.txt`` (no images touched)."""
+    path = os.path.join(store, f"{split}.sources.txt")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def source_names(data_config, split: str = "train") -> list[str] | None:
+    """The sources of a run's dataset rows (``config.data``), without loading the dataset: what
+    ``search`` and ``export`` show for gallery rows.  None for standard TFDS datasets."""
+    name = data_config.name
+    if name.split("/", 1)[0].split(":", 1)[0] not in BUILDERS:
+        return None
+    data_dir = os.path.expanduser(data_config.data_dir)
+    try:
+        _, _, full_name, _, _ = _resolve_local(name, data_dir, data_config.manual_dir)
+    except DatasetNotFoundError:
+        return None
+    return read_source_names(records.store_dir(data_dir, full_name), split)
 
 
 class CorruptImagesError(DataError):
@@ -135,7 +138,7 @@ def load_dataset(
     memory_limit_mb: float | None = None,
 ) -> ImageDataset:
     """Loads a dataset's train and test splits: into memory, or, for our builders when the decoded
-    images would take more than ``memory_limit_mb``, as ``RecordSplit``s read on demand.
+    images would take more than ``memory_limit_mb``, as ``records.StoreSplit``s read on demand.
 
     Args:
       name: a key of `BUILDERS` (optionally `name/config`), or a standard TFDS
@@ -181,65 +184,34 @@ def load_dataset(
 # Our offline builders.
 
 
-def _prepared_configs(cls: type[LocalBuilder], data_dir: str) -> list[str]:
-    names = [c.name for c in (cls.BUILDER_CONFIGS or [])]
-    prepared = []
-    for config in names:
-        if cls(data_dir=data_dir, config=config).is_prepared():
-            prepared.append(config)
-    return prepared
-
-
 def _load_local(
     name: str, *, data_dir: str, manual_dir: str | None, on_corrupt: str, memory_limit_mb: float | None = None
 ) -> ImageDataset:
-    base, _, config = name.partition("/")
-    config = config or None
-    cls = BUILDERS[base]
-    manual_dir = os.path.expanduser(
-        manual_dir or cls.DEFAULT_MANUAL_DIR or os.path.join(data_dir, "downloads", "manual")
-    )
-
-    # Cheap look at the source files (headers / zip directory only).
-    try:
-        source = cls.inspect_source(data_dir if cls.SOURCE_IN_DATA_DIR else manual_dir, config)
-        missing = None
-    except DatasetNotFoundError as e:
-        source, missing = None, e
-
-    if cls.BUILDER_CONFIGS and config is None:
-        if source is not None:
-            config = source.config_name
-        else:  # No source: reuse the single prepared config, if any.
-            prepared = _prepared_configs(cls, data_dir)
-            if len(prepared) != 1:
-                raise missing
-            config = prepared[0]
-
-    kwargs = {"config": config} if config else {}
-    builder = cls(data_dir=data_dir, file_format="array_record", **kwargs)
-    full_name = f"{base}/{config}" if config else base
-    if builder.is_prepared():
-        stored = (builder.info.metadata or {}).get("source_fingerprint")
-        if source is not None and stored is not None and (stored != source.normalized_fingerprint()):
+    cls, config, full_name, manual_dir, source = _resolve_local(name, data_dir, manual_dir)
+    directory = records.store_dir(data_dir, full_name)
+    info = records.read_info(directory)
+    if info is not None and info.get("format_version") != records.FORMAT_VERSION:
+        print(
+            f"{full_name}: {directory} holds format {info.get('format_version')}, this version reads format "
+            f"{records.FORMAT_VERSION}: preparing it again."
+        )
+        shutil.rmtree(directory)
+        info = None
+    if info is not None:
+        stored = info.get("source_fingerprint")
+        if source is not None and stored is not None and stored != source.normalized_fingerprint():
             raise SourceMismatchError(
-                f"{full_name}: {builder.data_dir} was prepared from"
-                f" {builder.info.metadata.get('source_description')}, which differs"
+                f"{full_name}: {directory} was prepared from {info.get('source_description')}, which differs"
                 f" from {source.description} ({stored} vs {source.fingerprint})."
                 " Use another --config.data.data_dir or delete that folder."
             )
     else:
         if source is None:
-            raise missing
-        logging.info("Preparing %s from %s into %s ...", full_name, source.description, data_dir)
-        t0 = time.perf_counter()
-        allow_large_splits_without_tensorflow()
-        builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
-        logging.info("Prepared %s in %.1f s.", full_name, time.perf_counter() - t0)
-        # Re-open from disk so that everything is read back as stored.
-        builder = cls(data_dir=data_dir, file_format="array_record", **kwargs)
+            raise _missing_source(cls, config, data_dir, manual_dir)
+        _prepare(cls, config, full_name, data_dir, manual_dir, source, directory)
+        info = records.read_info(directory)
 
-    skipped = [f for split in ("train", "test") for f in (builder.info.metadata or {}).get(f"skipped_{split}", [])]
+    skipped = [f for split in ("train", "test") for f in info.get(f"skipped_{split}", [])]
     if skipped:
         if on_corrupt == "refuse":
             raise CorruptImagesError(
@@ -251,92 +223,112 @@ def _load_local(
         print(f"{full_name}: skipped {len(skipped)} undecodable image(s), e.g. {skipped[0]}")
 
     t0 = time.perf_counter()
-    raw = builder.as_data_source(split=["train", "test"], deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
-    decoded = builder.as_data_source(split=["train", "test"])
-    shape = tuple(builder.info.features["image"].shape)
-    decoded_mb = sum(len(r) for r in raw) * int(np.prod(shape)) / 2**20
+    streamed = [records.StoreSplit(directory, split, info) for split in ("train", "test")]
+    shape = tuple(info["image_shape"])
+    decoded_mb = sum(len(s) for s in streamed) * int(np.prod(shape)) / 2**20
+    names = tuple(info["class_names"])
     if memory_limit_mb is not None and decoded_mb > memory_limit_mb:
-        splits = [_record_split(r, d, builder.info, full_name, builder.data_dir) for r, d in zip(raw, decoded)]
         logging.info("Streaming %s (%.0f MB decoded > data.in_memory_limit_mb).", full_name, decoded_mb)
-        return ImageDataset(full_name, splits[0], splits[1], tuple(builder.info.features["label"].names))
-    splits = []
-    for raw_source, source_ in zip(raw, decoded):
-        images, labels, ids = _read_local_split(raw_source, source_, builder.info)
-        order = np.argsort(ids, kind="stable")
-        if not np.array_equal(ids[order], np.arange(len(ids))):
-            raise DataError(f"{full_name}: ids are not 0..N-1; delete {builder.data_dir} to prepare it again.")
-        if not np.array_equal(order, np.arange(len(ids))):
-            images, labels = images[order], labels[order]
-        splits.append(Split(images=images, labels=labels))
-    logging.info("Read %s from %s in %.2f s.", full_name, builder.data_dir, time.perf_counter() - t0)
-    return ImageDataset(
-        name=full_name,
-        train=splits[0],
-        test=splits[1],
-        class_names=tuple(builder.info.features["label"].names),
+        return ImageDataset(full_name, streamed[0], streamed[1], names, directory)
+    splits = [Split(images=_decode_all(s), labels=s.labels, store=s) for s in streamed]
+    logging.info("Decoded %s from %s in %.2f s.", full_name, directory, time.perf_counter() - t0)
+    return ImageDataset(full_name, splits[0], splits[1], names, directory)
+
+
+def _decode_all(split: records.StoreSplit) -> np.ndarray:
+    images = np.empty((len(split), *split.image_shape), np.uint8)
+    start = 0
+    for chunk in split.iter_decoded():
+        images[start : start + len(chunk)] = chunk
+        start += len(chunk)
+    return images
+
+
+def _resolve_local(name: str, data_dir: str, manual_dir: str | None):
+    """(builder class, config, full name, manual dir, SourceInfo or None): the cheap look at the
+    source files (headers / zip directory only) that names the config and the store."""
+    base, _, config = name.partition("/")
+    config = config or None
+    cls = BUILDERS[base]
+    manual_dir = os.path.expanduser(
+        manual_dir or cls.DEFAULT_MANUAL_DIR or os.path.join(data_dir, "downloads", "manual")
     )
+    try:
+        source = cls.inspect_source(data_dir if cls.SOURCE_IN_DATA_DIR else manual_dir, config)
+        missing = None
+    except DatasetNotFoundError as e:
+        source, missing = None, e
+    if cls.BUILDER_CONFIGS and config is None:
+        if source is not None:
+            config = source.config_name
+        else:  # No source: reuse the single prepared config, if any.
+            prepared = [
+                c.name
+                for c in cls.BUILDER_CONFIGS
+                if records.read_info(records.store_dir(data_dir, f"{base}/{c.name}")) is not None
+            ]
+            if len(prepared) != 1:
+                raise missing
+            config = prepared[0]
+    full_name = f"{base}/{config}" if config else base
+    if source is None and records.read_info(records.store_dir(data_dir, full_name)) is None:
+        raise missing
+    return cls, config, full_name, manual_dir, source
 
 
-def _record_split(raw_source, source, info, full_name: str, data_dir: str) -> RecordSplit:
-    """A ``RecordSplit``: labels and ids read in chunks (images parsed and dropped), records ordered
-    by id; its first record checked against TFDS's own decoding."""
-    from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
-
-    n = len(raw_source)
-    labels = np.empty((n,), np.int32)
-    ids = np.empty((n,), np.int64)
-    chunk = 256  # whole records (pixels included) pass through memory: keep the batch of them small
-    for start in range(0, n, chunk):
-        stop = min(n, start + chunk)
-        for j, r in enumerate(raw_source.__getitems__(list(range(start, stop)))):
-            feature = tf_example_pb2.Example.FromString(r).features.feature
-            labels[start + j], ids[start + j] = feature["label"].int64_list.value[0], feature["id"].int64_list.value[0]
-    order = np.argsort(ids, kind="stable")
-    if not np.array_equal(ids[order], np.arange(n)):
-        raise DataError(f"{full_name}: ids are not 0..N-1; delete {data_dir} to prepare it again.")
-    split = RecordSplit(raw_source, order, labels[order], tuple(info.features["image"].shape))
-    if n:
-        first = int(order[0])
-        if not np.array_equal(np.asarray(source[first]["image"]), split.read(np.array([0]))[0]):
-            raise AssertionError("Record decoding disagrees with TFDS.")
-    return split
+def _missing_source(cls, config, data_dir, manual_dir):
+    return DatasetNotFoundError(f"{cls.name}: no source files in {manual_dir!r} and no prepared copy in {data_dir!r}.")
 
 
-def _read_local_split(raw_source, source, info):
-    """Reads a split of one of our builders: (images, int32 labels, ids).
-
-    Fast path: parse the serialized tf.train.Example records directly (our
-    features are a BYTES-encoded uint8 image and int64 label/id), about 3x
-    faster than the generic TFDS numpy decoding; checked against it on the
-    first record.
-    """
-    from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
-
-    image_feature = info.features["image"]
-    shape = tuple(image_feature.shape)
-    n = len(raw_source)
-    images = np.empty((n, *shape), np.uint8)
-    labels = np.empty((n,), np.int32)
-    ids = np.empty((n,), np.int64)
-    parse = tf_example_pb2.Example.FromString
-    for start in range(0, n, _CHUNK):
-        stop = min(n, start + _CHUNK)
-        records = raw_source.__getitems__(list(range(start, stop)))
-        feats = [parse(r).features.feature for r in records]
-        images[start:stop] = np.frombuffer(b"".join([f["image"].bytes_list.value[0] for f in feats]), np.uint8).reshape(
-            (stop - start, *shape)
+def _prepare(cls, config, full_name, data_dir, manual_dir, source, directory) -> None:
+    """Runs the builder's generators into a record store: one image in memory at a time."""
+    old = os.path.join(data_dir, *full_name.split("/"))
+    if glob.glob(os.path.join(old, "*", "dataset_info.json")):
+        print(
+            f"{full_name}: {old} holds a copy in the earlier raw-pixel TFDS format, which this version no "
+            f"longer reads; preparing format {records.FORMAT_VERSION} in {directory} (the old folder can be "
+            f"deleted)."
         )
-        labels[start:stop] = [f["label"].int64_list.value[0] for f in feats]
-        ids[start:stop] = [f["id"].int64_list.value[0] for f in feats]
-    if n:
-        reference = source[0]
-        if not (
-            np.array_equal(reference["image"], images[0])
-            and int(reference["label"]) == labels[0]
-            and int(reference["id"]) == ids[0]
-        ):
-            raise AssertionError("Fast record decoding disagrees with TFDS.")
-    return images, labels, ids
+    print(f"Preparing {full_name} from {source.description} into {directory} ...")
+    t0 = time.perf_counter()
+    kwargs = {"config": config} if config else {}
+    # the builder object only runs its generators: its own TFDS folder stays empty, so keep it apart
+    scratch = tempfile.TemporaryDirectory(prefix="cvs-builder-")
+    builder = cls(data_dir=scratch.name, **kwargs)
+    if cls.SOURCE_IN_DATA_DIR:
+        builder.source_dir = data_dir  # type: ignore[attr-defined]  # where the TFDS source dataset is
+    generators = builder._split_generators(types.SimpleNamespace(manual_dir=manual_dir))  # pylint: disable=protected-access
+
+    def examples(split, generator):
+        for i, (_, ex) in enumerate(generator):
+            if int(ex["id"]) != i:
+                raise AssertionError(f"{full_name}: the builder yields {split} record {ex['id']} at position {i}")
+            yield records.Example(
+                image=np.asarray(ex["image"], np.uint8),
+                label=int(ex["label"]),
+                source=str(ex.get("source", f"{split}[{i}]")),
+                source_bytes=ex.get("source_bytes"),
+                passthrough=bool(ex.get("passthrough", False)),
+            )
+
+    def info() -> dict:  # read after the examples: the generators fill the metadata while they run
+        metadata = dict(builder.info.metadata or {})
+        for key in list(metadata):
+            if key.startswith(("source_files_", "source_ids_")):  # the same as <split>.sources.txt
+                del metadata[key]
+        return {
+            "name": full_name,
+            "class_names": list(builder.info.features["label"].names),
+            "source_fingerprint": source.normalized_fingerprint(),
+            "source_description": source.description,
+            **{f"skipped_{split}": metadata.pop(f"skipped_{split}", []) for split in generators},
+            "metadata": metadata,
+        }
+
+    split_examples = {split: examples(split, gen) for split, gen in generators.items()}
+    with scratch:
+        records.write(directory, split_examples, encoding=cls.STORE_ENCODING, info=info, log=print)
+    print(f"Prepared {full_name} in {time.perf_counter() - t0:.1f} s.")
 
 
 # --------------------------------------------------------------------------

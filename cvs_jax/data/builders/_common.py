@@ -5,9 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import resource
-import types
 import zipfile
 from typing import Any, ClassVar
 
@@ -109,6 +106,9 @@ class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     # data_dir (stanford_dogs_256, inat_m): `inspect_source` is then given the
     # data_dir instead of a manual dir.
     SOURCE_IN_DATA_DIR: ClassVar[bool] = False
+    # How the record store encodes the images (``records.py``): "jpeg" for photos (the source bytes
+    # when they are already the stored image), "png" (lossless) for small or grey images.
+    STORE_ENCODING: ClassVar[str] = "jpeg"
 
     @classmethod
     def inspect_source(cls, manual_dir: str, config_name: str | None = None) -> SourceInfo:
@@ -130,28 +130,9 @@ class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         self.info.metadata["source_description"] = source.description
 
 
-class _NeverRaised(Exception):
-    """Stands for ``tf.errors.ResourceExhaustedError``, which plain file I/O never raises."""
+def image_errors() -> tuple[type[BaseException], ...]:
+    """What Pillow raises for a broken, truncated or oversized image (a decompression bomb is not an
+    OSError): these files are skipped and recorded, never fatal."""
+    from PIL import Image  # pylint: disable=g-import-not-at-top
 
-
-def allow_large_splits_without_tensorflow() -> None:
-    """TFDS writes a split whose records exceed 1 GB (``shuffle.MAX_MEM_BUFFER_SIZE``) through
-    temporary bucket files opened with ``tf.io.gfile``, so without TensorFlow preparing any larger
-    dataset (Stanford Dogs, iNat-M, Product-M at 256x256) fails with ``No module named 'tensorflow'``.
-    Plain local files do the same job: give TFDS's shuffle module those, unless TensorFlow is there.
-    The buckets (up to 1000 open files) need the open-file limit raised to its hard maximum."""
-    from tensorflow_datasets.core import shuffle  # pylint: disable=g-import-not-at-top
-
-    try:
-        import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-
-        return
-    except ImportError:
-        pass
-    gfile = types.SimpleNamespace(GFile=open, exists=os.path.exists, remove=os.remove)
-    shuffle.tf = types.SimpleNamespace(
-        io=types.SimpleNamespace(gfile=gfile), errors=types.SimpleNamespace(ResourceExhaustedError=_NeverRaised)
-    )
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else max(soft, 4096), hard))
+    return (OSError, ValueError, SyntaxError, Image.DecompressionBombError)

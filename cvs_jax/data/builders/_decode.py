@@ -9,16 +9,29 @@ times faster than one thread. Order is kept.
 from __future__ import annotations
 
 import concurrent.futures
+import io
 import os
 from typing import Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
 from cvs_jax.data.builders import _resize
+from cvs_jax.data.builders._common import image_errors
 
 Item = TypeVar("Item")
 
 BLOCK = 256  # Images per block: bounds the memory of encoded bytes in flight.
+
+
+def decode_keeping_source(data: bytes, size: int) -> tuple[np.ndarray, bool]:
+    """(uint8 [size, size, 3], passthrough): passthrough is True when ``data`` is an RGB JPEG of
+    exactly that size, whose bytes the record store then keeps instead of a re-encode."""
+    from PIL import Image  # pylint: disable=g-import-not-at-top
+
+    with Image.open(io.BytesIO(data)) as img:
+        img.load()
+        same = img.format == "JPEG" and img.mode == "RGB" and img.size == (size, size)
+        return _resize.to_square_uint8(img, size), same
 
 
 def decode_blocks(
@@ -28,7 +41,8 @@ def decode_blocks(
     skipped: list[str],
     describe: Callable[[Item], str] = str,
 ) -> Iterator[tuple[Item, np.ndarray]]:
-    """Yields (item, uint8 [size, size, 3]) in order; broken images are skipped.
+    """Yields (item, uint8 [size, size, 3], source bytes, passthrough) in order; broken images are
+    skipped (see ``decode_keeping_source``).
 
     Args:
       items: what to read, in output order.
@@ -41,11 +55,13 @@ def decode_blocks(
     """
     workers = max(1, min(8, os.cpu_count() or 1))
 
+    errors = image_errors()
+
     def decode(pair):
         item, data = pair
         try:
-            return _resize.decode_to_square(data, size)
-        except (OSError, ValueError, SyntaxError) as e:  # PIL's errors for broken files
+            return (*decode_keeping_source(data, size), data)
+        except errors as e:  # PIL's errors for broken files and decompression bombs
             return f"{describe(item)}: {type(e).__name__}"
 
     def load(block):
@@ -65,4 +81,5 @@ def decode_blocks(
                 if isinstance(result, str):
                     skipped.append(result)
                 else:
-                    yield item, result
+                    image, passthrough, data = result
+                    yield item, image, data, passthrough

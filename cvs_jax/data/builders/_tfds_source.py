@@ -202,7 +202,7 @@ class TfdsDerivedBuilder(LocalBuilder, skip_registration=True):
 
     def _split_generators(self, dl_manager):
         del dl_manager  # The source is in data_dir.
-        data_dir = os.fspath(self.data_dir_root)
+        data_dir = getattr(self, "source_dir", None) or os.fspath(self.data_dir_root)  # set by sources._prepare
         size = int(self.info.features["image"].shape[0])
         source = self.describe(data_dir)
         self._record_source(self._source_info(source, size))
@@ -221,11 +221,10 @@ class TfdsDerivedBuilder(LocalBuilder, skip_registration=True):
     def _generate_examples(self, source: SourceSplit, records, size: int, split: str):
         """Yields the planned records in order; `id` = position among the stored.
 
-        `metadata['source_ids_<split>'][id]` is the source key of record `id`;
+        the store's `<split>.sources.txt` line `id` is the source key of record `id`;
         undecodable images go to `metadata['skipped_<split>']`.
         """
         skipped = self.info.metadata.setdefault(f"skipped_{split}", [])
-        ids = self.info.metadata.setdefault(f"source_ids_{split}", [])
         items = _decode.decode_blocks(
             records,
             lambda block: source.read_encoded([p for p, _ in block]),
@@ -233,6 +232,15 @@ class TfdsDerivedBuilder(LocalBuilder, skip_registration=True):
             skipped,
             describe=lambda item: source.keys[item[0]],
         )
-        for i, ((position, label), image) in enumerate(items):
-            ids.append(source.keys[position])
-            yield i, {"image": image, "label": label, "id": i}
+        for i, ((position, label), image, data, passthrough) in enumerate(items):
+            yield (
+                i,
+                {
+                    "image": image,
+                    "label": label,
+                    "id": i,
+                    "source": str(source.keys[position]),
+                    "source_bytes": data,
+                    "passthrough": passthrough,
+                },
+            )

@@ -117,6 +117,7 @@ class FashionMnistLocal(LocalBuilder):
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "Initial release: IDX files read directly."}
     DEFAULT_MANUAL_DIR = DEFAULT_MANUAL_DIR
+    STORE_ENCODING = "png"  # lossless: the 28x28 grey pixels exactly
     MANUAL_FILES_HINT = (
         "train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz"
     )
@@ -196,5 +197,6 @@ class FashionMnistLocal(LocalBuilder):
         if labels.size and int(labels.max()) >= len(CLASS_NAMES):
             raise DataError(f"{labels_path}: label {labels.max()} out of range.")
         images = images[..., None]
+        name = os.path.basename(images_path)
         for i in range(images.shape[0]):
-            yield i, {"image": images[i], "label": int(labels[i]), "id": i}
+            yield i, {"image": images[i], "label": int(labels[i]), "id": i, "source": f"{name}#{i}"}

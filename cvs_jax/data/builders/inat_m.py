@@ -22,7 +22,7 @@ Both splits are stored ordered by (new label, source id); images resized to
 shorter side 256 and centre-cropped to 256x256 (see `_resize`).
 
 Audit trail in the metadata: `source_classes` (source label of each new
-label) and `source_ids_train` / `source_ids_test` (source `id` of each stored
+label); the store's `<split>.sources.txt` names the source `id` of each stored
 record, by our `id`).
 
 Preparing the source: `tfds build i_naturalist2017 --data_dir=DIR

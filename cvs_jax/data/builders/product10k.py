@@ -27,8 +27,8 @@ preparation and part of the source fingerprint):
    floored: >= 4 per class), train = the rest.
 4. Both splits stored ordered by (label, file name); images resized to
    shorter side 256 and centre-cropped to 256x256 (see `_resize`).
-Metadata: `source_classes` (original id of each label), `source_files_<split>`
-(file of each stored record, by `id`), `skipped_<split>` (undecodable).
+Metadata: `source_classes` (original id of each label), `skipped_<split>` (undecodable); the
+store's `<split>.sources.txt` names the file of each record.
 """
 
 from __future__ import annotations
@@ -232,7 +232,6 @@ class ProductM(LocalBuilder):
     def _generate_examples(self, images: ImageFiles, records, size: int, split_name: str):
         """Yields records in order; `id` = position among the stored ones."""
         skipped = self.info.metadata.setdefault(f"skipped_{split_name}", [])
-        files = self.info.metadata.setdefault(f"source_files_{split_name}", [])
         items = _decode.decode_blocks(
             records,
             lambda block: [images.read(name) for name, _ in block],
@@ -240,6 +239,15 @@ class ProductM(LocalBuilder):
             skipped,
             describe=lambda item: item[0],
         )
-        for i, ((name, label), image) in enumerate(items):
-            files.append(name)
-            yield i, {"image": image, "label": label, "id": i}
+        for i, ((name, label), image, data, passthrough) in enumerate(items):
+            yield (
+                i,
+                {
+                    "image": image,
+                    "label": label,
+                    "id": i,
+                    "source": name,
+                    "source_bytes": data,
+                    "passthrough": passthrough,
+                },
+            )

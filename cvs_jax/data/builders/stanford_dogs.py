@@ -11,7 +11,7 @@ Stored: every image once, resized (shorter side 256) and centre-cropped to
 source's `image/filename` (the path in the official images.tar, such as
 `Images/n02085620-Chihuahua/n02085620_10074.jpg`), i.e. by class folder then
 file name, which does not depend on how TFDS shuffled the records; `id` = position in that order and
-`metadata['source_ids_<split>'][id]` is the file name.
+line `id` of the store's `<split>.sources.txt` is the file name.
 """
 
 from __future__ import annotations

@@ -37,7 +37,14 @@ import zipfile
 import numpy as np
 import tensorflow_datasets as tfds
 
-from cvs_jax.data.builders._common import DatasetNotFoundError, LocalBuilder, SourceInfo, ZipOrFolder, sha256_lines
+from cvs_jax.data.builders._common import (
+    DatasetNotFoundError,
+    LocalBuilder,
+    SourceInfo,
+    ZipOrFolder,
+    image_errors,
+    sha256_lines,
+)
 from cvs_jax.errors import DataError
 
 IMAGE_SHAPE = (64, 64, 3)
@@ -226,21 +233,29 @@ def source_fingerprint(source: TinySource, index: TinyIndex) -> dict:
 
 def decode_image(data: bytes, name: str = "") -> np.ndarray:
     """JPEG bytes -> uint8 [64, 64, 3] (greyscale/CMYK converted to RGB)."""
+    return decode_image_keeping_source(data, name)[0]
+
+
+def decode_image_keeping_source(data: bytes, name: str = "") -> tuple[np.ndarray, bool]:
+    """(uint8 [64, 64, 3], passthrough): passthrough when ``data`` is an RGB JPEG, whose bytes the
+    record store keeps as they are (they decode to exactly this image)."""
     from PIL import Image  # pylint: disable=g-import-not-at-top
 
     with Image.open(io.BytesIO(data)) as img:
+        passthrough = img.format == "JPEG" and img.mode == "RGB"
         if img.mode != "RGB":
             img = img.convert("RGB")
         array = np.asarray(img, dtype=np.uint8)
     if array.shape != IMAGE_SHAPE:
         raise ValueError(f"{name}: expected an image of shape {IMAGE_SHAPE}, got {array.shape}.")
-    return array
+    return array, passthrough
 
 
 class TinyImagenetZip(LocalBuilder):
     """Tiny-ImageNet (200 classes, 64x64 RGB) from the official zip layout."""
 
     name = "tiny_imagenet_zip"
+    STORE_ENCODING = "png"  # the few non-RGB files (grey, CMYK) re-encoded losslessly
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "Initial release: zip read in place with PIL."}
     BUILDER_CONFIGS = [
@@ -366,12 +381,15 @@ class TinyImagenetZip(LocalBuilder):
         block = 1024
         skipped = self.info.metadata.setdefault(f"skipped_{split}", [])
 
+        errors = image_errors()
+
         def load(chunk):
             out = []
             for rel, _ in chunk:
                 try:
-                    out.append(decode_image(source.read(rel), rel))
-                except (OSError, ValueError, SyntaxError) as e:  # PIL's errors for broken files
+                    data = source.read(rel)
+                    out.append((*decode_image_keeping_source(data, rel), data))
+                except errors as e:  # PIL's errors for broken files and decompression bombs
                     out.append(None)
                     skipped.append(f"{rel}: {type(e).__name__}")
             return out
@@ -384,8 +402,19 @@ class TinyImagenetZip(LocalBuilder):
                 images = pending.result()
                 if c + 1 < len(chunks):
                     pending = pool.submit(load, chunks[c + 1])
-                for image, (_, label) in zip(images, chunk):
-                    if image is None:
+                for decoded, (rel, label) in zip(images, chunk):
+                    if decoded is None:
                         continue
-                    yield i, {"image": image, "label": label, "id": i}
+                    image, passthrough, data = decoded
+                    yield (
+                        i,
+                        {
+                            "image": image,
+                            "label": label,
+                            "id": i,
+                            "source": rel,
+                            "source_bytes": data,
+                            "passthrough": passthrough,
+                        },
+                    )
                     i += 1
