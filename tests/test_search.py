@@ -1,6 +1,9 @@
-"""The search command on a tiny finished run: a gallery image finds itself and its class first."""
+"""The search command on a tiny finished run: a gallery image finds itself and its class first; queries
+are prepared as the gallery was stored; hits say where each row came from; reads stay consistent."""
 
+import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -10,7 +13,9 @@ from PIL import Image
 from cvs_jax import search, trainer
 from cvs_jax import workdir as workdir_lib
 from cvs_jax.data import sources
-from tests.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.data.builders import _resize
+from cvs_jax.gallery import Gallery, GalleryPart
+from tests.tiny_data import fake_class_image, tiny_config, write_fashion_idx
 
 
 @pytest.fixture(scope="module")
@@ -23,29 +28,137 @@ def finished_run(tmp_path_factory):
     return wd, c
 
 
-def test_gallery_image_finds_its_own_class_first(finished_run, tmp_path, capsys):
-    wd, c = finished_run
+@pytest.fixture(scope="module")
+def train_images(finished_run):
+    _, c = finished_run
+    return sources.load_dataset(c.data.name, data_dir=c.data.data_dir, manual_dir=c.data.manual_dir).train.images
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    """A copy of the finished run that a test may change."""
+    wd = str(tmp_path / "run")
+    shutil.copytree(finished_run[0], wd)
+    return wd
+
+
+def _cli(args: list[str]) -> int:
+    """The command as ``python -m cvs_jax.search ARGS`` runs it (absl flags, then ``main``)."""
+    fv = flags.FlagValues()
+    search.define_flags(fv)
+    return search.main(fv(["search", *args]), fv)
+
+
+def _own_row_first(hits: list[dict], row: int) -> bool:
+    """The row is the top hit, up to exact ties (rows with the top score)."""
+    return row in [h["row"] for h in hits if h["score"] >= hits[0]["score"] - 1e-6]
+
+
+# --- queries are prepared as the gallery was stored ------------------------------------------------
+
+
+def test_to_stored_is_the_builders_rule(tmp_path):
+    rgb = Image.fromarray(fake_class_image(np.random.default_rng(0), 3, (45, 70)))  # non-square, wide
+    np.testing.assert_array_equal(_resize.to_stored(rgb, (32, 32, 3)), _resize.to_square_uint8(rgb, 32))
+    tall = Image.fromarray(fake_class_image(np.random.default_rng(1), 1, (71, 40)))
+    np.testing.assert_array_equal(_resize.to_stored(tall, (24, 24, 3)), _resize.to_square_uint8(tall, 24))
+    grey = rgb.convert("L")
+    want = np.asarray(grey.resize((int(28 * 70 / 45), 28), Image.BILINEAR), np.uint8)  # shorter side -> 28
+    left = int(round((want.shape[1] - 28) / 2.0))  # torchvision's CenterCrop offset
+    want = want[:, left : left + 28]
+    got = _resize.to_stored(grey, (28, 28, 1))
+    assert got.shape == (28, 28, 1)
+    np.testing.assert_array_equal(got[..., 0], want)
+    np.testing.assert_array_equal(got[..., 0], _resize.to_square_uint8(grey, 28)[..., 0])  # grey: equal channels
+    # search reads files (RGB photo for a grey dataset, grey picture for an RGB one) and arrays the same way
+    rgb.save(tmp_path / "wide.png")
+    grey.save(tmp_path / "grey.png")
+    np.testing.assert_array_equal(search.load_images([str(tmp_path / "wide.png")], (28, 28, 1))[0], got)
+    np.testing.assert_array_equal(
+        search.load_images([str(tmp_path / "grey.png")], (32, 32, 3))[0], _resize.to_square_uint8(grey, 32)
+    )
+    stored = np.asarray(grey.resize((28, 28)), np.uint8)[..., None]
+    np.testing.assert_array_equal(search.prepare([stored, np.asarray(grey)], (28, 28, 1)), np.stack([stored, got]))
+
+
+def test_gallery_image_finds_its_own_row_first(finished_run, train_images, tmp_path, capsys):
+    wd, _ = finished_run
     run = search.Run(wd)
-    data = sources.load_dataset(c.data.name, data_dir=c.data.data_dir, manual_dir=c.data.manual_dir)
-    paths, labels = [], []
+    paths, rows = [], []
     newest = np.flatnonzero(run.gallery.sessions == run.session)
     for row in (newest[0], newest[-1]):  # rows embedded by the same (newest) model as the queries
         src = int(run.gallery.source_ids[row])
         path = str(tmp_path / f"q{row}.png")
-        Image.fromarray(data.train.images[src][..., 0]).save(path)
+        Image.fromarray(train_images[src][..., 0]).save(path)  # the pixels the builder stored
         paths.append(path)
-        labels.append(int(run.gallery.labels[row]))
+        rows.append(int(row))
+    # the same image inside a wider picture: the centre crop of the stored rule recovers it exactly
+    row = int(newest[len(newest) // 2])
+    wide = np.random.default_rng(0).integers(0, 256, (28, 40), dtype=np.uint8)
+    wide[:, 6:34] = train_images[int(run.gallery.source_ids[row])][..., 0]
+    Image.fromarray(wide).save(tmp_path / "wide.png")
+    paths.append(str(tmp_path / "wide.png"))
+    rows.append(row)
     assert _cli(["--workdir", wd, "--images", *paths, "--k", "3"]) == 0  # the README's form
     out = capsys.readouterr().out
     hits = run.search(search.load_images(paths, run.image_shape), k=3)
-    for h, label in zip(hits, labels):
-        assert h[0]["label"] == label
-        assert h[0]["score"] > 0.999  # the identical stored row: same pixels, same model
-    assert "1. score" in out and run.protocol["class_names"][labels[0]] in out
+    for h, row in zip(hits, rows):
+        assert _own_row_first(h, row), (row, h)
+        assert h[0]["score"] > 0.999 and h[0]["label"] == run.gallery.labels[row]
+    assert "rank" in out and "arrived in session" in out and run.class_name(hits[0][0]["label"]) in out
 
 
-def test_add_ingests_images_with_the_newest_model(finished_run, tmp_path, capsys):
+def test_hits_show_source_class_and_sessions(finished_run, train_images, tmp_path, capsys, monkeypatch):
     wd, _ = finished_run
+    run = search.Run(wd)
+    row = int(np.flatnonzero(run.gallery.sessions == run.session)[0])
+    src = int(run.gallery.source_ids[row])
+    path = str(tmp_path / "q.png")
+    Image.fromarray(train_images[src][..., 0]).save(path)
+    names = [f"/data/train/{i:05d}.png" for i in range(len(train_images))]
+    monkeypatch.setattr(sources, "source_names", lambda data, split: names if split == "train" else None, raising=False)
+    assert _cli(["--workdir", wd, "--images", path, "--k", "4", "--json"]) == 0
+    (answer,) = json.loads(capsys.readouterr().out)
+    assert answer["query"] == path and answer["model_session"] == run.session + 1
+    assert [h["rank"] for h in answer["hits"]] == [1, 2, 3, 4] and _own_row_first(answer["hits"], row)
+    for h in answer["hits"]:
+        j = h["row"]
+        assert set(h) == {"rank", "score", "row", "label", "class", "arrival_session", "model_session", "source"}
+        assert h["source"] == names[int(run.gallery.source_ids[j])]
+        assert h["class"] == run.protocol["class_names"][h["label"]] and h["label"] == run.gallery.labels[j]
+        # finetune keeps every part: a row arrives with the session whose model embedded it
+        assert h["arrival_session"] == h["model_session"] == run.gallery.sessions[j] + 1
+    # before the data layer names sources (or when it cannot): the train-split index
+    for fallback in (lambda data, split: None, None):
+        if fallback is None:
+            monkeypatch.delattr(sources, "source_names", raising=False)
+        else:
+            monkeypatch.setattr(sources, "source_names", fallback, raising=False)
+        top = search.Run(wd).search(search.load_images([path], run.image_shape), k=1)[0][0]
+        assert top["source"] == f"train[{int(run.gallery.source_ids[top['row']])}]"
+
+
+def test_arrival_session_is_the_first_part_holding_the_image():
+    def part(session, ids, replaces=False):
+        ids = np.asarray(ids, np.int64)
+        return GalleryPart(np.ones((len(ids), 2), np.float32), np.zeros(len(ids), np.int32), ids, session, replaces)
+
+    parts = [part(0, [5, 3]), part(1, [3, 5, 9], replaces=True), part(2, [9, 3, 5, 1], replaces=True)]
+    gallery = Gallery.empty(2)
+    for p in parts:
+        gallery = gallery.with_part(p)
+    log = [(p.session, p.source_ids) for p in parts]
+    np.testing.assert_array_equal(search.arrival_sessions(log, gallery), [1, 0, 0, 2])  # joint: all by model 2
+    np.testing.assert_array_equal(gallery.sessions, [2, 2, 2, 2])
+    kept = Gallery.empty(2).with_part(part(0, [5, 3])).with_part(part(1, [7]))
+    np.testing.assert_array_equal(search.arrival_sessions([(0, [5, 3]), (1, [7])], kept), [0, 0, 1])
+
+
+# --- --add -------------------------------------------------------------------------------------------
+
+
+def test_add_ingests_images_with_the_newest_model(run_copy, tmp_path, capsys):
+    wd = run_copy
     before = search.Run(wd)
     img = (np.random.default_rng(0).uniform(0, 255, (28, 28))).astype(np.uint8)
     path = str(tmp_path / "new.png")
@@ -61,22 +174,79 @@ def test_add_ingests_images_with_the_newest_model(finished_run, tmp_path, capsys
     np.testing.assert_array_equal(after.gallery.embeddings, before.gallery.embeddings)  # stored rows untouched
     top = after.search(search.load_images([path], after.image_shape), k=1)[0][0]
     assert top["source"] == os.path.abspath(path) and top["score"] > 0.999
+    assert top["row"] == len(after.gallery) and top["arrival_session"] == top["model_session"] == after.session + 1
 
 
-def _cli(args: list[str]) -> int:
-    """The command as ``python -m cvs_jax.search ARGS`` runs it (absl flags, then ``main``)."""
-    fv = flags.FlagValues()
-    search.define_flags(fv)
-    return search.main(fv(["search", *args]), fv)
+def test_added_rows_keep_the_session_of_their_model(run_copy, tmp_path):
+    """Rows added while the run had one session keep that model's session when the run grows."""
+    wd = run_copy
+    sessions = os.path.join(wd, "checkpoints", "sessions")
+    last = search.Run(wd).session
+    shutil.move(os.path.join(sessions, str(last)), tmp_path / "held")  # the run before its last session
+    paths = []
+    for i in range(3):
+        paths.append(str(tmp_path / f"a{i}.png"))
+        Image.fromarray(np.random.default_rng(i).integers(0, 256, (30, 28), dtype=np.uint8)).save(paths[-1])
+    assert search.search_or_add(wd, paths[:2], add=True) == 0
+    shutil.move(tmp_path / "held", os.path.join(sessions, str(last)))  # the last session completes
+    assert search.search_or_add(wd, paths[2:], add=True, label="0") == 0
+    run = search.Run(wd)
+    n = len(run.gallery)
+    assert [run.describe(n + j)["model_session"] for j in range(3)] == [last, last, last + 1]
+    assert [run.source(n + j) for j in range(3)] == [os.path.abspath(p) for p in paths]
+    np.testing.assert_array_equal(run.added.labels, [-1, -1, 0])
+
+
+# --- what a reader restores ---------------------------------------------------------------------------
+
+
+def test_restore_does_not_depend_on_the_class_count(finished_run, run_copy, train_images, tmp_path):
+    """The session checkpoint's variables are restored as stored: a head that grew (or a protocol that
+    names more classes than the head has rows) changes nothing."""
+    proto_path = os.path.join(run_copy, "protocol.json")
+    with open(proto_path) as f:
+        proto = json.load(f)
+    proto["class_names"] += ["extra class 1", "extra class 2", "extra class 3"]
+    with open(proto_path, "w") as f:
+        json.dump(proto, f)
+    original, grown = search.Run(finished_run[0]), search.Run(run_copy)
+    assert grown.variables["params"]["head"].shape == original.variables["params"]["head"].shape
+    images = train_images[:5]
+    np.testing.assert_array_equal(grown.embed(images), original.embed(images))
+    assert grown.search(images, 3) == original.search(images, 3)
+
+
+def test_search_reads_the_last_completed_session(run_copy, train_images):
+    """A save in progress (orbax's ``<step>.orbax-checkpoint-tmp*`` folder, renamed when finalized) is
+    neither read nor removed by a reader."""
+    sessions = os.path.join(run_copy, "checkpoints", "sessions")
+    before = search.Run(run_copy)
+    nxt = before.session + 1
+    tmp_dirs = [
+        os.path.join(sessions, f"{nxt}.orbax-checkpoint-tmp"),
+        os.path.join(sessions, f"{nxt + 1}.orbax-checkpoint-tmp-1795461572"),
+    ]
+    shutil.copytree(os.path.join(sessions, str(before.session)), tmp_dirs[0])  # half-written: a piece missing
+    shutil.rmtree(os.path.join(tmp_dirs[0], "gallery"))
+    os.makedirs(tmp_dirs[1])
+    run = search.Run(run_copy)
+    assert run.session == before.session and len(run.gallery) == len(before.gallery)
+    hits = run.search(train_images[:4], 2)
+    assert hits == before.search(train_images[:4], 2)
+    assert all(os.path.isdir(d) for d in tmp_dirs)  # the writer's work in progress is left alone
+
+
+# --- the command line -----------------------------------------------------------------------------------
 
 
 def test_images_flag_takes_the_files_after_it_or_repeats(monkeypatch):
     seen = {}
     monkeypatch.setattr(search, "search_or_add", lambda workdir, paths, **kw: seen.update(paths=paths, **kw) or 0)
     assert _cli(["--workdir", "w", "--images", "a.png", "b.jpg", "--k", "3", "c.png"]) == 0
-    assert seen == {"paths": ["a.png", "b.jpg", "c.png"], "k": 3, "add": False, "label": None}
+    assert seen == {"paths": ["a.png", "b.jpg", "c.png"], "k": 3, "add": False, "label": None, "as_json": False}
     assert _cli(["--workdir", "w", "--images", "a.png", "--images", "b.jpg", "--add", "--label", "shirt"]) == 0
-    assert seen == {"paths": ["a.png", "b.jpg"], "k": 5, "add": True, "label": "shirt"}
+    assert seen == {"paths": ["a.png", "b.jpg"], "k": 5, "add": True, "label": "shirt", "as_json": False}
+    assert _cli(["--workdir", "w", "--images", "a.png", "--json"]) == 0 and seen["as_json"] is True
 
 
 def test_errors_are_one_line(tmp_path, capsys):

@@ -65,6 +65,31 @@ def to_square_uint8(pil_image, size: int | None = None) -> np.ndarray:
     return array
 
 
+def to_stored(pil_image, shape) -> np.ndarray:
+    """PIL image -> uint8 `shape` = (size, size, C): a query prepared as the gallery was stored.
+
+    Why: search and export embed user images with the network that embedded the stored gallery
+    images, so a query must reach it in the same form: converted to "L" (C == 1) or "RGB" (C == 3),
+    shorter side resized to `size` (PIL BILINEAR, as torchvision's Resize), torchvision's
+    CenterCrop offsets.  For C == 3 this is exactly `to_square_uint8(pil_image, size)`; an image
+    already of the stored size is returned unchanged.
+    """
+    from PIL import Image  # pylint: disable=g-import-not-at-top
+
+    size, other, channels = (int(d) for d in shape)
+    if size != other or channels not in (1, 3):
+        raise ValueError(f"stored shape {tuple(shape)}: expected (size, size, 1) or (size, size, 3)")
+    mode = "L" if channels == 1 else "RGB"
+    img = pil_image if pil_image.mode == mode else pil_image.convert(mode)
+    width, height = resized_shape(img.width, img.height, size)
+    if (width, height) != img.size:
+        img = img.resize((width, height), Image.BILINEAR)
+    left = int(round((width - size) / 2.0))  # torchvision's CenterCrop offsets
+    top = int(round((height - size) / 2.0))
+    img = img.crop((left, top, left + size, top + size))
+    return np.asarray(img, dtype=np.uint8).reshape(size, size, channels)
+
+
 def decode_to_square(data: bytes, size: int) -> np.ndarray:
     """Encoded image bytes (JPEG, PNG, ...) -> uint8 [size, size, 3].
 
