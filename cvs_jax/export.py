@@ -1,0 +1,169 @@
+"""Export a run's gallery and newest model for use outside cvs_jax (an ANN index, another service).
+
+    python -m cvs_jax.export --workdir W --out DIR [--overwrite]
+
+Writes, from the run's newest completed session (as ``search`` reads it):
+
+* ``embeddings.npy``: float32 [N, D], every gallery row in gallery order, then the ``--add`` rows,
+  raw as stored (cosine search = inner product of the L2-normalised rows);
+* ``rows.csv``: ``row, path, label, class_name, arrival_session, model_session`` per row
+  (sessions 1-based, as ``search`` prints them; ``path`` is the image's source);
+* ``model.msgpack``: the newest model's Flax variables (``flax.serialization.to_bytes``);
+* ``config.json``: the run's config; ``export.json``: format version, image shape, embedding
+  width, model session, row count and class names.
+
+``load(DIR).embed(images)`` embeds image files or uint8 arrays as ``search`` embeds its queries
+(``search.prepare`` + ``search.Network``: the preprocessing and eval network of the gallery), so
+rows and queries of an export are comparable without the workdir.  A problem to fix ends with one
+``error: ...`` line and exit status 2; an existing non-empty ``--out`` is refused unless
+``--overwrite``.  ``export.json`` is written last, so an export cut short is refused by ``load``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import shutil
+from typing import Any, Iterable
+
+import flax.serialization
+import jax
+import ml_collections
+import numpy as np
+from absl import flags
+
+from cvs_jax import cli, search
+from cvs_jax.errors import UserError
+
+FORMAT_VERSION = 1
+FILES = ("embeddings.npy", "rows.csv", "model.msgpack", "config.json", "export.json")
+ROW_COLUMNS = ("row", "path", "label", "class_name", "arrival_session", "model_session")
+_BLOCK = 1 << 16  # rows copied at a time: a large gallery is never held twice
+
+
+class ExportError(UserError):
+    """An export that cannot be written or read as asked."""
+
+
+def export(workdir: str, out: str, *, overwrite: bool = False) -> dict:
+    """Writes the export of ``workdir`` into ``out``; returns what ``export.json`` holds."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ExportError(f"--out {out} is a file; pass a new or empty folder.")
+    if os.path.isdir(out) and os.listdir(out) and not overwrite:
+        raise ExportError(
+            f"--out {out} exists and is not an empty folder; pass another --out, or --overwrite to replace it."
+        )
+    run = search.Run(workdir)
+    rows = run.rows
+    os.makedirs(out, exist_ok=True)
+    info_path = os.path.join(out, "export.json")
+    if os.path.exists(info_path):  # written last: an export cut short is never loaded
+        os.remove(info_path)
+    emb = np.lib.format.open_memmap(
+        os.path.join(out, "embeddings.npy"), mode="w+", dtype=np.float32, shape=rows.embeddings.shape
+    )
+    for start in range(0, len(rows), _BLOCK):
+        emb[start : start + _BLOCK] = rows.embeddings[start : start + _BLOCK]
+    emb.flush()
+    del emb
+    with open(os.path.join(out, "rows.csv"), "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(ROW_COLUMNS)
+        for j in range(len(rows)):
+            d = run.describe(j)
+            writer.writerow([j, d["source"], d["label"], d["class"], d["arrival_session"], d["model_session"]])
+    with open(os.path.join(out, "model.msgpack"), "wb") as f:
+        f.write(flax.serialization.to_bytes(jax.device_get(run.variables)))
+    shutil.copyfile(os.path.join(workdir, "config.json"), os.path.join(out, "config.json"))
+    info = {
+        "format_version": FORMAT_VERSION,
+        "image_shape": list(run.image_shape),
+        "embed_dim": int(run.config.model.embed_dim),
+        "session": run.session + 1,
+        "rows": len(rows),
+        "class_names": run.class_names,
+        "workdir": os.path.abspath(workdir),
+    }
+    with open(info_path, "w") as f:
+        json.dump(info, f, indent=1)
+    return info
+
+
+@dataclasses.dataclass(frozen=True)
+class Exported:
+    """An export folder, read back: its rows and the model that embeds queries for them."""
+
+    directory: str
+    info: dict  # export.json
+    config: ml_collections.ConfigDict
+    network: search.Network
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.info["image_shape"])
+
+    def embed(self, images: Iterable[Any]) -> np.ndarray:
+        """Image files, PIL images or uint8 arrays (any size; ``[N, H, W, C]`` works too) -> float32
+        [N, D], prepared and embedded exactly as ``search`` embeds its queries."""
+        return self.network.embed_images(images)
+
+    def embeddings(self) -> np.ndarray:
+        """The rows, float32 [N, D], memory-mapped (raw as stored)."""
+        return np.load(os.path.join(self.directory, "embeddings.npy"), mmap_mode="r")
+
+    def rows(self) -> list[dict[str, str]]:
+        """rows.csv as one dict per row (values as strings)."""
+        with open(os.path.join(self.directory, "rows.csv"), newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+
+
+def load(directory: str) -> Exported:
+    """Reads an export folder (no workdir, no dataset needed)."""
+    try:
+        with open(os.path.join(directory, "export.json")) as f:
+            info = json.load(f)
+        with open(os.path.join(directory, "config.json")) as f:
+            config = ml_collections.ConfigDict(json.load(f))
+        with open(os.path.join(directory, "model.msgpack"), "rb") as f:
+            variables = flax.serialization.msgpack_restore(f.read())
+    except (OSError, ValueError) as e:
+        raise ExportError(f"{directory} is not a readable export of python -m cvs_jax.export ({e}).") from e
+    if info.get("format_version") != FORMAT_VERSION:
+        raise ExportError(
+            f"{directory} has export format {info.get('format_version')}; this code reads {FORMAT_VERSION}."
+        )
+    return Exported(directory, info, config, search.Network(config, variables, info["image_shape"]))
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """The command's flags (defined when it runs, so that tests can import every entry point together)."""
+    flags.DEFINE_string("workdir", None, "The --workdir of a run of python -m cvs_jax.main.", flag_values=flag_values)
+    flags.DEFINE_string("out", None, "Folder to write the export into (new or empty).", flag_values=flag_values)
+    flags.DEFINE_boolean(
+        "overwrite", False, "Write into --out even if it holds files (they are replaced).", flag_values=flag_values
+    )
+    flags.mark_flags_as_required(["workdir", "out"], flag_values=flag_values)
+
+
+def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
+    """``argv``: what absl left after the flags (the program name only); returns the exit status."""
+    fv = flag_values
+    cli.quiet_logging()  # orbax logs every file it reads at INFO
+    if len(argv) > 1:
+        return cli.report(ExportError(f"unexpected arguments {' '.join(argv[1:])}; pass --workdir and --out."))
+    try:
+        info = export(fv.workdir, fv.out, overwrite=fv.overwrite)
+    except UserError as e:  # a problem the user must fix: one line, no traceback; anything else is a bug
+        return cli.report(e)
+    print(
+        f"exported {info['rows']} gallery rows (embed_dim {info['embed_dim']}, model of session "
+        f"{info['session']}) to {fv.out}: {', '.join(FILES)}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    define_flags()
+    cli.run(main)

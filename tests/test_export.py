@@ -1,0 +1,150 @@
+"""The export of a tiny ``joint`` run (rows re-embedded by the newest model, arrived earlier) plus two
+``--add`` rows: files, round trip, and a faiss index that answers as ``cvs_jax.search`` does."""
+
+import csv
+import json
+import os
+
+import flax.serialization
+import flax.traverse_util
+import numpy as np
+import pytest
+from absl import flags
+from PIL import Image
+
+from cvs_jax import export, search, trainer
+from cvs_jax.data import sources
+from tests.tiny_data import tiny_config, write_fashion_idx
+
+# The README's "Export to an ANN index" snippet, run verbatim by test_faiss_answers_as_search
+# (given ``export_dir`` and ``query_paths``).
+FAISS_SNIPPET = """\
+import faiss
+import numpy as np
+from cvs_jax import export
+
+exported = export.load(export_dir)  # the folder written by python -m cvs_jax.export
+rows = np.load(f"{export_dir}/embeddings.npy")  # float32 [N, D], raw as stored
+faiss.normalize_L2(rows)  # cosine similarity = inner product of unit vectors
+index = faiss.IndexFlatIP(rows.shape[1])
+index.add(rows)
+queries = exported.embed(query_paths)  # image files (or uint8 arrays), prepared as the gallery was
+faiss.normalize_L2(queries)
+scores, ids = index.search(queries, 5)  # ids are rows.csv's "row": path, class, sessions
+"""
+
+
+@pytest.fixture(scope="module")
+def exported_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    manual = write_fashion_idx(str(root / "idx"), train_per_class=60, test_per_class=10)
+    c = tiny_config(manual, root, method="joint", sessions=3)
+    wd = str(root / "run")
+    trainer.run(c, wd)
+    data = sources.load_dataset(c.data.name, data_dir=c.data.data_dir, manual_dir=c.data.manual_dir)
+    added = []
+    for i in range(2):
+        added.append(str(root / f"added{i}.png"))
+        Image.fromarray(np.random.default_rng(i).integers(0, 256, (28, 36), dtype=np.uint8)).save(added[-1])
+    assert search.search_or_add(wd, added, add=True, label="1") == 0
+    out = str(root / "export")
+    assert _cli(["--workdir", wd, "--out", out]) == 0
+    return wd, out, data
+
+
+def _cli(args: list[str]) -> int:
+    """The command as ``python -m cvs_jax.export ARGS`` runs it (absl flags, then ``main``)."""
+    fv = flags.FlagValues()
+    export.define_flags(fv)
+    return export.main(fv(["export", *args]), fv)
+
+
+def _query_files(images: np.ndarray, directory) -> list[str]:
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for i, image in enumerate(images):
+        paths.append(os.path.join(directory, f"q{i:03d}.png"))
+        Image.fromarray(image[..., 0]).save(paths[-1])
+    return paths
+
+
+def test_export_round_trip(exported_run):
+    wd, out, data = exported_run
+    run = search.Run(wd)
+    assert sorted(os.listdir(out)) == sorted(export.FILES)
+    rows = run.rows
+    emb = np.load(os.path.join(out, "embeddings.npy"))
+    assert emb.dtype == np.float32 and emb.shape == (len(run.gallery) + 2, run.config.model.embed_dim)
+    np.testing.assert_array_equal(emb, np.asarray(rows.embeddings))  # raw, in gallery order, then --add rows
+    with open(os.path.join(out, "rows.csv"), newline="") as f:
+        table = list(csv.DictReader(f))
+    assert list(table[0]) == list(export.ROW_COLUMNS) and len(table) == emb.shape[0]
+    assert [int(r["row"]) for r in table] == list(range(len(table)))
+    np.testing.assert_array_equal([int(r["label"]) for r in table], rows.labels)
+    np.testing.assert_array_equal([int(r["arrival_session"]) for r in table], rows.arrival + 1)
+    np.testing.assert_array_equal([int(r["model_session"]) for r in table], rows.model + 1)
+    assert [r["class_name"] for r in table] == [run.class_name(int(label)) for label in rows.labels]
+    assert [r["path"] for r in table] == [run.source(j) for j in range(len(table))]
+    # joint re-embeds everything with the newest model; the images arrived over all three sessions
+    assert set(rows.model[: len(run.gallery)]) == {2} and set(rows.arrival[: len(run.gallery)]) == {0, 1, 2}
+    assert [r["path"] for r in table[-2:]] == run.added_sources and table[-1]["class_name"] == run.class_names[1]
+    info = json.load(open(os.path.join(out, "export.json")))
+    assert info["format_version"] == export.FORMAT_VERSION and info["session"] == run.session + 1 == 3
+    assert info["image_shape"] == list(run.image_shape) and info["embed_dim"] == run.config.model.embed_dim
+    with open(os.path.join(out, "model.msgpack"), "rb") as f:
+        stored = flax.serialization.msgpack_restore(f.read())
+    stored, want = (flax.traverse_util.flatten_dict(v) for v in (stored, run.variables))
+    assert stored.keys() == want.keys()
+    for key, value in want.items():
+        np.testing.assert_array_equal(stored[key], value)
+    # the loader embeds as search does: files, non-square pictures and stored-shape arrays alike
+    loaded = export.load(out)
+    images = data.test.images[:20]
+    np.testing.assert_array_equal(loaded.embed(images), run.embed(images))
+    wide = [np.pad(im[..., 0], ((0, 0), (3, 3))) for im in images[:3]]  # centre-cropped back to the image
+    np.testing.assert_array_equal(loaded.embed(wide), run.embed(images[:3]))
+    np.testing.assert_array_equal(loaded.embeddings(), emb)
+    assert loaded.rows() == table
+
+
+def test_faiss_answers_as_search(exported_run, tmp_path):
+    faiss = pytest.importorskip("faiss")
+    wd, out, data = exported_run
+    query_paths = _query_files(data.test.images[:100], tmp_path / "queries")
+    scope = {"export_dir": out, "query_paths": query_paths}
+    exec(FAISS_SNIPPET, scope)  # noqa: S102 -- the README's snippet, verbatim
+    scores, ids = scope["scores"], scope["ids"]
+    assert isinstance(scope["index"], faiss.IndexFlatIP) and ids.shape == (100, 5)
+    run = search.Run(wd)
+    hits = run.search(search.load_images(query_paths, run.image_shape), k=1)
+    for q, (h,) in enumerate(hits):
+        assert abs(float(scores[q, 0]) - h["score"]) < 1e-5, (q, scores[q, 0], h)
+        if int(ids[q, 0]) != h["row"]:  # an exact tie may be broken either way: the rows score the same
+            emb = np.load(os.path.join(out, "embeddings.npy"))
+            emb = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+            query = run.embed(search.load_images([query_paths[q]], run.image_shape))[0]
+            query = query / np.linalg.norm(query)
+            assert abs(float(emb[int(ids[q, 0])] @ query) - float(emb[h["row"]] @ query)) < 1e-5, (q, h)
+
+
+def test_out_must_be_new_or_empty(exported_run, tmp_path, capsys):
+    wd, out, _ = exported_run
+    assert _cli(["--workdir", wd, "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out") and "--overwrite" in err and err.count("\n") == 1
+    again = str(tmp_path / "again")
+    os.makedirs(again)
+    with open(os.path.join(again, "old.txt"), "w") as f:
+        f.write("x")
+    assert _cli(["--workdir", wd, "--out", again]) == 2
+    assert _cli(["--workdir", wd, "--out", os.path.join(again, "old.txt"), "--overwrite"]) == 2
+    assert "is a file" in capsys.readouterr().err
+    assert _cli(["--workdir", wd, "--out", again, "--overwrite"]) == 0
+    np.testing.assert_array_equal(
+        np.load(os.path.join(again, "embeddings.npy")), np.load(os.path.join(out, "embeddings.npy"))
+    )
+    assert _cli(["--workdir", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    assert "holds no cvs_jax run" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "x")
+    with pytest.raises(export.ExportError, match="not a readable export"):
+        export.load(str(tmp_path))
