@@ -30,6 +30,9 @@ def get_config() -> ml_collections.ConfigDict:
     # once. Either way gives identical batches and results.
     c.data.in_memory_limit_mb = 4096.0
     c.data.loader_threads = 2  # threads that read the next training batches while the step runs
+    # processes that decode the next training batches (0: the threads above, in this process); used when
+    # the train split is streamed from its records (an in-RAM split is gathered by the threads)
+    c.data.loader_workers = 0
     c.data.on_corrupt = "refuse"  # undecodable source images: "refuse" (stop, name one) or "skip" (count them)
     c.data.setup = "general"
     c.data.num_sessions = 5

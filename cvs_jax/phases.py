@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cvs_jax import distributed, evaluate, faults, schedules
+from cvs_jax import distributed, evaluate, faults, prefetch, schedules
 from cvs_jax.cadence import Cadence
 from cvs_jax.context import RunContext
 from cvs_jax.errors import ConfigError, NonFiniteError
@@ -88,7 +88,7 @@ def session_view(ctx: RunContext, state: RunState, s: int) -> SessionView:
         gallery_idx=idx,
         stored=method.scope.stored(state.gallery),
         val_idx=plan.val_queries(s),
-        test_idx=plan.test_queries(s, ctx.proto.test_labels),
+        test_idx=ctx.proto.test_queries(s),
         epochs=c.train.epochs,
     )
 
@@ -154,19 +154,26 @@ def initial_train_state(ctx: RunContext, state: RunState, s: int) -> TrainState:
     )
 
 
-def batch_loader(ctx: RunContext, view: SessionView, start: int) -> grain.IterDataset:
-    """This process's rows of the session's batches from step ``start`` on, read by
-    ``data.loader_threads`` threads ahead of the step (grain keeps their order).  Each batch is a pure
-    function of (seed, session, epoch, step), so a resumed run starts here with no iterator state."""
-    spe, c = view.steps_per_epoch, ctx.config
-    lo, hi = distributed.process_slice(c.train.batch_size, ctx.mesh)
-
-    def load(step: int) -> dict:
-        b = view.batches.batch(*divmod(step, spe))[lo:hi]  # each process loads only its rows
-        return {"images": ctx.proto.train_batch(b), "labels": ctx.proto.train_labels[b].astype(np.int32)}
-
-    options = grain.ReadOptions(num_threads=c.data.loader_threads, prefetch_buffer_size=2 * c.data.loader_threads)
-    return grain.MapDataset.range(start, view.total_steps).map(load).to_iter_dataset(options)
+def batch_loader(ctx: RunContext, view: SessionView, start: int) -> Iterable[dict]:
+    """This process's rows of the session's batches from step ``start`` on, read ahead of the step by
+    ``data.loader_threads`` threads, or, for a split streamed from its records, decoded by
+    ``data.loader_workers`` processes when > 0 (grain keeps their order either way).  Each batch is a pure
+    function of (seed, session, epoch, step), so a resumed run starts here with no iterator state, and
+    the batches are the same for any thread or worker count.  With one process the next batches are
+    already on the devices (``distributed.global_batch`` of them is a no-op)."""
+    c = ctx.config
+    split = ctx.proto.dataset.train
+    lo, hi = distributed.process_slice(c.train.batch_size, ctx.mesh)  # each process loads only its rows
+    read = prefetch.BatchReader(split, ctx.proto.train_labels, view.batches, view.steps_per_epoch, lo, hi)
+    threads = c.data.loader_threads
+    workers = prefetch.worker_count(split, c.data.get("loader_workers", 0))
+    options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
+    ds = prefetch.in_workers(
+        grain.MapDataset.range(start, view.total_steps).map(read).to_iter_dataset(options), workers
+    )
+    if jax.process_count() > 1:  # global_batch assembles the global arrays from host rows
+        return ds
+    return prefetch.DevicePrefetch(ds, distributed.batch_sharding(ctx.mesh), depth=2)
 
 
 def _host_variables(ts: TrainState) -> dict:

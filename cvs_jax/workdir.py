@@ -45,6 +45,7 @@ OPERATIONAL = (
     "data.manual_dir",
     "data.in_memory_limit_mb",
     "data.loader_threads",
+    "data.loader_workers",
     "train.eval_batch_size",
     "train.checkpoint_every_steps",
     "log_every_steps",
