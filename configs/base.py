@@ -33,6 +33,13 @@ def get_config() -> ml_collections.ConfigDict:
     # processes that decode the next training batches (0: the threads above, in this process); used when
     # the train split is streamed from its records (an in-RAM split is gathered by the threads)
     c.data.loader_workers = 0
+    # image_folder (your own images): stored side (shorter side resized, centre crop), and the test split
+    # drawn when the folder gives none
+    c.data.stored_size = 256
+    c.data.test_fraction = 0.2
+    c.data.test_seed = 0
+    # image folders added to a run by `python -m cvs_jax.update`, one session each (written by update)
+    c.data.updates = ()
     c.data.on_corrupt = "refuse"  # undecodable source images: "refuse" (stop, name one) or "skip" (count them)
     c.data.setup = "general"
     c.data.num_sessions = 5
@@ -55,6 +62,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.embed_dim = 128
     c.model.frozen_bn = False  # fine-grained recipe: BatchNorm frozen on its ImageNet statistics
     c.model.pretrained = config_dict.placeholder(str)  # torchvision ResNet-50 weights (.npz or .pth)
+    # head rows: the classes rounded up to a multiple of head_block (0: exactly the classes). Live runs
+    # (`update`) grow their head; a multiple means one recompile per head_block new classes, not per session.
+    c.model.head_block = 0
     c.model.dtype = "float32"  # "bfloat16": bf16 convolutions; params, embeddings and losses stay f32
 
     c.train = ml_collections.ConfigDict()

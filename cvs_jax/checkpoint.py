@@ -251,6 +251,19 @@ class Checkpoints:
         self._mgr.save(step, args=ocp.args.Composite(**args), force=True)
         self._mgr.wait_until_finished()
 
+    def stored_shape(self, step: int, item: str, path: str) -> tuple[int, ...] | None:
+        """The shape stored at ``path`` ("a/b") of ``item`` in checkpoint ``step`` (its metadata only;
+        None when absent or unreadable): what a template must match, e.g. a head grown since."""
+        handler = ocp.StandardCheckpointHandler()
+        try:
+            stored = handler.metadata(epath.Path(self._dir) / str(step) / item)
+            leaf = _leaves(getattr(stored, "tree", stored)).get(path)
+        except Exception:  # noqa: BLE001 -- a damaged checkpoint: restore_latest reports it
+            return None
+        finally:
+            handler.close()
+        return None if leaf is None else tuple(getattr(leaf, "shape", None) or ())
+
     def _check(self, step: int, templates: dict[str, Any]) -> None:
         """Before any array is read: every piece is present and each templated item's stored tree
         (orbax's tree metadata) has the template's paths, shapes and dtypes.

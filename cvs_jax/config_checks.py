@@ -30,8 +30,8 @@ KNOWN_NUM_CLASSES = {
     "inat_m": 200,
     "product_m": 2743,
 }
-LOCAL_BUILDERS = ("fashion_mnist_local", "tiny_imagenet_zip", "product_m")  # read data.manual_dir
-SPLITS = ("official", "generator")  # data.split
+LOCAL_BUILDERS = ("fashion_mnist_local", "tiny_imagenet_zip", "product_m")  # read data.manual_dir (a folder)
+SPLITS = ("official", "generator", "user")  # data.split
 
 
 def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
@@ -73,6 +73,8 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
             "data.num_sessions (L), data.first_classes (S) and data.classes_per_session (C) must be positive."
         )
     total = d.first_classes + (d.num_sessions - 1) * d.classes_per_session
+    if d.split == "user":
+        total = 0  # the sessions come from the data: checked when it is read (user_sessions.check_plan_feasible)
     if d.name in KNOWN_NUM_CLASSES and total > KNOWN_NUM_CLASSES[d.name]:
         raise ConfigError(
             f"S + (L-1)*C = {d.first_classes} + ({d.num_sessions}-1)*{d.classes_per_session} = "
@@ -101,6 +103,17 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
                 f"memory.budget={config.memory.budget} is smaller than the {classes} classes the "
                 f"run will have seen; raise memory.budget to at least {classes}."
             )
+    if config.model.head_block < 0:
+        raise ConfigError(f"model.head_block={config.model.head_block} must be >= 0 (0: one head row per class).")
+    if not 0 <= d.test_fraction < 1:
+        raise ConfigError(f"data.test_fraction={d.test_fraction} must lie in [0, 1); e.g. 0.2.")
+    if d.stored_size < 8:
+        raise ConfigError(f"data.stored_size={d.stored_size} is too small; e.g. 256 (photos) or 64.")
+    if d.name == "image_folder" and d.manual_dir is None:
+        raise ConfigError(
+            "data.name=image_folder reads your images from data.manual_dir: set --config.data.manual_dir to a "
+            "folder of class folders (<class>/<image>) or a CSV manifest (path,label[,split][,session])."
+        )
     if config.model.pretrained is not None and not os.path.isfile(os.path.expanduser(config.model.pretrained)):
         raise ConfigError(
             f"model.pretrained={config.model.pretrained!r} does not exist; download torchvision's "
@@ -119,14 +132,21 @@ def _check_split(d: ml_collections.ConfigDict) -> None:
     """``data.split``: "generator" or "official" (only where official files exist, with the fields they fix)."""
     if d.split not in SPLITS:
         raise ConfigError(
-            f"data.split={d.split!r} is unknown; choose 'official' (the official CVS sessions, CIFAR-100) "
-            "or 'generator' (our seeded generator)."
+            f"data.split={d.split!r} is unknown; choose 'official' (the official CVS sessions, CIFAR-100), "
+            "'generator' (our seeded generator) or 'user' (image_folder: your manifest's sessions)."
         )
     if d.official_split_dir is not None and not os.path.isdir(os.path.expanduser(d.official_split_dir)):
         raise ConfigError(
             f"data.official_split_dir={d.official_split_dir!r} does not exist; point it at the "
             f"official cifar100_*.json session files (e.g. ../shared/data/cvs-official-splits/cifar100)."
         )
+    if d.split == "user":
+        if d.name != "image_folder":
+            raise ConfigError(
+                f"data.split='user' takes the sessions from an image_folder manifest's session column; {d.name} "
+                "has none: set --config.data.split=generator."
+            )
+        return
     if d.split == "generator":
         if d.official_split_dir is not None:
             raise ConfigError(

@@ -8,7 +8,7 @@ import os
 import ml_collections
 import numpy as np
 
-from cvs_jax.data import official_splits, sources, splits
+from cvs_jax.data import official_splits, parts, sources, splits, user_sessions
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import Method
 
@@ -21,18 +21,24 @@ class Protocol:
     plan: splits.SessionPlan
     train_labels: np.ndarray  # protocol labels of the train split (-1: class not used)
     test_labels: np.ndarray
+    head_block: int = 0  # head rows: the classes rounded up to a multiple of this (0: exactly the classes)
 
     @classmethod
     def build(cls, config: ml_collections.ConfigDict) -> "Protocol":
         d = config.data
-        dataset = sources.load_dataset(
-            d.name,
-            data_dir=d.data_dir,
-            manual_dir=d.manual_dir,
-            on_corrupt=d.on_corrupt,
-            memory_limit_mb=d.in_memory_limit_mb,
-        )
-        if d.split == "official":  # official CVS CIFAR-100 sessions: the JSON files if given, else the packaged copy
+        dataset = parts.load_run_dataset(d)
+        if d.split == "user":  # the sessions the data gives (image_folder manifest; updates append one each)
+            sessions = dataset.train_sessions
+            plan = user_sessions.plan_from_sessions(
+                dataset.train.labels,
+                np.zeros(len(dataset.train), np.int64) if sessions is None else sessions,
+                val_fraction=d.val_fraction,
+                val_per_class=d.val_per_class,
+                seed=config.seed if config.split_seed is None else config.split_seed,
+                class_names=dataset.class_names,
+            )
+            user_sessions.check_plan_feasible(plan, batch_size=config.train.batch_size)
+        elif d.split == "official":  # official CVS CIFAR-100 sessions: the JSON files if given, else the packaged copy
             split_dir = None if d.official_split_dir is None else os.path.expanduser(d.official_split_dir)
             plan = official_splits.official_plan_for_dataset(split_dir, d.setup, dataset)
         elif d.split == "generator":
@@ -40,8 +46,19 @@ class Protocol:
         else:
             raise ConfigError(f"data.split={d.split!r} is unknown; choose 'official' or 'generator'.")
         return cls(
-            dataset, plan, plan.to_protocol_labels(dataset.train.labels), plan.to_protocol_labels(dataset.test.labels)
+            dataset,
+            plan,
+            plan.to_protocol_labels(dataset.train.labels),
+            plan.to_protocol_labels(dataset.test.labels),
+            int(config.model.head_block),
         )
+
+    def test_queries(self, s: int) -> np.ndarray:
+        """Session s's test queries: the plan's (classes seen so far), less the test images that
+        arrive later (an image folder's manifest or update gives each test image a session)."""
+        idx = self.plan.test_queries(s, self.test_labels)
+        arrival = self.dataset.test_sessions
+        return idx if arrival is None else idx[arrival[idx] <= s]
 
     def train_images(self, idx: np.ndarray) -> "LazyRows":
         """Train images by index, read only when sliced: embedding, Fisher and memory passes read them
@@ -61,7 +78,9 @@ class Protocol:
 
     @property
     def num_classes(self) -> int:
-        return max(s.num_outputs for s in self.plan.sessions)
+        """Rows of the cosine head: every class of the plan, rounded up to ``model.head_block``."""
+        classes = max(s.num_outputs for s in self.plan.sessions)
+        return -(-classes // self.head_block) * self.head_block if self.head_block else classes
 
     def training_indices(self, method: Method, s: int) -> np.ndarray:
         """The images session s trains on and adds to the gallery (the method's data scope)."""

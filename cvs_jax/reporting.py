@@ -37,7 +37,7 @@ def finish(ctx: RunContext, state: RunState) -> dict:
         "per_session": per_session,
         "average_recall": {str(k): v for k, v in ar.items()},
     }
-    last_test = plan.test_queries(plan.num_sessions - 1, ctx.proto.test_labels)
+    last_test = ctx.proto.test_queries(plan.num_sessions - 1)
 
     def embed_queries(i):
         variables = ctx.sessions.restore(i, {"variables": state.variables})["variables"]

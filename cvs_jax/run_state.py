@@ -14,10 +14,19 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import numpy as np
 
 from cvs_jax.checkpoint import Checkpoints
 from cvs_jax.gallery import Gallery, GalleryPart
 from cvs_jax.methods.policies import ImportanceState, ReplayMemory
+
+
+def _grow_head_rows(variables: dict, rows: int) -> dict:
+    head = np.asarray(variables["params"]["head"])
+    if head.shape[0] >= rows:
+        return variables
+    grown = np.concatenate([head, np.zeros((rows - head.shape[0], head.shape[1]), head.dtype)])
+    return dict(variables, params=dict(variables["params"], head=grown))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,14 +68,23 @@ class RunState:
 
     @classmethod
     def restore(cls, checkpoints: Checkpoints, template: "RunState") -> "RunState | None":
-        """The state after the newest readable session checkpoint, or None before the first."""
-        restored = checkpoints.restore_latest({"variables": template.variables, "regularizer": None})
+        """The state after the newest readable session checkpoint, or None before the first.  A head
+        saved with fewer rows than the template's (an ``update`` brought new classes) gets zero rows
+        appended: rows beyond the classes seen are masked, and initialised when their class arrives."""
+        variables = template.variables
+        steps = checkpoints.steps()
+        stored = checkpoints.stored_shape(steps[-1], "variables", "params/head") if steps else None
+        head = variables["params"]["head"]
+        if stored is not None and len(stored) == 2 and stored[0] < head.shape[0]:
+            params = dict(variables["params"], head=np.zeros((stored[0], head.shape[1]), head.dtype))
+            variables = dict(variables, params=params)
+        restored = checkpoints.restore_latest({"variables": variables, "regularizer": None})
         if restored is None:
             return None
         last, items = restored
         meta = items["meta"]
         return cls(
-            variables=jax.device_get(items["variables"]),
+            variables=_grow_head_rows(jax.device_get(items["variables"]), head.shape[0]),
             gallery=Gallery.restore(checkpoints, last, template.gallery.embed_dim),  # one part per session
             memory=ReplayMemory.from_meta(meta["memory"]),
             importance=ImportanceState.from_item(items["regularizer"], meta["regularizer_built_after"]),

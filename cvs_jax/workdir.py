@@ -100,6 +100,11 @@ def _move_aside(workdir: str) -> str:
     return aside
 
 
+def _extends(stored, current) -> bool:
+    stored, current = list(stored or []), list(current or [])
+    return len(current) > len(stored) and current[: len(stored)] == stored
+
+
 def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
     """Checks ``config`` against the workdir's ``config.json`` and records it (call with the lock held)."""
     os.makedirs(workdir, exist_ok=True)
@@ -110,11 +115,20 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
             stored = json.load(f)
         a, b = _comparable(stored), _comparable(current)
         diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        if diff == ["data.updates"] and _extends(a.get("data.updates"), b.get("data.updates")):
+            diff = []  # python -m cvs_jax.update adds a folder (one session) to the run
         if not diff:
+            _write_config(path, current)
             return
         shown = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:5]) + (", ..." if len(diff) > 5 else "")
         if not has_checkpoint(workdir):
             print(f"{workdir} holds no checkpoint of its earlier config ({shown}); config.json now records this one")
+        elif "data.updates" in diff and not config.overwrite:
+            raise ConfigError(
+                f"workdir {workdir} holds a run extended by python -m cvs_jax.update (data.updates: "
+                f"{a.get('data.updates')!r}); continue it with python -m cvs_jax.update --workdir {workdir} "
+                f"--data NEW_FOLDER, or use another --workdir."
+            )
         elif not config.overwrite:
             raise ConfigError(
                 f"workdir {workdir} holds a run with a different config ({shown}); use another --workdir, "

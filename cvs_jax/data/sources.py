@@ -36,9 +36,11 @@ from cvs_jax.data import records
 from cvs_jax.data.builders import (
     DatasetNotFoundError,
     FashionMnistLocal,
+    ImageFolder,
     InatM,
     LocalBuilder,
     ProductM,
+    SourceInfo,
     SourceMismatchError,
     StanfordDogs256,
     TinyImagenetZip,
@@ -56,7 +58,7 @@ __all__ = [
 
 # The one registry of our offline builders: name -> builder class.
 BUILDERS: dict[str, type[LocalBuilder]] = {
-    cls.name: cls for cls in (FashionMnistLocal, TinyImagenetZip, StanfordDogs256, InatM, ProductM)
+    cls.name: cls for cls in (FashionMnistLocal, TinyImagenetZip, StanfordDogs256, InatM, ProductM, ImageFolder)
 }
 
 _CHUNK = 8192  # Records per `__getitems__` call.
@@ -87,7 +89,13 @@ class ImageDataset:
     train: Split | records.StoreSplit
     test: Split | records.StoreSplit
     class_names: tuple[str, ...]
-    store: str | None = None  # the record store's folder (our builders), None for standard TFDS data
+    stores: tuple[str, ...] = ()  # the record stores' folders, in row order (none for standard TFDS data)
+    train_sessions: np.ndarray | None = None  # 0-based session of each train row, when the data gives it
+    test_sessions: np.ndarray | None = None  # session from which each test row is a query (-1: from the start)
+
+    @property
+    def store(self) -> str | None:
+        return self.stores[0] if len(self.stores) == 1 else None
 
     @property
     def num_classes(self) -> int:
@@ -99,7 +107,8 @@ class ImageDataset:
 
     def source_names(self, split: str = "train") -> list[str] | None:
         """Each row's source (a file path, or ``file#index`` for packed files); None when unknown."""
-        return None if self.store is None else read_source_names(self.store, split)
+        names = [read_source_names(s, split) for s in self.stores]
+        return None if not names or any(n is None for n in names) else [x for n in names for x in n]
 
 
 def read_source_names(store: str, split: str = "train") -> list[str] | None:
@@ -117,12 +126,23 @@ def source_names(data_config, split: str = "train") -> list[str] | None:
     name = data_config.name
     if name.split("/", 1)[0].split(":", 1)[0] not in BUILDERS:
         return None
-    data_dir = os.path.expanduser(data_config.data_dir)
-    try:
-        _, _, full_name, _, _ = _resolve_local(name, data_dir, data_config.manual_dir)
-    except DatasetNotFoundError:
-        return None
-    return read_source_names(records.store_dir(data_dir, full_name), split)
+    data_dir, options = os.path.expanduser(data_config.data_dir), builder_options(data_config)
+    parts = [(name, data_config.manual_dir)] + [("image_folder", u) for u in data_config.get("updates", ())]
+    out = []
+    for part_name, manual_dir in parts:
+        try:
+            names = read_source_names(_resolve_local(part_name, data_dir, manual_dir, options).directory, split)
+        except DataError:
+            return None
+        if names is None:
+            return None
+        out += names
+    return out
+
+
+def builder_options(data_config) -> dict:
+    """The ``config.data`` fields a builder's preparation depends on (``image_folder``'s)."""
+    return {k: data_config.get(k) for k in ("stored_size", "test_fraction", "test_seed") if k in data_config}
 
 
 class CorruptImagesError(DataError):
@@ -136,6 +156,7 @@ def load_dataset(
     manual_dir: str | None = None,
     on_corrupt: str = "refuse",
     memory_limit_mb: float | None = None,
+    options: dict | None = None,
 ) -> ImageDataset:
     """Loads a dataset's train and test splits: into memory, or, for our builders when the decoded
     images would take more than ``memory_limit_mb``, as ``records.StoreSplit``s read on demand.
@@ -164,7 +185,12 @@ def load_dataset(
     start = time.perf_counter()
     if base in BUILDERS:
         dataset = _load_local(
-            name, data_dir=data_dir, manual_dir=manual_dir, on_corrupt=on_corrupt, memory_limit_mb=memory_limit_mb
+            name,
+            data_dir=data_dir,
+            manual_dir=manual_dir,
+            on_corrupt=on_corrupt,
+            memory_limit_mb=memory_limit_mb,
+            options=options,
         )
     else:
         dataset = _load_tfds(name, data_dir=data_dir)
@@ -185,10 +211,16 @@ def load_dataset(
 
 
 def _load_local(
-    name: str, *, data_dir: str, manual_dir: str | None, on_corrupt: str, memory_limit_mb: float | None = None
+    name: str,
+    *,
+    data_dir: str,
+    manual_dir: str | None,
+    on_corrupt: str,
+    memory_limit_mb: float | None = None,
+    options: dict | None = None,
 ) -> ImageDataset:
-    cls, config, full_name, manual_dir, source = _resolve_local(name, data_dir, manual_dir)
-    directory = records.store_dir(data_dir, full_name)
+    local = _resolve_local(name, data_dir, manual_dir, options or {})
+    full_name, directory, source = local.full_name, local.directory, local.source
     info = records.read_info(directory)
     if info is not None and info.get("format_version") != records.FORMAT_VERSION:
         print(
@@ -207,8 +239,8 @@ def _load_local(
             )
     else:
         if source is None:
-            raise _missing_source(cls, config, data_dir, manual_dir)
-        _prepare(cls, config, full_name, data_dir, manual_dir, source, directory)
+            raise local.missing
+        _prepare(local, data_dir)
         info = records.read_info(directory)
 
     skipped = [f for split in ("train", "test") for f in info.get(f"skipped_{split}", [])]
@@ -229,10 +261,13 @@ def _load_local(
     names = tuple(info["class_names"])
     if memory_limit_mb is not None and decoded_mb > memory_limit_mb:
         logging.info("Streaming %s (%.0f MB decoded > data.in_memory_limit_mb).", full_name, decoded_mb)
-        return ImageDataset(full_name, streamed[0], streamed[1], names, directory)
-    splits = [Split(images=_decode_all(s), labels=s.labels, store=s) for s in streamed]
-    logging.info("Decoded %s from %s in %.2f s.", full_name, directory, time.perf_counter() - t0)
-    return ImageDataset(full_name, splits[0], splits[1], names, directory)
+        splits = streamed
+    else:
+        splits = [Split(images=_decode_all(s), labels=s.labels, store=s) for s in streamed]
+        logging.info("Decoded %s from %s in %.2f s.", full_name, directory, time.perf_counter() - t0)
+    sessions = [info.get("metadata", {}).get(f"{split}_sessions") for split in ("train", "test")]
+    sessions = [None if s is None else np.asarray(s, np.int64) for s in sessions]
+    return ImageDataset(full_name, splits[0], splits[1], names, (directory,), *sessions)
 
 
 def _decode_all(split: records.StoreSplit) -> np.ndarray:
@@ -244,12 +279,27 @@ def _decode_all(split: records.StoreSplit) -> np.ndarray:
     return images
 
 
-def _resolve_local(name: str, data_dir: str, manual_dir: str | None):
-    """(builder class, config, full name, manual dir, SourceInfo or None): the cheap look at the
-    source files (headers / zip directory only) that names the config and the store."""
+@dataclasses.dataclass(frozen=True)
+class _Local:
+    """One of our builders resolved for a run: its class (with the run's options), config, names,
+    manual dir, the source found there (None: absent) and the store's folder."""
+
+    cls: type[LocalBuilder]
+    config: str | None
+    full_name: str
+    manual_dir: str
+    source: SourceInfo | None
+    missing: DataError | None
+    directory: str
+
+
+def _resolve_local(name: str, data_dir: str, manual_dir: str | None, options: dict) -> _Local:
+    """The cheap look at the source files (headers / zip directory / folder listing only) that names
+    the config and the store; raises the builder's "not found" error when neither source nor store
+    is there."""
     base, _, config = name.partition("/")
     config = config or None
-    cls = BUILDERS[base]
+    cls = BUILDERS[base].with_options(**options)
     manual_dir = os.path.expanduser(
         manual_dir or cls.DEFAULT_MANUAL_DIR or os.path.join(data_dir, "downloads", "manual")
     )
@@ -271,17 +321,17 @@ def _resolve_local(name: str, data_dir: str, manual_dir: str | None):
                 raise missing
             config = prepared[0]
     full_name = f"{base}/{config}" if config else base
-    if source is None and records.read_info(records.store_dir(data_dir, full_name)) is None:
+    if source is None and cls.store_name(full_name, None) != full_name:
+        raise missing  # a store named by its source cannot be found without the source
+    directory = records.store_dir(data_dir, cls.store_name(full_name, source))
+    if source is None and records.read_info(directory) is None:
         raise missing
-    return cls, config, full_name, manual_dir, source
+    return _Local(cls, config, full_name, manual_dir, source, missing, directory)
 
 
-def _missing_source(cls, config, data_dir, manual_dir):
-    return DatasetNotFoundError(f"{cls.name}: no source files in {manual_dir!r} and no prepared copy in {data_dir!r}.")
-
-
-def _prepare(cls, config, full_name, data_dir, manual_dir, source, directory) -> None:
+def _prepare(local: _Local, data_dir: str) -> None:
     """Runs the builder's generators into a record store: one image in memory at a time."""
+    cls, config, full_name, source, directory = local.cls, local.config, local.full_name, local.source, local.directory
     old = os.path.join(data_dir, *full_name.split("/"))
     if glob.glob(os.path.join(old, "*", "dataset_info.json")):
         print(
@@ -297,7 +347,7 @@ def _prepare(cls, config, full_name, data_dir, manual_dir, source, directory) ->
     builder = cls(data_dir=scratch.name, **kwargs)
     if cls.SOURCE_IN_DATA_DIR:
         builder.source_dir = data_dir  # type: ignore[attr-defined]  # where the TFDS source dataset is
-    generators = builder._split_generators(types.SimpleNamespace(manual_dir=manual_dir))  # pylint: disable=protected-access
+    generators = builder._split_generators(types.SimpleNamespace(manual_dir=local.manual_dir))  # pylint: disable=protected-access
 
     def examples(split, generator):
         for i, (_, ex) in enumerate(generator):

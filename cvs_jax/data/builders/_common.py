@@ -111,6 +111,18 @@ class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     STORE_ENCODING: ClassVar[str] = "jpeg"
 
     @classmethod
+    def with_options(cls, **options) -> type["LocalBuilder"]:
+        """The builder with the run's data options (``image_folder`` reads its size and test split)."""
+        del options
+        return cls
+
+    @classmethod
+    def store_name(cls, full_name: str, source: SourceInfo | None) -> str:
+        """The record store's name in ``<data_dir>/cvs_records`` (default: the dataset's name)."""
+        del source
+        return full_name
+
+    @classmethod
     def inspect_source(cls, manual_dir: str, config_name: str | None = None) -> SourceInfo:
         """Checks `manual_dir` quickly; raises DatasetNotFoundError if unusable."""
         raise NotImplementedError

@@ -1,0 +1,125 @@
+"""A user's own labelled images (`image_folder`): class folders or a CSV manifest, no TensorFlow.
+
+The manual dir (``data.manual_dir``) is what ``folder_inventory.scan`` reads: ``<class>/*`` image
+files, ``train/<class>`` + ``test/<class>`` folders, or a ``manifest.csv`` with
+``path,label[,split][,session]`` (the layouts, what is ignored and counted, and every refusal are in
+``folder_inventory``'s docstring).  Without a given test split, ``data.test_fraction`` of each class
+is drawn as test queries with ``data.test_seed`` (fixed per folder, as Product-M's split).
+
+Images of any size and format (jpg/png/webp/bmp, any mode) are stored at ``data.stored_size``:
+RGB, shorter side resized, centre crop (``_resize``, torchvision's Resize + CenterCrop), the source
+JPEG's bytes when it is already exactly that, else one JPEG re-encode (``records.py``).  The store
+is named by the inventory's fingerprint and options, so two folders (or one folder before and after
+new files) never share a store.  Metadata: ``train_sessions`` (the manifest's 0-based session of
+each stored train row, absent without a session column), ``test_sessions`` (the same for test rows,
+-1 where the manifest leaves it empty: a query from session 1 on) and the ``ignored`` counts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import ClassVar
+
+import tensorflow_datasets as tfds
+
+from cvs_jax.data import folder_inventory
+from cvs_jax.data.builders import _decode
+from cvs_jax.data.builders._common import DatasetNotFoundError, LocalBuilder, SourceInfo, normalize_json
+
+
+class ImageFolder(LocalBuilder, skip_registration=True):
+    """A user's images; ``with_options`` fixes the stored size and the drawn test split."""
+
+    name = "image_folder"
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release."}
+    MANUAL_FILES_HINT = "<class>/<image> folders, train/ + test/ class folders, or a manifest.csv"
+    MANUAL_DOWNLOAD_INSTRUCTIONS = "Set --config.data.manual_dir to your folder of class folders or CSV manifest."
+    STORE_ENCODING = "jpeg"
+    STORED_SIZE: ClassVar[int] = 224
+    TEST_FRACTION: ClassVar[float] = 0.2
+    SEED: ClassVar[int] = 0
+
+    @classmethod
+    def with_options(cls, *, stored_size=None, test_fraction=None, test_seed=None, **_) -> type["ImageFolder"]:
+        """This builder with the run's ``data.stored_size``, ``data.test_fraction``, ``data.test_seed``."""
+        fields = {"STORED_SIZE": stored_size, "TEST_FRACTION": test_fraction, "SEED": test_seed}
+        values = {k: type(getattr(cls, k))(v) for k, v in fields.items() if v is not None}
+        return type("ImageFolder", (cls,), values, skip_registration=True)
+
+    @classmethod
+    def _scan(cls, manual_dir: str) -> folder_inventory.Inventory:
+        if not os.path.exists(manual_dir):
+            raise DatasetNotFoundError(
+                f"image_folder: {manual_dir!r} does not exist; set --config.data.manual_dir to a folder of class "
+                f"folders or a CSV manifest."
+            )
+        return folder_inventory.scan(manual_dir, test_fraction=cls.TEST_FRACTION, seed=cls.SEED)
+
+    @classmethod
+    def _fingerprint(cls, inventory: folder_inventory.Inventory) -> dict:
+        return {**inventory.fingerprint(), "stored_size": cls.STORED_SIZE}
+
+    @classmethod
+    def inspect_source(cls, manual_dir: str, config_name: str | None = None) -> SourceInfo:
+        inventory = cls._scan(manual_dir)
+        return SourceInfo(
+            config_name=None, fingerprint=cls._fingerprint(inventory), description=inventory.description()
+        )
+
+    @classmethod
+    def store_name(cls, full_name: str, source: SourceInfo | None) -> str:
+        """One store per (files, options): ``image_folder-<digest>``."""
+        digest = hashlib.sha256(json.dumps(normalize_json(source.fingerprint), sort_keys=True).encode()).hexdigest()
+        return f"{full_name}-{digest[:16]}"
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description="A user's labelled images, stored at data.stored_size (shorter side, centre crop).",
+            features=tfds.features.FeaturesDict({"label": tfds.features.ClassLabel()}),
+            disable_shuffling=True,
+            metadata=tfds.core.MetadataDict(),
+        )
+
+    def _split_generators(self, dl_manager):
+        inventory = self._scan(self._resolve_manual_dir(dl_manager))
+        self.info.features["label"].names = list(inventory.class_names)
+        self.info.metadata["ignored"] = dict(inventory.ignored)
+        self.info.metadata["test_given"] = inventory.test_given
+        if inventory.sessions() is not None:
+            self.info.metadata["train_sessions"] = []
+            self.info.metadata["test_sessions"] = []
+        return {
+            "train": self._generate_examples(inventory.train, "train"),
+            "test": self._generate_examples(inventory.test, "test"),
+        }
+
+    def _generate_examples(self, entries, split: str):
+        skipped = self.info.metadata.setdefault(f"skipped_{split}", [])
+        sessions = self.info.metadata.get(f"{split}_sessions")
+
+        def read_block(block):
+            out = []
+            for e in block:
+                with open(e.path, "rb") as f:
+                    out.append(f.read())
+            return out
+
+        items = _decode.decode_blocks(entries, read_block, self.STORED_SIZE, skipped, describe=lambda e: e.path)
+        for i, (entry, image, data, passthrough) in enumerate(items):
+            if sessions is not None:  # a test row without a session is a query from session 1 on
+                sessions.append(-1 if entry.session is None else int(entry.session))
+            yield (
+                i,
+                {
+                    "image": image,
+                    "label": entry.label,
+                    "id": i,
+                    "source": entry.path,
+                    "source_bytes": data,
+                    "passthrough": passthrough,
+                },
+            )

@@ -1,0 +1,155 @@
+"""Train the next session of a run on newly arrived labelled images.
+
+    python -m cvs_jax.update --workdir W --data DIR_or_CSV
+
+``DIR_or_CSV`` is read as ``data.name=image_folder`` reads its folder (class folders, train/ +
+test/ folders, or a CSV manifest; ``folder_inventory``).  Its classes may be new or known (matched
+by name).  The run's config applies unchanged (method, recipe, memory budget, stored size); the
+folder is appended to ``data.updates`` in the workdir's ``config.json`` and the run resumes: the
+completed sessions are restored, session S+1 trains on the new train images (plus the method's
+replay), its model embeds them as a new gallery part (no stored row is touched), and
+``results.json`` gains the session, with recall of the new and all earlier test queries.
+
+The head grows to the classes seen, rounded up to ``model.head_block`` rows: the train step is
+compiled again only when a session crosses a multiple of it (each session already compiles its
+own steps once; a grown head adds nothing beyond that).
+
+Rerunning an interrupted ``update`` with the same folder resumes it exactly.  A folder that is
+already part of the run, or whose images (by content, SHA-256) are already in it, is refused, so
+that no gallery row is duplicated.  A problem to fix ends with one ``error: ...`` line and exit
+status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import ml_collections
+import numpy as np
+import tensorflow_datasets as tfds
+from absl import flags
+
+from cvs_jax import cli, determinism, trainer
+from cvs_jax.data import parts, records, sources
+from cvs_jax.errors import ConfigError, DataError, UserError
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    flags.DEFINE_string("workdir", None, "The --workdir of a run of python -m cvs_jax.main.", flag_values=flag_values)
+    flags.DEFINE_string(
+        "data",
+        None,
+        "The new images: a folder of class folders, train/ + test/ folders, or a CSV manifest.",
+        flag_values=flag_values,
+    )
+    flags.mark_flags_as_required(["workdir", "data"], flag_values=flag_values)
+
+
+def run_config(workdir: str) -> ml_collections.ConfigDict:
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        raise ConfigError(
+            f"{workdir} holds no cvs_jax run (config.json is missing); start one with python -m cvs_jax.main."
+        )
+    with open(path) as f:
+        return ml_collections.ConfigDict(json.load(f))
+
+
+def completed_sessions(workdir: str) -> int:
+    path = os.path.join(workdir, "results.json")
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        return len(json.load(f).get("per_session", []))
+
+
+def _digests(stores) -> dict[bytes, str]:
+    """SHA-256 of every stored image's source bytes -> its source, over the given record stores."""
+    out = {}
+    for store in stores:
+        info = records.read_info(store)
+        for split in ("train", "test"):
+            rows = records.StoreSplit(store, split, info)
+            for digest, name in zip(rows.digests(), rows.sources()):
+                out.setdefault(digest.tobytes(), name)
+    return out
+
+
+def plan_update(workdir: str, data: str) -> ml_collections.ConfigDict:
+    """The run's config with ``data`` appended to ``data.updates`` (or as it is, when ``data`` is the
+    newest update and its session is unfinished: a resume); refuses duplicates and unfinished runs."""
+    config = run_config(workdir)
+    d = config.data
+    if d.name != "image_folder" or d.split != "user":
+        raise ConfigError(
+            f"update adds sessions to runs of your own images (data.name=image_folder, data.split=user); "
+            f"{workdir} was made with data.name={d.name}, data.split={d.split}."
+        )
+    data = os.path.abspath(os.path.expanduser(data))
+    updates = list(d.updates)
+    done = completed_sessions(workdir)
+    if data in updates:
+        if data == updates[-1] and done < _sessions_before(config) + len(updates):
+            print(f"resuming the update with {data} (session {done + 1})")
+            return config
+        raise DataError(
+            f"{data} was already added to {workdir} (update {updates.index(data) + 1}); its images are in the "
+            f"gallery. Put newly arrived images in a new folder."
+        )
+    expected = _sessions_before(config) + len(updates)
+    if done < expected:
+        raise ConfigError(
+            f"{workdir} has completed {done} of its {expected} sessions; finish it first (rerun its last command: "
+            f"python -m cvs_jax.main or python -m cvs_jax.update), then add {data}."
+        )
+    known = _digests(parts.load_run_dataset(config.data).stores)
+    new = sources.load_dataset(
+        "image_folder",
+        data_dir=d.data_dir,
+        manual_dir=data,
+        on_corrupt=d.on_corrupt,
+        memory_limit_mb=0.0,  # only its digests are read here
+        options=sources.builder_options(d),
+    )
+    dup = [(name, known[digest]) for digest, name in _digests(new.stores).items() if digest in known]
+    if dup:
+        raise DataError(
+            f"{len(dup)} image(s) of {data} are already in the run (same bytes), e.g. {dup[0][0]} = {dup[0][1]}; "
+            f"remove them from the new folder so that no gallery row is duplicated."
+        )
+    config.data.updates = updates + [data]
+    return config
+
+
+def _sessions_before(config: ml_collections.ConfigDict) -> int:
+    """Sessions of the run's first folder (its manifest's session column, else one)."""
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.data.updates = []
+    ds = parts.load_run_dataset(c.data)
+    return 1 if ds.train_sessions is None or not len(ds.train_sessions) else int(np.max(ds.train_sessions)) + 1
+
+
+def update(workdir: str, data: str) -> int:
+    try:
+        config = plan_update(workdir, data)
+        determinism.apply(config.deterministic)
+        results = trainer.run(config, workdir)
+    except UserError as e:
+        return cli.report(e)
+    print(f"{workdir}: {len(results['per_session'])} sessions; results in {os.path.join(workdir, 'results.json')}")
+    return 0
+
+
+def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
+    if len(argv) > 1:
+        return cli.report(ConfigError(f"unexpected arguments: {argv[1:]}"))
+    cli.quiet_logging()
+    tfds.disable_progress_bar()
+    return update(flag_values.workdir, flag_values.data)
+
+
+if __name__ == "__main__":
+    define_flags()
+    cli.run(lambda argv: sys.exit(main(argv)))
