@@ -41,7 +41,7 @@ def test_every_paper_cell_has_a_config():
 @pytest.mark.parametrize("variant", ["", "smoke"])
 def test_config_loads_and_passes_checks(name, variant, tmp_path):
     c = load(name, variant)
-    if c.data.manual_dir is not None:
+    if c.data.manual_dir is not None or c.data.name == "image_folder":
         c.data.manual_dir = str(tmp_path)  # the check only needs the folder to exist
     config_checks.check(c, num_devices=1)
     if variant == "smoke":
@@ -54,9 +54,10 @@ CIFAR = ("cifar100_general", "cifar100_disjoint", "cifar100_blurry")
 
 @pytest.mark.parametrize("name", RUNNABLE)
 def test_split_source(name):
-    """CIFAR-100 configs use the official sessions (packaged); the others, and every :smoke, the generator."""
+    """CIFAR-100 configs use the official sessions (packaged); image folders the user's; the others, and
+    every :smoke, the generator."""
     c = load(name)
-    assert c.data.split == ("official" if name in CIFAR else "generator")
+    assert c.data.split == ("official" if name in CIFAR else "user" if name == "image_folder_general" else "generator")
     assert c.data.official_split_dir is None
     assert load(name, "smoke").data.split == "generator"
 
