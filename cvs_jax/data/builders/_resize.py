@@ -1,7 +1,7 @@
-"""The one resize rule of the fine-grained builders: shorter side -> 256, centre crop.
+"""The one resize rule of the photo builders (and of search queries): shorter side -> 256, centre crop.
 
-Why: Stanford Dogs, iNat-M and Product-M images vary in size, while our
-builders store fixed-shape uint8 arrays (fast raw-bytes reading). Storing the
+Why: Stanford Dogs, iNat-M, Product-M and users' photos vary in size, while a
+split's images share one shape (batches, the record store). Storing the
 torchvision `Resize(256)` + `CenterCrop(256)` result keeps everything the
 training pipeline needs: `RandomResizedCrop(224)` for training works on it, and
 its centre 224x224 equals torchvision `Resize(256)` + `CenterCrop(224)` of the
@@ -103,9 +103,9 @@ def decode_to_square(data: bytes, size: int) -> np.ndarray:
 
 
 def stored_features():
-    """The features of every fine-grained builder: a STORED_SIZE square uint8 image (raw bytes, read
-    back by `sources._read_local_split`'s fast path), a class label (names set by the builder) and
-    the record's position `id`."""
+    """The TFDS features of every fine-grained builder (its DatasetInfo; the record store keeps the
+    images encoded, ``records.py``): a STORED_SIZE square uint8 image, a class label (names set by the
+    builder) and the record's position `id`."""
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
     size = stored_size()
