@@ -104,7 +104,11 @@ def plan_update(workdir: str, data: str) -> ml_collections.ConfigDict:
             f"{workdir} has completed {done} of its {expected} sessions; finish it first (rerun its last command: "
             f"python -m cvs_jax.main or python -m cvs_jax.update), then add {data}."
         )
-    known = _digests(parts.load_run_dataset(config.data).stores)
+    stores = sources.store_dirs(config.data)
+    if stores is None or any(records.read_info(s) is None for s in stores):
+        parts.load_run_dataset(config.data)  # raises the message naming the missing folder (or prepares it)
+        stores = sources.store_dirs(config.data)
+    known = _digests(stores)
     new = sources.load_dataset(
         "image_folder",
         data_dir=d.data_dir,

@@ -123,21 +123,24 @@ def read_source_names(store: str, split: str = "train") -> list[str] | None:
 def source_names(data_config, split: str = "train") -> list[str] | None:
     """The sources of a run's dataset rows (``config.data``), without loading the dataset: what
     ``search`` and ``export`` show for gallery rows.  None for standard TFDS datasets."""
+    stores = store_dirs(data_config)
+    names = None if stores is None else [read_source_names(s, split) for s in stores]
+    return None if names is None or any(n is None for n in names) else [x for n in names for x in n]
+
+
+def store_dirs(data_config) -> list[str] | None:
+    """The record stores of a run's dataset (its folder, then each ``data.updates`` folder), found
+    from their sources without reading any image; None for standard TFDS datasets or when a source is
+    gone."""
     name = data_config.name
     if name.split("/", 1)[0].split(":", 1)[0] not in BUILDERS:
         return None
     data_dir, options = os.path.expanduser(data_config.data_dir), builder_options(data_config)
     parts = [(name, data_config.manual_dir)] + [("image_folder", u) for u in data_config.get("updates", ())]
-    out = []
-    for part_name, manual_dir in parts:
-        try:
-            names = read_source_names(_resolve_local(part_name, data_dir, manual_dir, options).directory, split)
-        except DataError:
-            return None
-        if names is None:
-            return None
-        out += names
-    return out
+    try:
+        return [_resolve_local(part_name, data_dir, manual_dir, options).directory for part_name, manual_dir in parts]
+    except DataError:
+        return None
 
 
 def builder_options(data_config) -> dict:
