@@ -9,8 +9,10 @@ the session's batch policy and this process's rows; no JAX object, no run contex
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
+import time
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -58,7 +60,22 @@ def in_workers(ds, workers: int):
 
     if not flags.FLAGS.is_parsed():  # grain reads its absl flags when it starts workers (a library caller)
         flags.FLAGS.mark_as_parsed()
-    return ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=int(workers), per_worker_buffer_size=2))
+    options = grain.MultiprocessingOptions(num_workers=int(workers), per_worker_buffer_size=2)
+    return ds.mp_prefetch(options, worker_init_fn=exit_with_parent)
+
+
+def exit_with_parent(worker_index: int, worker_count: int) -> None:
+    """Run in each worker process: it exits when the training process is gone, also after a kill -9
+    that gave it no chance to stop its workers (they would otherwise decode on as orphans)."""
+    del worker_index, worker_count
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def _plain(x: Any) -> Any:

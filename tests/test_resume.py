@@ -72,6 +72,20 @@ def test_kill_and_rerun_matches_uninterrupted(data_dirs, reference, fault):
     assert len(np.unique(gallery["source_ids"])) == len(gallery["source_ids"])  # no row lost or duplicated
 
 
+def test_kill_while_worker_processes_stream_matches_uninterrupted(data_dirs, reference):
+    """Streamed from the records, decoded by two worker processes, killed mid-epoch (kill -9 of the
+    main process while its workers run) and rerun: the in-memory uninterrupted run's results."""
+    manual, tfds_dir, root = data_dirs
+    workdir = str(root / "killed-workers")
+    cmd = command(manual, tfds_dir, workdir) + ["--config.data.in_memory_limit_mb=0", "--config.data.loader_workers=2"]
+    assert mr.run(cmd, "step:5").returncode == -9
+    resumed = mr.run(cmd)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    results, metrics, gallery = outcome(workdir)
+    assert (results, metrics) == reference[:2]
+    np.testing.assert_array_equal(gallery["embeddings"], reference[2]["embeddings"])
+
+
 def test_corrupt_latest_checkpoint_falls_back(data_dirs, reference):
     manual, tfds_dir, root = data_dirs
     workdir = str(root / "corrupt")
