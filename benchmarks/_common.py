@@ -162,3 +162,38 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- shared by benchmarks/race.py and its parts
+
+
+def write_json(path: str, rows: Sequence[dict], **meta) -> None:
+    """``{**meta, "rows": rows}`` to ``path`` (the layout ``input_pipeline.py --json`` writes), atomically."""
+    import json
+
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({**meta, "rows": list(rows)}, f, indent=1)
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict:
+    import json
+
+    with open(path) as f:
+        return json.load(f)
+
+
+def torch_environment() -> str | None:
+    """``torch X, device, python`` or None when torch does not import (the caller says so in its rows)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)"
+    return f"torch {torch.__version__}, {dev}, python {platform.python_version()}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    """``a / b`` as ``2.95x``, or ``-`` when either side was not measured."""
+    return f"{a / b:.2f}x" if a and b else "-"
