@@ -24,6 +24,16 @@ from cvs_jax.run_log import RunLog
 from cvs_jax.train_step import make_optimizer, make_train_step
 
 
+def devices_line() -> str:
+    """One line naming what the run computes on: platform, device kinds and count, processes."""
+    devices = jax.devices()
+    kinds = ", ".join(sorted({d.device_kind for d in devices}))
+    return (
+        f"devices: {devices[0].platform} {len(devices)} x {kinds} ({jax.local_device_count()} local), "
+        f"{jax.process_count()} process(es)"
+    )
+
+
 @dataclasses.dataclass
 class RunContext:
     config: ml_collections.ConfigDict
@@ -34,7 +44,8 @@ class RunContext:
     model: Any
     tx: Any
     pipeline: augment.Pipeline
-    step_fn: Callable
+    step_fn: Callable  # one training step per call
+    steps_fn: Callable  # ``train.steps_per_call`` steps per call (lax.scan over stacked batches)
     embed: Embedder
     log: RunLog
     sessions: Checkpoints  # one per completed session, kept forever (run_state.RunState)
@@ -46,36 +57,46 @@ class RunContext:
     _cache: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def build(cls, config: ml_collections.ConfigDict, workdir: str, log: RunLog) -> "RunContext":
+    def build(
+        cls, config: ml_collections.ConfigDict, workdir: str, log: RunLog, share: "RunContext | None" = None
+    ) -> "RunContext":
+        """``share``: another member's context of a population run, whose protocol (the dataset, read
+        once), mesh, model, optimizer, pipeline and compiled functions this one reuses; only the seed
+        (keys, batch order) and the workdir (log, checkpoints) are this run's own."""
         method = get_method(config)
-        mesh = distributed.data_mesh()  # one "data" axis over every device of every process
-        t0 = time.time()
-        proto = Protocol.build(config)
-        plan = proto.plan
-        log.print(
-            f"data: {proto.dataset.name} {len(proto.dataset.train)} train / {len(proto.dataset.test)} test "
-            f"images, setup={plan.setup}, {plan.num_sessions} sessions, {proto.num_classes} classes "
-            f"({time.time() - t0:.1f}s)"
-        )
+        if share is None:
+            mesh = distributed.data_mesh()  # one "data" axis over every device of every process
+            t0 = time.time()
+            proto = Protocol.build(config)
+            plan = proto.plan
+            log.print(
+                f"data: {proto.dataset.name} {len(proto.dataset.train)} train / {len(proto.dataset.test)} test "
+                f"images, setup={plan.setup}, {plan.num_sessions} sessions, {proto.num_classes} classes "
+                f"({time.time() - t0:.1f}s)"
+            )
+        else:
+            mesh, proto = share.mesh, share.proto
         if jax.process_index() == 0:
             with open(os.path.join(workdir, "protocol.json"), "w") as f:
                 json.dump(proto.description(), f, indent=1)
-        model = models.from_config(config)
-        tx = make_optimizer(
-            momentum=config.train.momentum, nesterov=config.train.nesterov, weight_decay=config.train.weight_decay
-        )
-        pipeline = augment.Pipeline.from_config(config)  # train-time augmentation and eval preprocessing
-        step_fn = make_train_step(
-            model,
-            tx,
-            method,
-            temperature=config.train.temperature,
-            loss_weights=dict(config.loss_weights),
-            pipeline=pipeline,
-        )
-        embed = Embedder(
-            model, pipeline, config.train.eval_batch_size, config.model.dtype, mesh, config.model.embed_dim
-        )
+        if share is None:
+            model = models.from_config(config)
+            tx = make_optimizer(
+                momentum=config.train.momentum, nesterov=config.train.nesterov, weight_decay=config.train.weight_decay
+            )
+            pipeline = augment.Pipeline.from_config(config)  # train-time augmentation and eval preprocessing
+            step_args = dict(
+                temperature=config.train.temperature, loss_weights=dict(config.loss_weights), pipeline=pipeline
+            )
+            step_fn = make_train_step(model, tx, method, **step_args)
+            k = config.train.get("steps_per_call", 1)
+            steps_fn = make_train_step(model, tx, method, steps_per_call=k, **step_args)
+            embed = Embedder(
+                model, pipeline, config.train.eval_batch_size, config.model.dtype, mesh, config.model.embed_dim
+            )
+        else:
+            model, tx, pipeline, embed = share.model, share.tx, share.pipeline, share.embed
+            step_fn, steps_fn = share.step_fn, share.steps_fn
         init_key, head_key, step_key = jax.random.split(jax.random.key(config.seed), 3)
         ckpt_dir = os.path.join(workdir, "checkpoints")
         return cls(
@@ -88,6 +109,7 @@ class RunContext:
             tx=tx,
             pipeline=pipeline,
             step_fn=step_fn,
+            steps_fn=steps_fn,
             embed=embed,
             log=log,
             sessions=Checkpoints(os.path.join(ckpt_dir, "sessions"), max_to_keep=None, log=log.print),

@@ -24,9 +24,11 @@ import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from cvs_jax import distributed, evaluate, faults, prefetch, schedules
-from cvs_jax.cadence import Cadence
+from cvs_jax.cadence import Cadence, CallReader, calls
 from cvs_jax.context import RunContext
 from cvs_jax.errors import ConfigError, NonFiniteError
 from cvs_jax.gallery import Gallery, GalleryPart, RowConcat
@@ -161,19 +163,61 @@ def batch_loader(ctx: RunContext, view: SessionView, start: int) -> Iterable[dic
     function of (seed, session, epoch, step), so a resumed run starts here with no iterator state, and
     the batches are the same for any thread or worker count.  With one process the next batches are
     already on the devices (``distributed.global_batch`` of them is a no-op)."""
+    read = batch_reader(ctx, view)
+    return _loader(ctx, read, start, view.total_steps, distributed.batch_sharding(ctx.mesh))
+
+
+def batch_reader(ctx: RunContext, view: SessionView) -> prefetch.BatchReader:
+    """``step -> batch``: this process's rows of the session's batch ``step``."""
+    lo, hi = distributed.process_slice(ctx.config.train.batch_size, ctx.mesh)  # each process loads only its rows
+    return prefetch.BatchReader(
+        ctx.proto.dataset.train, ctx.proto.train_labels, view.batches, view.steps_per_epoch, lo, hi
+    )
+
+
+def call_loader(ctx: RunContext, readers: list, calls: list[tuple[int, int]], *, members_axis: bool):
+    """The batches of ``calls`` (``cadence.calls``), each call's steps stacked ``[n, B, ...]`` (and the
+    members' ``[N, n, B, ...]`` with ``members_axis``), read ahead and placed on the devices like
+    ``batch_loader``'s, sharded over the batch axis."""
+    read = CallReader(readers, calls, steps_axis=True, members_axis=members_axis)
+    lead = 2 if members_axis else 1
+    return _loader(ctx, read, 0, len(calls), _stacked_sharding(ctx.mesh, lead))
+
+
+def _stacked_sharding(mesh, lead: int) -> NamedSharding:
+    return NamedSharding(mesh, P(*([None] * lead), distributed.DATA_AXIS))
+
+
+def _loader(ctx: RunContext, read: Callable[[int], dict], start: int, stop: int, sharding) -> Iterable[dict]:
     c = ctx.config
     split = ctx.proto.dataset.train
-    lo, hi = distributed.process_slice(c.train.batch_size, ctx.mesh)  # each process loads only its rows
-    read = prefetch.BatchReader(split, ctx.proto.train_labels, view.batches, view.steps_per_epoch, lo, hi)
     threads = c.data.loader_threads
     workers = prefetch.worker_count(split, c.data.get("loader_workers", 0))
     options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
-    ds = prefetch.in_workers(
-        grain.MapDataset.range(start, view.total_steps).map(read).to_iter_dataset(options), workers
-    )
+    ds = prefetch.in_workers(grain.MapDataset.range(start, stop).map(read).to_iter_dataset(options), workers)
     if jax.process_count() > 1:  # global_batch assembles the global arrays from host rows
         return ds
-    return prefetch.DevicePrefetch(ds, distributed.batch_sharding(ctx.mesh), depth=2)
+    return prefetch.DevicePrefetch(ds, sharding, depth=2)
+
+
+def global_stacked(batch: dict, mesh, lead: int) -> dict:
+    """The global arrays of a stacked batch (``lead`` leading axes before the batch axis) from this
+    process's rows; with one process they are already on the devices (a no-op)."""
+    if jax.process_count() == 1:
+        return jax.device_put(batch, _stacked_sharding(mesh, lead))
+    sharding = _stacked_sharding(mesh, lead)
+
+    def make(x):
+        x = np.asarray(x)
+        global_shape = x.shape[:lead] + (x.shape[lead] * _process_share(mesh),) + x.shape[lead + 1 :]
+        return jax.make_array_from_process_local_data(sharding, x, global_shape)
+
+    return jax.tree.map(make, batch)
+
+
+def _process_share(mesh) -> int:
+    """Global batch rows per row this process loads (the processes load equal slices)."""
+    return mesh.devices.size // len([d for d in mesh.devices.flat if d.process_index == jax.process_index()])
 
 
 def _host_variables(ts: TrainState) -> dict:
@@ -181,109 +225,239 @@ def _host_variables(ts: TrainState) -> dict:
     return jax.device_get({"params": ts.params, "batch_stats": ts.batch_stats})
 
 
+@dataclasses.dataclass
+class MemberSession:
+    """One model's side of a session's training loop: its run context and session, the state it
+    starts from (fresh, or a progress checkpoint's) and, updated by the loop, its best model so far.
+    A plain run trains one member; a population run (``population.py``) several in one step."""
+
+    ctx: RunContext
+    view: SessionView
+    first: int  # global step of the session's start: progress checkpoints are numbered first + step
+    ts: TrainState  # host state at ``start``
+    best: Selection
+    sums: dict  # the epoch's running metric sums at ``start`` (host), {} at an epoch start
+    start: int = 0
+    search: Callable | None = None
+    val_images: Any = None
+    val_labels: Any = None
+
+    @classmethod
+    def fresh(cls, ctx: RunContext, state: RunState, view: SessionView) -> "MemberSession":
+        ts = initial_train_state(ctx, state, view.s)
+        return cls(ctx, view, state.steps_done, ts, Selection(_host_variables(ts), -1.0, -1), {})
+
+    def progress_templates(self) -> dict:
+        return {"state": self.ts, "best": self.best.variables, "sums": None}
+
+    def restored(self, items: dict) -> None:
+        """Takes a progress checkpoint's items (``Checkpoints.restore``)."""
+        meta = items["meta"]
+        self.ts = items["state"]
+        self.best = Selection(items["best"], meta["best_r1"], meta["best_epoch"])
+        self.sums = dict(items["sums"] or {})
+        self.start = int(self.ts.step)
+        self.ctx.log.print(f"resumed session {self.view.s + 1} at step {self.start}/{self.view.total_steps}")
+
+    def progress_steps(self) -> range:
+        return range(self.first + 1, self.first + self.view.total_steps + 1)
+
+    def open(self) -> None:
+        """Before the loop: drop metrics a killed process wrote after ``start``; the validation search."""
+        ctx, view = self.ctx, self.view
+        # metrics a killed process wrote after the point this session resumes from are written again
+        ctx.log.truncate(session=view.s + 1, step=self.start)
+        self.search = make_search(ctx, view)
+        self.val_images = ctx.proto.train_images(view.val_idx)
+        self.val_labels = ctx.proto.train_labels[view.val_idx]
+        s, spe = view.s, view.steps_per_epoch
+        ctx.log.print(
+            f"== session {s + 1}/{ctx.proto.plan.num_sessions} [{ctx.method.name}]: {len(view.batches.indices)} "
+            f"train images ({spe} steps/epoch), {ctx.proto.plan.sessions[s].num_outputs} classes, gallery "
+            f"{len(view.stored)} stored + {len(view.gallery_idx)} new, {len(view.val_idx)} val / "
+            f"{len(view.test_idx)} test queries"
+        )
+
+    def selection(self, last_ts: TrainState) -> Selection:
+        return Selection(
+            _net_and_head(self.best.variables),
+            self.best.val_recall1,
+            self.best.epoch,
+            last=_net_and_head(_host_variables(last_ts)),
+            tracked=jax.device_get(last_ts.tracked),
+        )
+
+
+class Driver:
+    """How the loop runs its members' steps: a plain run's one state (``SingleDriver``) or a
+    population's stacked states (``population.PopulationDriver``)."""
+
+    members: list[MemberSession]
+    stacked: bool  # metrics carry a leading [n] steps axis (and [N] members before it for a population)
+    k: int  # training steps per call
+
+    def device_state(self) -> TrainState: ...
+    def device_sums(self) -> dict: ...
+    def batches(self, calls: list[tuple[int, int]]) -> Iterable: ...
+    def call(self, ts: TrainState, batch, lr: float, n: int): ...
+    def member(self, tree, m: int):
+        return tree
+
+
+class SingleDriver(Driver):
+    """One member: ``ctx.step_fn`` per step (k = 1, the plain step) or ``ctx.steps_fn`` per call of k."""
+
+    def __init__(self, member: MemberSession, state: RunState, consts: dict):
+        ctx, s = member.ctx, member.view.s
+        self.members, self.ctx, self.consts = [member], ctx, consts
+        self.k = int(ctx.config.train.get("steps_per_call", 1))
+        self.stacked = self.k > 1
+        self.frozen = distributed.replicate(state.variables, ctx.mesh) if s > 0 else None
+        self.key = jax.random.fold_in(ctx.step_key, s)
+
+    def device_state(self) -> TrainState:
+        return distributed.replicate(self.members[0].ts, self.ctx.mesh)
+
+    def device_sums(self) -> dict:
+        return {k: jnp.asarray(v) for k, v in self.members[0].sums.items()}
+
+    def batches(self, calls):
+        m = self.members[0]
+        if not self.stacked:
+            return batch_loader(self.ctx, m.view, calls[0][0] if calls else m.view.total_steps)
+        return call_loader(self.ctx, [batch_reader(self.ctx, m.view)], calls, members_axis=False)
+
+    def call(self, ts, batch, lr, n):
+        if not self.stacked:
+            return self.ctx.step_fn(
+                ts, self.frozen, distributed.global_batch(batch, self.ctx.mesh), self.consts, jnp.float32(lr), self.key
+            )
+        lrs = jnp.full((n,), lr, jnp.float32)
+        return self.ctx.steps_fn(ts, self.frozen, global_stacked(batch, self.ctx.mesh, 1), self.consts, lrs, self.key)
+
+
+@jax.jit
+def _accumulate(sums, metrics):
+    """``sums`` plus each step's metrics in step order (the leading-axis rows of ``metrics``; axis -1 in
+    a population's ``[N, n]``), one add at a time as single steps add them: the same float sums."""
+    n = jax.tree.leaves(metrics)[0].shape[-1]
+    out = sums
+    for i in range(n):
+        row = {k: v[..., i] for k, v in metrics.items()}
+        out = row if out is None else {k: out[k] + row[k] for k in row}
+    return out
+
+
+def _first_bad(metrics, step: int):
+    """The first step (0-based) of a call whose loss is not finite; ``_NO_BAD_STEP`` if none."""
+    loss = metrics["loss"]
+    idx = step + jnp.arange(loss.shape[-1], dtype=jnp.int32)
+    return jnp.min(jnp.where(jnp.isfinite(loss), _NO_BAD_STEP, idx), axis=-1)
+
+
 def train(ctx: RunContext, state: RunState, view: SessionView, consts: dict) -> Selection:
     """All epochs of session ``view.s``, resuming from its newest progress checkpoint."""
-    c, s, log = ctx.config, view.s, ctx.log
-    n_sessions = ctx.proto.plan.num_sessions
-    spe, total = view.steps_per_epoch, view.total_steps
-    first = state.steps_done  # progress checkpoints are numbered by the run's global step
-    frozen = distributed.replicate(state.variables, ctx.mesh) if s > 0 else None
-    ts = initial_train_state(ctx, state, s)
-    best = Selection(_host_variables(ts), -1.0, -1)
-    sums: dict[str, jax.Array] = {}
-    progress = ctx.progress.restore_latest(
-        {"state": ts, "best": best.variables, "sums": None}, steps=range(first + 1, first + total + 1)
-    )
+    member = MemberSession.fresh(ctx, state, view)
+    progress = ctx.progress.restore_latest(member.progress_templates(), steps=member.progress_steps())
     if progress is not None:
-        items = progress[1]
-        ts, meta = items["state"], items["meta"]
-        best = Selection(items["best"], meta["best_r1"], meta["best_epoch"])
-        sums = {k: jnp.asarray(v) for k, v in (items["sums"] or {}).items()}
-        log.print(f"resumed session {s + 1} at step {int(ts.step)}/{total}")
-    # metrics a killed process wrote after the point this session resumes from are written again
-    log.truncate(session=s + 1, step=int(ts.step))
-    ts = distributed.replicate(ts, ctx.mesh)
-    search = make_search(ctx, view)
-    val_images = ctx.proto.train_images(view.val_idx)
-    val_labels = ctx.proto.train_labels[view.val_idx]
-    log.print(
-        f"== session {s + 1}/{n_sessions} [{ctx.method.name}]: {len(view.batches.indices)} train images "
-        f"({spe} steps/epoch), {ctx.proto.plan.sessions[s].num_outputs} classes, gallery {len(view.stored)} "
-        f"stored + {len(view.gallery_idx)} new, {len(view.val_idx)} val / {len(view.test_idx)} test queries"
-    )
+        member.restored(progress[1])
+    member.open()
+    driver = SingleDriver(member, state, consts)
+    ts = run_loop(driver)
+    return member.selection(ts)
 
-    def check_finite(bad_step):
+
+def run_loop(driver: Driver) -> TrainState:
+    """The training loop shared by a plain run and a population: calls of ``driver.k`` steps (never
+    across an epoch end, ``cadence``), the NaN guard, the epoch's metric sums, progress checkpoints, and
+    at each epoch end every member's validation recall@1, best-model selection and metrics.  Returns
+    the device state after the last step."""
+    members = driver.members
+    lead = members[0]
+    c, view = lead.ctx.config, lead.view
+    s, n_sessions = view.s, lead.ctx.proto.plan.num_sessions
+    spe, total = view.steps_per_epoch, view.total_steps
+    ts, sums = driver.device_state(), driver.device_sums()
+
+    def check_finite(bad_step, member):
         bad = int(bad_step)
         if bad != _NO_BAD_STEP:
+            where = f" in {member.ctx.workdir}" if len(members) > 1 else ""
             raise NonFiniteError(
-                f"the loss became NaN/inf at step {bad + 1} of session {s + 1} ({ctx.method.name}); lower "
-                f"train.lr or check the data. Checkpoints up to the last good step are intact."
+                f"the loss became NaN/inf at step {bad + 1} of session {s + 1} ({member.ctx.method.name}){where}; "
+                f"lower train.lr or check the data. Checkpoints up to the last good step are intact."
             )
 
     def save_progress(step):
-        faults.fail_while_writing("progress_write", ctx.progress.directory)
-        meta = {"best_r1": best.val_recall1, "best_epoch": best.epoch}
-        ctx.progress.save(first + step, {"state": ts, "best": best.variables, "sums": sums}, meta)
+        for m, member in enumerate(members):
+            ctx = member.ctx
+            faults.fail_while_writing("progress_write", ctx.progress.directory)
+            meta = {"best_r1": member.best.val_recall1, "best_epoch": member.best.epoch}
+            trees = {"state": driver.member(ts, m), "best": member.best.variables, "sums": driver.member(sums, m)}
+            ctx.progress.save(member.first + step, trees, meta)
 
     cadence = Cadence(spe, c.log_every_steps, c.train.checkpoint_every_steps)
-    session_key = jax.random.fold_in(ctx.step_key, s)
     bad_step = jnp.int32(_NO_BAD_STEP)
-    step = steps_at_start = int(ts.step)
+    step = steps_at_start = lead.start
     t_session = t_epoch = time.time()
-    batches = iter(batch_loader(ctx, view, step))
-    while step < total:
-        epoch = step // spe
+    plan = calls(step, total, spe, driver.k)
+    batches = iter(driver.batches(plan))
+    for first_step, n in plan:
+        epoch = first_step // spe
         lr = schedules.epoch_lr(c.train.schedule, epoch, c.train.lr, c.train.epochs)
         batch = next(batches)
-        ts, metrics = ctx.step_fn(
-            ts, frozen, distributed.global_batch(batch, ctx.mesh), consts, jnp.float32(lr), session_key
-        )
-        bad_step = jnp.minimum(bad_step, jnp.where(jnp.isfinite(metrics["loss"]), _NO_BAD_STEP, step))
-        sums = {k: sums[k] + v if k in sums else v for k, v in metrics.items()}  # on device, no sync
-        step += 1
-        faults.maybe_fail("step")
-        events = cadence.after(step)
+        ts, metrics = driver.call(ts, batch, lr, n)
+        if driver.stacked:
+            bad_step = jnp.minimum(bad_step, _first_bad(metrics, first_step))
+            sums = _accumulate(sums or None, metrics)  # on device, no sync
+        else:
+            bad_step = jnp.minimum(bad_step, jnp.where(jnp.isfinite(metrics["loss"]), _NO_BAD_STEP, step))
+            sums = {k: sums[k] + v if k in sums else v for k, v in metrics.items()}  # on device, no sync
+        step = first_step + n
+        for _ in range(n):
+            faults.maybe_fail("step")
+        events = cadence.between(first_step, step)
         if events.log or events.epoch_end:
             done = (step - steps_at_start) / max(total - steps_at_start, 1)
             eta = format_eta((time.time() - t_session) / done * (1 - done))
         if events.log:
-            log.print(f"  session {s + 1} epoch {epoch + 1} step {step}/{total} ETA {eta}")
+            for member in members:
+                member.ctx.log.print(f"  session {s + 1} epoch {epoch + 1} step {step}/{total} ETA {eta}")
         if events.checkpoint:
-            check_finite(bad_step)
+            for m, member in enumerate(members):
+                check_finite(driver.member(bad_step, m), member)
             save_progress(step)
         if not events.epoch_end:
             continue
-        # end of an epoch: validation recall@1, best model, metrics, checkpoint.
-        check_finite(bad_step)
-        epoch_metrics = {k: float(v) / spe for k, v in sums.items()}
-        sums = {}
-        ips = spe * c.train.batch_size / max(time.time() - t_epoch, 1e-9)  # images trained per second
-        val_r1 = search({"params": ts.params, "batch_stats": ts.batch_stats}, val_images, val_labels)[1]
-        if val_r1 > best.val_recall1:  # strict improvement, as the official code
-            best = Selection(_host_variables(ts), val_r1, epoch)
-        log.write(
-            global_step=first + step,
-            session=s + 1,
-            epoch=epoch + 1,
-            step=step,
-            val_recall1=val_r1,
-            images_per_s=ips,
-            **epoch_metrics,
-        )
-        terms = " ".join(f"{k}={v:.4f}" for k, v in epoch_metrics.items() if k.startswith("L_"))
-        log.print(
-            f"session {s + 1}/{n_sessions} epoch {epoch + 1}/{c.train.epochs} step {step} lr={lr:.5f} "
-            f"loss={epoch_metrics['loss']:.4f} {terms} val R@1={100 * val_r1:.2f} {ips:.0f} img/s ETA {eta}"
-        )
+        # end of an epoch: each member's validation recall@1, best model, metrics; checkpoints.
+        for m, member in enumerate(members):
+            check_finite(driver.member(bad_step, m), member)
+        ips = spe * c.train.batch_size / max(time.time() - t_epoch, 1e-9)  # images trained per second, per member
+        epoch_sums, sums = sums, {}
+        for m, member in enumerate(members):
+            epoch_metrics = {k: float(driver.member(v, m)) / spe for k, v in epoch_sums.items()}
+            mts = driver.member(ts, m)
+            val_r1 = member.search({"params": mts.params, "batch_stats": mts.batch_stats}, member.val_images,
+                                   member.val_labels)[1]  # fmt: skip
+            if val_r1 > member.best.val_recall1:  # strict improvement, as the official code
+                member.best = Selection(_host_variables(mts), val_r1, epoch)
+            member.ctx.log.write(
+                global_step=member.first + step,
+                session=s + 1,
+                epoch=epoch + 1,
+                step=step,
+                val_recall1=val_r1,
+                images_per_s=ips,
+                **epoch_metrics,
+            )
+            terms = " ".join(f"{k}={v:.4f}" for k, v in epoch_metrics.items() if k.startswith("L_"))
+            member.ctx.log.print(
+                f"session {s + 1}/{n_sessions} epoch {epoch + 1}/{c.train.epochs} step {step} lr={lr:.5f} "
+                f"loss={epoch_metrics['loss']:.4f} {terms} val R@1={100 * val_r1:.2f} {ips:.0f} img/s ETA {eta}"
+            )
         save_progress(step)
         t_epoch = time.time()
-    return Selection(
-        _net_and_head(best.variables),
-        best.val_recall1,
-        best.epoch,
-        last=_net_and_head(_host_variables(ts)),
-        tracked=jax.device_get(ts.tracked),
-    )
+    return ts
 
 
 def _net_and_head(variables: dict) -> dict:
