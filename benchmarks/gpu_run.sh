@@ -6,6 +6,8 @@
 #   bash benchmarks/gpu_run.sh a    # GPU test subset, JAX train-step benchmark, PyTorch mirror
 #   bash benchmarks/gpu_run.sh b    # search benchmark, the demo comparison (9 methods) on the GPU
 #   c / d / e / f: see each section below
+#   bash benchmarks/gpu_run.sh race # issue 16: benchmarks/race.py at its three configs (f32 and bf16) + the loader
+#                                   # benchmark, into $OUT/race/; resumable: run it again until it prints "race: done"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}
@@ -89,5 +91,63 @@ case "$1" in
   f)  # the fine-grained recipe's step: ResNet-50 (frozen BN), RandomResizedCrop 224 on device; PyTorch mirror
     python3 benchmarks/train_step.py --recipe finegrained --batches 32,64 --steps 30 2>&1 | grep -v "^W1123" | tee "$OUT/step_finegrained.txt"
     python3 benchmarks/train_step_torch.py --recipe finegrained --batches 32,64 --steps 30 2>&1 | tee "$OUT/step_finegrained_torch.txt"
+    ;;
+esac
+case "$1" in
+  race)  # issue 16: our step / k-step / population vs PyTorch eager / torch.compile, one part per process
+    # Each part (config x side x rows) writes $R/<part>.json; a part whose JSON exists is skipped, so the
+    # same command resumes after a call's time limit.  A call stops starting parts when fewer than
+    # MIN_PART_S of its RACE_CALL_S are left; a part that runs out of a full call's time gets a row
+    # "timed out after N s" (placeholder) instead of being retried for ever.
+    # RACE_DIR keeps the parts between calls (default $OUT/race; under a tool whose $OUT starts empty each
+    # call, RACE_DIR=/tmp/race: kept while the machine stays up, and copied to $OUT/race at every exit).
+    # RACE_DTYPES=float32,bfloat16 adds the bf16 rows (about twice the time).
+    PY=${PYTHON:-python3}
+    R=${RACE_DIR:-$OUT/race}; mkdir -p "$R" "$OUT/race"
+    [ "$R" -ef "$OUT/race" ] || trap 'cp -r "$R"/. "$OUT/race/"' EXIT
+    CALL_S=${RACE_CALL_S:-560}; MIN_PART_S=${MIN_PART_S:-150}; RACE_DTYPES=${RACE_DTYPES:-float32}
+    t0=$(date +%s)
+    parts=()
+    for dt in ${RACE_DTYPES//,/ }; do
+      for cfg in cifar16 cifar256 rn50_64; do
+        parts+=("$cfg $dt jax step" "$cfg $dt jax kstep" "$cfg $dt jax population"
+                "$cfg $dt torch eager" "$cfg $dt torch default" "$cfg $dt torch max-autotune"
+                "$cfg $dt torch reduce-overhead")
+      done
+    done
+    for part in "${parts[@]}"; do
+      read -r cfg dt side rows <<< "$part"
+      f="$R/part_${cfg}_${dt}_${side}_${rows}.json"
+      [ -f "$f" ] && continue
+      left=$(( CALL_S - ($(date +%s) - t0) ))
+      if [ "$left" -lt "$MIN_PART_S" ]; then echo "race: chunk ended, run the same command again"; exit 0; fi
+      args=(--side "$side" --configs "$cfg" --dtype "$dt" --rows "$rows")
+      echo "== $cfg $dt $side $rows ($left s left in this call)"
+      timeout --signal=KILL "$left" "$PY" benchmarks/race.py "${args[@]}" --json "$f" 2>&1 \
+        | grep -v -E "^[WI][0-9]{4} " | tee -a "$R/race.log"
+      if [ ! -f "$f" ] && [ "$left" -ge "$(( CALL_S - 30 ))" ]; then  # it had (nearly) a whole call: give up on it
+        "$PY" benchmarks/race.py "${args[@]}" --placeholder "timed out after $left s" --json "$f"
+      elif [ ! -f "$f" ]; then
+        echo "race: $cfg $dt $side $rows did not finish in $left s; run again (it gets a whole call next)"; exit 0
+      fi
+    done
+    if [ -f benchmarks/input_pipeline.py ] && [ ! -f "$R/input_pipeline.json" ] && [ ! -f "$R/input_pipeline.failed" ]; then
+      # the batch loader alone (the machine's CPU side), on the data it can find
+      ds=product_m
+      [ -d /usr/share/datasets/fashion-mnist ] && ds="fashion_mnist_local,$ds"
+      [ -f ../shared/data/tiny-imagenet-200-mini.zip ] && ds="tiny_imagenet_zip,$ds"
+      left=$(( CALL_S - ($(date +%s) - t0) ))
+      if [ "$left" -lt "$MIN_PART_S" ]; then echo "race: chunk ended, run the same command again"; exit 0; fi
+      JAX_PLATFORMS=${LOADER_JAX_PLATFORMS:-cuda} timeout --signal=KILL "$left" "$PY" benchmarks/input_pipeline.py \
+        --datasets "$ds" --json "$R/input_pipeline.json" > "$R/input_pipeline.md" 2>&1
+      rc=$?
+      grep -v -E "^[WI][0-9]{4} " "$R/input_pipeline.md" | tail -20
+      if [ ! -f "$R/input_pipeline.json" ]; then
+        if [ $rc -eq 137 ] && [ "$left" -lt "$(( CALL_S - 30 ))" ]; then echo "race: loader unfinished; run again"; exit 0; fi
+        echo "exit $rc after at most $left s" > "$R/input_pipeline.failed"  # not retried; see input_pipeline.md
+      fi
+    fi
+    "$PY" benchmarks/race.py --merge "$R"/part_*.json --json "$R/race.json" | tee "$R/race.md"
+    echo "race: done ($R/race.md, $R/race.json, $R/input_pipeline.md)"
     ;;
 esac
