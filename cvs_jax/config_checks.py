@@ -32,6 +32,9 @@ KNOWN_NUM_CLASSES = {
 }
 LOCAL_BUILDERS = ("fashion_mnist_local", "tiny_imagenet_zip", "product_m")  # read data.manual_dir (a folder)
 SPLITS = ("official", "generator", "user")  # data.split
+# methods a population run (population > 1) trains: their step terms are functional and their per-session
+# state (memory, gallery centres, head copies) is per member; EWC/RWalk importance and Rainbow are refused
+POPULATION_METHODS = ("finetune", "joint", "cvs", "bct", "lwf", "mmd")
 
 
 def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
@@ -95,6 +98,18 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
         raise ConfigError(f"train.epochs={t.epochs} must be at least 1.")
     if t.checkpoint_every_steps < 0:
         raise ConfigError(f"train.checkpoint_every_steps={t.checkpoint_every_steps} must be >= 0 (0: epoch ends only).")
+    k = t.get("steps_per_call", 1)
+    if not isinstance(k, int) or k < 1:
+        raise ConfigError(f"train.steps_per_call={k!r} must be a positive integer (1: one step per call).")
+    population = config.get("population", 1)
+    if not isinstance(population, int) or population < 1:
+        raise ConfigError(f"population={population!r} must be a positive integer (1: one run).")
+    if population > 1 and config.method not in POPULATION_METHODS:
+        raise ConfigError(
+            f"population={population} is not supported for method={config.method!r} (its per-session state, "
+            f"e.g. parameter importance or uncertainty memory, is not stacked over members); use one of "
+            f"{list(POPULATION_METHODS)}, or population=1 and one run per seed."
+        )
     method = METHODS[config.method](config)
     if method.uses_memory:
         classes = total  # every setup uses the first S + (L-1)C classes of the class order

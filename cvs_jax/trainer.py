@@ -15,17 +15,23 @@ import ml_collections
 
 from cvs_jax import config_checks, distributed, phases, reporting
 from cvs_jax import workdir as workdir_lib
-from cvs_jax.context import RunContext
+from cvs_jax.context import RunContext, devices_line
 from cvs_jax.run_log import RunLog
 from cvs_jax.run_state import RunState
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-    """Runs (or resumes) the whole continual protocol; returns the contents of results.json."""
+    """Runs (or resumes) the whole continual protocol; returns the contents of results.json (a
+    population, ``config.population > 1``: ``population.run_population``'s summary)."""
+    if config.get("population", 1) > 1:
+        from cvs_jax import population  # it builds on this module
+
+        return population.run_population(config, workdir)
     distributed.maybe_initialize(config.distributed.multihost)  # before anything touches the devices
     config_checks.check(config, num_devices=jax.device_count())  # before any data loading or compilation
     with workdir_lib.open_run(config, workdir):
         log = RunLog(workdir)
+        log.print(devices_line())
         ctx = None
         try:
             ctx = RunContext.build(config, workdir, log)
