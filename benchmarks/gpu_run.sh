@@ -18,7 +18,7 @@ if [ -d .whl ]; then
 fi
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/env_$1.txt"
-python3 -c "import jax, flax, optax, orbax.checkpoint as o; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())" | tee -a "$OUT/env_$1.txt"
+"${PYTHON:-python3}" -c "import jax, flax, optax, orbax.checkpoint as o; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())" | tee -a "$OUT/env_$1.txt"
 case "$1" in
   a)
     timeout 240 python3 -m pytest -q -p no:cacheprovider -x --timeout 200 tests/test_losses.py tests/test_evaluate.py \
@@ -124,7 +124,7 @@ case "$1" in
       args=(--side "$side" --configs "$cfg" --dtype "$dt" --rows "$rows")
       echo "== $cfg $dt $side $rows ($left s left in this call)"
       timeout --signal=KILL "$left" "$PY" benchmarks/race.py "${args[@]}" --json "$f" 2>&1 \
-        | grep -v -E "^[WI][0-9]{4} " | tee -a "$R/race.log"
+        | grep --line-buffered -v -E "^[WI][0-9]{4} " | tee -a "$R/race.log"
       if [ ! -f "$f" ] && [ "$left" -ge "$(( CALL_S - 30 ))" ]; then  # it had (nearly) a whole call: give up on it
         "$PY" benchmarks/race.py "${args[@]}" --placeholder "timed out after $left s" --json "$f"
       elif [ ! -f "$f" ]; then
