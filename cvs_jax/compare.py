@@ -74,6 +74,13 @@ def define_flags() -> None:
         "config.split_seed, else of the first seed (the official code fixes the split and varies the run).",
     )
     flags.DEFINE_integer("split_seed", None, "Seed of the one session plan every run uses (implies --fixed_split).")
+    flags.DEFINE_bool(
+        "population",
+        False,
+        "Train each method's seeds as one population (cvs_jax/population.py: one vmapped step for all of "
+        "them; the seeds must be consecutive, k..k+N-1); implies --fixed_split.  Same DIR/seed<k>/<method> "
+        "layout; DIR/population/<method>/ holds the population's config and population.json.",
+    )
     flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -366,25 +373,76 @@ def comparison_json(config, methods: list[str], seeds: list[int], split_seed, ru
     }
 
 
-def run_comparison(config, workdir: str, methods: list[str], seeds: list[int], split_seed: int | None = None):
+def run_comparison(
+    config,
+    workdir: str,
+    methods: list[str],
+    seeds: list[int],
+    split_seed: int | None = None,
+    population: bool = False,
+):
     """Runs every (seed, method); returns one row per method (see ``rows_from_summary``).
 
     ``split_seed``: every run uses this session plan (None: ``config.split_seed``, and if that is
-    None each seed its own)."""
+    None each seed its own).  ``population``: each method's seeds (consecutive) train as one
+    population, on one plan (``split_seed``, else ``config.split_seed``, else the first seed's)."""
+    if population and sorted(seeds) != list(range(min(seeds), min(seeds) + len(seeds))):
+        raise ConfigError(
+            f"--population trains seeds k..k+N-1 as one population; --seeds {','.join(map(str, seeds))} are "
+            f"not consecutive (e.g. --seeds {','.join(str(min(seeds) + i) for i in range(len(seeds)))})."
+        )
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ConfigError(f"--methods names unknown methods {unknown}; choose from {sorted(METHODS)}.")
     distributed.maybe_initialize(config.distributed.multihost)  # before the lock asks JAX for the process index
     with workdir_lib.hold(workdir):  # one comparison per DIR; each run also locks its own workdir
-        return _compare(config, workdir, methods, seeds, split_seed)
+        return _compare(config, workdir, methods, seeds, split_seed, population)
 
 
-def _compare(config, workdir: str, methods: list[str], seeds: list[int], split_seed: int | None) -> list[dict]:
-    if split_seed is None:
-        split_seed = config.get("split_seed")
+def _run_populations(config, workdir: str, methods: list[str], seeds: list[int], split_seed: int) -> list[dict]:
+    """Each method's seeds as one population, in ``DIR/seed<k>/<method>`` (session 1 shared as without)."""
+    from cvs_jax import population  # noqa: PLC0415 -- it imports trainer, as this module does
+
+    seeds = sorted(seeds)
     runs: list[dict] = []
     t0 = time.time()
-    for seed in seeds:
+    earlier: dict[int, list[str]] = {seed: [] for seed in seeds}
+    for method in methods:
+        c = copy.deepcopy(config)
+        c.unlock()
+        c.method, c.seed, c.split_seed, c.population = method, seeds[0], split_seed, len(seeds)
+        dirs = [os.path.join(workdir, f"seed{seed}", method) for seed in seeds]
+        if get_method(c).shares_first_session:
+            for seed, run_dir in zip(seeds, dirs):
+                saved = (d for d in earlier[seed] if os.path.exists(os.path.join(d, "checkpoints", "sessions", "0")))
+                source = next(saved, None)
+                if source is not None:
+                    share_first_session(source, run_dir)
+                earlier[seed].append(run_dir)
+        print(
+            f"\n##### method {method}, seeds {seeds[0]}..{seeds[-1]} as a population ({time.time() - t0:.0f}s elapsed)"
+        )
+        try:
+            out = population.run_population(c, os.path.join(workdir, "population", method), dirs)
+            runs += [run_record(s, method, d, workdir, r) for s, d, r in zip(seeds, dirs, out["results"])]
+        except NonFiniteError as e:  # the population stops as a whole: every seed of the method diverged
+            print(f"method {method} (population) diverged: {e}", flush=True)
+            runs += [run_record(s, method, d, workdir, None, e) for s, d in zip(seeds, dirs)]
+    return sorted(runs, key=lambda r: r["seed"])  # seed-major, as without --population
+
+
+def _compare(
+    config, workdir: str, methods: list[str], seeds: list[int], split_seed: int | None, population: bool = False
+) -> list[dict]:
+    if split_seed is None:
+        split_seed = config.get("split_seed")
+    if population and split_seed is None:
+        split_seed = min(seeds)  # the members of a population share one session plan
+    runs: list[dict] = []
+    t0 = time.time()
+    if population:
+        runs = _run_populations(config, workdir, methods, seeds, split_seed)
+    for seed in [] if population else seeds:
         earlier: list[str] = []  # this seed's sharing run dirs so far: session 1 comes from the first that saved it
         for method in methods:
             c = copy.deepcopy(config)
@@ -459,7 +517,7 @@ def main(argv):
     cli.quiet_logging()
     determinism.apply(FLAGS.config.deterministic)  # before the first JAX computation
     try:
-        run_comparison(FLAGS.config, FLAGS.workdir, FLAGS.methods, seeds, split_seed)
+        run_comparison(FLAGS.config, FLAGS.workdir, FLAGS.methods, seeds, split_seed, FLAGS.population)
     except UserError as e:  # a problem the user must fix: one line, no traceback; anything else is a bug
         sys.exit(cli.report(e))
 
