@@ -110,25 +110,27 @@ case "$1" in
     parts=()
     for dt in ${RACE_DTYPES//,/ }; do
       for cfg in cifar16 cifar256 rn50_64; do
-        parts+=("$cfg $dt jax step" "$cfg $dt jax kstep" "$cfg $dt jax population"
-                "$cfg $dt torch eager" "$cfg $dt torch default" "$cfg $dt torch max-autotune"
-                "$cfg $dt torch reduce-overhead")
+        parts+=("$cfg $dt jax step" "$cfg $dt jax kstep 4" "$cfg $dt jax kstep 8" "$cfg $dt jax population 4"
+                "$cfg $dt jax population 8" "$cfg $dt torch eager" "$cfg $dt torch default"
+                "$cfg $dt torch max-autotune" "$cfg $dt torch reduce-overhead")
       done
     done
     for part in "${parts[@]}"; do
-      read -r cfg dt side rows <<< "$part"
-      f="$R/part_${cfg}_${dt}_${side}_${rows}.json"
+      read -r cfg dt side rows n <<< "$part"
+      f="$R/part_${cfg}_${dt}_${side}_${rows}${n:+_$n}.json"
       [ -f "$f" ] && continue
       left=$(( CALL_S - ($(date +%s) - t0) ))
       if [ "$left" -lt "$MIN_PART_S" ]; then echo "race: chunk ended, run the same command again"; exit 0; fi
       args=(--side "$side" --configs "$cfg" --dtype "$dt" --rows "$rows")
-      echo "== $cfg $dt $side $rows ($left s left in this call)"
+      [ "$rows" = kstep ] && args+=(--ks "$n")
+      [ "$rows" = population ] && args+=(--populations "$n")
+      echo "== $cfg $dt $side $rows $n ($left s left in this call)"
       timeout --signal=KILL "$left" "$PY" benchmarks/race.py "${args[@]}" --json "$f" 2>&1 \
         | grep --line-buffered -v -E "^[WI][0-9]{4} " | tee -a "$R/race.log"
       if [ ! -f "$f" ] && [ "$left" -ge "$(( CALL_S - 30 ))" ]; then  # it had (nearly) a whole call: give up on it
         "$PY" benchmarks/race.py "${args[@]}" --placeholder "timed out after $left s" --json "$f"
       elif [ ! -f "$f" ]; then
-        echo "race: $cfg $dt $side $rows did not finish in $left s; run again (it gets a whole call next)"; exit 0
+        echo "race: $cfg $dt $side $rows $n did not finish in $left s; run again (it gets a whole call next)"; exit 0
       fi
     done
     if [ -f benchmarks/input_pipeline.py ] && [ ! -f "$R/input_pipeline.json" ] && [ ! -f "$R/input_pipeline.failed" ]; then
