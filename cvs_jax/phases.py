@@ -16,6 +16,7 @@ made by older models and are never re-embedded (``joint`` alone re-embeds everyt
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from typing import Any, Callable, Iterable
@@ -38,6 +39,7 @@ from cvs_jax.run_state import RunState
 from cvs_jax.train_step import TrainState
 
 _NO_BAD_STEP = np.iinfo(np.int32).max
+MAX_CALLS_IN_FLIGHT = 2  # the host prepares the next call while the device runs the current one
 
 
 def carry_over(ctx: RunContext, state: RunState, s: int) -> RunState:
@@ -402,11 +404,17 @@ def run_loop(driver: Driver) -> TrainState:
     t_session = t_epoch = time.time()
     plan = calls(step, total, spe, driver.k)
     batches = iter(driver.batches(plan))
+    in_flight: collections.deque = collections.deque()
     for first_step, n in plan:
         epoch = first_step // spe
         lr = schedules.epoch_lr(c.train.schedule, epoch, c.train.lr, c.train.epochs)
         batch = next(batches)
         ts, metrics = driver.call(ts, batch, lr, n)
+        # at most MAX_CALLS_IN_FLIGHT dispatched calls: each holds its batch, so an unbounded queue of
+        # asynchronous calls would make host (CPU) or device memory grow with the epoch's length
+        in_flight.append(metrics["loss"])
+        if len(in_flight) > MAX_CALLS_IN_FLIGHT:
+            jax.block_until_ready(in_flight.popleft())
         if driver.stacked:
             bad_step = jnp.minimum(bad_step, _first_bad(metrics, first_step))
             sums = _accumulate(sums or None, metrics)  # on device, no sync
