@@ -388,8 +388,18 @@ def dedupe(rows: list[dict]) -> list[dict]:
     return list(keep.values())
 
 
+def _order(r: dict) -> tuple:
+    """Table order whatever the order of the parts: configs as in CONFIGS, then step, k-steps, populations,
+    torch eager, the compile modes."""
+    v = r["variant"]
+    ranks = ["step", "k-step", "population", "torch eager"] + [f"torch.compile {m}" for m in TORCH_MODES]
+    rank = next((i for i, p in enumerate(ranks) if v == p or v.startswith(p + " ")), len(ranks))
+    cfg = list(CONFIGS).index(r["config"]) if r["config"] in CONFIGS else len(CONFIGS)
+    return cfg, r["dtype"], rank, r["steps_per_call"], r["members"], "emulated" in v
+
+
 def report(rows: list[dict], envs: list[str], quick: bool) -> str:
-    rows, table_rows, goals = dedupe(rows), [], []
+    rows, table_rows, goals = sorted(dedupe(rows), key=_order), [], []
     for name in dict.fromkeys(r["config"] for r in rows):
         rs = [r for r in rows if r["config"] == name]
         eager = next((r["images_per_s_total"] for r in rs if r["variant"] == "torch eager"), None)
