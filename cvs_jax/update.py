@@ -10,9 +10,9 @@ completed sessions are restored, session S+1 trains on the new train images (plu
 replay), its model embeds them as a new gallery part (no stored row is touched), and
 ``results.json`` gains the session, with recall of the new and all earlier test queries.
 
-The head grows to the classes seen, rounded up to ``model.head_block`` rows: the train step is
-compiled again only when a session crosses a multiple of it (each session already compiles its
-own steps once; a grown head adds nothing beyond that).
+The head grows to the classes seen, rounded up to ``model.head_block`` rows: a grown head changes
+the step's shapes and compiles it anew (the persistent XLA cache cannot serve it), so in blocks of
+``head_block`` rows that happens once per block of new classes, not at every session that brings one.
 
 Rerunning an interrupted ``update`` with the same folder resumes it exactly.  A folder that is
 already part of the run, or whose images (by content, SHA-256) are already in it, is refused, so
