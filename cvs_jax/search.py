@@ -217,8 +217,7 @@ class Run:
         """``for_add``: the caller holds the workdir's lock and may write the additions."""
         self.workdir = workdir
         check_is_run(workdir)
-        with open(os.path.join(workdir, "config.json")) as f:
-            self.config = ml_collections.ConfigDict(json.load(f))
+        self.config = workdir_lib.stored_config(workdir)
         with open(os.path.join(workdir, "protocol.json")) as f:
             self.protocol = json.load(f)
         c = self.config

@@ -32,6 +32,7 @@ import tensorflow_datasets as tfds
 from absl import flags
 
 from cvs_jax import cli, determinism, trainer
+from cvs_jax import workdir as workdir_lib
 from cvs_jax.data import parts, records, sources
 from cvs_jax.errors import ConfigError, DataError, UserError
 
@@ -53,8 +54,7 @@ def run_config(workdir: str) -> ml_collections.ConfigDict:
         raise ConfigError(
             f"{workdir} holds no cvs_jax run (config.json is missing); start one with python -m cvs_jax.main."
         )
-    with open(path) as f:
-        return ml_collections.ConfigDict(json.load(f))
+    return workdir_lib.stored_config(workdir)
 
 
 def completed_sessions(workdir: str) -> int:
@@ -131,6 +131,7 @@ def _sessions_before(config: ml_collections.ConfigDict) -> int:
     """Sessions of the run's first folder (its manifest's session column, else one)."""
     c = ml_collections.ConfigDict(config.to_dict())
     c.data.updates = []
+    c.data.in_memory_limit_mb = 0.0  # only the sessions are read: no image is decoded
     ds = parts.load_run_dataset(c.data)
     return 1 if ds.train_sessions is None or not len(ds.train_sessions) else int(np.max(ds.train_sessions)) + 1
 

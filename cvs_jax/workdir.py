@@ -80,6 +80,12 @@ def has_checkpoint(workdir: str) -> bool:
     return False
 
 
+def stored_config(workdir: str) -> ml_collections.ConfigDict:
+    """The run's ``config.json`` as a ConfigDict: what search and update read of a run."""
+    with open(os.path.join(workdir, "config.json")) as f:
+        return ml_collections.ConfigDict(json.load(f))
+
+
 def _write_config(path: str, current: dict) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

@@ -49,20 +49,8 @@ def to_square_uint8(pil_image, size: int | None = None) -> np.ndarray:
         RGB first, as torchvision's ImageFolder loader does).
       size: output side; default `STORED_SIZE` (read now).
     """
-    from PIL import Image  # pylint: disable=g-import-not-at-top
-
     size = stored_size() if size is None else int(size)
-    img = pil_image if pil_image.mode == "RGB" else pil_image.convert("RGB")
-    width, height = resized_shape(img.width, img.height, size)
-    if (width, height) != img.size:
-        img = img.resize((width, height), Image.BILINEAR)
-    left = int(round((width - size) / 2.0))  # torchvision's CenterCrop offsets
-    top = int(round((height - size) / 2.0))
-    img = img.crop((left, top, left + size, top + size))
-    array = np.asarray(img, dtype=np.uint8)
-    if array.shape != (size, size, 3):
-        raise AssertionError(f"resize gave {array.shape}, expected {(size, size, 3)}")
-    return array
+    return to_stored(pil_image, (size, size, 3))
 
 
 def to_stored(pil_image, shape) -> np.ndarray:
