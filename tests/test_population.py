@@ -1,13 +1,16 @@
-"""``population=N``: N members in one vmapped step equal N separate runs (seeds s..s+N-1, the split of s),
-and a population killed mid-session and rerun equals the uninterrupted population.
+"""``population=N``: N members in one vmapped step equal N separate runs (seeds s..s+N-1, the split of s):
+the same recalls, validation recalls and selected epochs, losses within float tolerance; and a population
+killed mid-session and rerun equals the uninterrupted population exactly.
 
-Tolerance measured on CPU (tiny cvs run below, seeds 1 and 2, 2 sessions x 2 epochs): the vmapped program
-batches the members' convolutions, whose float code differs from a single run's in the last bits, and the
-tiny model's training amplifies that: epoch-mean losses agree within 2.9e-5 relative in session 1 and
-9.7e-3 in session 2 (member 1; ``RTOL`` = 2e-2).  Recalls: this 8-d model has near-ties that such
-differences flip (session 1 R@2 62.50 vs 58.33 %, one query of 24; member 1's session-2 validation R@1
-25 vs 20 %, one query of 20), so recalls are compared to within two queries, not for equality.  The
-killed-and-rerun population equals the uninterrupted one exactly.
+Why ``train.lr`` is 0.003 here, a tenth of the recipe's: the vmapped program batches the members'
+convolutions, whose float code differs from a single run's in the last bits (first-epoch losses 1e-7
+apart).  At lr 0.03 the tiny model's training (T = 0.05 softmax, width 4, batch 16) is chaotic: that
+1e-7 grew to 3e-4 within one 6-step epoch and to 1e-2 by session 2 (measured, seeds 0 and 1), and recalls
+of its 8-d embedding flipped by a query; two separate runs on two machines would drift the same way.
+At lr 0.003 the same runs stay within 7e-7 (seed 0; at most 4e-4 over seeds 0-4, 2 and 3 sessions;
+1.0e-4 for seed 0 with XLA's backend optimisations off, a stand-in for another CPU's float code) and
+every recall is equal, so the test can assert what the population promises: the members are the
+separate runs, not merely runs like them.
 """
 
 import json
@@ -21,8 +24,8 @@ from cvs_jax.errors import ConfigError
 from tests import methods_runs as mr
 from tests.tiny_data import tiny_config, write_fashion_idx
 
-SEED = 1  # seed 0's session 1 has a test-query near-tie that ulp-level differences flip (see the docstring)
-RTOL = 2e-2  # metrics.jsonl epoch means of a member vs its separate run (measured 9.7e-3; session 1: 2.9e-5)
+LR = 0.003  # a non-chaotic regime of the tiny model (see the module docstring)
+RTOL = 1e-3  # metrics.jsonl floats, member vs separate run (measured 7.1e-7; 1.0e-4 with XLA backend opts off)
 
 
 @pytest.fixture(scope="module")
@@ -35,37 +38,23 @@ def _config(manual, tmp_path, method="cvs", seed=0):
     c.data.samples_per_new_class = 30
     c.memory.budget = 20
     c.train.checkpoint_every_steps = 3
+    c.train.lr = LR
     c.seed = seed
     return c
 
 
-def _close(a_metrics, b_metrics):
-    assert len(a_metrics) == len(b_metrics)
-    for a, b in zip(a_metrics, b_metrics):
+def _same_run(member, separate):
+    """results.json equal (every recall, selected epoch, size); metrics.jsonl: recalls equal, the other
+    floats within ``RTOL``."""
+    assert member[0] == separate[0]
+    assert len(member[1]) == len(separate[1])
+    for a, b in zip(member[1], separate[1]):
         assert a.keys() == b.keys()
         for key in a:
-            if key.startswith("test_") or key == "val_recall1":  # near-ties: at most two queries of 12-36
-                assert abs(b[key] - a[key]) <= 2 / 12 + 1e-12, key
-            elif isinstance(a[key], float):
-                np.testing.assert_allclose(b[key], a[key], rtol=RTOL, err_msg=key)
+            if key.startswith("test_") or key == "val_recall1" or not isinstance(a[key], float):
+                assert a[key] == b[key], key
             else:
-                assert b[key] == a[key], key
-
-
-def _results_close(a, b):
-    """The same run up to float drift: same sizes and steps; a test recall at most two queries apart, the
-    validation recall@1 at most one query of 12-20 (near-ties of the tiny model that the vmapped program's
-    ulp-level differences flip, see the module docstring)."""
-    assert a.keys() == b.keys()
-    for x, y in zip(a["per_session"], b["per_session"]):
-        for k in ("session", "train_images", "gallery_rows", "test_queries", "steps"):
-            assert x[k] == y[k], k
-        assert abs(x["val_recall1"] - y["val_recall1"]) <= 1 / 12 + 1e-12
-        for k in x["recall"]:
-            assert abs(x["recall"][k] - y["recall"][k]) <= 2 / x["test_queries"] + 1e-12, (x, y)
-    assert {k: v for k, v in a.items() if k not in ("per_session", "average_recall", "compatibility_recall1")} == {
-        k: v for k, v in b.items() if k not in ("per_session", "average_recall", "compatibility_recall1")
-    }
+                np.testing.assert_allclose(a[key], b[key], rtol=RTOL, err_msg=key)
 
 
 def test_population_refuses_methods_it_cannot_stack(manual, tmp_path):
@@ -78,30 +67,28 @@ def test_population_refuses_methods_it_cannot_stack(manual, tmp_path):
 
 
 def test_population_equals_separate_runs_and_resumes(manual, tmp_path):
-    c = _config(manual, tmp_path, seed=SEED)
+    c = _config(manual, tmp_path, seed=0)
     c.population = 2
     wd = str(tmp_path / "pop")
     out = trainer.run(c, wd)
     with open(os.path.join(wd, "population.json")) as f:
         listed = json.load(f)
-    assert [(m["seed"], m["workdir"]) for m in listed["members"]] == [(SEED, "member0"), (SEED + 1, "member1")]
-    assert listed["split_seed"] == SEED and len(out["results"]) == 2
+    assert [(m["seed"], m["workdir"]) for m in listed["members"]] == [(0, "member0"), (1, "member1")]
+    assert listed["split_seed"] == 0 and len(out["results"]) == 2
     members = [mr.outcome(os.path.join(wd, f"member{m}")) for m in range(2)]
-    assert members[0][0]["seed"] == SEED and members[1][0]["seed"] == SEED + 1
+    assert members[0][0]["seed"] == 0 and members[1][0]["seed"] == 1
     assert members[0][0]["per_session"] != members[1][0]["per_session"]  # different members
     for m in range(2):
-        sep = _config(manual, tmp_path, seed=SEED + m)
-        sep.split_seed = SEED
+        sep = _config(manual, tmp_path, seed=m)
+        sep.split_seed = 0
         sep_wd = str(tmp_path / f"separate{m}")
         trainer.run(sep, sep_wd)
-        results, metrics = mr.outcome(sep_wd)
-        _results_close(members[m][0], results)
-        _close(metrics, members[m][1])
+        _same_run(members[m], mr.outcome(sep_wd))
 
     # killed mid-session (session 1, epoch 2, before its checkpoint at step 9), rerun: the same outcome
     cmd = mr.main_cmd(manual, str(tmp_path / "tfds"), str(tmp_path / "killed"), "cvs") + [
         "--config.population=2",
-        f"--config.seed={SEED}",
+        f"--config.train.lr={LR}",
     ]
     assert mr.run(cmd, "step:8").returncode == -9
     resumed = mr.run(cmd)
