@@ -1,9 +1,18 @@
-"""Test set-up: a persistent XLA compilation cache (compiles dominate CPU test time)."""
+"""Test set-up: a persistent XLA compilation cache (compiles dominate CPU test time).
+
+Set through the environment, before jax is imported, so that every process a test starts (``main``,
+``update``, ``compare``, multi-device and multi-host workers) reads and fills the same cache: a
+subprocess without it compiled its whole program anew (the README walkthrough's two updates took
+78 s each, mostly compiling what ``main`` had just compiled)."""
 
 import os
 
-import jax
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ.get("CVS_JAX_TEST_CACHE", "/tmp/cvs_jax_xla_cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
-jax.config.update("jax_compilation_cache_dir", os.environ.get("CVS_JAX_TEST_CACHE", "/tmp/cvs_jax_xla_cache"))
+import jax  # noqa: E402
+
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
