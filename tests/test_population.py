@@ -5,9 +5,10 @@ killed mid-session and rerun equals the uninterrupted population exactly.
 Why ``train.lr`` is 0.003 here, a tenth of the recipe's: the vmapped program batches the members'
 convolutions, whose float code differs from a single run's in the last bits (first-epoch losses 1e-7
 apart).  At lr 0.03 the tiny model's training (T = 0.05 softmax, width 4, batch 16) is chaotic: that
-1e-7 grew to 3e-4 within one 6-step epoch and to 1e-2 by session 2 (measured, seeds 0 and 1), and recalls
-of its 8-d embedding flipped by a query; two separate runs on two machines would drift the same way.
-At lr 0.003 the same runs stay within 7e-7 (seed 0; at most 4e-4 over seeds 0-4, 2 and 3 sessions;
+1e-7 grew to 3.5e-3 and 9.7e-3 (seeds 0 and 1) over 2 sessions x 2 epochs, and recalls of its 8-d
+embedding flipped by a query (``python benchmarks/population_drift.py --lr 0.03``); two separate runs on
+two machines would drift the same way.
+At lr 0.003 the same runs stay within 7e-7 (seed 0; ``--lr 0.003``; at most 4e-4 over seeds 0-4, 2 and 3 sessions;
 1.0e-4 for seed 0 with XLA's backend optimisations off, a stand-in for another CPU's float code) and
 every recall is equal, so the test can assert what the population promises: the members are the
 separate runs, not merely runs like them.
