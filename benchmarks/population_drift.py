@@ -19,6 +19,7 @@ import contextlib
 import io
 import json
 import os
+import pathlib
 import sys
 import tempfile
 
@@ -33,7 +34,7 @@ def drift(lr: float, epochs: int, sessions: int, seed: int, root: str) -> dict:
     manual = write_fashion_idx(os.path.join(root, "idx"), train_per_class=40, test_per_class=6)
 
     def config(member_seed: int, population: int = 1):
-        c = tiny_config(manual, _Path(root), method="cvs", sessions=sessions)
+        c = tiny_config(manual, pathlib.Path(root), method="cvs", sessions=sessions)
         c.data.samples_per_new_class, c.memory.budget, c.train.checkpoint_every_steps = 30, 20, 3
         c.train.epochs, c.train.lr, c.seed, c.split_seed, c.population = epochs, lr, member_seed, seed, population
         return c
@@ -57,13 +58,6 @@ def drift(lr: float, epochs: int, sessions: int, seed: int, root: str) -> dict:
             if (a["recall"], a["best_epoch"]) != (b["recall"], b["best_epoch"]):
                 flips.append(f"member {m} results session {a['session'] + 1}: {a['recall']} vs {b['recall']}")
     return {"lr": lr, "epochs": epochs, "sessions": sessions, "seed": seed, "worst_rel": worst, "recall_flips": flips}
-
-
-class _Path(str):
-    """tiny_config joins with ``/``, as on pytest's tmp_path."""
-
-    def __truediv__(self, name: str) -> str:
-        return os.path.join(self, name)
 
 
 def main() -> None:

@@ -66,11 +66,7 @@ def main_cmd(manual, tfds_dir, workdir, method):
 
 
 def env(fault=None):
-    e = dict(
-        os.environ,
-        JAX_COMPILATION_CACHE_DIR=os.environ.get("CVS_JAX_TEST_CACHE", "/tmp/cvs_jax_xla_cache"),
-        JAX_PLATFORMS="cpu",
-    )
+    e = dict(os.environ, JAX_PLATFORMS="cpu")  # the compilation cache: set in os.environ by conftest
     e.pop("CVS_JAX_FAULT", None)
     if fault:
         e["CVS_JAX_FAULT"] = fault
