@@ -93,3 +93,28 @@ def outcome(workdir):
 def moved_aside(root):
     """Every directory under root that a restore moved aside."""
     return [os.path.join(d, n) for d, dirs, _ in os.walk(root) for n in dirs if n.startswith("unreadable-")]
+
+
+RECALL_KEYS = ("recall", "average_recall", "compatibility_recall1", "val_recall1", "test_recall")
+
+
+def assert_close_outcomes(a, b, *, rtol: float, one_query: float, path: str = "") -> None:
+    """Two ``outcome``s of runs by different XLA programs (vmapped, k steps per call) on one machine:
+    equal structure, counts, sizes, steps and strings; recalls within ``one_query`` (1 / the smallest
+    query set: a near-tie flipped by last-bit float differences moves one query); other floats within
+    ``rtol``."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            assert_close_outcomes(a[k], b[k], rtol=rtol, one_query=one_query, path=f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_close_outcomes(x, y, rtol=rtol, one_query=one_query, path=f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        if any(f".{key}" in path for key in RECALL_KEYS):
+            assert abs(a - b) <= one_query + 1e-12, (path, a, b)
+        else:
+            assert abs(a - b) <= rtol * abs(b), (path, a, b)
+    else:
+        assert a == b, (path, a, b)

@@ -19,7 +19,6 @@ uninterrupted population exactly (one program, one machine).
 import json
 import os
 
-import numpy as np
 import pytest
 
 from cvs_jax import config_checks, population, trainer
@@ -31,7 +30,6 @@ LR = 0.003  # a non-chaotic regime of the tiny model (see the module docstring)
 RTOL = 1e-3  # metrics.jsonl losses, member vs separate run
 SMALLEST_QUERY_SET = "12 val / 24 test queries"  # session 1's line; session 2 has 20 val / 36 test
 ONE_QUERY = 1 / 12  # the most that one flipped query changes any recall of these runs
-RECALL_KEYS = ("recall", "average_recall", "compatibility_recall1", "val_recall1")
 
 
 @pytest.fixture(scope="module")
@@ -48,25 +46,6 @@ def _config(manual, tmp_path, method="cvs", seed=0, epochs=2):
     c.train.epochs = epochs
     c.seed = seed
     return c
-
-
-def _close(a, b, *, one_query: float, path: str = ""):
-    """Equal structure, ints, strings and booleans; recalls within one query; other floats within RTOL."""
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for k in a:
-            _close(a[k], b[k], one_query=one_query, path=f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, one_query=one_query, path=f"{path}[{i}]")
-    elif isinstance(a, float) and isinstance(b, float):
-        if any(key in path for key in RECALL_KEYS) or ".test_recall" in path:
-            assert abs(a - b) <= one_query + 1e-12, (path, a, b)
-        else:
-            np.testing.assert_allclose(a, b, rtol=RTOL, err_msg=path)
-    else:
-        assert a == b, (path, a, b)
 
 
 def test_population_refuses_methods_it_cannot_stack(manual, tmp_path):
@@ -93,7 +72,7 @@ def test_population_members_are_their_separate_runs(manual, tmp_path, capsys):
         sep.split_seed = 0
         sep_wd = str(tmp_path / f"separate{m}")
         trainer.run(sep, sep_wd)
-        _close(members[m], mr.outcome(sep_wd), one_query=ONE_QUERY)
+        mr.assert_close_outcomes(members[m], mr.outcome(sep_wd), rtol=RTOL, one_query=ONE_QUERY)
 
 
 def _selected(metrics, session):
