@@ -8,8 +8,8 @@ writes a complete ordinary run directory, ``<workdir>/member<m>/`` by default (i
 member's: ``population=1``, its seed, the shared ``split_seed``), so ``search``, ``summarize`` and the
 reports read it as any run; ``<workdir>/population.json`` lists the members, their seeds and folders.
 A member's results equal those of a plain run with its config up to the float differences of the
-batched program, which a stable training regime keeps below every recall's margin (the CPU test
-asserts equal recalls; tests/test_population.py says when chaotic training amplifies them).
+batched program, which a stable training regime keeps small; a near-tie query can still flip, and
+chaotic training amplifies them (tests/test_population.py says how far, and what it asserts).
 
 Per session the phases run per member as in ``trainer.run_sessions`` (carry-over, session view and
 constants, test, append-and-save); training is one loop (``phases.run_loop``, shared with plain runs)
