@@ -95,6 +95,10 @@ def moved_aside(root):
     return [os.path.join(d, n) for d, dirs, _ in os.walk(root) for n in dirs if n.startswith("unreadable-")]
 
 
+# The two-session tiny runs of test_population and test_steps_per_call (write_fashion_idx(40, 6),
+# samples_per_new_class=30): session 1 prints this line, session 2 has 20 val / 36 test queries.
+SMALLEST_QUERY_SET = "12 val / 24 test queries"
+ONE_QUERY = 1 / 12  # the most that one flipped query changes any recall of those runs
 RECALL_KEYS = ("recall", "average_recall", "compatibility_recall1", "val_recall1", "test_recall")
 
 

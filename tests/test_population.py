@@ -28,8 +28,6 @@ from tests.tiny_data import tiny_config, write_fashion_idx
 
 LR = 0.003  # a non-chaotic regime of the tiny model (see the module docstring)
 RTOL = 1e-3  # metrics.jsonl losses, member vs separate run
-SMALLEST_QUERY_SET = "12 val / 24 test queries"  # session 1's line; session 2 has 20 val / 36 test
-ONE_QUERY = 1 / 12  # the most that one flipped query changes any recall of these runs
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +60,7 @@ def test_population_members_are_their_separate_runs(manual, tmp_path, capsys):
     c.population = 2
     wd = str(tmp_path / "pop")
     trainer.run(c, wd)
-    assert SMALLEST_QUERY_SET in capsys.readouterr().out
+    assert mr.SMALLEST_QUERY_SET in capsys.readouterr().out
     members = [mr.outcome(os.path.join(wd, f"member{m}")) for m in range(2)]
     assert members[0][0]["per_session"] != members[1][0]["per_session"]  # different members
     first_losses = [mem[1][0]["loss"] for mem in members]
@@ -72,7 +70,7 @@ def test_population_members_are_their_separate_runs(manual, tmp_path, capsys):
         sep.split_seed = 0
         sep_wd = str(tmp_path / f"separate{m}")
         trainer.run(sep, sep_wd)
-        mr.assert_close_outcomes(members[m], mr.outcome(sep_wd), rtol=RTOL, one_query=ONE_QUERY)
+        mr.assert_close_outcomes(members[m], mr.outcome(sep_wd), rtol=RTOL, one_query=mr.ONE_QUERY)
 
 
 def _selected(metrics, session):

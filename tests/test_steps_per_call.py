@@ -24,8 +24,6 @@ from tests import methods_runs as mr
 from tests.tiny_data import tiny_config, write_fashion_idx
 
 RTOL = 1e-3  # metrics.jsonl's epoch means, k=3 vs k=1 (measured: grad_norm 2.4e-7 relative, the rest equal)
-SMALLEST_QUERY_SET = "12 val / 24 test queries"  # session 1's line; session 2 has more
-ONE_QUERY = 1 / 12
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +58,9 @@ def _run(manual, tmp_path, k, name, *, epochs, every):
 
 def test_k_steps_per_call_match_single_steps(manual, tmp_path, capsys):
     one = _run(manual, tmp_path, 1, "k1", epochs=1, every=2)
-    assert SMALLEST_QUERY_SET in capsys.readouterr().out
+    assert mr.SMALLEST_QUERY_SET in capsys.readouterr().out
     three = _run(manual, tmp_path, 3, "k3", epochs=1, every=2)
-    mr.assert_close_outcomes(three, one, rtol=RTOL, one_query=ONE_QUERY)
+    mr.assert_close_outcomes(three, one, rtol=RTOL, one_query=mr.ONE_QUERY)
     # session 2 (global steps 7-10, 4 per epoch, calls 3+1): k=1 checkpoints at 8 (a multiple of 2) and 10,
     # k=3 at 9, the end of the call that passed 8, and 10 (the last two are kept)
     progress = lambda name: sorted(  # noqa: E731
