@@ -26,7 +26,7 @@ import numpy as np
 
 from configs import cifar100_general, dogs_general
 from cvs_jax import augment, distributed, models
-from cvs_jax.methods import get_method
+from cvs_jax.methods import get_head, get_method
 from cvs_jax.train_step import TrainState, make_optimizer, make_train_step
 
 NUM_CLASSES, OLD_CLASSES, VALID_CLASSES = 100, 20, 40
@@ -43,7 +43,7 @@ def build(config, dtype: str, mesh, side: int):
         model,
         tx,
         get_method(config),
-        temperature=config.train.temperature,
+        head=get_head(config),
         loss_weights=dict(config.loss_weights),
         pipeline=augment.Pipeline.from_config(config),
     )

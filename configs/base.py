@@ -69,6 +69,10 @@ def get_config() -> ml_collections.ConfigDict:
     # (`update`) grow their head; a multiple means one recompile per head_block new classes, not per session.
     c.model.head_block = 0
     c.model.dtype = "float32"  # "bfloat16": bf16 convolutions; params, embeddings and losses stay f32
+    # the classifier head that trains the embedding (models/heads.py): "official" = the method's reference
+    # code's head (cosine NormLayer for ivclab/CVS's methods; linear_reset, a fresh linear layer with bias
+    # every session, for the fork's ewc, rwalk and rainbow), or "cosine" / "linear_reset" for every method.
+    c.model.head = "official"
 
     c.train = ml_collections.ConfigDict()
     c.train.epochs = 256

@@ -1,13 +1,17 @@
 r"""Run several methods on identical splits and seeds and tabulate them like the paper's Table 1.
 
     python -m cvs_jax.compare --config configs/<name>.py[:<variant>] --workdir DIR \
-        --methods finetune,joint,cvs --seeds 0,1,2 [--fixed_split | --split_seed=N] [--config.<key>=<value> ...]
+        --methods finetune,joint,cvs,ewc@cosine --seeds 0,1,2 [--fixed_split | --split_seed=N] \
+        [--config.<key>=<value> ...]
 
-Each (seed, method) runs in ``DIR/seed<seed>/<method>`` (rerunning resumes).  Session 1
-is plain normalized-softmax training for every method (as in the official launch
-scripts), so it is trained once per seed and its checkpoint is copied into the other
-methods' workdirs, which then resume from session 2; a method whose session 1 keeps
-statistics of its own (``Method.shares_first_session`` False: fork EWC / RWalk) trains it.
+An entry of ``--methods`` is a method, trained with ``model.head`` as configured (default
+"official": the method's reference head), or ``method@head`` (``cosine`` / ``linear_reset``) to
+train it with that head: ``ewc,ewc@cosine`` compares the fork's EWC with its head and with CVS's.
+Each (seed, entry) runs in ``DIR/seed<seed>/<entry>`` (rerunning resumes).  Session 1 is plain
+L_c training for every method (as in the official launch scripts), so it is trained once per seed
+and head and its checkpoint is copied into the workdirs of the other entries with that head,
+which then resume from session 2; a method whose session 1 keeps statistics of its own
+(``Method.shares_first_session`` False: fork EWC / RWalk) trains it.
 
 Seeds and splits: by default each seed draws its own session plan (class order and image
 split) and its own initialisation, augmentation and data order.  ``--fixed_split`` runs
@@ -16,10 +20,13 @@ official code does (fixed split files, only the run varies); ``--split_seed=N`` 
 
 Writes, in DIR:
 
-* ``comparison.md`` / ``comparison.csv``: AR@K mean ± std over seeds; per method the paired
-  difference to ``cvs`` (AR@K of the method minus AR@K of cvs on the same seed): its mean
-  and 95 % Student-t interval over the seeds both finished, "significant" when the interval
-  excludes 0, "n/a" with fewer than two seeds; the per-seed AR@1 of every run;
+* ``comparison.md`` / ``comparison.csv``: AR@K and the backward-compatibility drop (BC,
+  ``compatibility.mean_drop``: recall@1 newer models lose on older gallery parts, in points)
+  mean ± std over seeds; per entry the paired difference to ``cvs`` (the entry minus cvs on the
+  same seed): its mean and 95 % Student-t interval over the seeds both finished, "significant"
+  when the interval excludes 0, "n/a" with fewer than two seeds; the same paired differences for
+  each method's head effect (``m@linear_reset`` minus ``m@cosine``) and for each entry against
+  cvs under the same head, when those entries were run; the per-seed AR@1 of every run;
 * ``comparison.json``: all of it, per-seed values included (format in ``comparison_json``);
 * ``comparison.png``: recall@1 per session per method, mean over seeds.
 
@@ -45,13 +52,15 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from cvs_jax import cli, determinism, distributed, plots, trainer
+from cvs_jax import cli, compatibility, determinism, distributed, plots, trainer
 from cvs_jax import workdir as workdir_lib
 from cvs_jax.errors import ConfigError, NonFiniteError, UserError
-from cvs_jax.methods import METHODS, get_method
+from cvs_jax.methods import METHODS, get_method, head_name
+from cvs_jax.models.heads import HEADS
 
 FLAGS = flags.FLAGS
 REFERENCE = "cvs"  # paired differences are taken against this method
+BC = "BC"  # the backward-compatibility summary's key beside the K of AR@K (compatibility.mean_drop, points)
 CONFIDENCE = 0.95
 JSON_FORMAT = "cvs_jax.comparison/1"
 
@@ -60,7 +69,12 @@ def define_flags() -> None:
     """The command's flags (defined when it runs, so that tests can import every entry point together)."""
     config_flags.DEFINE_config_file("config", None, cli.config_help(), lock_config=True)
     flags.DEFINE_string("workdir", None, "Directory for all runs and the comparison table.")
-    flags.DEFINE_list("methods", ["finetune", "joint", "cvs"], f"Methods to compare, from: {', '.join(METHODS)}.")
+    flags.DEFINE_list(
+        "methods",
+        ["finetune", "joint", "cvs"],
+        f"Methods to compare, from: {', '.join(METHODS)}; method@head (head: {', '.join(HEADS)}) trains the "
+        "method with that head instead of model.head.",
+    )
     flags.DEFINE_list(
         "seeds",
         ["0"],
@@ -215,27 +229,85 @@ def share_first_session(source: str, target: str) -> None:
         f.writelines(first)
 
 
-def run_record(seed: int, method: str, run_dir: str, workdir: str, results: dict | None, error=None) -> dict:
-    """One run of the comparison: what ``comparison.json`` lists (recalls in %)."""
+def parse_entry(entry: str) -> tuple[str, str | None]:
+    """``"ewc@cosine"`` -> ("ewc", "cosine"); ``"ewc"`` -> ("ewc", None): the configured model.head."""
+    method, _, head = entry.partition("@")
+    return method, (head or None)
+
+
+def entry_config(config, entry: str, seed: int, split_seed):
+    """The config of one (seed, entry) run."""
+    c = copy.deepcopy(config)
+    c.unlock()
+    method, head = parse_entry(entry)
+    c.method, c.seed, c.split_seed = method, seed, split_seed
+    if head is not None:
+        c.model.head = head
+    return c
+
+
+def run_record(seed: int, method: str, c, run_dir: str, workdir: str, results: dict | None, error=None) -> dict:
+    """One run of the comparison (``method``: the ``--methods`` entry, ``c``: its config): what
+    ``comparison.json`` lists (recalls and the BC drop in points)."""
     record = {
         "seed": seed,
         "method": method,
+        "head": head_name(c),
         "workdir": os.path.relpath(run_dir, workdir),
         "status": "ok" if error is None else "diverged",
         "message": None if error is None else str(error),
         "average_recall": None,
         "recall1_per_session": None,
+        BC: None,
     }
     if results is not None:
         record["average_recall"] = {k: 100 * v for k, v in results["average_recall"].items()}
         record["recall1_per_session"] = [100 * s["recall"]["1"] for s in results["per_session"]]
+        drop = compatibility.mean_drop(results["compatibility_recall1"])
+        record[BC] = None if drop is None else 100 * drop
     return record
 
 
+def _metric(r: dict, k: str) -> float | None:
+    """AR@k of a finished run record, or its BC drop for ``k == BC``."""
+    return r[BC] if k == BC else r["average_recall"][k]
+
+
+def _paired(ok_a: dict, ok_b: dict, keys: list[str]) -> dict:
+    """Paired differences a - b per key (AR@K and BC) over the seeds both finished."""
+    out = {}
+    for k in keys:
+        a = {s: _metric(r, k) for s, r in ok_a.items() if _metric(r, k) is not None}
+        b = {s: _metric(r, k) for s, r in ok_b.items() if _metric(r, k) is not None}
+        out[k] = paired_difference(a, b)
+    return out
+
+
+def entry_pairs(config, methods: list[str]) -> list[tuple[str, str, str]]:
+    """The paired comparisons beyond "each entry minus cvs": ``(a, b, why)`` for each method run under
+    both heads (``a`` linear_reset, ``b`` cosine: the head effect) and for each entry against the cvs
+    entry trained with the same head (when that cvs entry is not plain ``cvs``, already the reference)."""
+    heads = {}
+    for entry in methods:
+        method, head = parse_entry(entry)
+        c = entry_config(config, entry, 0, None)
+        heads[entry] = (method, head_name(c))
+    pairs = []
+    for method in dict.fromkeys(m for m, _ in heads.values()):
+        by_head = {h: e for e, (m, h) in heads.items() if m == method}
+        if "linear_reset" in by_head and "cosine" in by_head:
+            pairs.append((by_head["linear_reset"], by_head["cosine"], f"head effect of {method}"))
+    for entry, (method, head) in heads.items():
+        ref = next((e for e, (m, h) in heads.items() if m == REFERENCE and h == head), None)
+        if method != REFERENCE and ref is not None and ref != REFERENCE:
+            pairs.append((entry, ref, f"against {REFERENCE} with the {head} head"))
+    return pairs
+
+
 def summarize_runs(runs: list[dict], methods: list[str]) -> list[dict]:
-    """Per method (in ``methods`` order): AR@K mean/std/per-seed over its finished seeds, the seeds that
-    diverged, the mean recall@1 per session and the paired difference to ``cvs`` (None for cvs itself,
-    and when cvs is not compared)."""
+    """Per method (in ``methods`` order): AR@K and BC mean/std/per-seed over its finished seeds, the
+    seeds that diverged, the mean recall@1 per session and the paired difference to ``cvs`` (None for
+    cvs itself, and when cvs is not compared)."""
     ks = next((list(r["average_recall"]) for r in runs if r["status"] == "ok"), [])
     by_method = {m: [r for r in runs if r["method"] == m] for m in methods}
     ok = {m: {r["seed"]: r for r in rs if r["status"] == "ok"} for m, rs in by_method.items()}
@@ -246,9 +318,14 @@ def summarize_runs(runs: list[dict], methods: list[str]) -> list[dict]:
             "seeds": sorted(ok[m]),
             "diverged": {str(r["seed"]): r["message"] for r in by_method[m] if r["status"] == "diverged"},
             "average_recall": {},
+            BC: None,
             "recall1_per_session": None,
             "vs_" + REFERENCE: None,
         }
+        drops = {s: r[BC] for s, r in ok[m].items() if r[BC] is not None}
+        if drops:
+            mean, std = mean_std(list(drops.values()))
+            entry[BC] = {"mean": mean, "std": std, "per_seed": {str(s): v for s, v in drops.items()}}
         for k in ks:
             per_seed = {s: r["average_recall"][k] for s, r in ok[m].items()}
             mean, std = mean_std(list(per_seed.values()))
@@ -260,15 +337,22 @@ def summarize_runs(runs: list[dict], methods: list[str]) -> list[dict]:
         if ok[m]:
             entry["recall1_per_session"] = np.mean([r["recall1_per_session"] for r in ok[m].values()], 0).tolist()
         if m != REFERENCE and REFERENCE in ok:
-            entry["vs_" + REFERENCE] = {
-                k: paired_difference(
-                    {s: r["average_recall"][k] for s, r in ok[m].items()},
-                    {s: r["average_recall"][k] for s, r in ok[REFERENCE].items()},
-                )
-                for k in ks
-            }
+            entry["vs_" + REFERENCE] = _paired(ok[m], ok[REFERENCE], ks + [BC])
         summary.append(entry)
     return summary
+
+
+def summarize_pairs(runs: list[dict], pairs: list[tuple[str, str, str]]) -> list[dict]:
+    """``entry_pairs``' comparisons: ``{a, b, why, difference: {K or BC: paired_difference}}``."""
+    ks = next((list(r["average_recall"]) for r in runs if r["status"] == "ok"), [])
+    ok = {}
+    for r in runs:
+        if r["status"] == "ok":
+            ok.setdefault(r["method"], {})[r["seed"]] = r
+    return [
+        {"a": a, "b": b, "why": why, "difference": _paired(ok.get(a, {}), ok.get(b, {}), ks + [BC])}
+        for a, b, why in pairs
+    ]
 
 
 def rows_from_summary(summary: list[dict]) -> list[dict]:
@@ -278,13 +362,15 @@ def rows_from_summary(summary: list[dict]) -> list[dict]:
         row = {"method": e["method"], "seeds": len(e["seeds"]), "diverged": len(e["diverged"])}
         for k, a in e["average_recall"].items():
             row[f"AR@{k}"], row[f"AR@{k} std"] = a["mean"], a["std"]
+        row[BC], row[f"{BC} std"] = (e[BC]["mean"], e[BC]["std"]) if e[BC] else (None, None)
         vs = e["vs_" + REFERENCE]
-        for k in e["average_recall"]:
+        for k in list(e["average_recall"]) + [BC]:
+            name = BC if k == BC else f"AR@{k}"
             d = vs[k] if vs else None
             ci = d["ci95"] if d and d["ci95"] else (None, None)
-            row[f"AR@{k} - {REFERENCE}"] = d["mean"] if d else None
-            row[f"AR@{k} - {REFERENCE} ci95 low"], row[f"AR@{k} - {REFERENCE} ci95 high"] = ci
-            row[f"AR@{k} - {REFERENCE} significant"] = d["significant"] if d else None
+            row[f"{name} - {REFERENCE}"] = d["mean"] if d else None
+            row[f"{name} - {REFERENCE} ci95 low"], row[f"{name} - {REFERENCE} ci95 high"] = ci
+            row[f"{name} - {REFERENCE} significant"] = d["significant"] if d else None
         row["recall1_per_session"] = e["recall1_per_session"]
         rows.append(row)
     return rows
@@ -298,36 +384,62 @@ def _status(e: dict) -> str:
     return f" (seed {', '.join(e['diverged'])} diverged)"
 
 
-def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str) -> str:
+def _mean_std_cell(a: dict | None) -> str:
+    return "n/a" if a is None else f"{a['mean']:.2f} ± {a['std']:.2f}"
+
+
+def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str, pairs: list[dict] = ()) -> str:
     ks = next((list(e["average_recall"]) for e in summary if e["average_recall"]), [])
     n_seeds = len({r["seed"] for r in runs})
-    lines = [f"### {title}", "", "| method | " + " | ".join(f"AR@{k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+    heads = {r["method"]: r["head"] for r in runs}
+    cols = [f"AR@{k}" for k in ks] + [BC]
+    lines = [f"### {title}", "", "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for e in summary:
         if not e["seeds"]:
-            cells = ["diverged"] * len(ks)
+            cells = ["diverged"] * len(cols)
         else:
-            cells = [f"{e['average_recall'][k]['mean']:.2f} ± {e['average_recall'][k]['std']:.2f}" for k in ks]
+            cells = [_mean_std_cell(e["average_recall"][k]) for k in ks] + [_mean_std_cell(e[BC])]
             cells[0] += _status(e)
         lines.append(f"| {e['method']} | " + " | ".join(cells) + " |")
-    lines += ["", f"AR@K in %, mean ± std over the finished seeds ({n_seeds} seed(s) run); {split_note}."]
+    lines += [
+        "",
+        f"AR@K in %, mean ± std over the finished seeds ({n_seeds} seed(s) run); {split_note}. {BC}: the "
+        "backward-compatibility drop, mean over old gallery parts j of (recall@1 of the newer models on "
+        "part j) − (recall@1 of part j's own model), in points (0: compatible; more negative: more of the "
+        "old rows lost). Heads: " + ", ".join(f"{m} {h}" for m, h in heads.items() if h) + ".",
+    ]
     if any(e["vs_" + REFERENCE] for e in summary):
         lines += [
             "",
             f"Paired difference to {REFERENCE} (AR@K of the method minus AR@K of {REFERENCE} on the same seed, in "
             f"points): mean [95 % Student-t interval, df = n - 1]; significant when the interval excludes 0.",
             "",
-            "| method | n | " + " | ".join(f"AR@{k} - {REFERENCE}" for k in ks) + " |",
-            "|---|---|" + "---|" * len(ks),
+            "| method | n | " + " | ".join(f"{c} - {REFERENCE}" for c in cols) + " |",
+            "|---|---|" + "---|" * len(cols),
         ]
         for e in summary:
             vs = e["vs_" + REFERENCE]
             if e["method"] == REFERENCE:
                 continue
             if not e["seeds"]:
-                lines.append(f"| {e['method']} | 0 | " + " | ".join(["diverged"] * len(ks)) + " |")
+                lines.append(f"| {e['method']} | 0 | " + " | ".join(["diverged"] * len(cols)) + " |")
                 continue
             n = vs[ks[0]]["n"] if vs else 0
-            lines.append(f"| {e['method']} | {n} | " + " | ".join(format_difference(vs and vs[k]) for k in ks) + " |")
+            cells = [format_difference(vs and vs[k]) for k in ks + [BC]]
+            lines.append(f"| {e['method']} | {n} | " + " | ".join(cells) + " |")
+    if pairs:
+        lines += [
+            "",
+            "Further paired differences (a minus b on the same seed, in points; same interval and verdict):",
+            "",
+            "| a - b | why | n | " + " | ".join(cols) + " |",
+            "|---|---|---|" + "---|" * len(cols),
+        ]
+        for p in pairs:
+            d = p["difference"]
+            cells = [format_difference(d[k]) for k in ks + [BC]]
+            n = d[ks[0]]["n"] if ks else 0
+            lines.append(f"| {p['a']} - {p['b']} | {p['why']} | {n} | " + " | ".join(cells) + " |")
     seeds = sorted({r["seed"] for r in runs})
     lines += ["", "AR@1 per seed (%):", "", "| method | " + " | ".join(f"seed {s}" for s in seeds) + " |"]
     lines.append("|---|" + "---|" * len(seeds))
@@ -348,15 +460,16 @@ def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str)
     return "\n".join(lines)
 
 
-def comparison_json(config, methods: list[str], seeds: list[int], split_seed, runs, summary) -> dict:
+def comparison_json(config, methods: list[str], seeds: list[int], split_seed, runs, summary, pairs=()) -> dict:
     """``comparison.json``: every number of the tables, per seed.  Recalls in %.
 
     ``runs``: one entry per (seed, method) with ``status`` "ok" or "diverged" (then ``message``),
     ``workdir`` (relative to DIR; each holds config.json, and results.json when finished),
     ``average_recall`` {K: AR@K} and ``recall1_per_session``.  ``summary``: per method, ``seeds``
     (finished), ``diverged`` {seed: message}, ``average_recall`` {K: {mean, std, per_seed}},
-    ``recall1_per_session`` (mean) and ``vs_cvs`` {K: {n, per_seed, mean, std, ci95, t_quantile,
-    significant}} (paired differences, method minus cvs, same seed).
+    ``recall1_per_session`` (mean), ``BC`` {mean, std, per_seed} and ``vs_cvs`` {K or "BC": {n, per_seed,
+    mean, std, ci95, t_quantile, significant}} (paired differences, method minus cvs, same seed).
+    ``pairs``: ``summarize_pairs`` (head effects, entries against cvs under the same head).
     """
     return {
         "format": JSON_FORMAT,
@@ -370,6 +483,7 @@ def comparison_json(config, methods: list[str], seeds: list[int], split_seed, ru
         "reference": REFERENCE,
         "runs": runs,
         "summary": summary,
+        "pairs": list(pairs),
     }
 
 
@@ -391,12 +505,29 @@ def run_comparison(
             f"--population trains seeds k..k+N-1 as one population; --seeds {','.join(map(str, seeds))} are "
             f"not consecutive (e.g. --seeds {','.join(str(min(seeds) + i) for i in range(len(seeds)))})."
         )
-    unknown = [m for m in methods if m not in METHODS]
+    unknown = [m for m in methods if parse_entry(m)[0] not in METHODS]
     if unknown:
         raise ConfigError(f"--methods names unknown methods {unknown}; choose from {sorted(METHODS)}.")
+    bad_heads = [m for m in methods if parse_entry(m)[1] not in (None,) + HEADS]
+    if bad_heads:
+        raise ConfigError(f"--methods {bad_heads}: after '@' name a head, one of {list(HEADS)} (e.g. ewc@cosine).")
+    if len(set(methods)) < len(methods):
+        raise ConfigError(f"--methods {','.join(methods)} names an entry twice; name each once.")
     distributed.maybe_initialize(config.distributed.multihost)  # before the lock asks JAX for the process index
     with workdir_lib.hold(workdir):  # one comparison per DIR; each run also locks its own workdir
         return _compare(config, workdir, methods, seeds, split_seed, population)
+
+
+def _share_session_one(c, seed: int, run_dir: str, earlier: dict) -> None:
+    """Copies session 1 into ``run_dir`` from the first earlier run of this seed and head that saved it
+    (``earlier``: (seed, head) -> run dirs, updated), unless the method trains its own session 1."""
+    if not get_method(c).shares_first_session:  # its session 1 keeps statistics: it trains its own
+        return
+    sharing = earlier.setdefault((seed, head_name(c)), [])
+    source = next((d for d in sharing if os.path.exists(os.path.join(d, "checkpoints", "sessions", "0"))), None)
+    if source is not None:
+        share_first_session(source, run_dir)
+    sharing.append(run_dir)
 
 
 def _run_populations(config, workdir: str, methods: list[str], seeds: list[int], split_seed: int) -> list[dict]:
@@ -406,28 +537,22 @@ def _run_populations(config, workdir: str, methods: list[str], seeds: list[int],
     seeds = sorted(seeds)
     runs: list[dict] = []
     t0 = time.time()
-    earlier: dict[int, list[str]] = {seed: [] for seed in seeds}
+    earlier: dict = {}
     for method in methods:
-        c = copy.deepcopy(config)
-        c.unlock()
-        c.method, c.seed, c.split_seed, c.population = method, seeds[0], split_seed, len(seeds)
+        c = entry_config(config, method, seeds[0], split_seed)
+        c.population = len(seeds)
         dirs = [os.path.join(workdir, f"seed{seed}", method) for seed in seeds]
-        if get_method(c).shares_first_session:
-            for seed, run_dir in zip(seeds, dirs):
-                saved = (d for d in earlier[seed] if os.path.exists(os.path.join(d, "checkpoints", "sessions", "0")))
-                source = next(saved, None)
-                if source is not None:
-                    share_first_session(source, run_dir)
-                earlier[seed].append(run_dir)
+        for seed, run_dir in zip(seeds, dirs):
+            _share_session_one(c, seed, run_dir, earlier)
         print(
             f"\n##### method {method}, seeds {seeds[0]}..{seeds[-1]} as a population ({time.time() - t0:.0f}s elapsed)"
         )
         try:
             out = population.run_population(c, os.path.join(workdir, "population", method), dirs)
-            runs += [run_record(s, method, d, workdir, r) for s, d, r in zip(seeds, dirs, out["results"])]
+            runs += [run_record(s, method, c, d, workdir, r) for s, d, r in zip(seeds, dirs, out["results"])]
         except NonFiniteError as e:  # the population stops as a whole: every seed of the method diverged
             print(f"method {method} (population) diverged: {e}", flush=True)
-            runs += [run_record(s, method, d, workdir, None, e) for s, d in zip(seeds, dirs)]
+            runs += [run_record(s, method, c, d, workdir, None, e) for s, d in zip(seeds, dirs)]
     return sorted(runs, key=lambda r: r["seed"])  # seed-major, as without --population
 
 
@@ -442,39 +567,33 @@ def _compare(
     t0 = time.time()
     if population:
         runs = _run_populations(config, workdir, methods, seeds, split_seed)
+    earlier: dict = {}  # (seed, head) -> sharing run dirs so far: session 1 comes from the first that saved it
     for seed in [] if population else seeds:
-        earlier: list[str] = []  # this seed's sharing run dirs so far: session 1 comes from the first that saved it
         for method in methods:
-            c = copy.deepcopy(config)
-            c.unlock()
-            c.method, c.seed, c.split_seed = method, seed, split_seed
+            c = entry_config(config, method, seed, split_seed)
             run_dir = os.path.join(workdir, f"seed{seed}", method)
-            if get_method(c).shares_first_session:  # else: its session 1 keeps statistics, it trains its own
-                saved = (d for d in earlier if os.path.exists(os.path.join(d, "checkpoints", "sessions", "0")))
-                source = next(saved, None)
-                if source is not None:
-                    share_first_session(source, run_dir)
-                earlier.append(run_dir)
+            _share_session_one(c, seed, run_dir, earlier)
             print(f"\n##### seed {seed}, method {method} ({time.time() - t0:.0f}s elapsed)", flush=True)
             try:
-                runs.append(run_record(seed, method, run_dir, workdir, trainer.run(c, run_dir)))
+                runs.append(run_record(seed, method, c, run_dir, workdir, trainer.run(c, run_dir)))
             except NonFiniteError as e:  # a diverged run: recorded, the comparison goes on
                 print(f"seed {seed}, method {method} diverged: {e}", flush=True)
-                runs.append(run_record(seed, method, run_dir, workdir, None, e))
+                runs.append(run_record(seed, method, c, run_dir, workdir, None, e))
     summary = summarize_runs(runs, methods)
+    pairs = summarize_pairs(runs, entry_pairs(config, methods))
     rows = rows_from_summary(summary)
     title = f"{config.data.name} / {config.data.setup}"
     if split_seed is None:
         split_note = "each seed has its own class order and split"
     else:
         split_note = f"every seed runs on the split of split_seed={split_seed} (seeds vary initialisation and order)"
-    table = markdown(summary, runs, title, split_note)
+    table = markdown(summary, runs, title, split_note, pairs)
     with open(os.path.join(workdir, "comparison.md"), "w") as f:
         f.write(table + "\n")
     _write_csv(os.path.join(workdir, "comparison.csv"), rows)
     tmp = os.path.join(workdir, "comparison.json.tmp")
     with open(tmp, "w") as f:
-        json.dump(comparison_json(config, methods, seeds, split_seed, runs, summary), f, indent=1)
+        json.dump(comparison_json(config, methods, seeds, split_seed, runs, summary, pairs), f, indent=1)
     os.replace(tmp, os.path.join(workdir, "comparison.json"))
     mean_runs = [
         {

@@ -37,3 +37,19 @@ def compatibility_matrix(
                 q[keep], query_labels[keep], RowConcat([p.embeddings for p in parts]), labels, ks=(1,)
             )[1]
     return m
+
+
+def mean_drop(matrix) -> float | None:
+    """The backward-compatibility summary reported beside AR@K: the mean over old gallery parts j
+    of (mean over newer models i > j of M[i, j]) − M[j, j], i.e. how much recall@1 on part j's rows
+    a newer model loses against part j's own model (0: fully compatible; negative: rows lost).
+    Entries that are None/NaN (no query of the part's classes) are left out; None when no pair is
+    left (one session)."""
+    m = np.asarray([[np.nan if v is None else v for v in row] for row in matrix], np.float64)
+    per_part = []
+    for j in range(m.shape[0]):
+        newer = m[j + 1 :, j]
+        newer = newer[~np.isnan(newer)]
+        if newer.size and not np.isnan(m[j, j]):
+            per_part.append(newer.mean() - m[j, j])
+    return float(np.mean(per_part)) if per_part else None

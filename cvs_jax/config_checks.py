@@ -14,7 +14,7 @@ import ml_collections
 from cvs_jax import augment, schedules
 from cvs_jax.data import official_splits, splits
 from cvs_jax.errors import ConfigError
-from cvs_jax.methods import METHODS
+from cvs_jax.methods import METHODS, head_name
 from cvs_jax.models.pretrained import CONVERT_ONE_LINER
 
 # Classes of the datasets we know without opening them (for early S/C/L checks).
@@ -118,6 +118,7 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
                 f"memory.budget={config.memory.budget} is smaller than the {classes} classes the "
                 f"run will have seen; raise memory.budget to at least {classes}."
             )
+    head_name(config)  # model.head: one of HEAD_CHOICES
     if config.model.head_block < 0:
         raise ConfigError(f"model.head_block={config.model.head_block} must be >= 0 (0: one head row per class).")
     if not 0 <= d.test_fraction < 1:

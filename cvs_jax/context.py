@@ -18,7 +18,8 @@ import ml_collections
 from cvs_jax import augment, distributed, models
 from cvs_jax.checkpoint import Checkpoints
 from cvs_jax.embedder import Embedder
-from cvs_jax.methods import Method, get_method
+from cvs_jax.methods import Method, get_head, get_method
+from cvs_jax.models.heads import Head
 from cvs_jax.protocol import Protocol
 from cvs_jax.run_log import RunLog
 from cvs_jax.train_step import make_optimizer, make_train_step
@@ -39,6 +40,7 @@ class RunContext:
     config: ml_collections.ConfigDict
     workdir: str
     method: Method
+    head: Head  # the classifier head the run trains with (``model.head`` resolved for the method)
     proto: Protocol
     mesh: Any
     model: Any
@@ -64,6 +66,7 @@ class RunContext:
         once), mesh, model, optimizer, pipeline and compiled functions this one reuses; only the seed
         (keys, batch order) and the workdir (log, checkpoints) are this run's own."""
         method = get_method(config)
+        head = get_head(config)
         if share is None:
             mesh = distributed.data_mesh()  # one "data" axis over every device of every process
             t0 = time.time()
@@ -85,9 +88,7 @@ class RunContext:
                 momentum=config.train.momentum, nesterov=config.train.nesterov, weight_decay=config.train.weight_decay
             )
             pipeline = augment.Pipeline.from_config(config)  # train-time augmentation and eval preprocessing
-            step_args = dict(
-                temperature=config.train.temperature, loss_weights=dict(config.loss_weights), pipeline=pipeline
-            )
+            step_args = dict(head=head, loss_weights=dict(config.loss_weights), pipeline=pipeline)
             step_fn = make_train_step(model, tx, method, **step_args)
             k = config.train.get("steps_per_call", 1)
             steps_fn = make_train_step(model, tx, method, steps_per_call=k, **step_args)
@@ -103,6 +104,7 @@ class RunContext:
             config=config,
             workdir=workdir,
             method=method,
+            head=head,
             proto=proto,
             mesh=mesh,
             model=model,
@@ -122,7 +124,13 @@ class RunContext:
 
     def initial_variables(self) -> dict:
         return models.init_variables(
-            self.model, self.config, self.proto.image_shape, self.proto.num_classes, self.init_key, self.head_key
+            self.model,
+            self.config,
+            self.proto.image_shape,
+            self.proto.num_classes,
+            self.init_key,
+            self.head_key,
+            head=self.head,
         )
 
     def cached(self, name: str, factory: Callable[[], Any]) -> Any:

@@ -43,8 +43,9 @@ from cvs_jax.losses import (
     _mean,
     _row_mean,
     _safe_norm,
-    _softmax_nll,
+    cosine_logits,
     l2_normalize,
+    masked_nll,
 )
 
 sg = jax.lax.stop_gradient
@@ -162,12 +163,18 @@ def bct_influence_loss(
     gradient) when S is empty, e.g. ``old_classes == 0``. ``old_head`` is [K, d] with
     K >= old_classes (may be the full allocated head).
     """
+    return bct_influence_from_logits(cosine_logits(new_emb, sg(old_head)) / temperature, labels, old_classes)
+
+
+def bct_influence_from_logits(old_head_logits: jax.Array, labels: jax.Array, old_classes) -> jax.Array:
+    """:func:`bct_influence_loss` for any head: ``old_head_logits`` = the frozen old head applied to
+    the NEW embedding (already scaled: cos/0.05 for the cosine head, e W^T + b for a linear one)."""
     labels = jnp.asarray(labels)
     old_rows = labels < old_classes
     # max(.,1): keep one column so the masked softmax never is all −inf (NaN gradients);
     # with old_classes == 0 no row is selected anyway. New-class rows have nll = +inf
     # (masked label); the masked mean leaves them out.
-    nll = _softmax_nll(new_emb, sg(old_head), labels, temperature, jnp.maximum(jnp.asarray(old_classes), 1))
+    nll = masked_nll(old_head_logits, labels, jnp.maximum(jnp.asarray(old_classes), 1))
     return _masked_mean(nll, old_rows)
 
 

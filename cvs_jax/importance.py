@@ -12,7 +12,8 @@ that shares session 1 with another method compute the same values.
 The trainer divides either by its maximum before use when ``importance.normalize`` (the
 default, as in the RWalk paper): unnormalised, RWalk's reached 1.6 and made SGD with
 momentum diverge at weight 10, and EWC diverged in one of two H100 runs of the demo.
-The network is regularized, the cosine head is not (the fork excludes its head).
+The network is regularized, the head is not (the fork excludes its head).  The loss, and the
+predictions EWC takes as labels, are those of the head the run trains with (``models.heads``).
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cvs_jax import augment, losses, regularizers
+from cvs_jax import augment, regularizers
 from cvs_jax.chunks import iter_chunks
 from cvs_jax.models import net_variables
+from cvs_jax.models.heads import Head, head_params
 
 
-def make_batch_grad_fn(model, pipeline: augment.Pipeline, *, temperature: float):
+def make_batch_grad_fn(model, pipeline: augment.Pipeline, *, head: Head):
     """``grad_fn(variables, images, labels, valid_classes, use_predictions, key, slots, reg_weight)``:
     the network's gradient of L_c on one batch, BatchNorm on running statistics.  ``key``: None for
     un-augmented images, else train-time augmentation; ``slots``/``reg_weight``: the EWC penalty
@@ -38,12 +40,11 @@ def make_batch_grad_fn(model, pipeline: augment.Pipeline, *, temperature: float)
 
         def loss(net):
             emb = model.apply(net_variables({"net": net}, variables["batch_stats"]), x, train=False)
-            logits = losses.cosine_logits(emb, variables["params"]["head"])
+            arrays = head_params(head, variables["params"])
+            logits = head.logits(arrays, emb)
             masked = jnp.where(jnp.arange(logits.shape[1])[None] < valid_classes, logits, -jnp.inf)
             target = jnp.where(use_predictions, jnp.argmax(masked, axis=1), labels)
-            value = losses.normalized_softmax_loss(
-                emb, variables["params"]["head"], target, temperature, valid_classes=valid_classes
-            )
+            value = head.loss(arrays, emb, target, valid_classes)
             if slots:
                 value = value + reg_weight * regularizers.slots_penalty(net, slots)
             return value

@@ -67,6 +67,23 @@ def cosine_logits(embeddings: jax.Array, class_weights: jax.Array) -> jax.Array:
     return jnp.matmul(l2_normalize(embeddings), l2_normalize(class_weights).T, precision=jax.lax.Precision.HIGHEST)
 
 
+def masked_nll(logits: jax.Array, labels: jax.Array, valid_classes: jax.Array | int | None) -> jax.Array:
+    """Per-row ``CrossEntropy(logits, y)`` [n] over the columns < ``valid_classes`` (the others masked
+    to -inf, as if the head had exactly that many rows); +inf for a label >= valid_classes."""
+    if valid_classes is not None:
+        k = jnp.arange(logits.shape[-1])
+        logits = jnp.where(k[None, :] < valid_classes, logits, -jnp.inf)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    labels = jnp.asarray(labels)
+    return -jnp.take_along_axis(logp, labels[:, None].astype(jnp.int32), axis=1, mode="clip")[:, 0]
+
+
+def cross_entropy_loss(logits: jax.Array, labels: jax.Array, valid_classes: jax.Array | int | None = None) -> jax.Array:
+    """Plain ``CrossEntropyLoss(logits, y)``, mean over the batch, columns >= ``valid_classes`` masked
+    (the fork's linear head: no normalisation, no temperature)."""
+    return _mean(masked_nll(logits, labels, valid_classes))
+
+
 def _softmax_nll(
     embeddings: jax.Array,
     class_weights: jax.Array,
@@ -75,13 +92,7 @@ def _softmax_nll(
     valid_classes: jax.Array | int | None,
 ) -> jax.Array:
     """Per-row ``CrossEntropy(NormLayer(e) / temperature, y)`` [n]; +inf for a label >= valid_classes."""
-    logits = cosine_logits(embeddings, class_weights) / temperature
-    if valid_classes is not None:
-        k = jnp.arange(class_weights.shape[0])
-        logits = jnp.where(k[None, :] < valid_classes, logits, -jnp.inf)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    labels = jnp.asarray(labels)
-    return -jnp.take_along_axis(logp, labels[:, None].astype(jnp.int32), axis=1, mode="clip")[:, 0]
+    return masked_nll(cosine_logits(embeddings, class_weights) / temperature, labels, valid_classes)
 
 
 def normalized_softmax_loss(

@@ -33,7 +33,7 @@ from cvs_jax.cadence import Cadence, CallReader, calls
 from cvs_jax.context import RunContext
 from cvs_jax.errors import ConfigError, NonFiniteError
 from cvs_jax.gallery import Gallery, GalleryPart, RowConcat
-from cvs_jax.models import grow_head
+from cvs_jax.models.heads import head_params
 from cvs_jax.run_log import format_eta
 from cvs_jax.run_state import RunState
 from cvs_jax.train_step import TrainState
@@ -139,16 +139,18 @@ class Selection:
 
 
 def initial_train_state(ctx: RunContext, state: RunState, s: int) -> TrainState:
-    """The previous selected model with the head grown to the session's classes, the method's
-    per-session extras and a fresh optimizer (every session starts one, as the official code)."""
+    """The previous selected model with the head set up for the session (cosine: rows for the new
+    classes; linear_reset: all new), the method's per-session extras and a fresh optimizer (every
+    session starts one, as the official code and the fork)."""
     plan = ctx.proto.plan
     params = dict(state.variables["params"])
     prev_outputs = plan.sessions[s - 1].num_outputs if s > 0 else 0
-    params["head"] = grow_head(
-        params["head"], jax.random.fold_in(ctx.head_key, s), prev_outputs, plan.sessions[s].num_outputs
+    head = head_params(ctx.head, params)
+    params.update(
+        ctx.head.at_session_start(head, jax.random.fold_in(ctx.head_key, s), prev_outputs, plan.sessions[s].num_outputs)
     )
     if s > 0:
-        params.update(ctx.method.extra_params(state.variables["params"]))
+        params.update(ctx.method.extra_params(state.variables["params"], head))
     return TrainState(
         step=jnp.int32(0),
         params=params,
@@ -274,7 +276,8 @@ class MemberSession:
         self.val_labels = ctx.proto.train_labels[view.val_idx]
         s, spe = view.s, view.steps_per_epoch
         ctx.log.print(
-            f"== session {s + 1}/{ctx.proto.plan.num_sessions} [{ctx.method.name}]: {len(view.batches.indices)} "
+            f"== session {s + 1}/{ctx.proto.plan.num_sessions} [{ctx.method.name}, {ctx.head.name} head]: "
+            f"{len(view.batches.indices)} "
             f"train images ({spe} steps/epoch), {ctx.proto.plan.sessions[s].num_outputs} classes, gallery "
             f"{len(view.stored)} stored + {len(view.gallery_idx)} new, {len(view.val_idx)} val / "
             f"{len(view.test_idx)} test queries"
@@ -282,10 +285,10 @@ class MemberSession:
 
     def selection(self, last_ts: TrainState) -> Selection:
         return Selection(
-            _net_and_head(self.best.variables),
+            _net_and_head(self.best.variables, self.ctx.head),
             self.best.val_recall1,
             self.best.epoch,
-            last=_net_and_head(_host_variables(last_ts)),
+            last=_net_and_head(_host_variables(last_ts), self.ctx.head),
             tracked=jax.device_get(last_ts.tracked),
         )
 
@@ -468,10 +471,10 @@ def run_loop(driver: Driver) -> TrainState:
     return ts
 
 
-def _net_and_head(variables: dict) -> dict:
+def _net_and_head(variables: dict, head) -> dict:
     """Host variables without the method's per-session extras (they end with the session)."""
     out = jax.device_get(variables)
-    out["params"] = {k: out["params"][k] for k in ("net", "head")}
+    out["params"] = {"net": out["params"]["net"], **head_params(head, out["params"])}
     return out
 
 

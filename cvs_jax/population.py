@@ -143,7 +143,7 @@ def make_population_step(ctx: RunContext, n: int):
         ctx.model,
         ctx.tx,
         ctx.method,
-        temperature=c.train.temperature,
+        head=ctx.head,
         loss_weights=dict(c.loss_weights),
         pipeline=ctx.pipeline,
         steps_per_call=c.train.get("steps_per_call", 1),

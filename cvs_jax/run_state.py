@@ -19,19 +19,23 @@ import numpy as np
 from cvs_jax.checkpoint import Checkpoints
 from cvs_jax.gallery import Gallery, GalleryPart
 from cvs_jax.methods.policies import ImportanceState, ReplayMemory
+from cvs_jax.models.heads import ROW_KEYS
 
 
-def _grow_head_rows(variables: dict, rows: int) -> dict:
-    head = np.asarray(variables["params"]["head"])
-    if head.shape[0] >= rows:
-        return variables
-    grown = np.concatenate([head, np.zeros((rows - head.shape[0], head.shape[1]), head.dtype)])
-    return dict(variables, params=dict(variables["params"], head=grown))
+def _head_rows(variables: dict, rows: int) -> dict:
+    """The head's arrays cut or zero-padded to ``rows`` rows (rows beyond the classes seen are masked)."""
+    params = dict(variables["params"])
+    for key in ROW_KEYS:
+        if key in params:
+            a = np.asarray(params[key])
+            pad = np.zeros((max(rows - a.shape[0], 0),) + a.shape[1:], a.dtype)
+            params[key] = np.concatenate([a[:rows], pad])
+    return dict(variables, params=params)
 
 
 @dataclasses.dataclass(frozen=True)
 class RunState:
-    variables: dict  # {"params": {"net", "head"}, "batch_stats"} of the last completed session (host arrays)
+    variables: dict  # {"params": {"net", <head arrays>}, "batch_stats"} of the last completed session (host arrays)
     gallery: Gallery
     memory: ReplayMemory
     importance: ImportanceState
@@ -74,17 +78,16 @@ class RunState:
         variables = template.variables
         steps = checkpoints.steps()
         stored = checkpoints.stored_shape(steps[-1], "variables", "params/head") if steps else None
-        head = variables["params"]["head"]
-        if stored is not None and len(stored) == 2 and stored[0] < head.shape[0]:
-            params = dict(variables["params"], head=np.zeros((stored[0], head.shape[1]), head.dtype))
-            variables = dict(variables, params=params)
+        rows = variables["params"]["head"].shape[0]
+        if stored is not None and len(stored) == 2 and stored[0] < rows:
+            variables = _head_rows(variables, stored[0])
         restored = checkpoints.restore_latest({"variables": variables, "regularizer": None})
         if restored is None:
             return None
         last, items = restored
         meta = items["meta"]
         return cls(
-            variables=_grow_head_rows(jax.device_get(items["variables"]), head.shape[0]),
+            variables=_head_rows(jax.device_get(items["variables"]), rows),
             gallery=Gallery.restore(checkpoints, last, template.gallery.embed_dim),  # one part per session
             memory=ReplayMemory.from_meta(meta["memory"]),
             importance=ImportanceState.from_item(items["regularizer"], meta["regularizer_built_after"]),

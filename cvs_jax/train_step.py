@@ -19,15 +19,15 @@ import jax.numpy as jnp
 import optax
 
 from cvs_jax import augment
-from cvs_jax.losses import normalized_softmax_loss
 from cvs_jax.methods import Method, StepInputs
 from cvs_jax.models import net_variables
+from cvs_jax.models.heads import Head, head_params
 
 
 @flax.struct.dataclass
 class TrainState:
     step: jax.Array
-    params: Any  # {"net": backbone + embedding params, "head": [K, D] cosine head}
+    params: Any  # {"net": backbone + embedding params, the head's arrays ("head" [K, D], ...), method extras}
     batch_stats: Any
     opt_state: Any
     tracked: Any  # what the method's importance policy tracks over the steps (RWalk: running Fisher); {} if none
@@ -47,7 +47,7 @@ def make_train_step(
     tx: optax.GradientTransformation,
     method: Method,
     *,
-    temperature: float,
+    head: Head,
     loss_weights: Mapping[str, float],
     pipeline: augment.Pipeline,
     steps_per_call: int | None = None,
@@ -66,11 +66,7 @@ def make_train_step(
 
     def loss_fn(params, batch_stats, frozen, images, labels, consts):
         emb, new_vars = model.apply(net_variables(params, batch_stats), images, train=True, mutable=["batch_stats"])
-        terms = {
-            "L_c": normalized_softmax_loss(
-                emb, params["head"], labels, temperature, valid_classes=consts["valid_classes"]
-            )
-        }
+        terms = {"L_c": head.loss(head_params(head, params), emb, labels, consts["valid_classes"])}
         total = terms["L_c"]
         if frozen is not None and method.extra_terms is not None:
             old_emb = None
@@ -82,8 +78,9 @@ def make_train_step(
                 new_emb=emb,
                 old_emb=old_emb,
                 labels=labels,
-                head=params["head"],
-                old_head=jax.lax.stop_gradient(frozen["params"]["head"]),
+                classifier=head,
+                head=head_params(head, params),
+                old_head=jax.lax.stop_gradient(head_params(head, frozen["params"])),
                 consts=consts,
             )
             for name, value in method.extra_terms(inputs).items():

@@ -35,6 +35,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from cvs_jax import methods
 from cvs_jax.errors import ConfigError, UserError, WorkdirBusyError
 
 LOCK_NAME = ".lock"
@@ -51,6 +52,8 @@ OPERATIONAL = (
     "log_every_steps",
     "distributed.multihost",
 )
+# Keys added after runs were recorded without them, with the value that reproduces what those runs did.
+ADDED_KEYS = {"model.head": "cosine"}  # before model.head existed, every method trained the cosine head
 # Checkpoint folders whose numbered step directories make a workdir hold a run.
 CHECKPOINT_DIRS = (os.path.join("checkpoints", "sessions"), os.path.join("checkpoints", "progress"))
 
@@ -80,10 +83,23 @@ def has_checkpoint(workdir: str) -> bool:
     return False
 
 
+def _with_added_keys(config_dict: dict) -> dict:
+    """``config_dict`` with every ``ADDED_KEYS`` entry it lacks set to the value its run used."""
+    out = json.loads(json.dumps(config_dict))
+    for dotted, value in ADDED_KEYS.items():
+        *path, last = dotted.split(".")
+        node = out
+        for key in path:
+            node = node.setdefault(key, {})
+        node.setdefault(last, value)
+    return out
+
+
 def stored_config(workdir: str) -> ml_collections.ConfigDict:
-    """The run's ``config.json`` as a ConfigDict: what search and update read of a run."""
+    """The run's ``config.json`` as a ConfigDict (keys added since it was written: the value the run
+    used, ``ADDED_KEYS``): what search and update read of a run."""
     with open(os.path.join(workdir, "config.json")) as f:
-        return ml_collections.ConfigDict(json.load(f))
+        return ml_collections.ConfigDict(_with_added_keys(json.load(f)))
 
 
 def _write_config(path: str, current: dict) -> None:
@@ -120,6 +136,13 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
         with open(path) as f:
             stored = json.load(f)
         a, b = _comparable(stored), _comparable(current)
+        a.update({k: v for k, v in ADDED_KEYS.items() if k in b and k not in a})
+        if "model.head" in b:
+            # the head the run trains with, "official" resolved for the method (a run recorded before
+            # model.head existed trained the cosine head: it resumes under "official" for cvs, not for ewc)
+            official = methods.get_method(config).official_head
+            for flat in (a, b):
+                flat["model.head"] = official if flat["model.head"] == "official" else flat["model.head"]
         diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
         if diff == ["data.updates"] and _extends(a.get("data.updates"), b.get("data.updates")):
             diff = []  # python -m cvs_jax.update adds a folder (one session) to the run

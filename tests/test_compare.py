@@ -23,29 +23,43 @@ def test_runner_table_and_shared_first_session(tmp_path, capsys):
     c = tiny_config(manual, tmp_path, sessions=2)
     c.train.epochs = 1
     wd = str(tmp_path / "cmp")
-    methods = ["finetune", "cvs", "joint", "bct", "lwf", "mmd", "ewc", "rwalk", "rainbow"]
+    methods = ["finetune", "cvs", "joint", "bct", "lwf", "mmd", "ewc", "rwalk", "rainbow", "finetune@linear_reset"]
     rows = compare.run_comparison(c, wd, methods, [0])
     assert [r["method"] for r in rows] == methods
     with open(os.path.join(wd, "comparison.md")) as f:
         table = f.read()
     for m in methods:
         assert f"| {m} |" in table
-    assert "| finetune | 1 | n/a | n/a | n/a |" in table  # one seed: no interval
+    assert "| finetune | 1 | n/a | n/a | n/a | n/a |" in table  # one seed: no interval (AR@1, 2, 4 and BC)
+    assert "| finetune@linear_reset - finetune | head effect of finetune | 1 |" in table
     with open(os.path.join(wd, "comparison.csv")) as f:
         assert [r["method"] for r in csv.DictReader(f)] == methods
     with open(os.path.join(wd, "comparison.json")) as f:
         out = json.load(f)
     assert [(r["seed"], r["method"], r["status"]) for r in out["runs"]] == [(0, m, "ok") for m in methods]
     assert [e["method"] for e in out["summary"]] == methods
+    heads = {r["method"]: r["head"] for r in out["runs"]}
+    assert heads["ewc"] == heads["rainbow"] == heads["finetune@linear_reset"] == "linear_reset"
+    assert heads["finetune"] == heads["cvs"] == heads["bct"] == "cosine"
+    for r in out["runs"]:  # the BC summary is compatibility.mean_drop of the run's own matrix, in points
+        with open(os.path.join(wd, r["workdir"], "results.json")) as f:
+            matrix = json.load(f)["compatibility_recall1"]
+        if r["method"] == "joint":  # re-embeds its gallery: no old part left to measure
+            assert r["BC"] is None and matrix[1][0] is None
+        else:
+            assert r["BC"] == pytest.approx(100 * (matrix[1][0] - matrix[0][0]))
     assert os.path.getsize(os.path.join(wd, "comparison.png")) > 0
-    # session 1 was trained once: every method that shares it reports the same session-1 recall ...
-    shared = [m for m in methods if get_method(_with_method(c, m)).shares_first_session]
-    assert "finetune" in shared and "cvs" in shared
+    # session 1 was trained once per head: every method of a head that shares it reports the same
+    # session-1 recall, and the two heads' session 1 differ ...
+    shared = [m for m in methods if get_method(compare.entry_config(c, m, 0, None)).shares_first_session]
+    assert "finetune" in shared and "cvs" in shared and "rainbow" in shared
     first = {r["method"]: r["recall1_per_session"][0] for r in rows if r["method"] in shared}
-    assert len(set(first.values())) == 1
+    assert len({first[m] for m in shared if heads[m] == "cosine"}) == 1
+    assert first["rainbow"] == first["finetune@linear_reset"]
     out = capsys.readouterr().out
-    for m in methods:  # ... the others (fork EWC / RWalk) trained their own session 1
-        assert (f"== session 1/2 [{m}]" in out) == (m == "finetune" or m not in shared), m
+    trained = {"finetune", "rainbow", "ewc", "rwalk"}  # first of each head, and fork EWC / RWalk (their own)
+    for m in methods:
+        assert (f"== session 1/2 [{m.split('@')[0]}, {heads[m]} head]" in out) == (m in trained), m
     # ... and reusing it changes nothing: cvs from scratch gives the same results.
     c.method = "cvs"
     alone = trainer.run(c, str(tmp_path / "cvs_alone"))
@@ -122,6 +136,7 @@ def _fake_results(method, seed, ar1):
         "seed": seed,
         "per_session": per,
         "average_recall": {"1": ar1 / 100, "2": ar1 / 100 + 0.05, "4": ar1 / 100 + 0.1},
+        "compatibility_recall1": [[ar1 / 100, None], [ar1 / 100 - 0.1, ar1 / 100]],  # BC: -10 points
     }
 
 

@@ -6,6 +6,7 @@
   sums over the slots, raw.
 * EWC's slot importance: Σ_b g_b² n_b / N over the session's batches with predicted labels and the
   current penalty in the loss.
+Both train with the fork's head (``linear_reset``: plain cross-entropy of e W^T + b), transcribed here.
 """
 
 import jax
@@ -13,13 +14,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cvs_jax import augment, losses, models, phases, regularizers
+from cvs_jax import augment, models, phases, regularizers
 from cvs_jax.methods import baselines, policies
 from cvs_jax.methods.importance_policies import ForkFisher, ImportanceState
+from cvs_jax.models.heads import LinearResetHead
 from cvs_jax.run_state import RunState
 from cvs_jax.train_step import TrainState, make_optimizer, make_train_step
 from tests.test_phases import build_ctx, tree_equal
 from tests.tiny_data import tiny_config, write_fashion_idx
+
+
+def linear_ce(emb, params, labels, valid: int):
+    """The fork's loss, transcribed: CrossEntropy(e W^T + b) over the classes seen."""
+    logits = (emb @ params["head"].T + params["head_bias"])[:, :valid]
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
+
 
 PIPE = augment.Pipeline(mean=(0.5,), std=(0.5,), crop="pad", padding=0, flip=False, policy="none")
 
@@ -33,7 +42,9 @@ def tiny_setup(tmp_path, kind="rwalk"):
     cfg = tiny_config(str(tmp_path), tmp_path, method=kind)  # only the config: no data is read
     method = baselines.make_rwalk(cfg) if kind == "rwalk" else baselines.make_ewc(cfg)
     model = models.build_model("tiny", width=4, layout="cifar", embed_dim=8)
-    variables = models.init_variables(model, cfg, (8, 8, 1), 5, jax.random.key(0), jax.random.key(1))
+    variables = models.init_variables(
+        model, cfg, (8, 8, 1), 5, jax.random.key(0), jax.random.key(1), head=LinearResetHead()
+    )
     return cfg, method, model, jax.device_get(variables)
 
 
@@ -42,7 +53,7 @@ def test_rwalk_running_fisher_is_the_training_step_gradients(tmp_path):
     assert isinstance(method.importance, ForkFisher) and not method.shares_first_session
     tx = make_optimizer(momentum=0.9, nesterov=True, weight_decay=1e-4)
     weight = 100.0
-    step = make_train_step(model, tx, method, temperature=0.05, loss_weights={"L_reg": weight}, pipeline=PIPE)
+    step = make_train_step(model, tx, method, head=LinearResetHead(), loss_weights={"L_reg": weight}, pipeline=PIPE)
     rng = np.random.default_rng(0)
     anchor = jax.tree.map(lambda x: x + 0.05, v["params"]["net"])  # a previous slot, so the penalty is active
     slot_imp = jax.tree.map(lambda x: np.full_like(x, 0.3), v["params"]["net"])
@@ -58,7 +69,7 @@ def test_rwalk_running_fisher_is_the_training_step_gradients(tmp_path):
 
     def transcribed_loss(net, params, batch_stats, images, labels):  # L_c + weight * penalty, train-mode BN
         emb, _ = model.apply({"params": net, "batch_stats": batch_stats}, images, train=True, mutable=["batch_stats"])
-        lc = losses.normalized_softmax_loss(emb, params["head"], labels, 0.05, valid_classes=5)
+        lc = linear_ce(emb, params, labels, 5)
         return lc + weight * regularizers.ewc_penalty(net, anchor, slot_imp)
 
     grad = jax.jit(jax.grad(transcribed_loss))
@@ -147,11 +158,9 @@ def test_ewc_slot_fisher_transcribed(manual_dir, tmp_path):
 
     def loss(net, x):
         emb = ctx.model.apply({"params": net, "batch_stats": v["batch_stats"]}, x, train=False)
-        logits = losses.cosine_logits(emb, v["params"]["head"])
-        pred = jnp.argmax(jnp.where(jnp.arange(logits.shape[1])[None] < sess.num_outputs, logits, -jnp.inf), 1)
-        lc = losses.normalized_softmax_loss(
-            emb, v["params"]["head"], pred, c.train.temperature, valid_classes=sess.num_outputs
-        )
+        logits = emb @ v["params"]["head"].T + v["params"]["head_bias"]
+        pred = jnp.argmax(logits[:, : sess.num_outputs], 1)
+        lc = linear_ce(emb, v["params"], pred, sess.num_outputs)
         return lc + c.loss_weights.L_reg * regularizers.ewc_penalty(net, prev_slot["anchor"], prev_slot["importance"])
 
     want = jax.tree.map(lambda x: np.zeros(x.shape, np.float64), v["params"]["net"])

@@ -156,3 +156,24 @@ def test_plan_from_manifest_sessions(tmp_path):
     ]
     assert plan.test_queries(0, plan.to_protocol_labels(inv.labels("test"))).size == 0
     assert plan.test_queries(1, plan.to_protocol_labels(inv.labels("test"))).tolist() == [0]
+
+
+def test_val_rows_are_the_generators_rule_on_its_stream():
+    """The validation rows themselves, not only their counts: each session's pool (its rows in index
+    order) split by the generator's own split function, drawing in session order from the generator's
+    validation stream (the third child of ``SeedSequence(seed).spawn(4)``)."""
+    rng0 = np.random.default_rng(5)
+    labels = rng0.integers(0, 7, 160)
+    sessions = np.where(labels < 3, 0, rng0.integers(1, 3, 160))  # classes 3..6 arrive in sessions 2-3, mixed
+    for val_fraction, per_class in ((0.15, None), (0.0, 2)):
+        plan = plan_from_sessions(labels, sessions, val_fraction=val_fraction, val_per_class=per_class, seed=7)
+        plabels = plan.to_protocol_labels(labels)
+        stream = np.random.default_rng(np.random.SeedSequence(7).spawn(4)[2])
+        for s, sess in enumerate(plan.sessions):
+            pool = np.flatnonzero(sessions == s)
+            if per_class is None:
+                train, val = splits._stratified_split(pool, plabels, splits._exact(val_fraction), stream)
+            else:
+                train, val = splits._per_class_split(pool, plabels, per_class, stream)
+            assert sess.val.tolist() == val.tolist() and sess.train.tolist() == train.tolist()
+            assert sess.val.size > 0

@@ -11,6 +11,7 @@ from cvs_jax.methods import policies
 from cvs_jax.methods.base import Method, StepInputs
 from cvs_jax.methods.baselines import make_bct, make_ewc, make_lwf, make_mmd, make_rainbow, make_rwalk
 from cvs_jax.methods.cvs import make_cvs
+from cvs_jax.models.heads import HEADS, Head, make_head
 
 FINETUNE = Method(name="finetune", description="lower bound: L_c only, no replay, no re-extraction")
 JOINT = Method(
@@ -40,4 +41,22 @@ def get_method(config: ml_collections.ConfigDict) -> Method:
     return METHODS[config.method](config)
 
 
-__all__ = ["METHODS", "Method", "StepInputs", "get_method"]
+HEAD_CHOICES = ("official",) + HEADS  # config.model.head
+
+
+def head_name(config: ml_collections.ConfigDict) -> str:
+    """The head the run trains with: ``model.head``, where ``"official"`` is the method's reference head
+    (cosine for the ivclab/CVS methods, linear_reset for the fork's EWC, RWalk and Rainbow)."""
+    if config.model.head not in HEAD_CHOICES:
+        raise ConfigError(
+            f"model.head={config.model.head!r} is unknown; choose one of {list(HEAD_CHOICES)} "
+            "('official': the method's reference head)."
+        )
+    return get_method(config).head_name(config.model.head)
+
+
+def get_head(config: ml_collections.ConfigDict) -> Head:
+    return make_head(head_name(config), config.train.temperature)
+
+
+__all__ = ["HEAD_CHOICES", "METHODS", "Method", "StepInputs", "get_head", "get_method", "head_name"]

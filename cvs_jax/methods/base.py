@@ -1,7 +1,9 @@
 """What a continual-learning method contributes to the shared session engine.
 
-Every method trains with the normalized-softmax loss L_c on a growing cosine head.
-A method adds named loss terms (each weighted by ``config.loss_weights``), says
+Every method trains its embedding with a classification loss L_c on a head
+(``models.heads``: the cosine ``NormLayer`` or the fork's linear head reset every
+session; ``official_head`` is the one the method's reference code uses).  A method
+adds named loss terms (each weighted by ``config.loss_weights``), says
 whether the jitted step runs the frozen previous model, and composes host-side
 policies (``methods.policies``): its data scope, replay memory, parameter
 importance, batch composition and per-session constants.  The engine calls them
@@ -16,18 +18,20 @@ from typing import Any, Callable, Mapping
 import jax
 
 from cvs_jax.methods import policies
+from cvs_jax.models.heads import HEADS, Head
 
 
 @dataclasses.dataclass(frozen=True)
 class StepInputs:
     """Everything a method's loss terms may read inside the jitted step."""
 
-    params: Mapping[str, Any]  # current parameters: "net", "head" and any method extras
+    params: Mapping[str, Any]  # current parameters: "net", the head's arrays and any method extras
     new_emb: jax.Array  # [B, D] current model, train mode
     old_emb: jax.Array | None  # [B, D] frozen previous model, eval mode (None if unused)
     labels: jax.Array  # [B] protocol labels
-    head: jax.Array  # [K, D] current cosine head
-    old_head: jax.Array | None  # [K, D] previous session's head (frozen)
+    classifier: Head  # the run's head: ``classifier.logits(head, emb)`` are what its softmax sees
+    head: Mapping[str, jax.Array]  # the current head's arrays
+    old_head: Mapping[str, jax.Array]  # the previous session's head's arrays (frozen)
     consts: Mapping[str, jax.Array]  # per-session constants: valid_classes, old_classes, centers, ...
 
 
@@ -35,7 +39,7 @@ class StepInputs:
 TermFn = Callable[[StepInputs], dict]
 
 
-def no_extra_params(frozen_params: Mapping[str, Any]) -> dict:
+def no_extra_params(frozen_params: Mapping[str, Any], frozen_head: Mapping[str, Any]) -> dict:
     return {}
 
 
@@ -43,6 +47,7 @@ def no_extra_params(frozen_params: Mapping[str, Any]) -> dict:
 class Method:
     name: str
     description: str = ""
+    official_head: str = "cosine"  # the head of the method's reference code (one of models.heads.HEADS)
     scope: Any = policies.SessionData()  # which images a session trains on and adds to the gallery
     memory: Any = policies.NoMemory()  # replay memory policy
     batches: Any = policies.MixedBatches()  # how replayed images enter the batches
@@ -50,9 +55,18 @@ class Method:
     constants: tuple = ()  # per-session constants for the step, e.g. (ClassCenters(...),)
     uses_old_model: bool = False  # run the frozen previous model in the step (sessions >= 1)
     # trainable extras made from the frozen previous parameters at each session (LwF's head copy);
-    # they live for one session: the selected model keeps only "net" and "head".
-    extra_params: Callable[[Mapping[str, Any]], dict] = no_extra_params
+    # they live for one session: the selected model keeps only "net" and the head's arrays.
+    # (frozen previous parameters, their head's arrays) -> extras
+    extra_params: Callable[[Mapping[str, Any], Mapping[str, Any]], dict] = no_extra_params
     extra_terms: TermFn | None = None  # added to L_c from session 2 on
+
+    def __post_init__(self):
+        if self.official_head not in HEADS:
+            raise ValueError(f"official_head={self.official_head!r} is not one of {HEADS}")
+
+    def head_name(self, configured: str) -> str:
+        """``model.head`` resolved: ``"official"`` is this method's reference head."""
+        return self.official_head if configured == "official" else configured
 
     @property
     def uses_memory(self) -> bool:
@@ -60,6 +74,7 @@ class Method:
 
     @property
     def shares_first_session(self) -> bool:
-        """Whether another method's session-1 checkpoint can stand for this method's (``compare``):
-        session 1 is plain L_c training, unless a policy keeps statistics of it (fork EWC/RWalk)."""
+        """Whether another method's session-1 checkpoint can stand for this method's (``compare``, for
+        runs with the same head): session 1 is plain L_c training, unless a policy keeps statistics of
+        it (fork EWC/RWalk)."""
         return self.importance.shares_first_session

@@ -1,4 +1,9 @@
-"""The paper's baselines on the shared trainer, all with the normalized-softmax head (spec §6).
+"""The paper's baselines on the shared trainer (spec §6, §6b).
+
+Heads (``models.heads``, ``config.model.head``): BCT, LwF and MMD come from ivclab/CVS and train
+with its normalized-softmax ``NormLayer``; EWC, RWalk and Rainbow come from the author's fork,
+which trains them with a fresh linear head with bias every session (``official_head =
+"linear_reset"``).  Every term that reads a head's outputs reads the head the run trains with.
 
 * ``bct``: influence loss, CE of the frozen old classifier on the new embedding of
   old-class samples; herded replay in the disjoint setup only (official launch script).
@@ -21,9 +26,10 @@ Extra terms are weighted by ``config.loss_weights`` (official alpha = 1 for BCT/
 
 from __future__ import annotations
 
+import jax
 import ml_collections
 
-from cvs_jax import distillation, losses, regularizers
+from cvs_jax import distillation, regularizers
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import policies
 from cvs_jax.methods.base import Method, StepInputs
@@ -31,7 +37,8 @@ from cvs_jax.methods.base import Method, StepInputs
 
 def make_bct(config: ml_collections.ConfigDict) -> Method:
     def terms(x: StepInputs):
-        return {"L_bct": distillation.bct_influence_loss(x.new_emb, x.old_head, x.labels, x.consts["old_classes"])}
+        logits = x.classifier.logits(jax.lax.stop_gradient(x.old_head), x.new_emb)
+        return {"L_bct": distillation.bct_influence_from_logits(logits, x.labels, x.consts["old_classes"])}
 
     replay = config.data.setup == "disjoint"
     return Method(
@@ -44,26 +51,28 @@ def make_bct(config: ml_collections.ConfigDict) -> Method:
 
 def make_lwf(config: ml_collections.ConfigDict) -> Method:
     def terms(x: StepInputs):
-        new = losses.cosine_logits(x.new_emb, x.params["lwf_head"])
-        old = losses.cosine_logits(x.old_emb, x.old_head)
-        return {"L_kd": distillation.lwf_kd_loss(new, old, num_old_classes=x.consts["old_classes"])}
+        new = x.classifier.logits(x.params["lwf_head"], x.new_emb)
+        old = x.classifier.logits(x.old_head, x.old_emb)
+        return {"L_kd": distillation.lwf_kd_loss(new, old, temperature=1.0, num_old_classes=x.consts["old_classes"])}
 
     return Method(
         name="lwf",
         uses_old_model=True,
         extra_terms=terms,
-        extra_params=lambda frozen: {"lwf_head": frozen["head"]},
+        extra_params=lambda frozen, head: {"lwf_head": head},
         description="LwF: T=2 KD into a trainable copy of the old head",
     )
 
 
 def make_mmd(config: ml_collections.ConfigDict) -> Method:
     def terms(x: StepInputs):
-        new = losses.cosine_logits(x.new_emb, x.head)
-        old = losses.cosine_logits(x.old_emb, x.old_head)
+        new = x.classifier.logits(x.head, x.new_emb)
+        old = x.classifier.logits(x.old_head, x.old_emb)
         return {
             "L_mmd": distillation.mmd_loss(x.new_emb, x.old_emb),
-            "L_mmd_kd": distillation.mmd_kd_new_class_loss(new, old, x.labels, x.consts["old_classes"]),
+            "L_mmd_kd": distillation.mmd_kd_new_class_loss(
+                new, old, x.labels, x.consts["old_classes"], temperature=1.0
+            ),
         }
 
     return Method(
@@ -91,6 +100,7 @@ def _importance(config: ml_collections.ConfigDict, kind: str):
 def make_ewc(config: ml_collections.ConfigDict) -> Method:
     return Method(
         name="ewc",
+        official_head="linear_reset",
         importance=_importance(config, "ewc"),
         extra_terms=_penalty,
         description=f"EWC ({config.importance.mode}): Fisher-weighted quadratic penalty, no memory",
@@ -100,6 +110,7 @@ def make_ewc(config: ml_collections.ConfigDict) -> Method:
 def make_rwalk(config: ml_collections.ConfigDict) -> Method:
     return Method(
         name="rwalk",
+        official_head="linear_reset",
         importance=_importance(config, "rwalk"),
         memory=policies.ReservoirMemory(),
         extra_terms=_penalty,
@@ -112,6 +123,7 @@ def make_rainbow(config: ml_collections.ConfigDict) -> Method:
     r = config.rainbow
     return Method(
         name="rainbow",
+        official_head="linear_reset",
         memory=policies.UncertaintyMemory(
             perturbations=int(r.perturbations),
             perturbation=r.perturbation,

@@ -39,8 +39,9 @@ def _lm(x: StepInputs, kind: str, margin: float, squared: bool):
         return distillation.batch_hard_triplet_loss(x.new_emb, x.old_emb, x.labels, margin=margin)
     if kind == "dark_knowledge":
         return distillation.dark_knowledge_loss(
-            losses.cosine_logits(x.new_emb, x.head),
-            losses.cosine_logits(x.old_emb, x.old_head),
+            x.classifier.logits(x.head, x.new_emb),
+            x.classifier.logits(x.old_head, x.old_emb),
+            temperature=1.0,
             num_old_classes=x.consts["old_classes"],
         )
     simple = {

@@ -92,7 +92,7 @@ def _penalty_slots(ctx, state: ImportanceState) -> dict:
 def _grad_fn(ctx):
     return ctx.cached(
         "fisher_grad",
-        lambda: importance.make_batch_grad_fn(ctx.model, ctx.pipeline, temperature=ctx.config.train.temperature),
+        lambda: importance.make_batch_grad_fn(ctx.model, ctx.pipeline, head=ctx.head),
     )
 
 

@@ -30,6 +30,7 @@ from cvs_jax.methods.importance_policies import ImportanceState as ImportanceSta
 from cvs_jax.methods.importance_policies import NoImportance as NoImportance
 from cvs_jax.methods.importance_policies import OnlineFisher as OnlineFisher
 from cvs_jax.models import net_variables
+from cvs_jax.models.heads import head_params
 
 # ------------------------------------------------------------------ data scope
 
@@ -158,14 +159,15 @@ def perturb_images(pipeline, perturbation: str, key, images_u8):
     return pipeline.train(key, images_u8)
 
 
-def _make_perturbed_predict(model, pipeline, perturbation: str):
-    """Labels predicted by the model in eval mode on perturbed images (Rainbow Memory's votes)."""
+def _make_perturbed_predict(model, pipeline, perturbation: str, head):
+    """Labels predicted by the model (with the head it trains with) in eval mode on perturbed images
+    (Rainbow Memory's votes)."""
 
     @jax.jit
     def predict(variables, images, key, valid_classes):
         x = perturb_images(pipeline, perturbation, key, images)
         emb = model.apply(net_variables(variables["params"], variables["batch_stats"]), x, train=False)
-        logits = losses.cosine_logits(emb, variables["params"]["head"])
+        logits = head.logits(head_params(head, variables["params"]), emb)
         return jnp.argmax(jnp.where(jnp.arange(logits.shape[1])[None] < valid_classes, logits, -jnp.inf), axis=1)
 
     return predict
@@ -227,7 +229,7 @@ class UncertaintyMemory:
         images = ctx.proto.train_images(pool)
         predict = ctx.cached(
             f"perturbed_predict_{self.perturbation}",
-            lambda: _make_perturbed_predict(ctx.model, ctx.pipeline, self.perturbation),
+            lambda: _make_perturbed_predict(ctx.model, ctx.pipeline, self.perturbation, ctx.head),
         )
         valid = jnp.int32(ctx.proto.plan.sessions[s - 1].num_outputs)
         preds = np.zeros((self.perturbations, images.shape[0]), np.int64)

@@ -5,7 +5,7 @@ import os
 import jax.numpy as jnp
 
 from cvs_jax.errors import ConfigError
-from cvs_jax.models.heads import grow_head, init_head
+from cvs_jax.models.heads import CosineHead, grow_head, init_head
 from cvs_jax.models.resnet import Bottleneck, ResNetEmbedding, TorchvisionResNet
 
 # Named architectures. ``tiny`` is the test/demo model: same code path, 1 block per stage.
@@ -71,16 +71,18 @@ def from_config(config):
     )
 
 
-def init_variables(model, config, image_shape, num_classes: int, init_key, head_key) -> dict:
-    """``{"params": {"net", "head"}, "batch_stats"}`` of a fresh run: the network (ImageNet weights
-    merged in when ``model.pretrained`` names a file) and a cosine head with a row for every class."""
+def init_variables(model, config, image_shape, num_classes: int, init_key, head_key, head=None) -> dict:
+    """``{"params": {"net", <head's arrays>}, "batch_stats"}`` of a fresh run: the network (ImageNet
+    weights merged in when ``model.pretrained`` names a file) and the head (``models.heads``; None: the
+    cosine head) with a row for every class."""
     init = model.init(init_key, jnp.zeros((1,) + tuple(image_shape), jnp.float32), train=False)
     if config.model.pretrained is not None:  # refused early by config_checks when the file is absent
         from cvs_jax.models.pretrained import load_torchvision_resnet50, merge_pretrained
 
         init = merge_pretrained(init, load_torchvision_resnet50(os.path.expanduser(config.model.pretrained)))
-    head = init_head(head_key, num_classes, config.model.embed_dim)
-    return {"params": {"net": init["params"], "head": head}, "batch_stats": init["batch_stats"]}
+    head = CosineHead(config.train.temperature) if head is None else head
+    arrays = head.init(head_key, num_classes, config.model.embed_dim)
+    return {"params": {"net": init["params"], **arrays}, "batch_stats": init["batch_stats"]}
 
 
 def net_variables(params, batch_stats) -> dict:

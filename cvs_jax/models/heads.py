@@ -1,18 +1,33 @@
-"""Bias-free cosine classifier (the official ``NormLayer``) whose rows grow with the classes.
+"""Classifier heads over the embedding: the official cosine ``NormLayer`` and the fork's linear reset.
 
-The head is a plain ``[max_classes, embed_dim]`` array kept next to the network
-parameters.  It is allocated for every class the run will ever see so that the
-compiled training step keeps one shape across sessions; rows of classes not yet
-introduced are masked out of the softmax (``valid_classes``).  When a session
-introduces new classes, their rows are re-initialised exactly as the official code
-initialises a fresh ``NormLayer`` (uniform +-1/sqrt(embed_dim)) while old rows are
-kept (spec §3.1).
+Retrieval never uses a head (it searches the embedding); a head exists to train the embedding, and
+what it does at a session start changes what the embedding learns.  Two heads, chosen by
+``config.model.head`` (``"official"``: the head the method's reference code trains with):
+
+* ``cosine`` (ivclab/CVS ``NormLayer``, spec §3.1): bias-free, logits cos(e, w_k) / T.  Rows of
+  classes not yet introduced are masked out of the softmax; a session that introduces classes
+  re-initialises their rows (uniform +-1/sqrt(D), as a fresh ``NormLayer``) and keeps the old rows.
+* ``linear_reset`` (the author's fork for EWC, RWalk and Rainbow, spec §6b first bullet): a plain
+  ``Linear(D, classes seen)`` with bias on the raw embedding, plain cross-entropy (no
+  normalisation, no temperature), **every row and the bias re-initialised at every session start**
+  (PyTorch's default ``nn.Linear`` init, uniform +-1/sqrt(D)); old rows are not kept.
+
+The head is a few arrays kept next to the network parameters (``Head.keys``), allocated for every
+class the run will see so that the compiled step keeps one shape across sessions.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar, Mapping
+
 import jax
 import jax.numpy as jnp
+
+from cvs_jax import losses
+
+HEADS = ("cosine", "linear_reset")
+ROW_KEYS = ("head", "head_bias")  # every head array of any head: one row per class along axis 0
 
 
 def init_head(key: jax.Array, num_rows: int, embed_dim: int) -> jax.Array:
@@ -30,3 +45,74 @@ def grow_head(head: jax.Array, key: jax.Array, old_classes: int, new_classes: in
     rows = jnp.arange(head.shape[0])[:, None]
     grown = (rows >= old_classes) & (rows < new_classes)
     return jnp.where(grown, fresh, head)
+
+
+@dataclasses.dataclass(frozen=True)
+class CosineHead:
+    """The official ``NormLayer`` at temperature ``temperature`` (0.05)."""
+
+    temperature: float
+    name: ClassVar[str] = "cosine"
+    keys: ClassVar[tuple[str, ...]] = ("head",)
+
+    def init(self, key: jax.Array, rows: int, embed_dim: int) -> dict:
+        return {"head": init_head(key, rows, embed_dim)}
+
+    def logits(self, head: Mapping[str, jax.Array], emb: jax.Array) -> jax.Array:
+        """What the softmax sees: cos(e, w_k) / T, [n, K]."""
+        return losses.cosine_logits(emb, head["head"]) / self.temperature
+
+    def loss(self, head: Mapping[str, jax.Array], emb, labels, valid_classes) -> jax.Array:
+        return losses.normalized_softmax_loss(emb, head["head"], labels, self.temperature, valid_classes)
+
+    def at_session_start(self, head: Mapping[str, jax.Array], key, old_classes: int, new_classes: int) -> dict:
+        """New classes get fresh rows; the rows of classes seen before are kept."""
+        return {"head": grow_head(head["head"], key, old_classes, new_classes)}
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearResetHead:
+    """The fork's ``nn.Linear(D, n_seen)`` with bias, plain cross-entropy, new at every session."""
+
+    name: ClassVar[str] = "linear_reset"
+    keys: ClassVar[tuple[str, ...]] = ("head", "head_bias")
+
+    def init(self, key: jax.Array, rows: int, embed_dim: int) -> dict:
+        k_w, k_b = jax.random.split(key)
+        bound = 1.0 / jnp.sqrt(embed_dim)  # torch.nn.Linear: kaiming_uniform(a=sqrt 5) = U(+-1/sqrt(in)), bias too
+        return {
+            "head": init_head(k_w, rows, embed_dim),
+            "head_bias": jax.random.uniform(k_b, (rows,), jnp.float32, -bound, bound),
+        }
+
+    def logits(self, head: Mapping[str, jax.Array], emb: jax.Array) -> jax.Array:
+        """e W^T + b on the raw embedding, [n, K]."""
+        # HIGHEST: exact f32 on GPUs too, as cosine_logits; the matmul is tiny.
+        return jnp.matmul(emb, head["head"].T, precision=jax.lax.Precision.HIGHEST) + head["head_bias"]
+
+    def loss(self, head: Mapping[str, jax.Array], emb, labels, valid_classes) -> jax.Array:
+        return losses.cross_entropy_loss(self.logits(head, emb), labels, valid_classes)
+
+    def at_session_start(self, head: Mapping[str, jax.Array], key, old_classes: int, new_classes: int) -> dict:
+        """Every row and the bias drawn afresh, whatever the classes (the fork's ``before_task``)."""
+        rows, embed_dim = head["head"].shape
+        if not 0 <= old_classes <= new_classes <= rows:
+            raise ValueError(f"cannot hold {new_classes} classes in a head of {rows} rows")
+        return self.init(key, rows, embed_dim)
+
+
+Head = CosineHead | LinearResetHead
+
+
+def make_head(name: str, temperature: float) -> Head:
+    """The head called ``name`` (one of ``HEADS``); ``temperature`` is the cosine head's."""
+    if name == "cosine":
+        return CosineHead(temperature)
+    if name == "linear_reset":
+        return LinearResetHead()
+    raise ValueError(f"unknown head {name!r}; choose one of {list(HEADS)}")
+
+
+def head_params(head: Head, params: Mapping[str, jax.Array]) -> dict:
+    """The head's arrays out of a parameter dict that also holds the network and method extras."""
+    return {k: params[k] for k in head.keys}
