@@ -108,6 +108,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.cvs.use_lm = True  # neighbor-session triplet L_m
     c.cvs.use_ld = True  # inter-session coherence L_d
     c.cvs.replay = True  # herded exemplars join the training data
+    c.cvs.batches = "mixed"  # exemplars shuffled into the session's data; "half": Rainbow's half-memory batches
     c.cvs.margin = 0.1
     # L_m alternatives (supplement ablation): triplet (official), batch_hard, dark_knowledge, mlkd_absolute,
     # mlkd_relative, rkd_distance, rkd_angle, darkrank
@@ -147,6 +148,10 @@ def get_config() -> ml_collections.ConfigDict:
     # fork: batch_size // 2 rows from a shuffled memory loader that cycles (a new order each pass, restarted
     # every epoch); "with_replacement": i.i.d. draws from the memory at every step
     c.rainbow.memory_batches = "cycle"
+    # ablations (not the fork): "herding" replaces the uncertainty memory by CVS's iCaRL herding; batches "mixed"
+    # shuffles the memory into the session's data as CVS does, instead of half-memory batches
+    c.rainbow.memory = "uncertainty"
+    c.rainbow.batches = "half"
 
     c.distributed = ml_collections.ConfigDict()
     c.distributed.multihost = False  # True (or env CVS_JAX_MULTIHOST=1): jax.distributed.initialize() first

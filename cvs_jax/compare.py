@@ -7,6 +7,9 @@ r"""Run several methods on identical splits and seeds and tabulate them like the
 An entry of ``--methods`` is a method, trained with ``model.head`` as configured (default
 "official": the method's reference head), or ``method@head`` (``cosine`` / ``linear_reset``) to
 train it with that head: ``ewc,ewc@cosine`` compares the fork's EWC with its head and with CVS's.
+``+field=value`` after it sets config fields for that entry alone (an ablation):
+``rainbow,rainbow+rainbow.memory=herding,cvs,cvs+cvs.use_lm=False``; each ablation is also paired
+with its entry without the ``+`` part when that entry is compared.
 Each (seed, entry) runs in ``DIR/seed<seed>/<entry>`` (rerunning resumes).  Session 1 is plain
 L_c training for every method (as in the official launch scripts), so it is trained once per seed
 and head and its checkpoint is copied into the workdirs of the other entries with that head,
@@ -229,20 +232,50 @@ def share_first_session(source: str, target: str) -> None:
         f.writelines(first)
 
 
-def parse_entry(entry: str) -> tuple[str, str | None]:
-    """``"ewc@cosine"`` -> ("ewc", "cosine"); ``"ewc"`` -> ("ewc", None): the configured model.head."""
-    method, _, head = entry.partition("@")
-    return method, (head or None)
+def parse_entry(entry: str) -> tuple[str, str | None, dict[str, str]]:
+    """``"ewc@cosine+importance.mode=online"`` -> ("ewc", "cosine", {"importance.mode": "online"});
+    ``"ewc"`` -> ("ewc", None, {}): the configured model.head, no override."""
+    base, *fields = entry.split("+")
+    method, _, head = base.partition("@")
+    overrides = {}
+    for f in fields:
+        key, sep, value = f.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--methods entry {entry!r}: write each override as +field=value, e.g. +cvs.use_lm=False")
+        overrides[key] = value
+    return method, (head or None), overrides
+
+
+def _typed(old, value: str, key: str):
+    """``value`` parsed as the type of the field's current value (bools from True/False)."""
+    if isinstance(old, bool):
+        if value not in ("True", "False", "true", "false"):
+            raise ConfigError(f"+{key}={value}: {key} is a bool; write True or False.")
+        return value in ("True", "true")
+    try:
+        return type(old)(value) if old is not None else value
+    except ValueError:
+        raise ConfigError(f"+{key}={value}: {key} holds a {type(old).__name__}, e.g. {old!r}.") from None
 
 
 def entry_config(config, entry: str, seed: int, split_seed):
     """The config of one (seed, entry) run."""
     c = copy.deepcopy(config)
     c.unlock()
-    method, head = parse_entry(entry)
+    method, head, overrides = parse_entry(entry)
     c.method, c.seed, c.split_seed = method, seed, split_seed
     if head is not None:
         c.model.head = head
+    for key, value in overrides.items():
+        *path, field = key.split(".")
+        node = c
+        for part in path:
+            node = node[part] if part in node else None
+            if node is None:
+                break
+        if node is None or field not in node:
+            raise ConfigError(f"--methods entry {entry!r}: the config has no field {key!r}.")
+        node[field] = _typed(node[field], value, key)
     return c
 
 
@@ -286,13 +319,15 @@ def _paired(ok_a: dict, ok_b: dict, keys: list[str]) -> dict:
 def entry_pairs(config, methods: list[str]) -> list[tuple[str, str, str]]:
     """The paired comparisons beyond "each entry minus cvs": ``(a, b, why)`` for each method run under
     both heads (``a`` linear_reset, ``b`` cosine: the head effect) and for each entry against the cvs
-    entry trained with the same head (when that cvs entry is not plain ``cvs``, already the reference)."""
+    entry trained with the same head (when that cvs entry is not plain ``cvs``, already the reference);
+    and each ablation (``entry+field=value``) against its entry without overrides."""
+    plain = [e for e in methods if "+" not in e]
+    pairs = [(e, e.split("+")[0], f"ablation of {e.split('+')[0]}") for e in methods if e.split("+")[0] in plain]
+    pairs = [p for p in pairs if p[0] != p[1]]
     heads = {}
-    for entry in methods:
-        method, head = parse_entry(entry)
+    for entry in plain:
         c = entry_config(config, entry, 0, None)
-        heads[entry] = (method, head_name(c))
-    pairs = []
+        heads[entry] = (c.method, head_name(c))
     for method in dict.fromkeys(m for m, _ in heads.values()):
         by_head = {h: e for e, (m, h) in heads.items() if m == method}
         if "linear_reset" in by_head and "cosine" in by_head:
@@ -505,7 +540,7 @@ def run_comparison(
             f"--population trains seeds k..k+N-1 as one population; --seeds {','.join(map(str, seeds))} are "
             f"not consecutive (e.g. --seeds {','.join(str(min(seeds) + i) for i in range(len(seeds)))})."
         )
-    unknown = [m for m in methods if parse_entry(m)[0] not in METHODS]
+    unknown = [m for m in methods if parse_entry(m)[0] not in METHODS]  # parse_entry refuses a bad override
     if unknown:
         raise ConfigError(f"--methods names unknown methods {unknown}; choose from {sorted(METHODS)}.")
     bad_heads = [m for m in methods if parse_entry(m)[1] not in (None,) + HEADS]
@@ -513,15 +548,24 @@ def run_comparison(
         raise ConfigError(f"--methods {bad_heads}: after '@' name a head, one of {list(HEADS)} (e.g. ewc@cosine).")
     if len(set(methods)) < len(methods):
         raise ConfigError(f"--methods {','.join(methods)} names an entry twice; name each once.")
+    for entry in methods:  # an override of a field that does not exist, or of the wrong type, stops here
+        get_method(entry_config(config, entry, seeds[0], split_seed))
     distributed.maybe_initialize(config.distributed.multihost)  # before the lock asks JAX for the process index
     with workdir_lib.hold(workdir):  # one comparison per DIR; each run also locks its own workdir
         return _compare(config, workdir, methods, seeds, split_seed, population)
 
 
-def _share_session_one(c, seed: int, run_dir: str, earlier: dict) -> None:
+# Config groups read only from session 2 on: an entry whose overrides stay inside them shares session 1.
+SESSION_TWO_GROUPS = ("cvs", "rainbow", "memory", "loss_weights")
+
+
+def _share_session_one(c, entry: str, seed: int, run_dir: str, earlier: dict) -> None:
     """Copies session 1 into ``run_dir`` from the first earlier run of this seed and head that saved it
-    (``earlier``: (seed, head) -> run dirs, updated), unless the method trains its own session 1."""
+    (``earlier``: (seed, head) -> run dirs, updated), unless the method trains its own session 1 (it keeps
+    statistics of it, or the entry overrides a field that session 1 reads)."""
     if not get_method(c).shares_first_session:  # its session 1 keeps statistics: it trains its own
+        return
+    if any(key.split(".")[0] not in SESSION_TWO_GROUPS for key in parse_entry(entry)[2]):
         return
     sharing = earlier.setdefault((seed, head_name(c)), [])
     source = next((d for d in sharing if os.path.exists(os.path.join(d, "checkpoints", "sessions", "0"))), None)
@@ -543,7 +587,7 @@ def _run_populations(config, workdir: str, methods: list[str], seeds: list[int],
         c.population = len(seeds)
         dirs = [os.path.join(workdir, f"seed{seed}", method) for seed in seeds]
         for seed, run_dir in zip(seeds, dirs):
-            _share_session_one(c, seed, run_dir, earlier)
+            _share_session_one(c, method, seed, run_dir, earlier)
         print(
             f"\n##### method {method}, seeds {seeds[0]}..{seeds[-1]} as a population ({time.time() - t0:.0f}s elapsed)"
         )
@@ -572,7 +616,7 @@ def _compare(
         for method in methods:
             c = entry_config(config, method, seed, split_seed)
             run_dir = os.path.join(workdir, f"seed{seed}", method)
-            _share_session_one(c, seed, run_dir, earlier)
+            _share_session_one(c, method, seed, run_dir, earlier)
             print(f"\n##### seed {seed}, method {method} ({time.time() - t0:.0f}s elapsed)", flush=True)
             try:
                 runs.append(run_record(seed, method, c, run_dir, workdir, trainer.run(c, run_dir)))

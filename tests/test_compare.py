@@ -226,3 +226,43 @@ def test_split_seed_fixes_the_plan_while_seed_changes_the_initialisation(tmp_pat
     free0, _ = build(0, None)
     assert not same_plan(free0, plan0)  # without split_seed each seed draws its own split
     assert same_plan(build(5, None)[0], plan0)  # split_seed=5 is the plan seed 5 draws by default
+
+
+def test_entries_heads_overrides_and_their_pairs(tmp_path):
+    c = tiny_config(str(tmp_path), tmp_path, sessions=2)
+    assert compare.parse_entry("ewc@cosine+importance.mode=online+loss_weights.L_reg=10") == (
+        "ewc",
+        "cosine",
+        {"importance.mode": "online", "loss_weights.L_reg": "10"},
+    )
+    e = compare.entry_config(c, "cvs@linear_reset+cvs.use_lm=False+memory.budget=50+cvs.margin=0.2", 3, 0)
+    assert (e.method, e.seed, e.split_seed, e.model.head) == ("cvs", 3, 0, "linear_reset")
+    assert e.cvs.use_lm is False and e.memory.budget == 50 and e.cvs.margin == 0.2
+    assert c.cvs.use_lm is True and c.model.head == "official"  # the base config is left alone
+    for bad, why in (("cvs+cvs.use_lm=maybe", "is a bool"), ("cvs+cvs.nope=1", "no field"), ("cvs+x", r"\+field=value")):
+        with pytest.raises(ConfigError, match=why):
+            compare.entry_config(c, bad, 0, None)
+    methods = ["finetune", "cvs", "ewc", "ewc@cosine", "cvs@linear_reset", "rainbow", "rainbow+rainbow.memory=herding"]
+    assert compare.entry_pairs(c, methods) == [
+        ("rainbow+rainbow.memory=herding", "rainbow", "ablation of rainbow"),
+        ("cvs@linear_reset", "cvs", "head effect of cvs"),
+        ("ewc", "ewc@cosine", "head effect of ewc"),
+        ("ewc", "cvs@linear_reset", "against cvs with the linear_reset head"),
+        ("rainbow", "cvs@linear_reset", "against cvs with the linear_reset head"),
+    ]
+    with pytest.raises(ConfigError, match="after '@' name a head"):
+        compare.run_comparison(c, str(tmp_path / "cmp"), ["ewc@linear"], [0])
+    with pytest.raises(ConfigError, match="no field"):
+        compare.run_comparison(c, str(tmp_path / "cmp"), ["cvs", "cvs+cvs.lm=1"], [0])
+
+
+def test_ablation_entries_share_session_one_only_when_it_is_unchanged(tmp_path):
+    c = tiny_config(str(tmp_path), tmp_path, sessions=2)
+    source = tmp_path / "source"
+    (source / "checkpoints" / "sessions" / "0").mkdir(parents=True)
+    (source / "metrics.jsonl").write_text(json.dumps({"session": 1, "loss": 1.0}) + "\n")
+    for entry, shared in (("cvs+cvs.use_lm=False", True), ("cvs+train.lr=0.1", False), ("ewc@cosine", False)):
+        earlier = {(0, "cosine"): [str(source)]}
+        target = tmp_path / entry
+        compare._share_session_one(compare.entry_config(c, entry, 0, 0), entry, 0, str(target), earlier)
+        assert (target / "checkpoints" / "sessions" / "0").exists() == shared, entry

@@ -243,3 +243,19 @@ def test_class_centres_pool_every_stored_part():
     for c in range(3):
         np.testing.assert_allclose(np.asarray(out["centers"])[c], unit[labels == c].mean(0), rtol=1e-5, atol=1e-6)
     assert np.asarray(out["center_mask"]).tolist() == [True, True, True, False]
+
+
+def test_ablation_switches_build_the_policies(manual_dir, tmp_path):
+    c = tiny_config(manual_dir, tmp_path, method="rainbow")
+    m = get_method(c)
+    assert isinstance(m.memory, policies.UncertaintyMemory) and isinstance(m.batches, policies.HalfMemoryBatches)
+    c.rainbow.memory, c.rainbow.batches = "herding", "mixed"
+    m = get_method(c)
+    assert isinstance(m.memory, policies.HerdingMemory) and isinstance(m.batches, policies.MixedBatches)
+    c.method = "cvs"
+    assert isinstance(get_method(c).batches, policies.MixedBatches)
+    c.cvs.batches = "half"
+    assert isinstance(get_method(c).batches, policies.HalfMemoryBatches)
+    c.cvs.batches = "halves"
+    with pytest.raises(ConfigError, match="cvs.batches='halves' is unknown"):
+        get_method(c)

@@ -121,20 +121,43 @@ def make_rwalk(config: ml_collections.ConfigDict) -> Method:
 def make_rainbow(config: ml_collections.ConfigDict) -> Method:
     """Rainbow Memory with the rules of ``config.rainbow`` (defaults = the author's fork, spec §6b)."""
     r = config.rainbow
-    return Method(
-        name="rainbow",
-        official_head="linear_reset",
-        memory=policies.UncertaintyMemory(
+    _check(config, "rainbow.memory", RAINBOW_MEMORIES)
+    _check(config, "rainbow.batches", BATCHES)
+    if r.memory == "uncertainty":
+        memory = policies.UncertaintyMemory(
             perturbations=int(r.perturbations),
             perturbation=r.perturbation,
             selection=r.selection,
             refill=bool(r.refill),
             first_session=r.first_session,
-        ),
-        batches=policies.HalfMemoryBatches(r.memory_batches),
-        description=(
-            f"Rainbow Memory: uncertainty over {r.perturbations} {r.perturbation} draws, {r.selection} selection"
-            f"{' + random refill' if r.refill else ''}, first memory {r.first_session}, "
-            f"half-memory batches ({r.memory_batches})"
-        ),
+        )
+        kept = (
+            f"uncertainty over {r.perturbations} {r.perturbation} draws, {r.selection} selection"
+            f"{' + random refill' if r.refill else ''}, first memory {r.first_session}"
+        )
+    else:
+        memory, kept = policies.HerdingMemory(), "herded memory (ablation)"
+    return Method(
+        name="rainbow",
+        official_head="linear_reset",
+        memory=memory,
+        batches=batch_policy(r.batches, r.memory_batches),
+        description=f"Rainbow Memory: {kept}, {r.batches} batches"
+        + (f" ({r.memory_batches})" if r.batches == "half" else ""),
     )
+
+
+RAINBOW_MEMORIES = ("uncertainty", "herding")
+BATCHES = ("mixed", "half")
+
+
+def _check(config: ml_collections.ConfigDict, key: str, choices: tuple) -> None:
+    group, field = key.split(".")
+    if config[group][field] not in choices:
+        raise ConfigError(f"{key}={config[group][field]!r} is unknown; choose one of {list(choices)}.")
+
+
+def batch_policy(kind: str, memory_batches: str = "cycle"):
+    """``"mixed"``: replayed images shuffled into the session's data (CVS, RWalk); ``"half"``: half of
+    every batch from a cycling shuffled memory (Rainbow, the fork)."""
+    return policies.MixedBatches() if kind == "mixed" else policies.HalfMemoryBatches(memory_batches)

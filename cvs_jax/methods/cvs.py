@@ -18,6 +18,7 @@ from cvs_jax import distillation, losses
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import policies
 from cvs_jax.methods.base import Method, StepInputs
+from cvs_jax.methods.baselines import BATCHES, batch_policy
 
 LM_LOSSES = (
     "triplet",
@@ -85,12 +86,17 @@ def make_cvs(config: ml_collections.ConfigDict) -> Method:
         squared=c.squared_triplet,
         per_batch=c.per_batch_coherence,
     )
+    if c.batches not in BATCHES:
+        raise ConfigError(f"cvs.batches={c.batches!r} is unknown; choose one of {list(BATCHES)}.")
     parts = ["L_c"] + ([f"L_m ({c.lm_loss})"] if c.use_lm else []) + (["L_d"] if c.use_ld else [])
     return Method(
         name="cvs",
         uses_old_model=c.use_lm,
         memory=policies.HerdingMemory() if c.replay else policies.NoMemory(),
+        batches=batch_policy(c.batches),
         constants=(policies.ClassCenters(per_session_mean=c.per_session_centers),) if c.use_ld else (),
         extra_terms=terms,
-        description=" + ".join(parts) + (" with herded replay" if c.replay else " without replay"),
+        description=" + ".join(parts)
+        + (" with herded replay" if c.replay else " without replay")
+        + (", half-memory batches" if c.batches == "half" else ""),
     )
