@@ -98,6 +98,12 @@ def define_flags() -> None:
         "them; the seeds must be consecutive, k..k+N-1); implies --fixed_split.  Same DIR/seed<k>/<method> "
         "layout; DIR/population/<method>/ holds the population's config and population.json.",
     )
+    flags.DEFINE_bool(
+        "tabulate",
+        False,
+        "Run nothing: build the tables from the runs already in DIR (results.json: finished; diverged.json: "
+        "stopped by the NaN guard; neither: not finished, left out), e.g. while a long comparison runs.",
+    )
     flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -277,6 +283,33 @@ def entry_config(config, entry: str, seed: int, split_seed):
             raise ConfigError(f"--methods entry {entry!r}: the config has no field {key!r}.")
         node[field] = _typed(node[field], value, key)
     return c
+
+
+DIVERGED = "diverged.json"  # written into a run dir stopped by the NaN guard: {"message": ...}
+
+
+def _write_json(path: str, value) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(value, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def recorded_run(config, workdir: str, entry: str, seed: int, split_seed) -> dict | None:
+    """The record of a run already in ``workdir`` (``--tabulate``): finished (results.json), diverged
+    (diverged.json), or None when it has not finished."""
+    run_dir = os.path.join(workdir, f"seed{seed}", entry)
+    c = entry_config(config, entry, seed, split_seed)
+    for name in ("results.json", DIVERGED):
+        path = os.path.join(run_dir, name)
+        if os.path.exists(path):
+            with open(path) as f:
+                value = json.load(f)
+            if name == DIVERGED:
+                return run_record(seed, entry, c, run_dir, workdir, None, value["message"])
+            return run_record(seed, entry, c, run_dir, workdir, value)
+    print(f"seed {seed}, {entry}: not finished in {run_dir}; left out")
+    return None
 
 
 def run_record(seed: int, method: str, c, run_dir: str, workdir: str, results: dict | None, error=None) -> dict:
@@ -529,8 +562,10 @@ def run_comparison(
     seeds: list[int],
     split_seed: int | None = None,
     population: bool = False,
+    tabulate: bool = False,
 ):
     """Runs every (seed, method); returns one row per method (see ``rows_from_summary``).
+    ``tabulate``: runs nothing, tabulates the runs already finished in ``workdir`` (``recorded_run``).
 
     ``split_seed``: every run uses this session plan (None: ``config.split_seed``, and if that is
     None each seed its own).  ``population``: each method's seeds (consecutive) train as one
@@ -552,7 +587,7 @@ def run_comparison(
         get_method(entry_config(config, entry, seeds[0], split_seed))
     distributed.maybe_initialize(config.distributed.multihost)  # before the lock asks JAX for the process index
     with workdir_lib.hold(workdir):  # one comparison per DIR; each run also locks its own workdir
-        return _compare(config, workdir, methods, seeds, split_seed, population)
+        return _compare(config, workdir, methods, seeds, split_seed, population, tabulate)
 
 
 # Config groups read only from session 2 on: an entry whose overrides stay inside them shares session 1.
@@ -601,7 +636,13 @@ def _run_populations(config, workdir: str, methods: list[str], seeds: list[int],
 
 
 def _compare(
-    config, workdir: str, methods: list[str], seeds: list[int], split_seed: int | None, population: bool = False
+    config,
+    workdir: str,
+    methods: list[str],
+    seeds: list[int],
+    split_seed: int | None,
+    population: bool = False,
+    tabulate: bool = False,
 ) -> list[dict]:
     if split_seed is None:
         split_seed = config.get("split_seed")
@@ -609,10 +650,12 @@ def _compare(
         split_seed = min(seeds)  # the members of a population share one session plan
     runs: list[dict] = []
     t0 = time.time()
-    if population:
+    if tabulate:
+        runs = [r for seed in seeds for m in methods if (r := recorded_run(config, workdir, m, seed, split_seed))]
+    elif population:
         runs = _run_populations(config, workdir, methods, seeds, split_seed)
     earlier: dict = {}  # (seed, head) -> sharing run dirs so far: session 1 comes from the first that saved it
-    for seed in [] if population else seeds:
+    for seed in [] if population or tabulate else seeds:
         for method in methods:
             c = entry_config(config, method, seed, split_seed)
             run_dir = os.path.join(workdir, f"seed{seed}", method)
@@ -622,6 +665,7 @@ def _compare(
                 runs.append(run_record(seed, method, c, run_dir, workdir, trainer.run(c, run_dir)))
             except NonFiniteError as e:  # a diverged run: recorded, the comparison goes on
                 print(f"seed {seed}, method {method} diverged: {e}", flush=True)
+                _write_json(os.path.join(run_dir, DIVERGED), {"message": str(e)})
                 runs.append(run_record(seed, method, c, run_dir, workdir, None, e))
     summary = summarize_runs(runs, methods)
     pairs = summarize_pairs(runs, entry_pairs(config, methods))
@@ -680,7 +724,7 @@ def main(argv):
     cli.quiet_logging()
     determinism.apply(FLAGS.config.deterministic)  # before the first JAX computation
     try:
-        run_comparison(FLAGS.config, FLAGS.workdir, FLAGS.methods, seeds, split_seed, FLAGS.population)
+        run_comparison(FLAGS.config, FLAGS.workdir, FLAGS.methods, seeds, split_seed, FLAGS.population, FLAGS.tabulate)
     except UserError as e:  # a problem the user must fix: one line, no traceback; anything else is a bug
         sys.exit(cli.report(e))
 

@@ -151,7 +151,12 @@ def test_diverged_run_is_marked_and_the_comparison_goes_on(tmp_path, monkeypatch
             raise NonFiniteError(f"loss is NaN at session 2 of {workdir}")
         if config.method == "lwf" and config.seed == 2:
             raise NonFiniteError("embedding is inf at session 2")
-        return _fake_results(config.method, config.seed, ar1.get((config.method, config.seed), 50.0 + config.seed))
+        out = _fake_results(config.method, config.seed, ar1.get((config.method, config.seed), 50.0 + config.seed))
+        if config.method != "lwf" or config.seed != 1:  # lwf seed 1: as if still running (no results.json yet)
+            os.makedirs(workdir, exist_ok=True)
+            with open(os.path.join(workdir, "results.json"), "w") as f:
+                json.dump(out, f)
+        return out
 
     monkeypatch.setattr(trainer, "run", fake_run)
     c = tiny_config(str(tmp_path), tmp_path, sessions=2)
@@ -184,6 +189,16 @@ def test_diverged_run_is_marked_and_the_comparison_goes_on(tmp_path, monkeypatch
         csv_rows = {r["method"]: r for r in csv.DictReader(f)}
     assert csv_rows["ewc"]["diverged"] == "3" and csv_rows["ewc"]["AR@1"] == ""
     assert csv_rows["finetune"]["AR@1 - cvs significant"] == "True"
+
+    # --tabulate runs nothing and reads the same numbers back from the run dirs (lwf seed 1 not finished)
+    calls.clear()
+    rows2 = compare.run_comparison(c, wd, ["finetune", "ewc", "lwf", "cvs"], [0, 1, 2], split_seed=7, tabulate=True)
+    assert calls == []
+    by2 = {r["method"]: r for r in rows2}
+    assert by2["finetune"] == by["finetune"] and by2["ewc"]["diverged"] == 3
+    assert by2["lwf"]["seeds"] == 1 and by2["lwf"]["diverged"] == 1
+    with open(os.path.join(wd, "seed0", "ewc", "diverged.json")) as f:
+        assert json.load(f)["message"].startswith("loss is NaN")
 
     # any other error still stops the comparison
     def broken(config, workdir):
@@ -239,7 +254,11 @@ def test_entries_heads_overrides_and_their_pairs(tmp_path):
     assert (e.method, e.seed, e.split_seed, e.model.head) == ("cvs", 3, 0, "linear_reset")
     assert e.cvs.use_lm is False and e.memory.budget == 50 and e.cvs.margin == 0.2
     assert c.cvs.use_lm is True and c.model.head == "official"  # the base config is left alone
-    for bad, why in (("cvs+cvs.use_lm=maybe", "is a bool"), ("cvs+cvs.nope=1", "no field"), ("cvs+x", r"\+field=value")):
+    for bad, why in (
+        ("cvs+cvs.use_lm=maybe", "is a bool"),
+        ("cvs+cvs.nope=1", "no field"),
+        ("cvs+x", r"\+field=value"),
+    ):
         with pytest.raises(ConfigError, match=why):
             compare.entry_config(c, bad, 0, None)
     methods = ["finetune", "cvs", "ewc", "ewc@cosine", "cvs@linear_reset", "rainbow", "rainbow+rainbow.memory=herding"]
