@@ -452,6 +452,11 @@ def _status(e: dict) -> str:
     return f" (seed {', '.join(e['diverged'])} diverged)"
 
 
+def _no_seed(e: dict) -> str:
+    """The cell of an entry without a finished seed: every seed diverged, or none has run yet."""
+    return "diverged" if e["diverged"] else "not run"
+
+
 def _mean_std_cell(a: dict | None) -> str:
     return "n/a" if a is None else f"{a['mean']:.2f} ± {a['std']:.2f}"
 
@@ -464,7 +469,7 @@ def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str,
     lines = [f"### {title}", "", "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for e in summary:
         if not e["seeds"]:
-            cells = ["diverged"] * len(cols)
+            cells = [_no_seed(e)] * len(cols)
         else:
             cells = [_mean_std_cell(e["average_recall"][k]) for k in ks] + [_mean_std_cell(e[BC])]
             cells[0] += _status(e)
@@ -490,7 +495,7 @@ def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str,
             if e["method"] == REFERENCE:
                 continue
             if not e["seeds"]:
-                lines.append(f"| {e['method']} | 0 | " + " | ".join(["diverged"] * len(cols)) + " |")
+                lines.append(f"| {e['method']} | 0 | " + " | ".join([_no_seed(e)] * len(cols)) + " |")
                 continue
             n = vs[ks[0]]["n"] if vs else 0
             cells = [format_difference(vs and vs[k]) for k in ks + [BC]]

@@ -197,6 +197,9 @@ def test_diverged_run_is_marked_and_the_comparison_goes_on(tmp_path, monkeypatch
     by2 = {r["method"]: r for r in rows2}
     assert by2["finetune"] == by["finetune"] and by2["ewc"]["diverged"] == 3
     assert by2["lwf"]["seeds"] == 1 and by2["lwf"]["diverged"] == 1
+    compare.run_comparison(c, wd, ["finetune", "cvs", "bct"], [0, 1], split_seed=7, tabulate=True)
+    with open(os.path.join(wd, "comparison.md")) as f:
+        assert "| bct | not run | not run | not run | not run |" in f.read()  # never run is not "diverged"
     with open(os.path.join(wd, "seed0", "ewc", "diverged.json")) as f:
         assert json.load(f)["message"].startswith("loss is NaN")
 
