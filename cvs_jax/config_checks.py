@@ -111,6 +111,8 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
             f"{list(POPULATION_METHODS)}, or population=1 and one run per seed."
         )
     method = METHODS[config.method](config)
+    if d.name == "image_folder" and d.manual_dir is not None:
+        _check_image_folders(config, method.uses_memory)
     if method.uses_memory:
         classes = total  # every setup uses the first S + (L-1)C classes of the class order
         if config.memory.budget < classes:
@@ -142,6 +144,38 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
                 f"data.manual_dir={d.manual_dir!r} does not exist; point it at the folder holding "
                 f"the {d.name} source files (see README, Data)."
             )
+
+
+def _check_image_folders(config: ml_collections.ConfigDict, uses_memory: bool) -> None:
+    """Your own images: every folder of the run (``data.manual_dir``, ``data.updates``) exists or was
+    prepared into a record store of ``data.data_dir`` (a run stays usable after its folder moved); with
+    sessions from the data (``data.split=user``) and a replay method, ``memory.budget`` covers the
+    classes the folders hold (their listing only: no image is read)."""
+    from cvs_jax.data import folder_inventory, sources  # pylint: disable=g-import-not-at-top
+
+    d = config.data
+    folders = [("data.manual_dir", d.manual_dir)] + [("data.updates", u) for u in d.get("updates", ())]
+    classes: set[str] = set()
+    listed = True
+    for field, folder in folders:
+        path = os.path.expanduser(folder)
+        if os.path.exists(path):
+            if uses_memory and d.split == "user":
+                inventory = folder_inventory.scan(path, test_fraction=d.test_fraction, seed=d.test_seed)
+                classes.update(inventory.class_names)
+            continue
+        if sources.indexed_store(d.data_dir, path, sources.builder_options(d)) is None:
+            raise ConfigError(
+                f"{field}: {folder!r} does not exist, and no record store in data.data_dir={d.data_dir!r} was "
+                "prepared from it; pass a folder of class folders (<class>/<image>) or a CSV manifest "
+                "(path,label[,split][,session])."
+            )
+        listed = False  # a moved folder: its classes are counted from its store (protocol.check_data)
+    if uses_memory and d.split == "user" and listed and config.memory.budget < len(classes):
+        raise ConfigError(
+            f"memory.budget={config.memory.budget} is smaller than the {len(classes)} classes the run will have "
+            f"seen; raise memory.budget to at least {len(classes)}."
+        )
 
 
 def _check_split(d: ml_collections.ConfigDict) -> None:

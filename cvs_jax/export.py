@@ -12,9 +12,9 @@ Writes, from the run's newest completed session (as ``search`` reads it):
 * ``config.json``: the run's config; ``export.json``: format version, image shape, embedding
   width, model session, row count and class names.
 
-``load(DIR).embed(images)`` embeds image files or uint8 arrays as ``search`` embeds its queries
-(``search.prepare`` + ``search.Network``: the preprocessing and eval network of the gallery), so
-rows and queries of an export are comparable without the workdir.  A problem to fix ends with one
+``load(DIR).embed(images)`` (Python) embeds image files or uint8 arrays as ``search`` embeds its
+queries (the preprocessing and eval network of the gallery), so rows and queries of an export are
+comparable without the workdir.  A problem to fix ends with one
 ``error: ...`` line and exit status 2; an existing non-empty ``--out`` is refused unless
 ``--overwrite``.  ``export.json`` is written last, so an export cut short is refused by ``load``.
 """
