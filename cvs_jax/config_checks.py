@@ -13,7 +13,7 @@ import ml_collections
 
 from cvs_jax import augment, schedules
 from cvs_jax.data import official_splits, splits
-from cvs_jax.errors import ConfigError
+from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.methods import METHODS, head_name
 from cvs_jax.models.pretrained import CONVERT_ONE_LINER
 
@@ -151,7 +151,7 @@ def _check_image_folders(config: ml_collections.ConfigDict, uses_memory: bool) -
     prepared into a record store of ``data.data_dir`` (a run stays usable after its folder moved); with
     sessions from the data (``data.split=user``) and a replay method, ``memory.budget`` covers the
     classes the folders hold (their listing only: no image is read)."""
-    from cvs_jax.data import folder_inventory, sources  # pylint: disable=g-import-not-at-top
+    from cvs_jax.data import folder_inventory, sources, user_sessions  # pylint: disable=g-import-not-at-top
 
     d = config.data
     folders = [("data.manual_dir", d.manual_dir)] + [("data.updates", u) for u in d.get("updates", ())]
@@ -161,8 +161,11 @@ def _check_image_folders(config: ml_collections.ConfigDict, uses_memory: bool) -
         path = os.path.expanduser(folder)
         if os.path.exists(path):
             if uses_memory and d.split == "user":
-                inventory = folder_inventory.scan(path, test_fraction=d.test_fraction, seed=d.test_seed)
-                classes.update(inventory.class_names)
+                try:
+                    inventory = folder_inventory.scan(path, test_fraction=d.test_fraction, seed=d.test_seed)
+                    classes.update(inventory.class_names)
+                except DataError:  # what is wrong with the folder is reported when it is read
+                    listed = False
             continue
         if sources.indexed_store(d.data_dir, path, sources.builder_options(d)) is None:
             raise ConfigError(
@@ -172,10 +175,7 @@ def _check_image_folders(config: ml_collections.ConfigDict, uses_memory: bool) -
             )
         listed = False  # a moved folder: its classes are counted from its store (protocol.check_data)
     if uses_memory and d.split == "user" and listed and config.memory.budget < len(classes):
-        raise ConfigError(
-            f"memory.budget={config.memory.budget} is smaller than the {len(classes)} classes the run will have "
-            f"seen; raise memory.budget to at least {len(classes)}."
-        )
+        raise ConfigError(user_sessions.budget_message(config.memory.budget, len(classes), fixed=bool(folders[1:])))
 
 
 def _check_split(d: ml_collections.ConfigDict) -> None:

@@ -73,7 +73,7 @@ def export(workdir: str, out: str, *, overwrite: bool = False) -> dict:
         writer.writerow(ROW_COLUMNS)
         for j in range(len(rows)):
             d = run.describe(j)
-            writer.writerow([j, d["source"], d["label"], d["class"], d["arrival_session"], d["model_session"]])
+            writer.writerow([j, d["source"], d["label"], d["class_name"], d["arrival_session"], d["model_session"]])
     with open(os.path.join(out, "model.msgpack"), "wb") as f:
         f.write(flax.serialization.to_bytes(jax.device_get(run.variables)))
     shutil.copyfile(os.path.join(workdir, "config.json"), os.path.join(out, "config.json"))

@@ -341,7 +341,7 @@ class Run:
         return {
             "row": int(row),
             "label": label,
-            "class": self.class_name(label),
+            "class_name": self.class_name(label),
             "arrival_session": int(r.arrival[row]) + 1,
             "model_session": int(r.model[row]) + 1,
             "source": self.source(row),
@@ -418,7 +418,7 @@ class Run:
 _COLUMNS = (  # header, hit key, right-aligned
     ("rank", "rank", True),
     ("score", "score", True),
-    ("class", "class", False),
+    ("class", "class_name", False),
     ("label", "label", True),
     ("arrived in session", "arrival_session", True),
     ("model of session", "model_session", True),

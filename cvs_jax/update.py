@@ -1,6 +1,6 @@
 """Train the next session of a run on newly arrived labelled images.
 
-    python -m cvs_jax.update --workdir W --data DIR_or_CSV
+    python -m cvs_jax.update --workdir W --data DIR_or_CSV [--config.data.on_corrupt=skip]
 
 ``DIR_or_CSV`` is read as ``data.name=image_folder`` reads its folder (class folders, train/ +
 test/ folders, or a CSV manifest; ``folder_inventory``).  Its classes may be new or known (matched
@@ -16,8 +16,11 @@ the step's shapes and compiles it anew (the persistent XLA cache cannot serve it
 
 Rerunning an interrupted ``update`` with the same folder resumes it exactly.  A folder that is
 already part of the run, or whose images (by content, SHA-256) are already in it, is refused, so
-that no gallery row is duplicated.  A problem to fix ends with one ``error: ...`` line and exit
-status 2.
+that no gallery row is duplicated.  Everything about the new folder (readable images, classes,
+duplicates, the session's size against the batch, the memory budget) is checked before anything in
+the workdir changes: a refused folder leaves the run as it was.  Runs whose first folder was cut into
+sessions by the generator (``data.split=generator``, not ``blurry``) continue the same way.  A
+problem to fix ends with one ``error: ...`` line and exit status 2.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from absl import flags
 from ml_collections import config_flags
 from PIL import Image
 
-from cvs_jax import cli, export, search, trainer, update
+from cvs_jax import cli, export, info, search, trainer, update
 from cvs_jax import workdir as workdir_lib
 from cvs_jax.data import sources, user_sessions
 from cvs_jax.errors import ConfigError, DataError
@@ -156,6 +156,8 @@ def test_size_rule_counts_replay_and_says_how_many_photos():
         user_sessions.check_plan_feasible(
             plan, batch_size=16, batch_size_fixed=True, val_fraction=0.1, test_fraction=0.2
         )
+    with pytest.raises(ConfigError, match="memory.budget=3 is smaller than the 4 classes.*cannot change"):
+        user_sessions.check_plan_feasible(plan, batch_size=1, memory_budget=3, batch_size_fixed=True)
     # 16 train images need 18 before validation, 22 with the test share
     assert user_sessions.photos_needed(16, val_fraction=0.1, test_fraction=0.2) == 22
 
@@ -331,3 +333,24 @@ def test_update_continues_a_generator_run(trained, tmp_path):
     assert protocol["sessions"][:2] == planned["sessions"]  # the generated sessions are unchanged
     assert protocol["class_names"][:3] == planned["class_names"] and protocol["class_names"][3] == "dog"
     assert protocol["sessions"][2]["num_outputs"] == 4 and protocol["sessions"][2]["new_classes"] == [3]
+
+
+# --- item 9: what a run holds, in one command ----------------------------------------------------------
+
+
+def test_info_lists_classes_sessions_and_compatibility(trained, capsys):
+    fv = flags.FlagValues()
+    info.define_flags(fv)
+    assert info.main(fv(["info", "--workdir", trained[0]]), fv) == 0
+    out = capsys.readouterr().out
+    assert "3 classes" in out and "session 1:" in out and "model S1" in out and "AR@1" in out
+    fv = flags.FlagValues()
+    info.define_flags(fv)
+    assert info.main(fv(["info", "--workdir", trained[0], "--json"]), fv) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert [c["class_name"] for c in got["classes"]] == ["ant", "bee", "cat"]
+    assert all(c["first_session"] == 1 and c["gallery_rows"] > 0 for c in got["classes"])
+    assert got["sessions"][0]["gallery_rows_by_its_model"] == got["gallery_rows"]
+    assert len(got["compatibility_recall1"]) == 1
+    assert info.main(fv(["info", "--workdir", "/nonexistent"]), fv) == 2
+    assert capsys.readouterr().err.startswith("error: /nonexistent holds no cvs_jax run")

@@ -35,7 +35,7 @@ from cvs_jax.data import splits
 from cvs_jax.data.splits import Session, SessionPlan
 from cvs_jax.errors import ConfigError, SplitError
 
-__all__ = ["USER_SETUP", "check_plan_feasible", "photos_needed", "plan_from_sessions", "replay_sizes"]
+__all__ = ["USER_SETUP", "budget_message", "check_plan_feasible", "photos_needed", "plan_from_sessions", "replay_sizes"]
 
 USER_SETUP = "user"
 
@@ -176,6 +176,15 @@ def photos_needed(train_images: int, *, val_fraction: float, test_fraction: floa
     return photos
 
 
+def budget_message(budget: int, classes: int, *, fixed: bool = False) -> str:
+    """The refusal of a replay memory smaller than the classes seen (``fixed``: a run extended by
+    ``update``, whose budget cannot change)."""
+    text = f"memory.budget={budget} is smaller than the {classes} classes the run will have seen; "
+    if fixed:
+        return text + f"the budget of a run cannot change between sessions, so it holds at most {budget} classes."
+    return text + f"raise memory.budget to at least {classes}."
+
+
 def check_plan_feasible(
     plan: SessionPlan,
     *,
@@ -203,10 +212,7 @@ def check_plan_feasible(
         raise ConfigError(f"train.batch_size={batch_size} must be >= 1.")
     classes = max(s.num_outputs for s in plan.sessions)
     if memory_budget is not None and memory_budget < classes:
-        raise ConfigError(
-            f"memory.budget={memory_budget} is smaller than the {classes} classes the run will have seen; "
-            f"raise memory.budget to at least {classes}."
-        )
+        raise ConfigError(budget_message(memory_budget, classes, fixed=batch_size_fixed))
     for sess in plan.sessions:
         s = sess.index
         own = len(sess.train) if trained is None else int(trained[s])
