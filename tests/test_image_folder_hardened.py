@@ -354,3 +354,24 @@ def test_info_lists_classes_sessions_and_compatibility(trained, capsys):
     assert len(got["compatibility_recall1"]) == 1
     assert info.main(fv(["info", "--workdir", "/nonexistent"]), fv) == 2
     assert capsys.readouterr().err.startswith("error: /nonexistent holds no cvs_jax run")
+
+
+def test_compile_cache_on_by_default(monkeypatch, tmp_path):
+    import jax
+
+    before = jax.config.jax_compilation_cache_dir
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    monkeypatch.delenv("CVS_JAX_COMPILE_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    try:
+        cli.enable_compile_cache()
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "cvs_jax" / "xla")
+        monkeypatch.setenv("CVS_JAX_COMPILE_CACHE", str(tmp_path / "mine"))
+        cli.enable_compile_cache()
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "mine")
+        jax.config.update("jax_compilation_cache_dir", before)
+        monkeypatch.setenv("CVS_JAX_COMPILE_CACHE", "off")
+        cli.enable_compile_cache()
+        assert jax.config.jax_compilation_cache_dir == before
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
