@@ -486,6 +486,10 @@ def _net_and_head(variables: dict, head) -> dict:
 def test(ctx: RunContext, view: SessionView, selection: Selection) -> tuple[dict, np.ndarray]:
     """Recall@K of the session's test queries (selected model) against the stored gallery plus the
     session's images embedded by the selected model; returns ``(recall, new_rows)``."""
+    ctx.log.print(
+        f"  session {view.s + 1}: embedding {len(view.gallery_idx)} new gallery rows and "
+        f"{len(view.test_idx)} test queries with the selected model"
+    )
     new_rows = ctx.embed(selection.variables, ctx.proto.train_images(view.gallery_idx))
     q_labels = ctx.proto.test_labels[view.test_idx]
     recall = make_search(ctx, view)(
