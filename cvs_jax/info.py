@@ -6,7 +6,8 @@ newest completed session, as ``search`` reads it; no dataset, no photo folder):
 * the classes, with their gallery rows and the session each first arrived in;
 * the sessions: training images, new classes, the gallery rows its model embedded, recall@1;
 * the compatibility matrix (recall@1 of the model of session i on the gallery rows of session j: where
-  forgetting shows) and the AR@K so far.
+  forgetting shows) and the AR@K so far;
+* the record stores its images are read from (what to keep when cleaning ``<data_dir>/cvs_records``).
 
 Sessions are numbered from 1.  A problem to fix ends with one ``error: ...`` line and exit status 2.
 """
@@ -28,6 +29,16 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_string("workdir", None, "The --workdir of a run of python -m cvs_jax.main.", flag_values=flag_values)
     flags.DEFINE_boolean("json", False, "Print JSON instead of text.", flag_values=flag_values)
     flags.mark_flags_as_required(["workdir"], flag_values=flag_values)
+
+
+def _stores(run: search.Run) -> list[str] | None:
+    """The record stores the run's images are read from (None: standard TFDS data, or a store is gone)."""
+    from cvs_jax.data import sources  # pylint: disable=g-import-not-at-top  # tensorflow_datasets
+
+    try:
+        return sources.store_dirs(run.config.data)
+    except (UserError, OSError):
+        return None
 
 
 def describe(workdir: str) -> dict:
@@ -78,6 +89,7 @@ def describe(workdir: str) -> dict:
         "added_rows": len(run.added),
         "classes": classes,
         "sessions": sessions,
+        "record_stores": _stores(run),
         "compatibility_recall1": results.get("compatibility_recall1"),
         "average_recall": results.get("average_recall"),
     }
@@ -103,6 +115,9 @@ def format_info(info: dict) -> str:
             f"  session {s['session']}: {s['train_images']} training images, new classes: {new or '-'}; "
             f"{s['gallery_rows_by_its_model']} gallery rows embedded by its model; {r1}"
         )
+    if info["record_stores"]:
+        lines += ["", "record stores (the images, prepared once; the folders are no longer needed):"]
+        lines += [f"  {store}" for store in info["record_stores"]]
     lines += ["", compatibility.format_matrix(info["compatibility_recall1"])]
     if info["average_recall"]:
         lines.append("AR@K: " + ", ".join(f"AR@{k} {100 * v:.2f}%" for k, v in info["average_recall"].items()))

@@ -352,6 +352,7 @@ def test_info_lists_classes_sessions_and_compatibility(trained, capsys):
     assert all(c["first_session"] == 1 and c["gallery_rows"] > 0 for c in got["classes"])
     assert got["sessions"][0]["gallery_rows_by_its_model"] == got["gallery_rows"]
     assert len(got["compatibility_recall1"]) == 1
+    assert len(got["record_stores"]) == 1 and os.path.isdir(got["record_stores"][0])
     assert info.main(fv(["info", "--workdir", "/nonexistent"]), fv) == 2
     assert capsys.readouterr().err.startswith("error: /nonexistent holds no cvs_jax run")
 
