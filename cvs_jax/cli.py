@@ -2,11 +2,13 @@
 
 Each entry point (``main``, ``compare``, ``search``, ``summarize``) parses absl flags and
 catches ``errors.UserError`` only: it prints one ``error: <message>`` line to stderr and
-exits with status 2.  Every other exception keeps its traceback.
+exits with status 2.  absl's own flag errors (an unknown flag, a missing required flag, a bad
+value) are reported the same way (``run``).  Every other exception keeps its traceback.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Callable
 
@@ -47,28 +49,59 @@ class _HelpfullFlag(app.HelpfullFlag):
             sys.exit(0)
 
 
+def enable_compile_cache() -> None:
+    """JAX's persistent compilation cache, on for every command: nothing is compiled twice across
+    commands (an ``update`` compiles what ``main`` compiled).  The folder: ``$CVS_JAX_COMPILE_CACHE``
+    (``off`` turns the cache off), else ``$JAX_COMPILATION_CACHE_DIR`` (read by JAX itself), else
+    ``$XDG_CACHE_HOME/cvs_jax/xla`` (``~/.cache/cvs_jax/xla``)."""
+    setting = os.environ.get("CVS_JAX_COMPILE_CACHE")
+    if setting is not None and setting.strip().lower() in ("", "0", "off", "false", "none"):
+        return
+    if setting is None and os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = os.path.expanduser(setting) if setting else os.path.join(cache_home, "cvs_jax", "xla")
+    import jax  # pylint: disable=g-import-not-at-top
+
+    jax.config.update("jax_compilation_cache_dir", folder)
+
+
 def run(main: Callable[[list[str]], int | None]) -> None:
-    """``absl.app.run(main)`` whose ``--help`` exits with status 0."""
+    """``absl.app.run(main)`` whose ``--help`` exits with status 0 (flag errors: one ``error:`` line,
+    exit status 2), with the persistent compilation cache on (``enable_compile_cache``)."""
+    enable_compile_cache()
     app.define_help_flags()
     for flag in (_HelpFlag(), _HelpshortFlag(), _HelpfullFlag()):
         flags.DEFINE_flag(flag)
     app.run(main, flags_parser=_parse_flags)
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
+def _parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) -> list[str]:
     """absl's flag parsing, except that a ``UserError`` raised while loading the config (e.g. an unknown
-    ``:variant``) is reported like any other: one ``error:`` line, exit status 2."""
+    ``:variant``), absl's flag errors and an unknown ``--config.<field>`` are reported like any other
+    problem to fix: one ``error:`` line, exit status 2."""
     try:
-        return flags.FLAGS(argv)
+        return (flags.FLAGS if flag_values is None else flag_values)(argv)
     except UserError as e:
         sys.exit(report(e))
     except flags.Error as e:
         cause = e.__cause__ or e.__context__
         while cause is not None and not isinstance(cause, UserError):
             cause = cause.__cause__ or cause.__context__
-        if cause is None:
+        sys.exit(report(cause if cause is not None else flag_error(e)))
+    except (AttributeError, KeyError) as e:  # ml_collections: a --config.<field> that the config lacks
+        overrides = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
+        if not overrides:
             raise
-        sys.exit(report(cause))
+        text = str(e.args[0] if e.args else e).replace("\\n", " ").replace("\\", "").replace("'", "")
+        text = " ".join(text.split())
+        sys.exit(report(UserError(f"unknown config field among {', '.join(overrides)}: {text} (see --helpfull)")))
+
+
+def flag_error(error: Exception) -> UserError:
+    """absl's flag errors (unknown flag, missing required flag, bad value) as one line to fix."""
+    text = " ".join(str(error).split())
+    return UserError(f"{text} (see --help)")
 
 
 def config_help() -> str:

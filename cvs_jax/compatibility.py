@@ -53,3 +53,17 @@ def mean_drop(matrix) -> float | None:
         if newer.size and not np.isnan(m[j, j]):
             per_part.append(newer.mean() - m[j, j])
     return float(np.mean(per_part)) if per_part else None
+
+
+def format_matrix(matrix) -> str:
+    """The compatibility matrix as a table in % (row i: model of session i; column j: gallery rows of
+    session j; ``-``: no entry)."""
+    if not matrix:
+        return "compatibility: not computed yet (written when a run or update finishes)"
+    n = len(matrix)
+    head = "        " + "".join(f"{'rows S' + str(j + 1):>10}" for j in range(n))
+    lines = ["compatibility (recall@1 in %; row: model of session i, column: gallery rows of session j):", head]
+    for i, row in enumerate(matrix):
+        cells = "".join(f"{'-' if v is None else f'{100 * v:.1f}':>10}" for v in row)
+        lines.append(f"{'model S' + str(i + 1):<8}{cells}")
+    return "\n".join(lines)

@@ -13,7 +13,7 @@ import ml_collections
 
 from cvs_jax import augment, schedules
 from cvs_jax.data import official_splits, splits
-from cvs_jax.errors import ConfigError
+from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.methods import METHODS, head_name
 from cvs_jax.models.pretrained import CONVERT_ONE_LINER
 
@@ -111,6 +111,8 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
             f"{list(POPULATION_METHODS)}, or population=1 and one run per seed."
         )
     method = METHODS[config.method](config)
+    if d.name == "image_folder" and d.manual_dir is not None:
+        _check_image_folders(config, method.uses_memory)
     if method.uses_memory:
         classes = total  # every setup uses the first S + (L-1)C classes of the class order
         if config.memory.budget < classes:
@@ -142,6 +144,38 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
                 f"data.manual_dir={d.manual_dir!r} does not exist; point it at the folder holding "
                 f"the {d.name} source files (see README, Data)."
             )
+
+
+def _check_image_folders(config: ml_collections.ConfigDict, uses_memory: bool) -> None:
+    """Your own images: every folder of the run (``data.manual_dir``, ``data.updates``) exists or was
+    prepared into a record store of ``data.data_dir`` (a run stays usable after its folder moved); with
+    sessions from the data (``data.split=user``) and a replay method, ``memory.budget`` covers the
+    classes the folders hold (their listing only: no image is read)."""
+    from cvs_jax.data import folder_inventory, sources, user_sessions  # pylint: disable=g-import-not-at-top
+
+    d = config.data
+    folders = [("data.manual_dir", d.manual_dir)] + [("data.updates", u) for u in d.get("updates", ())]
+    classes: set[str] = set()
+    listed = True
+    for field, folder in folders:
+        path = os.path.expanduser(folder)
+        if os.path.exists(path):
+            if uses_memory and d.split == "user":
+                try:
+                    inventory = folder_inventory.scan(path, test_fraction=d.test_fraction, seed=d.test_seed)
+                    classes.update(inventory.class_names)
+                except DataError:  # what is wrong with the folder is reported when it is read
+                    listed = False
+            continue
+        if sources.indexed_store(d.data_dir, path, sources.builder_options(d)) is None:
+            raise ConfigError(
+                f"{field}: {folder!r} does not exist, and no record store in data.data_dir={d.data_dir!r} was "
+                "prepared from it; pass a folder of class folders (<class>/<image>) or a CSV manifest "
+                "(path,label[,split][,session])."
+            )
+        listed = False  # a moved folder: its classes are counted from its store (protocol.check_data)
+    if uses_memory and d.split == "user" and listed and config.memory.budget < len(classes):
+        raise ConfigError(user_sessions.budget_message(config.memory.budget, len(classes), fixed=bool(folders[1:])))
 
 
 def _check_split(d: ml_collections.ConfigDict) -> None:

@@ -74,7 +74,8 @@ class RunContext:
             plan = proto.plan
             log.print(
                 f"data: {proto.dataset.name} {len(proto.dataset.train)} train / {len(proto.dataset.test)} test "
-                f"images, setup={plan.setup}, {plan.num_sessions} sessions, {proto.num_classes} classes "
+                f"images, setup={plan.setup}, {_plural(plan.num_sessions, 'session')}, "
+                f"{_plural(max(x.num_outputs for x in plan.sessions), 'class', 'classes')} "
                 f"({time.time() - t0:.1f}s)"
             )
         else:
@@ -142,3 +143,8 @@ class RunContext:
     def close(self) -> None:
         self.sessions.close()
         self.progress.close()
+
+
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    """``1 session``, ``3 sessions``: what a person reads."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"

@@ -12,9 +12,9 @@ Writes, from the run's newest completed session (as ``search`` reads it):
 * ``config.json``: the run's config; ``export.json``: format version, image shape, embedding
   width, model session, row count and class names.
 
-``load(DIR).embed(images)`` embeds image files or uint8 arrays as ``search`` embeds its queries
-(``search.prepare`` + ``search.Network``: the preprocessing and eval network of the gallery), so
-rows and queries of an export are comparable without the workdir.  A problem to fix ends with one
+``load(DIR).embed(images)`` (Python) embeds image files or uint8 arrays as ``search`` embeds its
+queries (the preprocessing and eval network of the gallery), so rows and queries of an export are
+comparable without the workdir.  A problem to fix ends with one
 ``error: ...`` line and exit status 2; an existing non-empty ``--out`` is refused unless
 ``--overwrite``.  ``export.json`` is written last, so an export cut short is refused by ``load``.
 """
@@ -73,7 +73,7 @@ def export(workdir: str, out: str, *, overwrite: bool = False) -> dict:
         writer.writerow(ROW_COLUMNS)
         for j in range(len(rows)):
             d = run.describe(j)
-            writer.writerow([j, d["source"], d["label"], d["class"], d["arrival_session"], d["model_session"]])
+            writer.writerow([j, d["source"], d["label"], d["class_name"], d["arrival_session"], d["model_session"]])
     with open(os.path.join(out, "model.msgpack"), "wb") as f:
         f.write(flax.serialization.to_bytes(jax.device_get(run.variables)))
     shutil.copyfile(os.path.join(workdir, "config.json"), os.path.join(out, "config.json"))

@@ -4,6 +4,11 @@ Any config field can be overridden with ``--config.<key>=<value>``; an unknown k
 is refused by ml_collections before anything runs.  Rerunning the same command
 resumes after the last completed session.  A problem to fix (config, data, weights,
 a busy workdir) ends with one ``error: ...`` line and exit status 2.
+
+Your own photos: ``--config configs/image_folder_general.py --config.data.manual_dir=PHOTOS`` (class
+folders, train/ + test/ folders or a CSV manifest); then ``python -m cvs_jax.update --workdir W
+--data NEW_PHOTOS`` for each later session, ``python -m cvs_jax.search --workdir W --images ...`` to
+query the gallery and ``python -m cvs_jax.export --workdir W --out DIR`` for an ANN index.
 """
 
 from __future__ import annotations
@@ -11,11 +16,11 @@ from __future__ import annotations
 import sys
 
 import tensorflow_datasets as tfds
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from cvs_jax import cli, determinism, trainer
-from cvs_jax.errors import UserError
+from cvs_jax.errors import ConfigError, UserError
 
 FLAGS = flags.FLAGS
 
@@ -29,7 +34,7 @@ def define_flags() -> None:
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        sys.exit(cli.report(ConfigError(f"unexpected arguments: {argv[1:]}; pass --config and --workdir only.")))
     cli.quiet_logging()
     tfds.disable_progress_bar()  # one-off dataset preparation; our own progress lines follow
     determinism.apply(FLAGS.config.deterministic)  # before the first JAX computation

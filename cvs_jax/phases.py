@@ -412,7 +412,12 @@ def run_loop(driver: Driver) -> TrainState:
         epoch = first_step // spe
         lr = schedules.epoch_lr(c.train.schedule, epoch, c.train.lr, c.train.epochs)
         batch = next(batches)
+        t_call = time.time()
+        if step == steps_at_start:  # the first call compiles the step: minutes for a large model on a CPU
+            members[0].ctx.log.print(f"  session {s + 1}: compiling the training step (or reading it from the cache)")
         ts, metrics = driver.call(ts, batch, lr, n)
+        if step == steps_at_start:
+            members[0].ctx.log.print(f"  session {s + 1}: training step ready in {time.time() - t_call:.1f} s")
         # at most MAX_CALLS_IN_FLIGHT dispatched calls: each holds its batch, so an unbounded queue of
         # asynchronous calls would make host (CPU) or device memory grow with the epoch's length
         in_flight.append(metrics["loss"])
@@ -481,6 +486,10 @@ def _net_and_head(variables: dict, head) -> dict:
 def test(ctx: RunContext, view: SessionView, selection: Selection) -> tuple[dict, np.ndarray]:
     """Recall@K of the session's test queries (selected model) against the stored gallery plus the
     session's images embedded by the selected model; returns ``(recall, new_rows)``."""
+    ctx.log.print(
+        f"  session {view.s + 1}: embedding {len(view.gallery_idx)} new gallery rows and "
+        f"{len(view.test_idx)} test queries with the selected model"
+    )
     new_rows = ctx.embed(selection.variables, ctx.proto.train_images(view.gallery_idx))
     q_labels = ctx.proto.test_labels[view.test_idx]
     recall = make_search(ctx, view)(

@@ -8,9 +8,9 @@ import os
 import ml_collections
 import numpy as np
 
-from cvs_jax.data import official_splits, parts, sources, splits, user_sessions
-from cvs_jax.errors import ConfigError
-from cvs_jax.methods import Method
+from cvs_jax.data import official_splits, parts, records, sources, splits, user_sessions
+from cvs_jax.errors import ConfigError, SplitError
+from cvs_jax.methods import Method, get_method, policies
 
 
 @dataclasses.dataclass
@@ -37,10 +37,13 @@ class Protocol:
                 seed=config.seed if config.split_seed is None else config.split_seed,
                 class_names=dataset.class_names,
             )
-            user_sessions.check_plan_feasible(plan, batch_size=config.train.batch_size)
+            check_user_plan(config, plan, plan.to_protocol_labels(dataset.train.labels))
         elif d.split == "official":  # official CVS CIFAR-100 sessions: the JSON files if given, else the packaged copy
             split_dir = None if d.official_split_dir is None else os.path.expanduser(d.official_split_dir)
             plan = official_splits.official_plan_for_dataset(split_dir, d.setup, dataset)
+        elif d.split == "generator" and d.get("updates"):  # generated sessions, then one per update folder
+            dataset, plan = generator_plan_with_updates(config, dataset)
+            check_user_plan(config, plan, plan.to_protocol_labels(dataset.train.labels))
         elif d.split == "generator":
             plan = splits.plan_from_config(dataset.train.labels, config, num_classes=dataset.num_classes)
         else:
@@ -113,6 +116,113 @@ class Protocol:
                 for s in self.plan.sessions
             ],
         }
+
+
+def generator_plan_with_updates(
+    config: ml_collections.ConfigDict, dataset: sources.ImageDataset
+) -> tuple[sources.ImageDataset, splits.SessionPlan]:
+    """An image-folder run whose first folder was cut into sessions by the generator
+    (``data.split=generator``), continued by ``update``: the generated plan of the first folder's rows
+    (exactly the plan of its earlier sessions), then one session per update folder, whose classes not
+    seen yet get the next protocol labels (order of first appearance, then label) and whose
+    validation queries are drawn as ``user_sessions`` draws them (a stream per session).  The
+    dataset's test rows of update k are queries from session L + k on."""
+    d = config.data
+    if d.setup == "blurry":
+        raise ConfigError(
+            "data.setup=blurry spreads every class over all of the first folder's sessions (each session's "
+            "validation queries include every session's); update cannot add sessions after them. Use "
+            "data.setup=general or disjoint, or data.split=user."
+        )
+    seed = config.seed if config.split_seed is None else config.split_seed
+    first_classes = len(records.read_info(dataset.stores[0])["class_names"])
+    train_offsets, test_offsets = dataset.train.offsets, dataset.test.offsets
+    labels = np.asarray(dataset.train.labels, np.int64)
+    base = splits.plan_from_config(labels[: train_offsets[1]], config, num_classes=first_classes)
+    order = [int(c) for c in base.class_order]
+    sessions = list(base.sessions)
+    frac = splits._exact(d.val_fraction)  # pylint: disable=protected-access
+    for k in range(len(train_offsets) - 2):
+        s = base.num_sessions + k
+        pool = np.arange(train_offsets[k + 1], train_offsets[k + 2], dtype=np.int64)
+        new = sorted(set(labels[pool].tolist()) - set(order), key=lambda c: (int(np.argmax(labels[pool] == c)), c))
+        first_new = len(order)
+        order += new
+        lut = np.full(int(labels.max()) + 1, -1, np.int64)
+        lut[order] = np.arange(len(order))
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 23, s]))
+        if d.val_per_class is None:
+            train, val = splits._stratified_split(pool, lut[labels], frac, rng)  # pylint: disable=protected-access
+        else:
+            train, val = splits._per_class_split(pool, lut[labels], d.val_per_class, rng)  # pylint: disable=protected-access
+        trained = set(lut[labels[train]].tolist())
+        starved = [order[c] for c in range(first_new, len(order)) if c not in trained]
+        if starved:
+            raise SplitError(
+                f"class {dataset.class_names[starved[0]]!r} first appears in session {s + 1} with images that are "
+                f"all drawn as validation queries (data.val_fraction={d.val_fraction}), so nothing trains it; "
+                f"add images of it to that folder."
+            )
+        sessions.append(
+            splits.Session(
+                index=s,
+                train=splits._frozen(train),  # pylint: disable=protected-access
+                val=splits._frozen(val),  # pylint: disable=protected-access
+                new_classes=splits._frozen(np.arange(first_new, len(order))),  # pylint: disable=protected-access
+                num_outputs=len(order),
+            )
+        )
+    arrival = np.full(len(dataset.test), -1, np.int64)
+    for k in range(len(test_offsets) - 2):
+        arrival[test_offsets[k + 1] : test_offsets[k + 2]] = base.num_sessions + k
+    plan = splits.SessionPlan(
+        setup=base.setup,
+        class_order=splits._frozen(np.asarray(order, np.int64)),  # pylint: disable=protected-access
+        sessions=tuple(sessions),
+    )
+    return dataclasses.replace(dataset, test_sessions=arrival), plan
+
+
+def check_data(config: ml_collections.ConfigDict) -> None:
+    """The data checks of ``Protocol.build`` for a run of your own images (``data.name=image_folder``),
+    made before anything in the workdir changes (``trainer.run``): every folder readable (its store
+    prepared), classes, sessions, their size against the batch, the memory budget.  No image is decoded
+    here (the stores are read for their labels only); other datasets are checked when the run builds."""
+    if config.data.name != "image_folder":
+        return
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.data.in_memory_limit_mb = 0.0
+    Protocol.build(c)
+
+
+def check_user_plan(config: ml_collections.ConfigDict, plan: splits.SessionPlan, protocol_labels: np.ndarray) -> None:
+    """``user_sessions.check_plan_feasible`` with what the run's method really trains on: its data scope
+    (``joint``: every image seen), its replay memory (a lower bound of its size) and Rainbow's
+    half-memory batches; the memory budget of replay methods."""
+    method = get_method(config)
+    b = config.train.batch_size
+    trained = [len(method.scope.indices(plan, s)) for s in range(plan.num_sessions)]
+    kind = {
+        policies.HerdingMemory: "class_quota",
+        policies.UncertaintyMemory: "class_quota",
+        policies.ReservoirMemory: "reservoir",
+    }.get(type(method.memory), "none")
+    replayed = user_sessions.replay_sizes(plan, protocol_labels, kind, config.memory.budget)
+    stream_rows = None
+    if isinstance(method.batches, policies.HalfMemoryBatches):
+        stream_rows = b - b // 2 if method.batches.memory_batches == "cycle" else b // 2
+    d = config.data
+    user_sessions.check_plan_feasible(
+        plan,
+        batch_size=b,
+        memory_budget=config.memory.budget if method.uses_memory else None,
+        trained=trained,
+        replayed=replayed,
+        stream_rows=stream_rows,
+        batch_size_fixed=bool(d.get("updates")),
+        val_fraction=d.val_fraction if d.val_per_class is None else None,
+        test_fraction=d.test_fraction,
+    )
 
 
 class LazyRows:

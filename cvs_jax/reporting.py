@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from cvs_jax import evaluate, plots
-from cvs_jax.compatibility import compatibility_matrix, mean_drop
+from cvs_jax.compatibility import compatibility_matrix, format_matrix, mean_drop
 from cvs_jax.context import RunContext
 from cvs_jax.run_state import RunState
 
@@ -47,6 +47,7 @@ def finish(ctx: RunContext, state: RunState) -> dict:
     compat = compatibility_matrix(plan.num_sessions, state.gallery, embed_queries, ctx.proto.test_labels[last_test])
     results["compatibility_recall1"] = [[None if np.isnan(v) else float(v) for v in row] for row in compat]
     results["compatibility_mean_drop"] = mean_drop(results["compatibility_recall1"])
+    ctx.log.print(format_matrix(results["compatibility_recall1"]))  # where forgetting shows
     if jax.process_index() == 0:
         tmp = os.path.join(ctx.workdir, "results.json.tmp")
         with open(tmp, "w") as f:

@@ -9,26 +9,28 @@ Queries are embedded by the newest session's selected model (the run's last
 completed session checkpoint) and searched by cosine similarity against the whole
 gallery: the rows of every session (each embedded by its own session's model,
 never re-extracted) plus the rows added with ``--add``.  A query is prepared as the
-gallery images were stored (``_resize.to_stored``) and embedded by the gallery's own
-path (``Network``).  Each hit shows its source file, class, the session in which its
+gallery images were stored (shorter side resized, centre crop) and embedded exactly as
+the gallery rows were.  Each hit shows its source file, class, the session in which its
 image arrived and the session whose model embedded it (sessions 1-based).
 
-``--add`` embeds the images with the newest model and appends them, persisted with
-orbax under ``checkpoints/additions``; it never changes the session checkpoints.
+``--add --label CLASS`` embeds the images with the newest model and appends them (under
+``checkpoints/additions``); it never changes the session checkpoints.  Without ``--label`` the rows
+are unlabelled (class ``?``); images whose bytes are already in the run are refused unless ``--force``.
 Searching reads a run at any time, also while it trains: it reads only finalized
-checkpoints and writes nothing (``_Reader``).  ``--add`` holds the workdir's lock, so it
+checkpoints and writes nothing.  ``--add`` holds the workdir's lock, so it
 waits for no one and is refused while a run (or another ``--add``) writes there.  A
-problem to fix ends with one ``error: ...`` line and exit status 2.
-
-``Run``, ``Network`` and ``prepare`` are shared with ``cvs_jax.export``.
+problem to fix ends with one ``error: ...`` line and exit status 2; an unreadable query is reported
+that way and the other queries are answered.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
+import sys
 from typing import Any, Iterable
 
 import jax
@@ -42,6 +44,7 @@ from cvs_jax import augment, cli, distributed, evaluate, models
 from cvs_jax import workdir as workdir_lib
 from cvs_jax.checkpoint import Checkpoints
 from cvs_jax.data.builders import _resize
+from cvs_jax.data.builders._common import image_errors
 from cvs_jax.embedder import Embedder
 from cvs_jax.errors import SearchError, UserError
 from cvs_jax.gallery import Gallery, GalleryPart, RowConcat
@@ -59,7 +62,7 @@ def prepare(images: Iterable[Any], shape: tuple[int, int, int]) -> np.ndarray:
             try:
                 with Image.open(item) as im:
                     out.append(_resize.to_stored(im, shape))
-            except (OSError, ValueError) as e:
+            except image_errors() as e:  # a decompression bomb too (not an OSError)
                 raise SearchError(f"cannot read image {os.fspath(item)!r} ({e}); pass PNG/JPEG files.") from e
             continue
         if isinstance(item, Image.Image):
@@ -86,7 +89,7 @@ def load_images(paths: list[str], shape: tuple[int, int, int]) -> np.ndarray:
     return prepare(paths, shape)
 
 
-class Network:
+class Network:  # shared with cvs_jax.export, as Run and prepare are
     """The run's eval-mode embedding network, used the way the gallery rows were made.
 
     The gallery rows are ``Embedder(model, Pipeline.from_config(config), train.eval_batch_size, ...)``
@@ -192,6 +195,38 @@ def train_source_names(config: ml_collections.ConfigDict) -> list[str] | None:
         return None
 
 
+def file_digest(path: str) -> str:
+    """SHA-256 (hex) of a file's bytes: what the record stores keep of every image."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError as e:
+        raise SearchError(f"cannot read image {path!r} ({e.strerror}).") from e
+    return h.hexdigest()
+
+
+def _store_digests(config: ml_collections.ConfigDict) -> dict[str, str]:
+    """SHA-256 (hex) -> source of every image of the run's record stores (none for standard TFDS data)."""
+    from cvs_jax.data import records, sources  # tensorflow_datasets: imported only for --add
+
+    stores = sources.store_dirs(config.data)
+    if stores is None:
+        return {}
+    folders = [config.data.manual_dir] + list(config.data.get("updates", ()))
+    out: dict[str, str] = {}
+    for store, folder in zip(stores, folders):
+        info = records.read_info(store)
+        for split in ("train", "test"):
+            if not os.path.exists(os.path.join(store, f"{split}.sha256.npy")):
+                continue
+            rows = records.StoreSplit(store, split, info)
+            for digest, name in zip(rows.digests(), sources.shown_sources(store, rows.sources(), folder)):
+                out.setdefault(digest.tobytes().hex(), name)
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Rows:
     """Every searchable row in search order: the session parts (gallery order), then the ``--add`` rows.
@@ -245,6 +280,7 @@ class Run:
             added = None
         self.added = Gallery.empty(c.model.embed_dim)
         self.added_sources: list[str] = []
+        self.added_digests: list[str] = []  # SHA-256 (hex) of each added file ("": added before they were kept)
         if added is not None:
             rows = added[1]["rows"]
             if "embeddings" in rows:  # one part (the layout before per-session parts)
@@ -253,6 +289,7 @@ class Run:
                 parts = [GalleryPart.from_dict(rows[key]) for key in sorted(rows)]
             self.added = Gallery(parts, c.model.embed_dim)
             self.added_sources = list(added[1]["meta"]["sources"])
+            self.added_digests = list(added[1]["meta"].get("digests", [""] * len(self.added_sources)))
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -304,7 +341,7 @@ class Run:
         return {
             "row": int(row),
             "label": label,
-            "class": self.class_name(label),
+            "class_name": self.class_name(label),
             "arrival_session": int(r.arrival[row]) + 1,
             "model_session": int(r.model[row]) + 1,
             "source": self.source(row),
@@ -317,6 +354,21 @@ class Run:
             [{"rank": r + 1, "score": float(sc), **self.describe(int(j))} for r, (sc, j) in enumerate(zip(srow, irow))]
             for srow, irow in zip(scores, idx)
         ]
+
+    def duplicates(self, paths: list[str]) -> list[tuple[str, str]]:
+        """(path, where its bytes already are) for each file whose content (SHA-256) is already in the run:
+        a row of its data (train or test), an earlier ``--add``, or an earlier file of ``paths``."""
+        known = dict(zip(self.added_digests, self.added_sources))
+        known.pop("", None)
+        stores_known = _store_digests(self.config)
+        out = []
+        for p in paths:
+            digest = file_digest(p)
+            where = known.get(digest) or stores_known.get(digest)
+            if where is not None:
+                out.append((p, where))
+            known.setdefault(digest, os.path.abspath(p))
+        return out
 
     def add(self, images: np.ndarray, paths: list[str], label: int) -> None:
         """Appends the images embedded by the newest model (one part per model session, so older
@@ -337,14 +389,16 @@ class Run:
             )
         parts.append(new)
         sources = self.added_sources + [os.path.abspath(p) for p in paths]
+        digests = self.added_digests + [file_digest(p) for p in paths]
         steps = self._additions.steps()
         self._additions.save(
             (max(steps) + 1) if steps else 0,
             {"rows": {_ADDED_KEY.format(i): p.as_dict() for i, p in enumerate(parts)}},
-            {"sources": sources},
+            {"sources": sources, "digests": digests},
         )
         self.added = Gallery(parts, self.gallery.embed_dim)
         self.added_sources = sources
+        self.added_digests = digests
         self.__dict__.pop("rows", None)
 
     def label_of(self, name: str | None) -> int:
@@ -364,7 +418,7 @@ class Run:
 _COLUMNS = (  # header, hit key, right-aligned
     ("rank", "rank", True),
     ("score", "score", True),
-    ("class", "class", False),
+    ("class", "class_name", False),
     ("label", "label", True),
     ("arrived in session", "arrival_session", True),
     ("model of session", "model_session", True),
@@ -385,6 +439,17 @@ def format_hits(query: str, run: Run, hits: list[dict]) -> str:
     return "\n".join([head, line([h for h, _, _ in _COLUMNS])] + [line(row) for row in cells])
 
 
+def _load_each(paths: list[str], shape) -> tuple[np.ndarray, dict[str, SearchError]]:
+    """The readable queries as uint8 [N, H, W, C] (in order) and the error of each unreadable one."""
+    images, failed = [], {}
+    for p in paths:
+        try:
+            images.append(load_images([p], shape)[0])
+        except SearchError as e:
+            failed[p] = e
+    return (np.stack(images) if images else np.zeros((0, *shape), np.uint8)), failed
+
+
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """The command's flags (defined when it runs, so that tests can import every entry point together)."""
     flags.DEFINE_string("workdir", None, "The --workdir of a run of python -m cvs_jax.main.", flag_values=flag_values)
@@ -393,7 +458,18 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     )
     flags.DEFINE_integer("k", 5, "Gallery rows to print per query.", flag_values=flag_values)
     flags.DEFINE_boolean("add", False, "Add the images to the gallery instead of searching.", flag_values=flag_values)
-    flags.DEFINE_string("label", None, "Class name or label of the images added with --add.", flag_values=flag_values)
+    flags.DEFINE_string(
+        "label",
+        None,
+        "Class name or label of the images added with --add (without it they are unlabelled: label -1, class ?).",
+        flag_values=flag_values,
+    )
+    flags.DEFINE_boolean(
+        "force",
+        False,
+        "With --add: add images whose bytes are already in the run (refused otherwise: a duplicate row).",
+        flag_values=flag_values,
+    )
     flags.DEFINE_boolean(
         "json",
         False,
@@ -407,15 +483,24 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     """``argv``: what absl left after the flags (program name, then further image files)."""
     fv = flag_values
     cli.quiet_logging()  # orbax logs every file it reads at INFO
+    kwargs = {"force": True} if fv.force else {}
     return search_or_add(
-        fv.workdir, list(fv.images) + list(argv[1:]), k=fv.k, add=fv.add, label=fv.label, as_json=fv.json
+        fv.workdir, list(fv.images) + list(argv[1:]), k=fv.k, add=fv.add, label=fv.label, as_json=fv.json, **kwargs
     )
 
 
 def search_or_add(
-    workdir: str, paths: list[str], *, k: int = 5, add: bool = False, label: str | None = None, as_json: bool = False
+    workdir: str,
+    paths: list[str],
+    *,
+    k: int = 5,
+    add: bool = False,
+    label: str | None = None,
+    as_json: bool = False,
+    force: bool = False,
 ) -> int:
-    """The command: prints the hits (or adds the images); returns the exit status."""
+    """The command: prints the hits (or adds the images); returns the exit status.  An unreadable query
+    is reported (``error: ...``, exit status 2) and the others are answered; ``--add`` adds all or none."""
     try:
         if not paths:
             raise SearchError("no images given; pass image files with --images a.png b.jpg.")
@@ -425,7 +510,22 @@ def search_or_add(
             check_is_run(workdir)  # before the lock, which would create the folder
             with workdir_lib.hold(workdir):  # additions are written: one writer at a time
                 run = Run(workdir, for_add=True)
-                run.add(load_images(paths, run.image_shape), paths, run.label_of(label))
+                label_value = run.label_of(label)
+                images = load_images(paths, run.image_shape)
+                dup = [] if force else run.duplicates(paths)
+                if dup:
+                    raise SearchError(
+                        f"{len(dup)} of the images are already in the run (same bytes), e.g. {dup[0][0]} = "
+                        f"{dup[0][1]}; each would be a second gallery row of one image. Leave them out, or pass "
+                        f"--force to add them anyway."
+                    )
+                run.add(images, paths, label_value)
+            if label is None:
+                print(
+                    f"note: the {len(paths)} added rows are unlabelled (label -1, class ?); pass --label CLASS to "
+                    f"label images when adding them.",
+                    file=sys.stderr,
+                )
             if as_json:
                 print(
                     json.dumps({"added": len(paths), "model_session": run.session + 1, "gallery_rows": len(run.rows)})
@@ -437,13 +537,23 @@ def search_or_add(
                 )
             return 0
         run = Run(workdir)
-        results = run.search(load_images(paths, run.image_shape), k)
+        images, failed = _load_each(paths, run.image_shape)
+        answered = [p for p in paths if p not in failed]
+        found = dict(zip(answered, run.search(images, k))) if answered else {}
+        for p in paths:
+            if p in failed:
+                cli.report(failed[p])
         if as_json:
-            out = [{"query": p, "model_session": run.session + 1, "hits": h} for p, h in zip(paths, results)]
+            out = [
+                {"query": p, "error": str(failed[p])}
+                if p in failed
+                else {"query": p, "model_session": run.session + 1, "hits": found[p]}
+                for p in paths
+            ]
             print(json.dumps(out, indent=1))
-        else:
-            print("\n\n".join(format_hits(p, run, h) for p, h in zip(paths, results)))
-        return 0
+        elif answered:
+            print("\n\n".join(format_hits(p, run, found[p]) for p in answered))
+        return 2 if failed else 0
     except UserError as e:  # a problem the user must fix: one line, no traceback; anything else is a bug
         return cli.report(e)
 

@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from cvs_jax import config_checks, distributed, phases, reporting
+from cvs_jax import config_checks, distributed, phases, protocol, reporting
 from cvs_jax import workdir as workdir_lib
 from cvs_jax.context import RunContext, devices_line
 from cvs_jax.run_log import RunLog
@@ -29,7 +29,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         return population.run_population(config, workdir)
     distributed.maybe_initialize(config.distributed.multihost)  # before anything touches the devices
     config_checks.check(config, num_devices=jax.device_count())  # before any data loading or compilation
-    with workdir_lib.open_run(config, workdir):
+    with workdir_lib.open_run(config, workdir, check=lambda: protocol.check_data(config)):
         log = RunLog(workdir)
         log.print(devices_line())
         ctx = None

@@ -1,6 +1,6 @@
 """Train the next session of a run on newly arrived labelled images.
 
-    python -m cvs_jax.update --workdir W --data DIR_or_CSV
+    python -m cvs_jax.update --workdir W --data DIR_or_CSV [--config.data.on_corrupt=skip]
 
 ``DIR_or_CSV`` is read as ``data.name=image_folder`` reads its folder (class folders, train/ +
 test/ folders, or a CSV manifest; ``folder_inventory``).  Its classes may be new or known (matched
@@ -16,8 +16,11 @@ the step's shapes and compiles it anew (the persistent XLA cache cannot serve it
 
 Rerunning an interrupted ``update`` with the same folder resumes it exactly.  A folder that is
 already part of the run, or whose images (by content, SHA-256) are already in it, is refused, so
-that no gallery row is duplicated.  A problem to fix ends with one ``error: ...`` line and exit
-status 2.
+that no gallery row is duplicated.  Everything about the new folder (readable images, classes,
+duplicates, the session's size against the batch, the memory budget) is checked before anything in
+the workdir changes: a refused folder leaves the run as it was.  Runs whose first folder was cut into
+sessions by the generator (``data.split=generator``, not ``blurry``) continue the same way.  A
+problem to fix ends with one ``error: ...`` line and exit status 2.
 """
 
 from __future__ import annotations
@@ -45,7 +48,18 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         "The new images: a folder of class folders, train/ + test/ folders, or a CSV manifest.",
         flag_values=flag_values,
     )
+    flags.DEFINE_enum(
+        "config.data.on_corrupt",
+        None,
+        ["refuse", "skip"],
+        "Undecodable images of the new folder: refuse them (the run's default) or skip them.",
+        flag_values=flag_values,
+    )
     flags.mark_flags_as_required(["workdir", "data"], flag_values=flag_values)
+
+
+# The config fields update takes (--config.<field>): those safe to change between sessions.
+UPDATE_FIELDS = ("data.on_corrupt",)
 
 
 def run_config(workdir: str) -> ml_collections.ConfigDict:
@@ -65,30 +79,47 @@ def completed_sessions(workdir: str) -> int:
         return len(json.load(f).get("per_session", []))
 
 
-def _digests(stores) -> dict[bytes, str]:
-    """SHA-256 of every stored image's source bytes -> its source, over the given record stores."""
+def _digests(stores, folders=None) -> dict[bytes, str]:
+    """SHA-256 of every stored image's source bytes -> its source, over the given record stores (paths
+    shown under ``folders``, the folders the run was given, one per store: stores are shared by content)."""
     out = {}
-    for store in stores:
+    for store, folder in zip(stores, folders or [None] * len(stores)):
         info = records.read_info(store)
         for split in ("train", "test"):
             rows = records.StoreSplit(store, split, info)
-            for digest, name in zip(rows.digests(), rows.sources()):
+            for digest, name in zip(rows.digests(), sources.shown_sources(store, rows.sources(), folder)):
                 out.setdefault(digest.tobytes(), name)
     return out
 
 
-def plan_update(workdir: str, data: str) -> ml_collections.ConfigDict:
+def _check_folder(data: str) -> None:
+    if not os.path.exists(data):
+        raise DataError(
+            f"--data {data} does not exist; pass the folder of newly arrived images (class folders, train/ + "
+            f"test/ folders, or a CSV manifest)."
+        )
+
+
+def plan_update(workdir: str, data: str, overrides: dict | None = None) -> ml_collections.ConfigDict:
     """The run's config with ``data`` appended to ``data.updates`` (or as it is, when ``data`` is the
-    newest update and its session is unfinished: a resume); refuses duplicates and unfinished runs."""
+    newest update and its session is unfinished: a resume) and ``overrides`` (``UPDATE_FIELDS``)
+    applied; refuses duplicates and unfinished runs."""
     config = run_config(workdir)
+    for field, value in (overrides or {}).items():
+        if field not in UPDATE_FIELDS:
+            raise ConfigError(f"--config.{field} cannot change between sessions; update takes {UPDATE_FIELDS}.")
+        group, _, key = field.rpartition(".")
+        config[group][key] = value
     d = config.data
-    if d.name != "image_folder" or d.split != "user":
+    if d.name != "image_folder" or d.split not in ("user", "generator"):
         raise ConfigError(
-            f"update adds sessions to runs of your own images (data.name=image_folder, data.split=user); "
-            f"{workdir} was made with data.name={d.name}, data.split={d.split}."
+            f"update adds sessions to runs of your own images (data.name=image_folder, data.split=user or "
+            f"generator); {workdir} was made with data.name={d.name}, data.split={d.split}."
         )
     data = os.path.abspath(os.path.expanduser(data))
     updates = list(d.updates)
+    if data not in updates:
+        _check_folder(data)
     done = completed_sessions(workdir)
     if data in updates:
         if data == updates[-1] and done < _sessions_before(config) + len(updates):
@@ -108,7 +139,7 @@ def plan_update(workdir: str, data: str) -> ml_collections.ConfigDict:
     if stores is None or any(records.read_info(s) is None for s in stores):
         parts.load_run_dataset(config.data)  # raises the message naming the missing folder (or prepares it)
         stores = sources.store_dirs(config.data)
-    known = _digests(stores)
+    known = _digests(stores, [d.manual_dir] + updates)
     new = sources.load_dataset(
         "image_folder",
         data_dir=d.data_dir,
@@ -117,7 +148,7 @@ def plan_update(workdir: str, data: str) -> ml_collections.ConfigDict:
         memory_limit_mb=0.0,  # only its digests are read here
         options=sources.builder_options(d),
     )
-    dup = [(name, known[digest]) for digest, name in _digests(new.stores).items() if digest in known]
+    dup = [(name, known[digest]) for digest, name in _digests(new.stores, [data]).items() if digest in known]
     if dup:
         raise DataError(
             f"{len(dup)} image(s) of {data} are already in the run (same bytes), e.g. {dup[0][0]} = {dup[0][1]}; "
@@ -128,7 +159,10 @@ def plan_update(workdir: str, data: str) -> ml_collections.ConfigDict:
 
 
 def _sessions_before(config: ml_collections.ConfigDict) -> int:
-    """Sessions of the run's first folder (its manifest's session column, else one)."""
+    """Sessions of the run's first folder (its manifest's session column, else one; the generated
+    ``data.num_sessions`` with ``data.split=generator``)."""
+    if config.data.split == "generator":
+        return int(config.data.num_sessions)
     c = ml_collections.ConfigDict(config.to_dict())
     c.data.updates = []
     c.data.in_memory_limit_mb = 0.0  # only the sessions are read: no image is decoded
@@ -136,9 +170,10 @@ def _sessions_before(config: ml_collections.ConfigDict) -> int:
     return 1 if ds.train_sessions is None or not len(ds.train_sessions) else int(np.max(ds.train_sessions)) + 1
 
 
-def update(workdir: str, data: str) -> int:
+def update(workdir: str, data: str, overrides: dict | None = None) -> int:
+    """``overrides``: ``UPDATE_FIELDS`` values to apply (``--config.<field>``), e.g. ``{"data.on_corrupt": "skip"}``."""
     try:
-        config = plan_update(workdir, data)
+        config = plan_update(workdir, data, overrides)
         determinism.apply(config.deterministic)
         results = trainer.run(config, workdir)
     except UserError as e:
@@ -152,7 +187,8 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
         return cli.report(ConfigError(f"unexpected arguments: {argv[1:]}"))
     cli.quiet_logging()
     tfds.disable_progress_bar()
-    return update(flag_values.workdir, flag_values.data)
+    overrides = {f: flag_values[f"config.{f}"].value for f in UPDATE_FIELDS if flag_values[f"config.{f}"].present}
+    return update(flag_values.workdir, flag_values.data, overrides)
 
 
 if __name__ == "__main__":

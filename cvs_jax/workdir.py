@@ -44,6 +44,7 @@ OPERATIONAL = (
     "overwrite",
     "data.data_dir",
     "data.manual_dir",
+    "data.on_corrupt",  # refusing or skipping undecodable images never changes a session that trained
     "data.in_memory_limit_mb",
     "data.loader_threads",
     "data.loader_workers",
@@ -273,7 +274,16 @@ def hold(workdir: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def open_run(config: ml_collections.ConfigDict, workdir: str) -> Iterator[None]:
-    """Holds the workdir for one run: the lock first, then the config check (see the module docstring)."""
-    with _held(workdir, lambda: prepare(config, workdir)):
+def open_run(
+    config: ml_collections.ConfigDict, workdir: str, check: Callable[[], None] | None = None
+) -> Iterator[None]:
+    """Holds the workdir for one run: the lock first, then ``check`` (the data checks: a refusal
+    leaves every file of the workdir as it was), then the config check (see the module docstring)."""
+
+    def then() -> None:
+        if check is not None:
+            check()
+        prepare(config, workdir)
+
+    with _held(workdir, then):
         yield

@@ -58,7 +58,7 @@ def test_readme_walkthrough_runs(tmp_path, extra):
     os.symlink(SHARED, tmp_path / "shared")
     env = dict(os.environ, PYTHONPATH=REPO, HOME=str(tmp_path / "home"))
     commands, snippet = walkthrough_blocks()
-    assert len(commands) == 7
+    assert len(commands) == 8
     outputs = []
     for line in commands:
         argv = shlex.split(line)
@@ -74,6 +74,7 @@ def test_readme_walkthrough_runs(tmp_path, extra):
     assert live == _results(root / "workdirs" / "manifest" / "results.json")
     hits = re.findall(re.escape(str(root / "workdirs" / "photos")) + r"[^\n]*?\.JPEG", outputs[4])
     assert len(hits) == 3 and all(os.path.isfile(h) for h in hits), outputs[4]
+    assert "compatibility (recall@1" in outputs[7] and "session 3:" in outputs[7]  # info
 
     pytest.importorskip("faiss")
     namespace: dict = {}

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -44,6 +46,7 @@ from cvs_jax.data.builders import (
     SourceMismatchError,
     StanfordDogs256,
     TinyImagenetZip,
+    image_folder,
 )
 from cvs_jax.errors import ConfigError, DataError
 
@@ -62,6 +65,7 @@ BUILDERS: dict[str, type[LocalBuilder]] = {
 }
 
 _CHUNK = 8192  # Records per `__getitems__` call.
+_WARNED: set = set()  # stores whose warnings were printed by this process
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +129,10 @@ def source_names(data_config, split: str = "train") -> list[str] | None:
     ``search`` and ``export`` show for gallery rows.  None for standard TFDS datasets."""
     stores = store_dirs(data_config)
     names = None if stores is None else [read_source_names(s, split) for s in stores]
-    return None if names is None or any(n is None for n in names) else [x for n in names for x in n]
+    if names is None or any(n is None for n in names):
+        return None
+    given = [data_config.manual_dir] + list(data_config.get("updates", ()))
+    return [x for store, n, m in zip(stores, names, given) for x in shown_sources(store, n, m)]
 
 
 def store_dirs(data_config) -> list[str] | None:
@@ -254,8 +261,10 @@ def _load_local(
                 f" (e.g. {skipped[0]}); replace the files, or set"
                 " --config.data.on_corrupt=skip to train without them."
             )
-        logging.warning("%s: skipped %d undecodable image(s), e.g. %s", full_name, len(skipped), skipped[0])
-        print(f"{full_name}: skipped {len(skipped)} undecodable image(s), e.g. {skipped[0]}")
+        if directory not in _WARNED:  # once per store and process (printed, not also logged: one line)
+            _WARNED.add(directory)
+            print(f"{full_name}: skipped {len(skipped)} undecodable image(s), e.g. {skipped[0]}")
+    _warn_degenerate(full_name, directory, info)
 
     t0 = time.perf_counter()
     streamed = [records.StoreSplit(directory, split, info) for split in ("train", "test")]
@@ -271,6 +280,40 @@ def _load_local(
     sessions = [info.get("metadata", {}).get(f"{split}_sessions") for split in ("train", "test")]
     sessions = [None if s is None else np.asarray(s, np.int64) for s in sessions]
     return ImageDataset(full_name, splits[0], splits[1], names, (directory,), *sessions)
+
+
+def _warn_degenerate(full_name: str, directory: str, info: dict) -> None:
+    """A warning (once per store and process) naming the images of a user's folder that are kept but
+    probably mistakes: smaller than a few pixels, or the same bytes filed under two classes."""
+    if not full_name.startswith("image_folder") or ("degenerate", directory) in _WARNED:
+        return
+    _WARNED.add(("degenerate", directory))
+    tiny = info.get("metadata", {}).get("tiny") or []
+    if tiny:
+        shown = ", ".join(tiny[:3]) + (", ..." if len(tiny) > 3 else "")
+        print(
+            f"warning: {len(tiny)} image(s) of {full_name} are smaller than {image_folder.MIN_SIDE} pixels on a side "
+            f"(kept, upscaled to the stored size): {shown}"
+        )
+    by_digest: dict[bytes, tuple[int, str]] = {}
+    clashes = []
+    for split in ("train", "test"):
+        try:
+            rows = records.StoreSplit(directory, split, info)
+            pairs = zip(rows.digests(), rows.labels, rows.sources())
+        except (OSError, ValueError, records.StoreChangedError):
+            return
+        for digest, label, name in pairs:
+            seen = by_digest.setdefault(digest.tobytes(), (int(label), name))
+            if seen[0] != int(label):
+                clashes.append((seen[1], name))
+    if clashes:
+        names = info.get("class_names", [])
+        shown = "; ".join(f"{a} = {b}" for a, b in clashes[:3]) + ("; ..." if len(clashes) > 3 else "")
+        print(
+            f"warning: {len(clashes)} image(s) of {full_name} have the same bytes under two classes "
+            f"(of {len(names)}): {shown}; remove the wrong copy, or the class of each is ambiguous."
+        )
 
 
 def _decode_all(split: records.StoreSplit) -> np.ndarray:
@@ -325,11 +368,79 @@ def _resolve_local(name: str, data_dir: str, manual_dir: str | None, options: di
             config = prepared[0]
     full_name = f"{base}/{config}" if config else base
     if source is None and cls.store_name(full_name, None) != full_name:
-        raise missing  # a store named by its source cannot be found without the source
-    directory = records.store_dir(data_dir, cls.store_name(full_name, source))
+        # a store named by its source: found through the index of the stores prepared from this folder
+        directory = indexed_store(data_dir, manual_dir, options)
+        if directory is None:
+            raise missing
+    else:
+        directory = records.store_dir(data_dir, cls.store_name(full_name, source))
     if source is None and records.read_info(directory) is None:
         raise missing
+    if source is not None and cls.store_name(full_name, None) != full_name:
+        _index_store(data_dir, manual_dir, options, directory)
     return _Local(cls, config, full_name, manual_dir, source, missing, directory)
+
+
+# --------------------------------------------------------------------------
+# Which store a folder was prepared into: a run stays readable after its folder moves.
+
+
+def _index_path(data_dir: str, manual_dir: str, options: dict) -> str:
+    key = json.dumps({"source": os.path.abspath(manual_dir), "options": options}, sort_keys=True, default=str)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    return os.path.join(os.path.expanduser(data_dir), "cvs_records", "by_source", f"{digest}.json")
+
+
+def _index_store(data_dir: str, manual_dir: str, options: dict, directory: str) -> None:
+    """Records that ``manual_dir`` (with ``options``) is stored in ``directory`` (a store named by
+    its source's contents); written when it changes, atomically."""
+    path = _index_path(data_dir, manual_dir, options)
+    entry = {"source": os.path.abspath(manual_dir), "store": os.path.basename(directory)}
+    try:
+        with open(path) as f:
+            if json.load(f) == entry:
+                return
+    except (OSError, ValueError):
+        pass
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(entry, f)
+        os.replace(tmp, path)
+    except OSError:  # a read-only data_dir: the run then needs its folder where it was
+        pass
+
+
+def indexed_store(data_dir: str, manual_dir: str, options: dict) -> str | None:
+    """The store ``manual_dir`` was last prepared into (``<data_dir>/cvs_records/by_source/``), when
+    that store is still there; None otherwise."""
+    try:
+        with open(_index_path(data_dir, manual_dir, options)) as f:
+            directory = records.store_dir(data_dir, json.load(f)["store"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return directory if records.read_info(directory) is not None else None
+
+
+def source_root(manual_dir: str) -> str:
+    """The folder a source's files are named relative to (a manifest's folder for a CSV)."""
+    path = os.path.abspath(os.path.expanduser(manual_dir))
+    return os.path.dirname(path) if path.lower().endswith(".csv") else path
+
+
+def shown_sources(store: str, names: list[str], manual_dir: str | None) -> list[str]:
+    """``names`` (a store's recorded source paths) under the folder the run was given: stores are shared
+    by content, so a store prepared from another folder with the same files names that folder's paths."""
+    info = records.read_info(store) or {}
+    root = info.get("metadata", {}).get("root")
+    if not root or manual_dir is None:
+        return names
+    given = source_root(manual_dir)
+    if given == root:
+        return names
+    prefix = root.rstrip(os.sep) + os.sep
+    return [given + os.sep + n[len(prefix) :] if n.startswith(prefix) else n for n in names]
 
 
 def _prepare(local: _Local, data_dir: str) -> None:

@@ -26,6 +26,7 @@ memory budget).
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -34,7 +35,7 @@ from cvs_jax.data import splits
 from cvs_jax.data.splits import Session, SessionPlan
 from cvs_jax.errors import ConfigError, SplitError
 
-__all__ = ["USER_SETUP", "check_plan_feasible", "plan_from_sessions"]
+__all__ = ["USER_SETUP", "budget_message", "check_plan_feasible", "photos_needed", "plan_from_sessions", "replay_sizes"]
 
 USER_SETUP = "user"
 
@@ -141,26 +142,95 @@ def plan_from_sessions(
     return SessionPlan(setup=USER_SETUP, class_order=splits._frozen(class_order), sessions=tuple(sessions))
 
 
-def check_plan_feasible(plan: SessionPlan, *, batch_size: int, memory_budget: int | None = None) -> None:
+def replay_sizes(plan: SessionPlan, protocol_labels: np.ndarray, memory: str, budget: int) -> list[int]:
+    """A lower bound of the replayed images of each session (0 for session 1): ``memory`` is "none",
+    "reservoir" (min(budget, images seen)) or "class_quota" (herding, Rainbow: per class at most
+    ``budget // classes`` of the pool = the previous session's images + the memory; exact for
+    herding, Rainbow's refill only adds)."""
+    labels = np.asarray(protocol_labels, np.int64)
+    classes = len(plan.class_order)
+    out, seen, mem = [], 0, np.zeros(classes, np.int64)
+    for s, sess in enumerate(plan.sessions):
+        if memory == "none" or s == 0:
+            out.append(0)
+        elif memory == "reservoir":
+            out.append(min(int(budget), seen))
+        else:
+            out.append(int(mem.sum()))
+        seen += len(sess.train)
+        pool = mem + np.bincount(labels[sess.train], minlength=classes)
+        quota = int(budget) // max(int(np.count_nonzero(pool)), 1)
+        mem = np.minimum(pool, quota)
+    return out
+
+
+def photos_needed(train_images: int, *, val_fraction: float, test_fraction: float, test_drawn: bool = True) -> int:
+    """About how many photos a folder needs for ``train_images`` training images once the validation
+    share (and, without a test/ folder, the test share) of each class is held out."""
+    pool = train_images
+    while pool - math.ceil(pool * val_fraction) < train_images:
+        pool += 1
+    photos = pool
+    while test_drawn and photos - math.floor(photos * test_fraction) < pool:
+        photos += 1
+    return photos
+
+
+def budget_message(budget: int, classes: int, *, fixed: bool = False) -> str:
+    """The refusal of a replay memory smaller than the classes seen (``fixed``: a run extended by
+    ``update``, whose budget cannot change)."""
+    text = f"memory.budget={budget} is smaller than the {classes} classes the run will have seen; "
+    if fixed:
+        return text + f"the budget of a run cannot change between sessions, so it holds at most {budget} classes."
+    return text + f"raise memory.budget to at least {classes}."
+
+
+def check_plan_feasible(
+    plan: SessionPlan,
+    *,
+    batch_size: int,
+    memory_budget: int | None = None,
+    trained: Sequence[int] | None = None,
+    replayed: Sequence[int] | None = None,
+    stream_rows: int | None = None,
+    batch_size_fixed: bool = False,
+    val_fraction: float | None = None,
+    test_fraction: float | None = None,
+) -> None:
     """Refuse a plan the run cannot train, before any step: what ``phases.session_view`` and
     ``config_checks`` would find later, stated for a user plan.
 
-    * a session whose own train images are fewer than ``batch_size`` (session 1 of every method and
-      every session of the memory-free ones train on those images alone);
+    * a session whose training images are fewer than ``batch_size``: ``trained[s]`` of its own
+      (default: its train images; ``joint``: every image seen) plus ``replayed[s]`` from the memory
+      (``replay_sizes``); with Rainbow's half-memory batches (``stream_rows``: the batch rows its own
+      images fill) a session with a memory needs ``stream_rows`` images of its own.  The message says
+      how many photos the session's folder needs (``photos_needed``), and suggests a smaller batch
+      unless ``batch_size_fixed`` (a run extended by ``update``, whose config is fixed);
     * ``memory_budget`` (replay methods) below the number of classes the run sees.
     """
     if batch_size < 1:
         raise ConfigError(f"train.batch_size={batch_size} must be >= 1.")
-    for sess in plan.sessions:
-        if len(sess.train) < batch_size:
-            raise ConfigError(
-                f"session {sess.index + 1} has {len(sess.train)} training images (after "
-                f"{len(sess.val)} validation queries), fewer than train.batch_size={batch_size}; lower the "
-                f"batch size or add images to session {sess.index + 1}."
-            )
     classes = max(s.num_outputs for s in plan.sessions)
     if memory_budget is not None and memory_budget < classes:
-        raise ConfigError(
-            f"memory.budget={memory_budget} is smaller than the {classes} classes the run will have seen; "
-            f"raise memory.budget to at least {classes}."
-        )
+        raise ConfigError(budget_message(memory_budget, classes, fixed=batch_size_fixed))
+    for sess in plan.sessions:
+        s = sess.index
+        own = len(sess.train) if trained is None else int(trained[s])
+        replay = 0 if replayed is None else int(replayed[s])
+        need = batch_size - replay if stream_rows is None or replay == 0 else stream_rows
+        if own >= need:
+            continue
+        what = f"{own} training images (after {len(sess.val)} validation queries)"
+        what += f" + {replay} replayed from the memory" if replay else ""
+        text = f"session {s + 1} has {what}, fewer than train.batch_size={batch_size}: it needs at least "
+        text += f"{need} training images of its own ({need - own} more)"
+        if val_fraction is not None and test_fraction is not None:
+            photos = photos_needed(need, val_fraction=val_fraction, test_fraction=test_fraction)
+            text += (
+                f"; a folder of about {photos} photos gives them (data.test_fraction={test_fraction} of each class "
+                f"are test queries unless the folder has a test/ folder, data.val_fraction={val_fraction} of the "
+                f"rest validation queries)"
+            )
+        text += f"; add images to session {s + 1}'s folder"
+        text += "." if batch_size_fixed else ", or lower train.batch_size."
+        raise ConfigError(text)

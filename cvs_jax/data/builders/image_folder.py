@@ -18,6 +18,7 @@ each stored train row, absent without a session column), ``test_sessions`` (the 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from typing import ClassVar
@@ -27,6 +28,19 @@ import tensorflow_datasets as tfds
 from cvs_jax.data import folder_inventory
 from cvs_jax.data.builders import _decode
 from cvs_jax.data.builders._common import DatasetNotFoundError, LocalBuilder, SourceInfo, normalize_json
+
+MIN_SIDE = 8  # images with a shorter side are stored with a warning (sources._warn_degenerate)
+
+
+def _smaller_than(data: bytes, side: int) -> bool:
+    """Whether an image's shorter side is below ``side`` pixels (its header only)."""
+    from PIL import Image  # pylint: disable=g-import-not-at-top
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            return min(im.size) < side
+    except Exception:  # pylint: disable=broad-except  # it decoded once already; never fail on the check
+        return False
 
 
 class ImageFolder(LocalBuilder, skip_registration=True):
@@ -71,7 +85,11 @@ class ImageFolder(LocalBuilder, skip_registration=True):
 
     @classmethod
     def store_name(cls, full_name: str, source: SourceInfo | None) -> str:
-        """One store per (files, options): ``image_folder-<digest>``."""
+        """One store per (files, options): ``image_folder-<digest>``; without the source (a moved or
+        deleted folder) no name can be made: ``<full_name>-?`` (``sources`` then looks up the index of
+        the stores prepared from that folder)."""
+        if source is None:
+            return f"{full_name}-?"
         digest = hashlib.sha256(json.dumps(normalize_json(source.fingerprint), sort_keys=True).encode()).hexdigest()
         return f"{full_name}-{digest[:16]}"
 
@@ -89,6 +107,7 @@ class ImageFolder(LocalBuilder, skip_registration=True):
         self.info.features["label"].names = list(inventory.class_names)
         self.info.metadata["ignored"] = dict(inventory.ignored)
         self.info.metadata["test_given"] = inventory.test_given
+        self.info.metadata["root"] = inventory.root  # stores are shared by content: sources shown per run
         if inventory.sessions() is not None:
             self.info.metadata["train_sessions"] = []
             self.info.metadata["test_sessions"] = []
@@ -109,7 +128,10 @@ class ImageFolder(LocalBuilder, skip_registration=True):
             return out
 
         items = _decode.decode_blocks(entries, read_block, self.STORED_SIZE, skipped, describe=lambda e: e.path)
+        tiny = self.info.metadata.setdefault("tiny", [])
         for i, (entry, image, data, passthrough) in enumerate(items):
+            if _smaller_than(data, MIN_SIDE):
+                tiny.append(entry.path)
             if sessions is not None:  # a test row without a session is a query from session 1 on
                 sessions.append(-1 if entry.session is None else int(entry.session))
             yield (
