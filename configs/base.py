@@ -15,7 +15,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.split_seed = config_dict.placeholder(int)  # session plan (class order + image split); None: same as seed
     c.overwrite = False  # True: move a different run found in --workdir aside and start anew
     c.log_every_steps = 0  # >0: progress lines inside epochs too (0: one line per epoch)
-    # >1: train N members in one vmapped step (cvs_jax/population.py): member m uses seed + m, all share
+    # >1: train N members in one vmapped step (cvs_jax/engine/population.py): member m uses seed + m, all share
     # the session plan of split_seed (else seed), each writes its own run in <workdir>/member<m>/
     c.population = 1
     c.deterministic = False  # True: bit-reproducible GPU runs (XLA deterministic ops; slower, see BENCHMARKS.md)
@@ -86,7 +86,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.temperature = 0.05
     c.train.checkpoint_every_steps = 500  # mid-session checkpoints (plus one after every epoch)
     # training steps per jitted call (lax.scan over k stacked batches; calls never cross an epoch end,
-    # mid-epoch checkpoints and progress lines fall on call boundaries: cvs_jax/cadence.py)
+    # mid-epoch checkpoints and progress lines fall on call boundaries: cvs_jax/engine/cadence.py)
     c.train.steps_per_call = 1
 
     c.augment = ml_collections.ConfigDict()

@@ -73,7 +73,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 def config_help() -> str:
     """Help text of ``--config``: the variants a config accepts and the method names."""
-    from cvs_jax.methods import METHODS  # pylint: disable=g-import-not-at-top
+    from cvs_jax.methods.registry import METHODS  # pylint: disable=g-import-not-at-top
 
     try:
         from configs.variants import VARIANTS  # pylint: disable=g-import-not-at-top

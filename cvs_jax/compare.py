@@ -52,11 +52,14 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from cvs_jax import cli, compatibility, determinism, distributed, plots, trainer
-from cvs_jax import workdir as workdir_lib
+from cvs_jax import cli, distributed
+from cvs_jax.engine import determinism, runner
 from cvs_jax.errors import ConfigError, NonFiniteError, UserError
-from cvs_jax.methods import METHODS, get_method, head_name
+from cvs_jax.methods.registry import METHODS, get_method, head_name
 from cvs_jax.models.heads import HEADS
+from cvs_jax.reports import plots
+from cvs_jax.retrieval import compatibility
+from cvs_jax.rundir import workdir as workdir_lib
 
 FLAGS = flags.FLAGS
 REFERENCE = "cvs"  # paired differences are taken against this method
@@ -91,7 +94,7 @@ def define_flags() -> None:
     flags.DEFINE_bool(
         "population",
         False,
-        "Train each method's seeds as one population (cvs_jax/population.py: one vmapped step for all of "
+        "Train each method's seeds as one population (cvs_jax/engine/population.py: one vmapped step for all of "
         "them; the seeds must be consecutive, k..k+N-1); implies --fixed_split.  Same DIR/seed<k>/<method> "
         "layout; DIR/population/<method>/ holds the population's config and population.json.",
     )
@@ -532,7 +535,7 @@ def _share_session_one(c, seed: int, run_dir: str, earlier: dict) -> None:
 
 def _run_populations(config, workdir: str, methods: list[str], seeds: list[int], split_seed: int) -> list[dict]:
     """Each method's seeds as one population, in ``DIR/seed<k>/<method>`` (session 1 shared as without)."""
-    from cvs_jax import population  # noqa: PLC0415 -- it imports trainer, as this module does
+    from cvs_jax.engine import population  # noqa: PLC0415 -- it imports trainer, as this module does
 
     seeds = sorted(seeds)
     runs: list[dict] = []
@@ -575,7 +578,7 @@ def _compare(
             _share_session_one(c, seed, run_dir, earlier)
             print(f"\n##### seed {seed}, method {method} ({time.time() - t0:.0f}s elapsed)", flush=True)
             try:
-                runs.append(run_record(seed, method, c, run_dir, workdir, trainer.run(c, run_dir)))
+                runs.append(run_record(seed, method, c, run_dir, workdir, runner.run(c, run_dir)))
             except NonFiniteError as e:  # a diverged run: recorded, the comparison goes on
                 print(f"seed {seed}, method {method} diverged: {e}", flush=True)
                 runs.append(run_record(seed, method, c, run_dir, workdir, None, e))

@@ -14,7 +14,8 @@ import tensorflow_datasets as tfds
 from absl import app, flags
 from ml_collections import config_flags
 
-from cvs_jax import cli, determinism, trainer
+from cvs_jax import cli
+from cvs_jax.engine import determinism, runner
 from cvs_jax.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -34,7 +35,7 @@ def main(argv):
     tfds.disable_progress_bar()  # one-off dataset preparation; our own progress lines follow
     determinism.apply(FLAGS.config.deterministic)  # before the first JAX computation
     try:
-        trainer.run(FLAGS.config, FLAGS.workdir)
+        runner.run(FLAGS.config, FLAGS.workdir)
     except UserError as e:  # a problem the user must fix: one line, no traceback; anything else is a bug
         sys.exit(cli.report(e))
 

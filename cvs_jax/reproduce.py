@@ -7,7 +7,7 @@ With result directories (from ``compare``: each holds ``comparison.json`` and th
 ``seed<k>/<method>/``; a single run's workdir with ``results.json`` works too), prints the
 paper's Table 1 (AR@1/2/4 of Joint / Finetune / BCT / CVS on CIFAR-100 and Tiny-ImageNet,
 disjoint / blurry / general), LwF and MMD (CIFAR-100, AR@1), the ablations, the 3-run means
-and the half-budget runs (``cvs_jax/paper_results.py``, copied from spec §8) beside ours: the
+and the half-budget runs (``cvs_jax/reports/paper_results.py``, copied from spec §8) beside ours: the
 mean over our finished runs of that cell, their number, and ours minus the paper's.  A run
 counts for a cell when its dataset, setup, method (``results.json``) and config variant (read
 from its ``config.json``: the CVS switches and the memory budget of ``configs/variants.py``)
@@ -32,10 +32,11 @@ import os
 import numpy as np
 from absl import app, flags
 
-from cvs_jax import cli, compare, paper_results
-from cvs_jax import workdir as workdir_lib
+from cvs_jax import cli, compare
 from cvs_jax.data import splits
 from cvs_jax.errors import UserError
+from cvs_jax.reports import paper_results
+from cvs_jax.rundir import workdir as workdir_lib
 
 FLAGS = flags.FLAGS
 
@@ -106,7 +107,8 @@ def session_plan(config, dataset: str) -> splits.SessionPlan:
 
 def images_per_epoch(config, dataset: str) -> list[int]:
     """Images one epoch of each session trains on (session images + replayed memory, whole batches)."""
-    from cvs_jax.methods import get_method, policies  # pylint: disable=g-import-not-at-top
+    from cvs_jax.methods import policies
+    from cvs_jax.methods.registry import get_method  # pylint: disable=g-import-not-at-top
 
     plan = session_plan(config, dataset)
     method = get_method(config)
@@ -410,8 +412,8 @@ def _ours_text(c: dict) -> str:
 def report(cells: list[dict], runs: list[Run], dirs: list[str]) -> str:
     matched = {p for c in cells for p in c["runs"] + [d["path"] for d in c["diverged"]]}
     lines = [
-        "The paper's numbers (cvs_jax/paper_results.py, from spec §8) beside ours: AR@K in %; ours = mean (± std) "
-        "over our finished runs of the cell, n = their number; delta = ours - paper.",
+        "The paper's numbers (cvs_jax/reports/paper_results.py, from spec §8) beside ours: AR@K in %; "
+        "ours = mean (± std) over our finished runs of the cell, n = their number; delta = ours - paper.",
         f"Read {len(runs)} run(s) from {', '.join(dirs)}; {len(matched)} count for a cell.",
     ]
     notes = []

@@ -38,13 +38,14 @@ import orbax.checkpoint as ocp
 from absl import flags
 from PIL import Image
 
-from cvs_jax import augment, cli, distributed, evaluate, models
-from cvs_jax import workdir as workdir_lib
-from cvs_jax.checkpoint import Checkpoints
+from cvs_jax import augment, cli, distributed, models
 from cvs_jax.data.builders import _resize
-from cvs_jax.embedder import Embedder
 from cvs_jax.errors import SearchError, UserError
-from cvs_jax.gallery import Gallery, GalleryPart, RowConcat
+from cvs_jax.retrieval import topk
+from cvs_jax.retrieval.embedder import Embedder
+from cvs_jax.retrieval.gallery import Gallery, GalleryPart, RowConcat
+from cvs_jax.rundir import workdir as workdir_lib
+from cvs_jax.rundir.checkpoint import Checkpoints
 
 
 def prepare(images: Iterable[Any], shape: tuple[int, int, int]) -> np.ndarray:
@@ -312,7 +313,7 @@ class Run:
 
     def search(self, images: np.ndarray, k: int) -> list[list[dict]]:
         """Hits of uint8 images of the stored shape, best first (exact cosine, ties to the lower row)."""
-        scores, idx = evaluate.topk_indices(self.embed(images), self.rows.embeddings, k)
+        scores, idx = topk.topk_indices(self.embed(images), self.rows.embeddings, k)
         return [
             [{"rank": r + 1, "score": float(sc), **self.describe(int(j))} for r, (sc, j) in enumerate(zip(srow, irow))]
             for srow, irow in zip(scores, idx)

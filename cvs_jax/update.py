@@ -31,10 +31,11 @@ import numpy as np
 import tensorflow_datasets as tfds
 from absl import flags
 
-from cvs_jax import cli, determinism, trainer
-from cvs_jax import workdir as workdir_lib
+from cvs_jax import cli
 from cvs_jax.data import parts, records, sources
+from cvs_jax.engine import determinism, runner
 from cvs_jax.errors import ConfigError, DataError, UserError
+from cvs_jax.rundir import workdir as workdir_lib
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -140,7 +141,7 @@ def update(workdir: str, data: str) -> int:
     try:
         config = plan_update(workdir, data)
         determinism.apply(config.deterministic)
-        results = trainer.run(config, workdir)
+        results = runner.run(config, workdir)
     except UserError as e:
         return cli.report(e)
     print(f"{workdir}: {len(results['per_session'])} sessions; results in {os.path.join(workdir, 'results.json')}")

@@ -10,12 +10,14 @@ import jax
 import numpy as np
 import pytest
 
-from cvs_jax import compare, trainer, workdir
-from cvs_jax.context import RunContext
+from cvs_jax import compare
+from cvs_jax.engine import runner
+from cvs_jax.engine.context import RunContext
 from cvs_jax.errors import ConfigError, NonFiniteError
-from cvs_jax.methods import get_method
-from cvs_jax.run_log import RunLog
-from tests.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.methods.registry import get_method
+from cvs_jax.rundir import workdir
+from cvs_jax.rundir.run_log import RunLog
+from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 
 
 def test_runner_table_and_shared_first_session(tmp_path, capsys):
@@ -62,7 +64,7 @@ def test_runner_table_and_shared_first_session(tmp_path, capsys):
         assert (f"== session 1/2 [{m.split('@')[0]}, {heads[m]} head]" in out) == (m in trained), m
     # ... and reusing it changes nothing: cvs from scratch gives the same results.
     c.method = "cvs"
-    alone = trainer.run(c, str(tmp_path / "cvs_alone"))
+    alone = runner.run(c, str(tmp_path / "cvs_alone"))
     shared = [r for r in rows if r["method"] == "cvs"][0]
     assert [100 * s["recall"]["1"] for s in alone["per_session"]] == pytest.approx(shared["recall1_per_session"])
 
@@ -153,7 +155,7 @@ def test_diverged_run_is_marked_and_the_comparison_goes_on(tmp_path, monkeypatch
             raise NonFiniteError("embedding is inf at session 2")
         return _fake_results(config.method, config.seed, ar1.get((config.method, config.seed), 50.0 + config.seed))
 
-    monkeypatch.setattr(trainer, "run", fake_run)
+    monkeypatch.setattr(runner, "run", fake_run)
     c = tiny_config(str(tmp_path), tmp_path, sessions=2)
     wd = str(tmp_path / "cmp")
     rows = compare.run_comparison(c, wd, ["finetune", "ewc", "lwf", "cvs"], [0, 1, 2], split_seed=7)
@@ -189,7 +191,7 @@ def test_diverged_run_is_marked_and_the_comparison_goes_on(tmp_path, monkeypatch
     def broken(config, workdir):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(trainer, "run", broken)
+    monkeypatch.setattr(runner, "run", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         compare.run_comparison(c, str(tmp_path / "cmp2"), ["finetune"], [0])
 

@@ -29,9 +29,8 @@ from __future__ import annotations
 import jax
 import ml_collections
 
-from cvs_jax import distillation, regularizers
 from cvs_jax.errors import ConfigError
-from cvs_jax.methods import policies
+from cvs_jax.methods import distillation, policies, regularizers
 from cvs_jax.methods.base import Method, StepInputs
 
 

@@ -14,9 +14,8 @@ import functools
 
 import ml_collections
 
-from cvs_jax import distillation, losses
 from cvs_jax.errors import ConfigError
-from cvs_jax.methods import policies
+from cvs_jax.methods import distillation, losses, policies
 from cvs_jax.methods.base import Method, StepInputs
 
 LM_LOSSES = (

@@ -31,7 +31,8 @@ import dataclasses
 import jax
 import numpy as np
 
-from cvs_jax import importance, regularizers
+from cvs_jax.methods import fisher as importance
+from cvs_jax.methods import regularizers
 
 
 @dataclasses.dataclass(frozen=True)

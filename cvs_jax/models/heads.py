@@ -24,7 +24,7 @@ from typing import ClassVar, Mapping
 import jax
 import jax.numpy as jnp
 
-from cvs_jax import losses
+from cvs_jax.methods import losses
 
 HEADS = ("cosine", "linear_reset")
 ROW_KEYS = ("head", "head_bias")  # every head array of any head: one row per class along axis 0

@@ -13,7 +13,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from cvs_jax import autoaugment
+from cvs_jax.augment import autoaugment
 from cvs_jax.errors import ConfigError
 
 

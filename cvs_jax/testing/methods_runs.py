@@ -5,14 +5,14 @@ import os
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 ALL_METHODS = ["finetune", "joint", "cvs", "bct", "lwf", "mmd", "ewc", "rwalk", "rainbow"]
 
 
 def shares_first_session(method: str) -> bool:
     """Whether compare reuses another method's session 1 for ``method`` (as in the tiny config)."""
     from configs import fashion_mnist_general
-    from cvs_jax.methods import get_method
+    from cvs_jax.methods.registry import get_method
 
     config = fashion_mnist_general.get_config()
     config.method = method

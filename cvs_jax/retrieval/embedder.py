@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from cvs_jax import augment, distributed
-from cvs_jax.chunks import iter_chunks
+from cvs_jax.engine.train_step import make_embed_fn
 from cvs_jax.errors import NonFiniteError
-from cvs_jax.train_step import make_embed_fn
+from cvs_jax.retrieval.chunks import iter_chunks
 
 
 class Embedder:

@@ -8,10 +8,11 @@ import os
 import jax
 import numpy as np
 
-from cvs_jax import evaluate, plots
-from cvs_jax.compatibility import compatibility_matrix, mean_drop
-from cvs_jax.context import RunContext
-from cvs_jax.run_state import RunState
+from cvs_jax.engine.context import RunContext
+from cvs_jax.engine.run_state import RunState
+from cvs_jax.reports import plots
+from cvs_jax.retrieval import topk
+from cvs_jax.retrieval.compatibility import compatibility_matrix, mean_drop
 
 
 def results_table(per_session: list[dict], ks) -> str:
@@ -19,7 +20,7 @@ def results_table(per_session: list[dict], ks) -> str:
     rows = [head, "|" + "---|" * (len(ks) + 1)]
     for r in per_session:
         rows.append(f"| {r['session'] + 1} | " + " | ".join(f"{100 * r['recall'][str(k)]:.2f}" for k in ks) + " |")
-    ar = evaluate.average_recall([{k: r["recall"][str(k)] for k in ks} for r in per_session])
+    ar = topk.average_recall([{k: r["recall"][str(k)] for k in ks} for r in per_session])
     rows.append("| **AR** | " + " | ".join(f"**{100 * ar[k]:.2f}**" for k in ks) + " |")
     return "\n".join(rows)
 
@@ -28,7 +29,7 @@ def finish(ctx: RunContext, state: RunState) -> dict:
     """Writes results.json and the pictures (process 0) and returns the results."""
     c, plan, ks = ctx.config, ctx.proto.plan, ctx.ks
     per_session = list(state.records)
-    ar = evaluate.average_recall([{k: r["recall"][str(k)] for k in ks} for r in per_session])
+    ar = topk.average_recall([{k: r["recall"][str(k)] for k in ks} for r in per_session])
     results = {
         "method": ctx.method.name,
         "head": ctx.head.name,

@@ -17,7 +17,7 @@ What the fork does (read from ``methods/regularization.py``; useful for a faithf
 * EWC importance (``EWC.calculate_importance``, end of each task): model in eval mode, loop
   over the TRAIN loader's mini-batches (not single examples), loss = CE(logits, argmax
   prediction) + the current regularization loss, ``F += grad_batch² · len(x) / N``
-  (:func:`cvs_jax.importance.session_fisher`); with per-example gradients (batch size 1)
+  (:func:`cvs_jax.methods.fisher.session_fisher`); with per-example gradients (batch size 1)
   it is the usual diagonal Fisher.
 * RWalk Fisher: EWC++ running average of the squared TRAINING-step gradients,
   ``F ← (1−α)F + α g²`` with α = 0.5 and ``F ← g²`` the first time (tensor all zero):

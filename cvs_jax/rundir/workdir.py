@@ -35,8 +35,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from cvs_jax import methods
 from cvs_jax.errors import ConfigError, UserError, WorkdirBusyError
+from cvs_jax.methods import registry
 
 LOCK_NAME = ".lock"
 # Fields that may change between a run and its resumption.
@@ -140,7 +140,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
         if "model.head" in b:
             # the head the run trains with, "official" resolved for the method (a run recorded before
             # model.head existed trained the cosine head: it resumes under "official" for cvs, not for ewc)
-            official = methods.get_method(config).official_head
+            official = registry.get_method(config).official_head
             for flat in (a, b):
                 flat["model.head"] = official if flat["model.head"] == "official" else flat["model.head"]
         diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))

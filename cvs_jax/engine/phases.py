@@ -28,15 +28,18 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cvs_jax import distributed, evaluate, faults, prefetch, schedules
-from cvs_jax.cadence import Cadence, CallReader, calls
-from cvs_jax.context import RunContext
+from cvs_jax import distributed
+from cvs_jax.engine import prefetch, schedules
+from cvs_jax.engine.cadence import Cadence, CallReader, calls
+from cvs_jax.engine.context import RunContext
+from cvs_jax.engine.run_state import RunState
+from cvs_jax.engine.train_step import TrainState
 from cvs_jax.errors import ConfigError, NonFiniteError
-from cvs_jax.gallery import Gallery, GalleryPart, RowConcat
 from cvs_jax.models.heads import head_params
-from cvs_jax.run_log import format_eta
-from cvs_jax.run_state import RunState
-from cvs_jax.train_step import TrainState
+from cvs_jax.retrieval import topk
+from cvs_jax.retrieval.gallery import Gallery, GalleryPart, RowConcat
+from cvs_jax.rundir import faults
+from cvs_jax.rundir.run_log import format_eta
 
 _NO_BAD_STEP = np.iinfo(np.int32).max
 MAX_CALLS_IN_FLIGHT = 2  # the host prepares the next call while the device runs the current one
@@ -122,7 +125,7 @@ def make_search(ctx: RunContext, view: SessionView) -> Callable[..., dict]:
         rows = RowConcat([p.embeddings for p in view.stored.parts] + [new_rows])
         faults.maybe_fail("validation")
         q = ctx.embed(variables, query_images)
-        return evaluate.recall_at_k_blocked(q, query_labels, rows, labels, ctx.ks, mesh=ctx.mesh)
+        return topk.recall_at_k_blocked(q, query_labels, rows, labels, ctx.ks, mesh=ctx.mesh)
 
     return search
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from cvs_jax import augment
-from cvs_jax.methods import Method, StepInputs
+from cvs_jax.methods.base import Method, StepInputs
 from cvs_jax.models import net_variables
 from cvs_jax.models.heads import Head, head_params
 

@@ -13,8 +13,8 @@ from typing import Callable
 
 import numpy as np
 
-from cvs_jax import evaluate
-from cvs_jax.gallery import Gallery, RowConcat
+from cvs_jax.retrieval import topk
+from cvs_jax.retrieval.gallery import Gallery, RowConcat
 
 
 def compatibility_matrix(
@@ -33,7 +33,7 @@ def compatibility_matrix(
             if not keep.any():
                 continue
             q = embed_queries(i) if q is None else q
-            m[i, j] = evaluate.recall_at_k(
+            m[i, j] = topk.recall_at_k(
                 q[keep], query_labels[keep], RowConcat([p.embeddings for p in parts]), labels, ks=(1,)
             )[1]
     return m

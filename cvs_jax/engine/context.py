@@ -16,13 +16,14 @@ import jax
 import ml_collections
 
 from cvs_jax import augment, distributed, models
-from cvs_jax.checkpoint import Checkpoints
-from cvs_jax.embedder import Embedder
-from cvs_jax.methods import Method, get_head, get_method
+from cvs_jax.engine.protocol import Protocol
+from cvs_jax.engine.train_step import make_optimizer, make_train_step
+from cvs_jax.methods.base import Method
+from cvs_jax.methods.registry import get_head, get_method
 from cvs_jax.models.heads import Head
-from cvs_jax.protocol import Protocol
-from cvs_jax.run_log import RunLog
-from cvs_jax.train_step import make_optimizer, make_train_step
+from cvs_jax.retrieval.embedder import Embedder
+from cvs_jax.rundir.checkpoint import Checkpoints
+from cvs_jax.rundir.run_log import RunLog
 
 
 def devices_line() -> str:

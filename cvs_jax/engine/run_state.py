@@ -16,10 +16,10 @@ import dataclasses
 import jax
 import numpy as np
 
-from cvs_jax.checkpoint import Checkpoints
-from cvs_jax.gallery import Gallery, GalleryPart
 from cvs_jax.methods.policies import ImportanceState, ReplayMemory
 from cvs_jax.models.heads import ROW_KEYS
+from cvs_jax.retrieval.gallery import Gallery, GalleryPart
+from cvs_jax.rundir.checkpoint import Checkpoints
 
 
 def _head_rows(variables: dict, rows: int) -> dict:

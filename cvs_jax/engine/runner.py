@@ -13,18 +13,19 @@ from typing import Any
 import jax
 import ml_collections
 
-from cvs_jax import config_checks, distributed, phases, reporting
-from cvs_jax import workdir as workdir_lib
-from cvs_jax.context import RunContext, devices_line
-from cvs_jax.run_log import RunLog
-from cvs_jax.run_state import RunState
+from cvs_jax import distributed
+from cvs_jax.engine import config_checks, phases, reporting
+from cvs_jax.engine.context import RunContext, devices_line
+from cvs_jax.engine.run_state import RunState
+from cvs_jax.rundir import workdir as workdir_lib
+from cvs_jax.rundir.run_log import RunLog
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Runs (or resumes) the whole continual protocol; returns the contents of results.json (a
     population, ``config.population > 1``: ``population.run_population``'s summary)."""
     if config.get("population", 1) > 1:
-        from cvs_jax import population  # it builds on this module
+        from cvs_jax.engine import population  # it builds on this module
 
         return population.run_population(config, workdir)
     distributed.maybe_initialize(config.distributed.multihost)  # before anything touches the devices

@@ -15,7 +15,7 @@ model evaluated on the same augmented batch:
   those codes (cited per function): yulu0724/EmbeddingDistillation (MLKD) and
   lenscloth/RKD ``metric/loss.py`` (RKD distance/angle, HardDarkRank).
 
-Conventions (same as :mod:`cvs_jax.losses`):
+Conventions (same as :mod:`cvs_jax.methods.losses`):
 
 * pure ``jnp``, static shapes, masks instead of boolean indexing; Python-level options
   (``T``, ``normalize``, ``list_len``, ``t_squared``, ``dim``) must be static under ``jit``;
@@ -28,7 +28,7 @@ Conventions (same as :mod:`cvs_jax.losses`):
 * batch-wide (relational) losses are computed on whatever batch they are given -- pass the
   GLOBAL batch (e.g. after an all-gather) to match the official single-GPU semantics;
 * "logits" of a NormLayer head are the cosines cos(e, w_k) in [-1, 1], i.e. the output of
-  :func:`cvs_jax.losses.cosine_logits`; the functions that need the normalized-softmax
+  :func:`cvs_jax.methods.losses.cosine_logits`; the functions that need the normalized-softmax
   scale divide by ``temperature`` (0.05) themselves (pass ``temperature=1.0`` to feed
   already-scaled logits).
 """
@@ -38,7 +38,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from cvs_jax.losses import (
+from cvs_jax.methods.losses import (
     TRIPLET_EPS,
     _mean,
     _row_mean,
@@ -452,7 +452,7 @@ def batch_hard_triplet_loss(
         L = mean_{i: q(i) exists} max(0, ||ê_i − ô_p(i) + ε|| − ||ê_i − ô_q(i) + ε|| + margin)
 
     ê = normalized new embeddings (anchors), ô = normalized old embeddings (constant), same
-    distance as :func:`cvs_jax.losses.neighbor_session_triplet_loss` (non-squared,
+    distance as :func:`cvs_jax.methods.losses.neighbor_session_triplet_loss` (non-squared,
     ε = 1e-6 as in ``nn.TripletMarginLoss``), mining on plain distances (first index on
     ties). Anchors without a different-label sample are skipped; a single-label batch gives
     exactly 0. (The paper pairs this with a balanced sampler; that is the data loader's job.)

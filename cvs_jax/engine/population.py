@@ -11,7 +11,7 @@ A member's results equal those of a plain run with its config up to the float di
 batched program, which a stable training regime keeps small; a near-tie query can still flip, and
 chaotic training amplifies them (tests/test_population.py says how far, and what it asserts).
 
-Per session the phases run per member as in ``trainer.run_sessions`` (carry-over, session view and
+Per session the phases run per member as in ``runner.run_sessions`` (carry-over, session view and
 constants, test, append-and-save); training is one loop (``phases.run_loop``, shared with plain runs)
 over the members' states, frozen models, constants, keys and batches stacked on a leading member
 axis, advanced by ``jax.vmap`` of the step (jitted once, state donated).  Every epoch end validates
@@ -41,13 +41,14 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from cvs_jax import config_checks, distributed, phases, reporting, trainer
-from cvs_jax import workdir as workdir_lib
-from cvs_jax.context import RunContext, devices_line
+from cvs_jax import distributed
+from cvs_jax.engine import config_checks, phases, reporting, runner
+from cvs_jax.engine.context import RunContext, devices_line
+from cvs_jax.engine.run_state import RunState
+from cvs_jax.engine.train_step import TrainState, make_train_step
 from cvs_jax.errors import CheckpointError
-from cvs_jax.run_log import RunLog
-from cvs_jax.run_state import RunState
-from cvs_jax.train_step import TrainState, make_train_step
+from cvs_jax.rundir import workdir as workdir_lib
+from cvs_jax.rundir.run_log import RunLog
 
 FORMAT = "cvs_jax.population/1"
 
@@ -110,7 +111,7 @@ def run_population(config: ml_collections.ConfigDict, workdir: str, dirs: list[s
 
 
 def run_sessions(ctxs: list[RunContext]) -> list[dict]:
-    states = [trainer.resume(ctx) for ctx in ctxs]
+    states = [runner.resume(ctx) for ctx in ctxs]
     num_sessions = ctxs[0].proto.plan.num_sessions
     for s in range(min(st.completed for st in states), num_sessions):
         t0 = time.time()

@@ -11,10 +11,11 @@ import os
 
 import ml_collections
 
-from cvs_jax import augment, schedules
+from cvs_jax import augment
 from cvs_jax.data import official_splits, splits
+from cvs_jax.engine import schedules
 from cvs_jax.errors import ConfigError
-from cvs_jax.methods import METHODS, head_name
+from cvs_jax.methods.registry import METHODS, head_name
 from cvs_jax.models.pretrained import CONVERT_ONE_LINER
 
 # Classes of the datasets we know without opening them (for early S/C/L checks).

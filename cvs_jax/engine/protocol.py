@@ -10,7 +10,7 @@ import numpy as np
 
 from cvs_jax.data import official_splits, parts, sources, splits, user_sessions
 from cvs_jax.errors import ConfigError
-from cvs_jax.methods import Method
+from cvs_jax.methods.base import Method
 
 
 @dataclasses.dataclass
