@@ -535,8 +535,6 @@ def _share_session_one(c, seed: int, run_dir: str, earlier: dict) -> None:
 
 def _run_populations(config, workdir: str, methods: list[str], seeds: list[int], split_seed: int) -> list[dict]:
     """Each method's seeds as one population, in ``DIR/seed<k>/<method>`` (session 1 shared as without)."""
-    from cvs_jax.engine import population  # noqa: PLC0415 -- it imports trainer, as this module does
-
     seeds = sorted(seeds)
     runs: list[dict] = []
     t0 = time.time()
@@ -551,7 +549,7 @@ def _run_populations(config, workdir: str, methods: list[str], seeds: list[int],
             f"\n##### method {method}, seeds {seeds[0]}..{seeds[-1]} as a population ({time.time() - t0:.0f}s elapsed)"
         )
         try:
-            out = population.run_population(c, os.path.join(workdir, "population", method), dirs)
+            out = runner.run_population(c, os.path.join(workdir, "population", method), dirs)
             runs += [run_record(s, method, c, d, workdir, r) for s, d, r in zip(seeds, dirs, out["results"])]
         except NonFiniteError as e:  # the population stops as a whole: every seed of the method diverged
             print(f"method {method} (population) diverged: {e}", flush=True)

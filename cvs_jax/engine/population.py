@@ -29,11 +29,8 @@ Methods: those whose per-session state is per member and whose step terms are fu
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import json
 import os
-import time
 from typing import Any
 
 import jax
@@ -42,13 +39,11 @@ import ml_collections
 import numpy as np
 
 from cvs_jax import distributed
-from cvs_jax.engine import config_checks, phases, reporting, runner
-from cvs_jax.engine.context import RunContext, devices_line
+from cvs_jax.engine import phases
+from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.run_state import RunState
 from cvs_jax.engine.train_step import TrainState, make_train_step
 from cvs_jax.errors import CheckpointError
-from cvs_jax.rundir import workdir as workdir_lib
-from cvs_jax.rundir.run_log import RunLog
 
 FORMAT = "cvs_jax.population/1"
 
@@ -65,72 +60,6 @@ def member_config(config: ml_collections.ConfigDict, m: int) -> ml_collections.C
 
 def member_dirs(workdir: str, n: int) -> list[str]:
     return [os.path.join(workdir, f"member{m}") for m in range(n)]
-
-
-def run_population(config: ml_collections.ConfigDict, workdir: str, dirs: list[str] | None = None) -> dict[str, Any]:
-    """Runs (or resumes) a population; returns ``population.json``'s contents plus each member's
-    results (``"results"``, in member order).  ``dirs``: the members' run directories (default
-    ``<workdir>/member<m>``; ``compare --population`` passes its ``seed<k>/<method>`` folders)."""
-    distributed.maybe_initialize(config.distributed.multihost)
-    config_checks.check(config, num_devices=jax.device_count())
-    n = int(config.population)
-    dirs = dirs or member_dirs(workdir, n)
-    configs = [member_config(config, m) for m in range(n)]
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(workdir_lib.open_run(config, workdir))
-        for c, d in zip(configs, dirs):
-            stack.enter_context(workdir_lib.open_run(c, d))
-        description = {
-            "format": FORMAT,
-            "method": config.method,
-            "population": n,
-            "split_seed": configs[0].split_seed,
-            "members": [
-                {"member": m, "seed": c.seed, "workdir": os.path.relpath(d, workdir)}
-                for m, (c, d) in enumerate(zip(configs, dirs))
-            ],
-        }
-        if jax.process_index() == 0:
-            with open(os.path.join(workdir, "population.json"), "w") as f:
-                json.dump(description, f, indent=1)
-        logs = [stack.enter_context(contextlib.closing(RunLog(d))) for d in dirs]
-        ctxs: list[RunContext] = []
-        try:
-            logs[0].print(devices_line())
-            for c, d, log in zip(configs, dirs, logs):
-                ctxs.append(RunContext.build(c, d, log, share=ctxs[0] if ctxs else None))
-            logs[0].print(
-                f"population of {n} {config.method} members, seeds {configs[0].seed}..{configs[-1].seed}, "
-                f"split seed {configs[0].split_seed}: {', '.join(dirs)}"
-            )
-            results = run_sessions(ctxs)
-        finally:
-            for ctx in ctxs:
-                ctx.close()
-    return dict(description, results=results)
-
-
-def run_sessions(ctxs: list[RunContext]) -> list[dict]:
-    states = [runner.resume(ctx) for ctx in ctxs]
-    num_sessions = ctxs[0].proto.plan.num_sessions
-    for s in range(min(st.completed for st in states), num_sessions):
-        t0 = time.time()
-        active = [m for m, st in enumerate(states) if st.completed == s]  # the others finished s before a kill
-        views, consts = {}, {}
-        for m in active:
-            states[m] = phases.carry_over(ctxs[m], states[m], s)
-            views[m] = phases.session_view(ctxs[m], states[m], s)
-            consts[m] = phases.session_constants(ctxs[m], states[m], views[m])
-        selections = train(
-            [ctxs[m] for m in active], [states[m] for m in active], [views[m] for m in active],
-            [consts[m] for m in active],
-        )  # fmt: skip
-        for m, selection in zip(active, selections):
-            recall, new_rows = phases.test(ctxs[m], views[m], selection)
-            states[m] = phases.append_and_save(
-                ctxs[m], states[m], views[m], selection, recall, new_rows, time.time() - t0
-            )
-    return [reporting.finish(ctx, st) for ctx, st in zip(ctxs, states)]
 
 
 def _stack(trees: list) -> Any:

@@ -12,6 +12,7 @@ Items: ``variables`` (net + head), ``gallery`` (only the rows session s added),
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
@@ -20,6 +21,9 @@ from cvs_jax.methods.policies import ImportanceState, ReplayMemory
 from cvs_jax.models.heads import ROW_KEYS
 from cvs_jax.retrieval.gallery import Gallery, GalleryPart
 from cvs_jax.rundir.checkpoint import Checkpoints
+
+if TYPE_CHECKING:
+    from cvs_jax.engine.context import RunContext
 
 
 def _head_rows(variables: dict, rows: int) -> dict:
@@ -93,3 +97,15 @@ class RunState:
             importance=ImportanceState.from_item(items["regularizer"], meta["regularizer_built_after"]),
             records=tuple(meta["per_session"]),
         )
+
+
+def resume(ctx: RunContext) -> RunState:
+    """The state after the newest session checkpoint of ``ctx``'s run, or a fresh one."""
+    fresh = RunState.initial(ctx.initial_variables(), ctx.config.model.embed_dim)
+    state = RunState.restore(ctx.sessions, fresh)
+    if state is None:
+        return fresh
+    ctx.log.print(
+        f"resumed after session {state.completed}: gallery {len(state.gallery)} rows, memory {len(state.memory)}"
+    )
+    return state
