@@ -561,7 +561,7 @@ def _compare(
     config, workdir: str, methods: list[str], seeds: list[int], split_seed: int | None, population: bool = False
 ) -> list[dict]:
     if split_seed is None:
-        split_seed = config.get("split_seed")
+        split_seed = config.split_seed
     if population and split_seed is None:
         split_seed = min(seeds)  # the members of a population share one session plan
     runs: list[dict] = []

@@ -99,10 +99,10 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
         raise ConfigError(f"train.epochs={t.epochs} must be at least 1.")
     if t.checkpoint_every_steps < 0:
         raise ConfigError(f"train.checkpoint_every_steps={t.checkpoint_every_steps} must be >= 0 (0: epoch ends only).")
-    k = t.get("steps_per_call", 1)
+    k = t.steps_per_call
     if not isinstance(k, int) or k < 1:
         raise ConfigError(f"train.steps_per_call={k!r} must be a positive integer (1: one step per call).")
-    population = config.get("population", 1)
+    population = config.population
     if not isinstance(population, int) or population < 1:
         raise ConfigError(f"population={population!r} must be a positive integer (1: one run).")
     if population > 1 and config.method not in POPULATION_METHODS:

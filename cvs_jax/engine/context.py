@@ -91,7 +91,7 @@ class RunContext:
             pipeline = augment.Pipeline.from_config(config)  # train-time augmentation and eval preprocessing
             step_args = dict(head=head, loss_weights=dict(config.loss_weights), pipeline=pipeline)
             step_fn = make_train_step(model, tx, method, **step_args)
-            k = config.train.get("steps_per_call", 1)
+            k = config.train.steps_per_call
             steps_fn = make_train_step(model, tx, method, steps_per_call=k, **step_args)
             embed = Embedder(
                 model, pipeline, config.train.eval_batch_size, config.model.dtype, mesh, config.model.embed_dim

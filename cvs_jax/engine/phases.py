@@ -199,7 +199,7 @@ def _loader(ctx: RunContext, read: Callable[[int], dict], start: int, stop: int,
     c = ctx.config
     split = ctx.proto.dataset.train
     threads = c.data.loader_threads
-    workers = prefetch.worker_count(split, c.data.get("loader_workers", 0))
+    workers = prefetch.worker_count(split, c.data.loader_workers)
     options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
     ds = prefetch.in_workers(grain.MapDataset.range(start, stop).map(read).to_iter_dataset(options), workers)
     if jax.process_count() > 1:  # global_batch assembles the global arrays from host rows
@@ -318,7 +318,7 @@ class SingleDriver(Driver):
     def __init__(self, member: MemberSession, state: RunState, consts: dict):
         ctx, s = member.ctx, member.view.s
         self.members, self.ctx, self.consts = [member], ctx, consts
-        self.k = int(ctx.config.train.get("steps_per_call", 1))
+        self.k = int(ctx.config.train.steps_per_call)
         self.stacked = self.k > 1
         self.frozen = distributed.replicate(state.variables, ctx.mesh) if s > 0 else None
         self.key = jax.random.fold_in(ctx.step_key, s)

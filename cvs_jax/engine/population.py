@@ -76,7 +76,7 @@ def make_population_step(ctx: RunContext, n: int):
         head=ctx.head,
         loss_weights=dict(c.loss_weights),
         pipeline=ctx.pipeline,
-        steps_per_call=c.train.get("steps_per_call", 1),
+        steps_per_call=c.train.steps_per_call,
         population=n,
     )
 
@@ -90,7 +90,7 @@ class PopulationDriver(phases.Driver):
         lead = members[0].ctx
         s, n = members[0].view.s, len(members)
         self.members, self.ctx = members, lead
-        self.k = int(lead.config.train.get("steps_per_call", 1))
+        self.k = int(lead.config.train.steps_per_call)
         self.step = lead.cached(f"population_step_{n}", lambda: make_population_step(lead, n))
         self.frozen = distributed.replicate(_stack([st.variables for st in states]), lead.mesh) if s > 0 else None
         self.consts = distributed.replicate(_stack([jax.device_get(c) for c in consts]), lead.mesh)

@@ -35,6 +35,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from configs import base as base_config
 from cvs_jax.errors import ConfigError, UserError, WorkdirBusyError
 from cvs_jax.methods import registry
 
@@ -95,11 +96,38 @@ def _with_added_keys(config_dict: dict) -> dict:
     return out
 
 
+def _lay_over(defaults: dict, stored: dict, prefix: str, unknown: list[str]) -> dict:
+    out = dict(defaults)
+    for key, value in stored.items():
+        if key not in defaults:
+            unknown.append(prefix + key)
+        elif isinstance(value, dict) and isinstance(defaults[key], dict):
+            out[key] = _lay_over(defaults[key], value, f"{prefix}{key}.", unknown)
+        else:
+            out[key] = value
+    return out
+
+
+def over_defaults(stored: dict, where: str) -> ml_collections.ConfigDict:
+    """``stored`` (a run's recorded config) laid over today's defaults (``configs.base.get_config()``):
+    every recorded value is the run's, a field added since keeps its one default (or, for
+    ``ADDED_KEYS``, the value the run used).  A recorded field that no longer exists is refused."""
+    unknown: list[str] = []
+    merged = _lay_over(base_config.get_config().to_dict(), _with_added_keys(stored), "", unknown)
+    if unknown:
+        raise ConfigError(
+            f"{where} records field(s) this version of cvs_jax no longer has: {', '.join(sorted(unknown))}; "
+            "the run was made by another version: read it with that version, or start a new run."
+        )
+    return ml_collections.ConfigDict(merged)
+
+
 def stored_config(workdir: str) -> ml_collections.ConfigDict:
-    """The run's ``config.json`` as a ConfigDict (keys added since it was written: the value the run
-    used, ``ADDED_KEYS``): what search and update read of a run."""
-    with open(os.path.join(workdir, "config.json")) as f:
-        return ml_collections.ConfigDict(_with_added_keys(json.load(f)))
+    """The run's ``config.json`` laid over today's defaults (``over_defaults``): what search and update
+    read of a run."""
+    path = os.path.join(workdir, "config.json")
+    with open(path) as f:
+        return over_defaults(json.load(f), path)
 
 
 def _write_config(path: str, current: dict) -> None:
