@@ -59,6 +59,7 @@ from cvs_jax.methods.registry import METHODS, get_method, head_name
 from cvs_jax.models.heads import HEADS
 from cvs_jax.reports import plots
 from cvs_jax.retrieval import compatibility
+from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
 
 FLAGS = flags.FLAGS
@@ -219,16 +220,16 @@ def format_difference(d: dict | None) -> str:
 
 def share_first_session(source: str, target: str) -> None:
     """Copies the session-1 checkpoint and its metrics so ``target`` resumes at session 2."""
-    src = os.path.join(source, "checkpoints", "sessions", "0")
-    dst = os.path.join(target, "checkpoints", "sessions", "0")
+    src = paths.session_dir(source, 0)
+    dst = paths.session_dir(target, 0)
     if os.path.exists(dst) or not os.path.exists(src):
         return
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     shutil.copytree(src, dst + ".copying")
     os.rename(dst + ".copying", dst)  # atomic: a half copy is never taken for a checkpoint
-    with open(os.path.join(source, "metrics.jsonl")) as f:
+    with open(paths.metrics_file(source)) as f:
         first = [line for line in f if json.loads(line)["session"] == 1]
-    with open(os.path.join(target, "metrics.jsonl"), "w") as f:
+    with open(paths.metrics_file(target), "w") as f:
         f.writelines(first)
 
 
@@ -527,7 +528,7 @@ def _share_session_one(c, seed: int, run_dir: str, earlier: dict) -> None:
     if not get_method(c).shares_first_session:  # its session 1 keeps statistics: it trains its own
         return
     sharing = earlier.setdefault((seed, head_name(c)), [])
-    source = next((d for d in sharing if os.path.exists(os.path.join(d, "checkpoints", "sessions", "0"))), None)
+    source = next((d for d in sharing if os.path.exists(paths.session_dir(d, 0))), None)
     if source is not None:
         share_first_session(source, run_dir)
     sharing.append(run_dir)

@@ -36,6 +36,7 @@ from absl import flags
 
 from cvs_jax import cli, search
 from cvs_jax.errors import UserError
+from cvs_jax.rundir import paths
 
 FORMAT_VERSION = 1
 FILES = ("embeddings.npy", "rows.csv", "model.msgpack", "config.json", "export.json")
@@ -76,7 +77,7 @@ def export(workdir: str, out: str, *, overwrite: bool = False) -> dict:
             writer.writerow([j, d["source"], d["label"], d["class"], d["arrival_session"], d["model_session"]])
     with open(os.path.join(out, "model.msgpack"), "wb") as f:
         f.write(flax.serialization.to_bytes(jax.device_get(run.variables)))
-    shutil.copyfile(os.path.join(workdir, "config.json"), os.path.join(out, "config.json"))
+    shutil.copyfile(paths.config_file(workdir), os.path.join(out, "config.json"))
     info = {
         "format_version": FORMAT_VERSION,
         "image_shape": list(run.image_shape),

@@ -36,6 +36,7 @@ from cvs_jax import cli, compare
 from cvs_jax.data import splits
 from cvs_jax.errors import UserError
 from cvs_jax.reports import paper_results
+from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
 
 FLAGS = flags.FLAGS
@@ -326,12 +327,12 @@ def find_runs(dirs: list[str]) -> list[Run]:
         if not os.path.isdir(top):
             raise UserError(f"{top} is not a directory; name the --workdir of a compare or main run.")
         for root, subdirs, files in os.walk(top):
-            subdirs[:] = sorted(d for d in subdirs if not d.startswith("previous-") and d != "checkpoints")
+            subdirs[:] = sorted(d for d in subdirs if not d.startswith("previous-") and d != paths.CHECKPOINTS)
             if "comparison.json" in files:
                 cmp = _read_json(os.path.join(root, "comparison.json"))
                 for r in cmp.get("runs", []):
                     path = os.path.realpath(os.path.join(root, r["workdir"]))
-                    cfg_path = os.path.join(path, "config.json")
+                    cfg_path = paths.config_file(path)
                     config = _read_json(cfg_path) if os.path.exists(cfg_path) else None
                     run = Run(
                         path,
@@ -345,12 +346,12 @@ def find_runs(dirs: list[str]) -> list[Run]:
                         dict(r.get("average_recall") or {}),
                     )
                     runs[path] = _identify(run, config)
-            if "results.json" in files:
+            if paths.RESULTS in files:
                 path = os.path.realpath(root)
                 if path in runs:
                     continue
-                res = _read_json(os.path.join(root, "results.json"))
-                cfg_path = os.path.join(root, "config.json")
+                res = _read_json(paths.results_file(root))
+                cfg_path = paths.config_file(root)
                 config = _read_json(cfg_path) if os.path.exists(cfg_path) else None
                 run = Run(
                     path,

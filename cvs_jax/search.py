@@ -44,6 +44,7 @@ from cvs_jax.errors import SearchError, UserError
 from cvs_jax.retrieval import topk
 from cvs_jax.retrieval.embedder import Embedder
 from cvs_jax.retrieval.gallery import Gallery, GalleryPart, RowConcat
+from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.rundir.checkpoint import Checkpoints
 
@@ -118,7 +119,7 @@ class Network:
 
 
 def check_is_run(workdir: str) -> None:
-    for name in ("config.json", "protocol.json"):
+    for name in (paths.CONFIG, paths.PROTOCOL):
         if not os.path.exists(os.path.join(workdir, name)):
             raise SearchError(
                 f"{workdir} holds no cvs_jax run ({name} is missing); pass the --workdir of "
@@ -219,10 +220,10 @@ class Run:
         self.workdir = workdir
         check_is_run(workdir)
         self.config = workdir_lib.stored_config(workdir)
-        with open(os.path.join(workdir, "protocol.json")) as f:
+        with open(paths.protocol_file(workdir)) as f:
             self.protocol = json.load(f)
         c = self.config
-        sessions_dir = os.path.join(workdir, "checkpoints", "sessions")
+        sessions_dir = paths.sessions_dir(workdir)
         sessions = _Reader(sessions_dir, max_to_keep=None) if os.path.isdir(sessions_dir) else None
         if sessions is None or not sessions.steps():
             raise SearchError(f"{workdir} has no completed session yet; wait for the first session to finish.")
@@ -234,7 +235,7 @@ class Run:
         log = _PartLog(sessions)
         self.gallery = Gallery.restore(log, self.session, c.model.embed_dim)
         self._arrival = arrival_sessions(log.parts, self.gallery)
-        added_dir = os.path.join(workdir, "checkpoints", "additions")
+        added_dir = paths.additions_dir(workdir)
         self._additions = None
         if for_add:
             self._additions = Checkpoints(added_dir, max_to_keep=2)

@@ -5,6 +5,8 @@ import csv
 import json
 import math
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -13,7 +15,7 @@ import pytest
 from cvs_jax import compare
 from cvs_jax.engine import runner
 from cvs_jax.engine.context import RunContext
-from cvs_jax.errors import ConfigError, NonFiniteError
+from cvs_jax.errors import ConfigError, NonFiniteError, WorkdirBusyError
 from cvs_jax.methods.registry import get_method
 from cvs_jax.rundir import workdir
 from cvs_jax.rundir.run_log import RunLog
@@ -228,3 +230,26 @@ def test_split_seed_fixes_the_plan_while_seed_changes_the_initialisation(tmp_pat
     free0, _ = build(0, None)
     assert not same_plan(free0, plan0)  # without split_seed each seed draws its own split
     assert same_plan(build(5, None)[0], plan0)  # split_seed=5 is the plan seed 5 draws by default
+
+
+def test_compare_on_a_held_directory_is_refused_naming_the_holder(tmp_path, monkeypatch):
+    """Another process (here: this one, through a second lock of the file) holds DIR: compare starts
+    nothing and names the holder, from the library call and from the command line."""
+    from configs import fashion_mnist_general
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a run started although DIR is held")
+
+    monkeypatch.setattr(runner, "run", no_run)
+    monkeypatch.setattr(runner, "run_population", no_run)
+    wd = str(tmp_path / "cmp")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with workdir.hold(wd):
+        with pytest.raises(WorkdirBusyError, match=f"in use by pid {os.getpid()} on "):
+            compare.run_comparison(fashion_mnist_general.get_config(), wd, ["finetune"], [0])
+        cmd = [sys.executable, "-m", "cvs_jax.compare", "--config", "configs/fashion_mnist_general.py"]
+        cmd += ["--workdir", wd, "--methods", "finetune", "--seeds", "0"]
+        out = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert f"in use by pid {os.getpid()} on " in out.stderr + out.stdout, out.stderr[-2000:]
+    assert not os.path.exists(os.path.join(wd, "seed0")), "compare wrote a run while DIR was held"

@@ -121,3 +121,21 @@ def test_benchmarks_and_the_package_do_not_import_tests():
                         if isinstance(node, ast.ImportFrom) and not node.level:
                             names = [node.module or ""]
                         assert not any(n.split(".")[0] == "tests" for n in names), os.path.join(root, name)
+
+
+def test_the_run_directory_layout_is_spelled_out_only_in_rundir_paths():
+    """``"checkpoints"``, ``"results.json"`` and friends are named in ``cvs_jax/rundir/paths.py`` alone."""
+    names = {"checkpoints", "sessions", "progress", "additions", "results.json", "metrics.jsonl", "protocol.json"}
+    names |= {"population.json", ".lock", "config.json"}
+    own_layout = {os.path.join("cvs_jax", "export.py"): {"config.json"}}  # the export folder's own files
+    for module, (path, _) in _modules().items():
+        rel = os.path.relpath(path, REPO)
+        if rel == os.path.join("cvs_jax", "rundir", "paths.py"):
+            continue
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "join":
+                for arg in node.args:
+                    if isinstance(arg, ast.Constant) and arg.value in names - own_layout.get(rel, set()):
+                        raise AssertionError(f"{rel}:{arg.lineno} spells {arg.value!r}; use cvs_jax.rundir.paths")

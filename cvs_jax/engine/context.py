@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from typing import Any, Callable
 
@@ -22,6 +21,7 @@ from cvs_jax.methods.base import Method
 from cvs_jax.methods.registry import get_head, get_method
 from cvs_jax.models.heads import Head
 from cvs_jax.retrieval.embedder import Embedder
+from cvs_jax.rundir import paths
 from cvs_jax.rundir.checkpoint import Checkpoints
 from cvs_jax.rundir.run_log import RunLog
 
@@ -81,7 +81,7 @@ class RunContext:
         else:
             mesh, proto = share.mesh, share.proto
         if jax.process_index() == 0:
-            with open(os.path.join(workdir, "protocol.json"), "w") as f:
+            with open(paths.protocol_file(workdir), "w") as f:
                 json.dump(proto.description(), f, indent=1)
         if share is None:
             model = models.from_config(config)
@@ -100,7 +100,6 @@ class RunContext:
             model, tx, pipeline, embed = share.model, share.tx, share.pipeline, share.embed
             step_fn, steps_fn = share.step_fn, share.steps_fn
         init_key, head_key, step_key = jax.random.split(jax.random.key(config.seed), 3)
-        ckpt_dir = os.path.join(workdir, "checkpoints")
         return cls(
             config=config,
             workdir=workdir,
@@ -115,8 +114,8 @@ class RunContext:
             steps_fn=steps_fn,
             embed=embed,
             log=log,
-            sessions=Checkpoints(os.path.join(ckpt_dir, "sessions"), max_to_keep=None, log=log.print),
-            progress=Checkpoints(os.path.join(ckpt_dir, "progress"), max_to_keep=2, log=log.print),
+            sessions=Checkpoints(paths.sessions_dir(workdir), max_to_keep=None, log=log.print),
+            progress=Checkpoints(paths.progress_dir(workdir), max_to_keep=2, log=log.print),
             init_key=init_key,
             head_key=head_key,
             step_key=step_key,

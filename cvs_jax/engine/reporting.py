@@ -13,6 +13,7 @@ from cvs_jax.engine.run_state import RunState
 from cvs_jax.reports import plots
 from cvs_jax.retrieval import topk
 from cvs_jax.retrieval.compatibility import compatibility_matrix, mean_drop
+from cvs_jax.rundir import paths
 
 
 def results_table(per_session: list[dict], ks) -> str:
@@ -49,10 +50,10 @@ def finish(ctx: RunContext, state: RunState) -> dict:
     results["compatibility_recall1"] = [[None if np.isnan(v) else float(v) for v in row] for row in compat]
     results["compatibility_mean_drop"] = mean_drop(results["compatibility_recall1"])
     if jax.process_index() == 0:
-        tmp = os.path.join(ctx.workdir, "results.json.tmp")
+        tmp = paths.results_file(ctx.workdir) + ".tmp"
         with open(tmp, "w") as f:
             json.dump(results, f, indent=2)
-        os.replace(tmp, os.path.join(ctx.workdir, "results.json"))
+        os.replace(tmp, paths.results_file(ctx.workdir))
         title = f"{c.data.name} / {plan.setup} / {ctx.method.name}"
         plots.recall_per_session([results], os.path.join(ctx.workdir, "recall_per_session.png"))
         plots.class_distribution(

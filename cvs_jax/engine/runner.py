@@ -22,6 +22,7 @@ from cvs_jax import distributed
 from cvs_jax.engine import config_checks, phases, population, reporting
 from cvs_jax.engine.context import RunContext, devices_line
 from cvs_jax.engine.run_state import resume
+from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.rundir.run_log import RunLog
 
@@ -70,7 +71,7 @@ def run_population(config: ml_collections.ConfigDict, workdir: str, dirs: list[s
             ],
         }
         if jax.process_index() == 0:
-            with open(os.path.join(workdir, "population.json"), "w") as f:
+            with open(paths.population_file(workdir), "w") as f:
                 json.dump(description, f, indent=1)
         logs = [stack.enter_context(contextlib.closing(RunLog(d))) for d in dirs]
         ctxs: list[RunContext] = []

@@ -14,16 +14,18 @@ import time
 
 import jax
 
+from cvs_jax.rundir import paths
+
 
 class RunLog:
     def __init__(self, workdir: str):
-        self._path = os.path.join(workdir, "metrics.jsonl")
+        self._path = paths.metrics_file(workdir)
         self._main = jax.process_index() == 0
         self._tb = None
         if self._main:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), flush_secs=30)
+            self._tb = SummaryWriter(os.path.join(workdir, paths.TENSORBOARD), flush_secs=30)
 
     def write(self, *, global_step: int, **record) -> None:
         """Appends one JSON line (session, epoch, step and scalar metrics) and its TB scalars."""

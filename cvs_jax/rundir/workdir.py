@@ -38,8 +38,9 @@ import numpy as np
 from configs import base as base_config
 from cvs_jax.errors import ConfigError, UserError, WorkdirBusyError
 from cvs_jax.methods import registry
+from cvs_jax.rundir import paths
 
-LOCK_NAME = ".lock"
+LOCK_NAME = paths.LOCK
 # Fields that may change between a run and its resumption.
 OPERATIONAL = (
     "overwrite",
@@ -56,7 +57,7 @@ OPERATIONAL = (
 # Keys added after runs were recorded without them, with the value that reproduces what those runs did.
 ADDED_KEYS = {"model.head": "cosine"}  # before model.head existed, every method trained the cosine head
 # Checkpoint folders whose numbered step directories make a workdir hold a run.
-CHECKPOINT_DIRS = (os.path.join("checkpoints", "sessions"), os.path.join("checkpoints", "progress"))
+CHECKPOINT_DIRS = paths.CHECKPOINT_DIRS
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -125,7 +126,7 @@ def over_defaults(stored: dict, where: str) -> ml_collections.ConfigDict:
 def stored_config(workdir: str) -> ml_collections.ConfigDict:
     """The run's ``config.json`` laid over today's defaults (``over_defaults``): what search and update
     read of a run."""
-    path = os.path.join(workdir, "config.json")
+    path = paths.config_file(workdir)
     with open(path) as f:
         return over_defaults(json.load(f), path)
 
@@ -158,7 +159,7 @@ def _extends(stored, current) -> bool:
 def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
     """Checks ``config`` against the workdir's ``config.json`` and records it (call with the lock held)."""
     os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, "config.json")
+    path = paths.config_file(workdir)
     current = config.to_dict()
     if os.path.exists(path):
         with open(path) as f:

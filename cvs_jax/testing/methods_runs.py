@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+from cvs_jax.rundir import paths
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 ALL_METHODS = ["finetune", "joint", "cvs", "bct", "lwf", "mmd", "ewc", "rwalk", "rainbow"]
 
@@ -79,11 +81,11 @@ def run(cmd, fault=None):
 
 def outcome(workdir):
     """results.json and metrics.jsonl without wall times."""
-    with open(os.path.join(workdir, "results.json")) as f:
+    with open(paths.results_file(workdir)) as f:
         results = json.load(f)
     for r in results["per_session"]:
         r.pop("seconds")
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    with open(paths.metrics_file(workdir)) as f:
         metrics = [json.loads(line) for line in f]
     for m in metrics:
         m.pop("time"), m.pop("images_per_s", None)

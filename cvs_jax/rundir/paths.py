@@ -1,0 +1,72 @@
+"""The one owner of a run directory's layout: every file and folder a run keeps, by name.
+
+    <workdir>/
+      .lock                          the writer's lock (``workdir.py``)
+      config.json                    the run's config (``workdir.py``; read back by ``stored_config``)
+      protocol.json                  the session plan and class names (``engine/context.py``)
+      metrics.jsonl, tensorboard/    what a person watches (``run_log.py``)
+      results.json, *.png            the end of a run (``engine/reporting.py``)
+      population.json                a population's members (``engine/runner.py``)
+      checkpoints/sessions/<s>/      after session s: model, gallery part, memory, importance (``run_state.py``)
+      checkpoints/progress/<step>/   rolling mid-session checkpoints (``engine/phases.py``)
+      checkpoints/additions/         rows added by ``python -m cvs_jax.search --add``
+      previous-<time>/               a run moved aside by ``--config.overwrite=True``
+
+Every module that reads or writes one of these asks this module for its path.
+"""
+
+from __future__ import annotations
+
+import os
+
+LOCK = ".lock"
+CONFIG = "config.json"
+PROTOCOL = "protocol.json"
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+RESULTS = "results.json"
+POPULATION = "population.json"
+CHECKPOINTS = "checkpoints"
+SESSIONS = os.path.join(CHECKPOINTS, "sessions")
+PROGRESS = os.path.join(CHECKPOINTS, "progress")
+ADDITIONS = os.path.join(CHECKPOINTS, "additions")
+# Checkpoint folders whose numbered step directories make a workdir hold a run.
+CHECKPOINT_DIRS = (SESSIONS, PROGRESS)
+
+
+def config_file(workdir: str) -> str:
+    return os.path.join(workdir, CONFIG)
+
+
+def protocol_file(workdir: str) -> str:
+    return os.path.join(workdir, PROTOCOL)
+
+
+def metrics_file(workdir: str) -> str:
+    return os.path.join(workdir, METRICS)
+
+
+def results_file(workdir: str) -> str:
+    return os.path.join(workdir, RESULTS)
+
+
+def population_file(workdir: str) -> str:
+    return os.path.join(workdir, POPULATION)
+
+
+def sessions_dir(workdir: str) -> str:
+    """Session checkpoints: ``<s>/`` after session s (0-based)."""
+    return os.path.join(workdir, SESSIONS)
+
+
+def session_dir(workdir: str, s: int) -> str:
+    """The checkpoint written after session ``s`` (0-based; 0 is the session ``compare`` shares)."""
+    return os.path.join(workdir, SESSIONS, str(s))
+
+
+def progress_dir(workdir: str) -> str:
+    return os.path.join(workdir, PROGRESS)
+
+
+def additions_dir(workdir: str) -> str:
+    return os.path.join(workdir, ADDITIONS)
