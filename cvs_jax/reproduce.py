@@ -32,10 +32,10 @@ import os
 import numpy as np
 from absl import app, flags
 
-from cvs_jax import cli, compare
+from cvs_jax import cli
 from cvs_jax.data import splits
 from cvs_jax.errors import UserError
-from cvs_jax.reports import paper_results
+from cvs_jax.reports import paper_results, statistics
 from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
 
@@ -379,7 +379,7 @@ def match(runs: list[Run]) -> list[dict]:
         for k, paper in e["ar"].items():
             values = [r.average_recall[k] for r in ok if k in r.average_recall]
             if values:
-                mean, std = compare.mean_std(values)
+                mean, std = statistics.mean_std(values)
                 ours[k] = {"mean": mean, "std": std, "per_run": values}
                 delta[k] = mean - paper
         cells.append(

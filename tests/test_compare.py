@@ -12,11 +12,11 @@ import jax
 import numpy as np
 import pytest
 
-from cvs_jax import compare
-from cvs_jax.engine import runner
+from cvs_jax.engine import comparison, runner
 from cvs_jax.engine.context import RunContext
 from cvs_jax.errors import ConfigError, NonFiniteError, WorkdirBusyError
 from cvs_jax.methods.registry import get_method
+from cvs_jax.reports import statistics
 from cvs_jax.rundir import workdir
 from cvs_jax.rundir.run_log import RunLog
 from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
@@ -28,7 +28,7 @@ def test_runner_table_and_shared_first_session(tmp_path, capsys):
     c.train.epochs = 1
     wd = str(tmp_path / "cmp")
     methods = ["finetune", "cvs", "joint", "bct", "lwf", "mmd", "ewc", "rwalk", "rainbow", "finetune@linear_reset"]
-    rows = compare.run_comparison(c, wd, methods, [0])
+    rows = comparison.run_comparison(c, wd, methods, [0])
     assert [r["method"] for r in rows] == methods
     with open(os.path.join(wd, "comparison.md")) as f:
         table = f.read()
@@ -55,7 +55,7 @@ def test_runner_table_and_shared_first_session(tmp_path, capsys):
     assert os.path.getsize(os.path.join(wd, "comparison.png")) > 0
     # session 1 was trained once per head: every method of a head that shares it reports the same
     # session-1 recall, and the two heads' session 1 differ ...
-    shared = [m for m in methods if get_method(compare.entry_config(c, m, 0, None)).shares_first_session]
+    shared = [m for m in methods if get_method(comparison.entry_config(c, m, 0, None)).shares_first_session]
     assert "finetune" in shared and "cvs" in shared and "rainbow" in shared
     first = {r["method"]: r["recall1_per_session"][0] for r in rows if r["method"] in shared}
     assert len({first[m] for m in shared if heads[m] == "cosine"}) == 1
@@ -80,7 +80,7 @@ def _with_method(config, method):
 def test_unknown_method_refused(tmp_path):
     c = tiny_config(str(tmp_path), tmp_path, sessions=2)
     with pytest.raises(ConfigError, match="unknown methods"):
-        compare.run_comparison(c, str(tmp_path / "cmp"), ["finetune", "lwf2"], [0])
+        comparison.run_comparison(c, str(tmp_path / "cmp"), ["finetune", "lwf2"], [0])
 
 
 # ---------------------------------------------------------------- statistics
@@ -91,24 +91,24 @@ def test_unknown_method_refused(tmp_path):
     [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (10, 2.228), (20, 2.086), (30, 2.042), (120, 1.980)],
 )
 def test_t_quantile_matches_the_tables(df, expected):
-    assert compare.t_quantile(0.975, df) == pytest.approx(expected, abs=6e-4)
+    assert statistics.t_quantile(0.975, df) == pytest.approx(expected, abs=6e-4)
 
 
 def test_t_quantile_closed_forms_normal_limit_and_symmetry():
     for p in (0.6, 0.9, 0.975, 0.995, 0.9995):
-        assert compare.t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-9)  # Cauchy
-        assert compare.t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-9)
-        assert compare.t_quantile(1 - p, 7) == pytest.approx(-compare.t_quantile(p, 7), rel=1e-12)
-    assert compare.t_quantile(0.975, math.inf) == pytest.approx(1.959964, abs=1e-6)
-    assert compare.t_quantile(0.975, 10_000) == pytest.approx(1.960201, abs=1e-5)
+        assert statistics.t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-9)  # Cauchy
+        assert statistics.t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-9)
+        assert statistics.t_quantile(1 - p, 7) == pytest.approx(-statistics.t_quantile(p, 7), rel=1e-12)
+    assert statistics.t_quantile(0.975, math.inf) == pytest.approx(1.959964, abs=1e-6)
+    assert statistics.t_quantile(0.975, 10_000) == pytest.approx(1.960201, abs=1e-5)
     for p in (0.0, 1.0):
         with pytest.raises(ValueError):
-            compare.t_quantile(p, 3)
+            statistics.t_quantile(p, 3)
 
 
 def test_paired_difference_and_interval_on_three_seeds():
     cvs = {0: 70.0, 1: 72.0, 2: 71.0}
-    d = compare.paired_difference({0: 60.0, 1: 63.0, 2: 60.5}, cvs)  # differences -10, -9, -10.5
+    d = statistics.paired_difference({0: 60.0, 1: 63.0, 2: 60.5}, cvs)  # differences -10, -9, -10.5
     diffs = [-10.0, -9.0, -10.5]
     mean = sum(diffs) / 3
     sd = math.sqrt(sum((x - mean) ** 2 for x in diffs) / 2)
@@ -117,15 +117,15 @@ def test_paired_difference_and_interval_on_three_seeds():
     assert d["mean"] == pytest.approx(mean) and d["std"] == pytest.approx(sd)
     assert d["ci95"] == pytest.approx([mean - half, mean + half], abs=1e-5)
     assert d["significant"] is True
-    assert compare.format_difference(d) == f"{mean:+.2f} [{mean - half:+.2f}, {mean + half:+.2f}] significant"
+    assert statistics.format_difference(d) == f"{mean:+.2f} [{mean - half:+.2f}, {mean + half:+.2f}] significant"
     # differences of both signs: the interval holds 0
-    d = compare.paired_difference({0: 71.0, 1: 71.0, 2: 71.5}, cvs)  # +1, -1, +0.5
+    d = statistics.paired_difference({0: 71.0, 1: 71.0, 2: 71.5}, cvs)  # +1, -1, +0.5
     assert d["ci95"][0] < 0 < d["ci95"][1] and d["significant"] is False
-    assert compare.format_difference(d).endswith("not significant")
+    assert statistics.format_difference(d).endswith("not significant")
     # one seed (or one seed in common): no interval
-    d = compare.paired_difference({0: 60.0, 5: 1.0}, cvs)
+    d = statistics.paired_difference({0: 60.0, 5: 1.0}, cvs)
     assert d["n"] == 1 and d["mean"] == -10.0 and d["ci95"] is None and d["significant"] is None
-    assert compare.format_difference(d) == "n/a"
+    assert statistics.format_difference(d) == "n/a"
 
 
 # ---------------------------------------------------------------- diverged runs, fixed splits
@@ -160,7 +160,7 @@ def test_diverged_run_is_marked_and_the_comparison_goes_on(tmp_path, monkeypatch
     monkeypatch.setattr(runner, "run", fake_run)
     c = tiny_config(str(tmp_path), tmp_path, sessions=2)
     wd = str(tmp_path / "cmp")
-    rows = compare.run_comparison(c, wd, ["finetune", "ewc", "lwf", "cvs"], [0, 1, 2], split_seed=7)
+    rows = comparison.run_comparison(c, wd, ["finetune", "ewc", "lwf", "cvs"], [0, 1, 2], split_seed=7)
     assert len(calls) == 12 and {s for _, _, s in calls} == {7}  # every run, all on split 7
     by = {r["method"]: r for r in rows}
     assert by["ewc"]["seeds"] == 0 and by["ewc"]["diverged"] == 3 and by["ewc"]["AR@1"] is None
@@ -195,7 +195,7 @@ def test_diverged_run_is_marked_and_the_comparison_goes_on(tmp_path, monkeypatch
 
     monkeypatch.setattr(runner, "run", broken)
     with pytest.raises(RuntimeError, match="a bug"):
-        compare.run_comparison(c, str(tmp_path / "cmp2"), ["finetune"], [0])
+        comparison.run_comparison(c, str(tmp_path / "cmp2"), ["finetune"], [0])
 
 
 def test_split_seed_fixes_the_plan_while_seed_changes_the_initialisation(tmp_path):
@@ -246,7 +246,7 @@ def test_compare_on_a_held_directory_is_refused_naming_the_holder(tmp_path, monk
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with workdir.hold(wd):
         with pytest.raises(WorkdirBusyError, match=f"in use by pid {os.getpid()} on "):
-            compare.run_comparison(fashion_mnist_general.get_config(), wd, ["finetune"], [0])
+            comparison.run_comparison(fashion_mnist_general.get_config(), wd, ["finetune"], [0])
         cmd = [sys.executable, "-m", "cvs_jax.compare", "--config", "configs/fashion_mnist_general.py"]
         cmd += ["--workdir", wd, "--methods", "finetune", "--seeds", "0"]
         out = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=300)

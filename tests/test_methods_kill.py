@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from cvs_jax.compare import share_first_session
+from cvs_jax.engine.comparison import share_first_session
 from cvs_jax.testing import methods_runs as mr
 from cvs_jax.testing.tiny_data import write_fashion_idx
 
