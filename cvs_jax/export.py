@@ -13,7 +13,7 @@ Writes, from the run's newest completed session (as ``search`` reads it):
   width, model session, row count and class names.
 
 ``load(DIR).embed(images)`` embeds image files or uint8 arrays as ``search`` embeds its queries
-(``search.prepare`` + ``search.Network``: the preprocessing and eval network of the gallery), so
+(``run_reader.prepare`` + ``run_reader.Network``: the preprocessing and eval network of the gallery), so
 rows and queries of an export are comparable without the workdir.  A problem to fix ends with one
 ``error: ...`` line and exit status 2; an existing non-empty ``--out`` is refused unless
 ``--overwrite``.  ``export.json`` is written last, so an export cut short is refused by ``load``.
@@ -34,8 +34,9 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from cvs_jax import cli, search
+from cvs_jax import cli
 from cvs_jax.errors import UserError
+from cvs_jax.retrieval import run_reader
 from cvs_jax.rundir import paths
 
 FORMAT_VERSION = 1
@@ -56,7 +57,7 @@ def export(workdir: str, out: str, *, overwrite: bool = False) -> dict:
         raise ExportError(
             f"--out {out} exists and is not an empty folder; pass another --out, or --overwrite to replace it."
         )
-    run = search.Run(workdir)
+    run = run_reader.Run(workdir)
     rows = run.rows
     os.makedirs(out, exist_ok=True)
     info_path = os.path.join(out, "export.json")
@@ -99,7 +100,7 @@ class Exported:
     directory: str
     info: dict  # export.json
     config: ml_collections.ConfigDict
-    network: search.Network
+    network: run_reader.Network
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -135,7 +136,7 @@ def load(directory: str) -> Exported:
         raise ExportError(
             f"{directory} has export format {info.get('format_version')}; this code reads {FORMAT_VERSION}."
         )
-    return Exported(directory, info, config, search.Network(config, variables, info["image_shape"]))
+    return Exported(directory, info, config, run_reader.Network(config, variables, info["image_shape"]))
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
