@@ -1,4 +1,4 @@
-"""The one jit-compiled training step and the jitted embedding function.
+"""The one jit-compiled training step (the jitted embedding function is ``retrieval.embedder``'s).
 
 The step is a pure function of (state, frozen previous model, batch, per-session
 constants, lr, key): the current model runs in train mode and, when the method
@@ -127,14 +127,3 @@ def scan_steps(step, unroll: bool = True):
         )
 
     return steps
-
-
-def make_embed_fn(model, pipeline: augment.Pipeline):
-    """``embed(params, batch_stats, images_u8) -> raw embeddings`` in eval mode (jitted)."""
-
-    @jax.jit
-    def embed(params, batch_stats, images):
-        x = pipeline.eval(images)
-        return model.apply(net_variables(params, batch_stats), x, train=False)
-
-    return embed

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from cvs_jax import augment, distributed
-from cvs_jax.engine.train_step import make_embed_fn
 from cvs_jax.errors import NonFiniteError
+from cvs_jax.models import net_variables
 from cvs_jax.retrieval.chunks import iter_chunks
+
+
+def make_embed_fn(model, pipeline: augment.Pipeline):
+    """``embed(params, batch_stats, images_u8) -> raw embeddings`` in eval mode (jitted)."""
+
+    @jax.jit
+    def embed(params, batch_stats, images):
+        x = pipeline.eval(images)
+        return model.apply(net_variables(params, batch_stats), x, train=False)
+
+    return embed
 
 
 class Embedder:
