@@ -18,11 +18,13 @@ uninterrupted population exactly (one program, one machine).
 
 import json
 import os
+import re
 
 import pytest
 
 from cvs_jax.engine import config_checks, population, runner
 from cvs_jax.errors import ConfigError
+from cvs_jax.rundir import paths
 from cvs_jax.testing import methods_runs as mr
 from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 
@@ -107,3 +109,24 @@ def test_population_selects_per_member_and_resumes_exactly(manual, tmp_path):
     assert resumed.stdout.count("resumed session 1 at step 6/") == 2
     for m in range(2):
         assert mr.outcome(str(tmp_path / "killed" / f"member{m}")) == members[m]
+
+    # killed between the two members' writes of one progress checkpoint (member 0 holds the newer step,
+    # member 1 does not): both resume at the newest step they all hold, and the outcome is the same
+    between = str(tmp_path / "between")
+    cmd = mr.main_cmd(manual, str(tmp_path / "tfds"), between, "cvs") + [
+        "--config.population=2",
+        f"--config.train.lr={LR}",
+    ]
+    assert mr.run(cmd, "progress_write:4").returncode == -9
+    newest = [max(_steps(paths.progress_dir(os.path.join(between, f"member{m}")))) for m in range(2)]
+    assert newest[0] > newest[1], newest  # the kill fell between the members' writes
+    resumed = mr.run(cmd)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    at = re.findall(r"resumed session 1 at step (\d+)/", resumed.stdout)
+    assert at == [str(newest[1])] * 2, (at, newest)  # session 1 starts at run step 0
+    for m in range(2):
+        assert mr.outcome(os.path.join(between, f"member{m}")) == members[m]
+
+
+def _steps(directory: str) -> list[int]:
+    return [int(n) for n in os.listdir(directory) if n.isdigit()]

@@ -137,17 +137,29 @@ def train(
 
 def _restore_common(members: list[phases.MemberSession]) -> None:
     """Every member at the newest session step for which all members hold a readable progress
-    checkpoint (a kill between the members' writes leaves the newer step to some of them only)."""
+    checkpoint (a kill between the members' writes leaves the newer step to some of them only).  The
+    newer steps those members hold are deleted: every member writes them again from the common step
+    (orbax refuses to write a step that exists), with the same contents (one program, one machine)."""
     while True:
         steps = None
         for m in members:
             own = {st - m.first for st in m.ctx.progress.steps() if st in m.progress_steps()}
             steps = own if steps is None else steps & own
         if not steps:
+            _drop_newer(members, None)
             return
         common = max(steps)
         got = [m.ctx.progress.restore_latest(m.progress_templates(), steps=[m.first + common]) for m in members]
         if all(g is not None for g in got):  # else one was unreadable and moved aside: look again
             for m, g in zip(members, got):
                 m.restored(g[1])
+            _drop_newer(members, common)
             return
+
+
+def _drop_newer(members: list[phases.MemberSession], common: int | None) -> None:
+    """Deletes each member's progress checkpoints of this session after step ``common`` (None: all)."""
+    for m in members:
+        for st in m.ctx.progress.steps():
+            if st in m.progress_steps() and (common is None or st - m.first > common):
+                m.ctx.progress.delete(st)

@@ -251,6 +251,11 @@ class Checkpoints:
         self._mgr.save(step, args=ocp.args.Composite(**args), force=True)
         self._mgr.wait_until_finished()
 
+    def delete(self, step: int) -> None:
+        """Removes checkpoint ``step`` (a population drops the newer progress step that only some of its
+        members wrote before a kill, so that all of them write it again from their common step)."""
+        self._mgr.delete(step)
+
     def stored_shape(self, step: int, item: str, path: str) -> tuple[int, ...] | None:
         """The shape stored at ``path`` ("a/b") of ``item`` in checkpoint ``step`` (its metadata only;
         None when absent or unreadable): what a template must match, e.g. a head grown since."""
