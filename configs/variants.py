@@ -36,7 +36,7 @@ def gpu(config):
     m.name, m.width = "resnet18", 64
     t.schedule, t.epochs = "official", GPU_EPOCHS
     if config.data.name == "tiny_imagenet_zip":
-        config.augment.policy = "randaugment"  # spec §1.6
+        config.augment.policy = "randaugment"  # as the official Tiny-ImageNet code
 
 
 def smoke(config):

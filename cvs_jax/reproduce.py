@@ -7,7 +7,7 @@ With result directories (from ``compare``: each holds ``comparison.json`` and th
 ``seed<k>/<method>/``; a single run's workdir with ``results.json`` works too), prints the
 paper's Table 1 (AR@1/2/4 of Joint / Finetune / BCT / CVS on CIFAR-100 and Tiny-ImageNet,
 disjoint / blurry / general), LwF and MMD (CIFAR-100, AR@1), the ablations, the 3-run means
-and the half-budget runs (``cvs_jax/reports/paper_results.py``, copied from spec §8) beside ours: the
+and the half-budget runs (``cvs_jax/reports/paper_results.py``, copied from the paper) beside ours: the
 mean over our finished runs of that cell, their number, and ours minus the paper's.  A run
 counts for a cell when its dataset, setup, method (``results.json``) and config variant (read
 from its ``config.json``: the CVS switches and the memory budget of ``configs/variants.py``)
@@ -181,7 +181,7 @@ def plan(seeds: list[int], root: str) -> tuple[str, dict]:
     """The plan's text and its JSON form."""
     seeds_arg = ",".join(str(s) for s in seeds)
     lines = [
-        "Plan: the command that produces every cell of the paper's tables (spec §8) and its estimated GPU hours on",
+        "Plan: the command that produces every cell of the paper's tables and its estimated GPU hours on",
         f"one H100, for {len(seeds)} seed(s) ({seeds_arg}) on one fixed split per command.",
         "",
         FORMULA.format(over=OVERHEAD_FRACTION, per=PER_SESSION_S, over_pct=100 * OVERHEAD_FRACTION),
@@ -413,7 +413,7 @@ def _ours_text(c: dict) -> str:
 def report(cells: list[dict], runs: list[Run], dirs: list[str]) -> str:
     matched = {p for c in cells for p in c["runs"] + [d["path"] for d in c["diverged"]]}
     lines = [
-        "The paper's numbers (cvs_jax/reports/paper_results.py, from spec §8) beside ours: AR@K in %; "
+        "The paper's numbers (cvs_jax/reports/paper_results.py) beside ours: AR@K in %; "
         "ours = mean (± std) over our finished runs of the cell, n = their number; delta = ours - paper.",
         f"Read {len(runs)} run(s) from {', '.join(dirs)}; {len(matched)} count for a cell.",
     ]

@@ -49,7 +49,8 @@ POLICIES = ("none", "cifar10", "randaugment")
 
 
 def preprocess_train(key, images_u8, *, mean, std, padding: int, flip: bool, policy: str = "none"):
-    """Crop + flip, then the AutoAugment/RandAugment policy on uint8, then normalise (spec §1.6)."""
+    """Crop + flip, then the AutoAugment/RandAugment policy on uint8, then normalise (the official
+    code's training transform: random crop with 4-pixel padding, flip, AutoAugment or RandAugment)."""
     crop_key, policy_key = jax.random.split(key)
     images = random_crop_flip(crop_key, images_u8, padding, flip)  # on uint8: zero padding = black, as torchvision
     return normalize(apply_policy(policy_key, images, policy), mean, std)
@@ -66,7 +67,7 @@ def apply_policy(key, images_u8, policy: str):
     return images_u8
 
 
-# ----------------------------------------------------------------- fine-grained recipe (spec §1.6)
+# ----------------------------------------------------------------- fine-grained recipe (official code)
 
 
 def _resized_crop_box(key, height: int, width: int, scale, ratio, attempts: int = 10):

@@ -1,7 +1,7 @@
 """AutoAugment (CIFAR-10 policy) and RandAugment on device: jit-able, static shapes, per-image
 randomness, uint8 in / uint8 out.
 
-Reproduces the PIL-based training augmentations of the official code (spec §1.6):
+Reproduces the PIL-based training augmentations of the official code (ivclab/CVS):
 
 * CIFAR-100: ``utils/augment.py`` ``CIFAR10Policy`` -- the widely copied DeepVoltaire AutoAugment
   code (same file in clovaai/rainbow-memory), fill colour 128  ->  :func:`cifar10_policy`.

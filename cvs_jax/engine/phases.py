@@ -7,7 +7,7 @@
     test              recall@K of the test queries against the accumulated gallery
     append_and_save   the session's gallery part, its result record and the session checkpoint
 
-Protocol rules (official code, spec §1.4, §2.5, §4, §5): the model that is tested, embeds the
+Protocol rules (as the official ivclab/CVS code does them): the model that is tested, embeds the
 gallery and is saved is the best-validation epoch's (strict improvement: ties go to the earlier
 epoch); validation searches the stored gallery plus the session's images embedded by the current
 model; test queries are embedded by the newest model and search a gallery whose older rows were

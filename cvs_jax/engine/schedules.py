@@ -1,4 +1,5 @@
-"""Per-epoch learning rates.  The LR is constant within an epoch (spec §1.4).
+"""Per-epoch learning rates.  The LR is constant within an epoch (the official
+code steps its scheduler once per epoch).
 
 ``official``: the GDumb-style schedule of the official code: epoch 0 at 0.1*lr,
 epoch 1 at lr, then ``CosineAnnealingWarmRestarts(T_0=1, T_mult=2,

@@ -1,4 +1,4 @@
-"""CVS: L = L_c + alpha L_m + beta L_d with herded replay (spec §3-§4).
+"""CVS: L = L_c + alpha L_m + beta L_d with herded replay (ivclab/CVS ``train.py``).
 
 L_m (neighbor-session model coherence) ties the new embedding of each image to its
 embedding by the frozen previous model, with the hardest other-label old embedding

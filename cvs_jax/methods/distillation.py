@@ -3,7 +3,7 @@
 Two groups, all between the CURRENT model (trainable) and the FROZEN previous-session
 model evaluated on the same augmented batch:
 
-* Baselines of ivclab/CVS ``train.py`` (spec Sec. 6; ``kdloss.py``, ``mmdloss.py``):
+* Baselines of ivclab/CVS ``train.py`` (``kdloss.py``, ``mmdloss.py``):
   :func:`bct_influence_loss`, :func:`lwf_kd_loss`, :func:`mmd_loss`,
   :func:`mmd_kd_new_class_loss` (and the shared :func:`kd_loss` = official ``KDLoss``).
 * Supplement "Ablation study on different losses for neighbor-session model coherence"
@@ -111,7 +111,7 @@ def _class_mask(width: int, num_classes) -> tuple[jax.Array, jax.Array]:
 
 
 # --------------------------------------------------------------------------
-# Baselines (ivclab/CVS train.py, spec Sec. 6)
+# Baselines (ivclab/CVS train.py)
 # --------------------------------------------------------------------------
 
 

@@ -1,15 +1,15 @@
 """CVS training losses, reproducing the official PyTorch code (ivclab/CVS).
 
-Sources (see ``shared/spec/reference-implementation.md``):
+Sources (files and lines of the official code):
 
-* Sec. 3.1 -- intra-session discrimination L_c: ``train.py`` 243-244 and
+* intra-session discrimination L_c: ``train.py`` 243-244 and
   ``models/normlayer.py`` (cosine classifier without bias, temperature 0.05).
-* Sec. 3.2 -- neighbour-session model coherence L_m: ``train.py`` 252-268
+* neighbour-session model coherence L_m: ``train.py`` 252-268
   (``torch.cdist`` hardest-negative mining across models, then
   ``nn.TripletMarginLoss(margin=0.1)``).
-* Sec. 3.3 -- inter-session data coherence L_d: ``train.py`` 157-159, 298-302
+* inter-session data coherence L_d: ``train.py`` 157-159, 298-302
   and ``utils/train_utils.py::load_center``.
-* Sec. 7 items 1-3 -- the paper-text variants (squared triplet distances,
+* the paper-text variants (squared triplet distances,
   division by the batch size, per-session centre averaging) are available
   behind flags; the defaults follow the code.
 

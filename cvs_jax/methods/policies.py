@@ -138,7 +138,7 @@ class ReservoirMemory:
         return ReplayMemory(ids, ctx.proto.train_labels[ids].astype(np.int32), s - 1, seen)
 
 
-# Rainbow Memory (the author's fork, spec §6b); config.rainbow picks the rules, defaults = the fork.
+# Rainbow Memory (the author's Rainbow-Memory fork); config.rainbow picks the rules, defaults = the fork.
 RAINBOW_PERTURBATIONS = 12  # the fork's uncert_metric "vr_randaug": 12 RandAugment draws
 RAINBOW_PERTURBATION_KINDS = ("randaugment", "train_pipeline")
 RAINBOW_SELECTIONS = replay.UNCERTAINTY_SELECTIONS  # ("stride", "spread")

@@ -1,7 +1,7 @@
 """Parameter-space regularizers of the EWC and RWalk baselines (pure pytree math).
 
 The CVS paper re-runs EWC (Kirkpatrick et al. PNAS 2017) and RWalk (Chaudhry et al. ECCV
-2018) with the Rainbow-Memory code base (spec Sec. 6; the author's fork
+2018) with the Rainbow-Memory code base (the author's fork
 ``bigchou/rainbow-memory`` ``methods/regularization.py``, itself adapted from
 GT-RIPL/Continual-Learning-Benchmark). This module only provides the math on parameter
 pytrees; which parameters are regularized, when importances are computed and the λ

@@ -1,7 +1,7 @@
 """Replay memory: iCaRL herding as in the official CVS code, reservoir sampling, and Rainbow Memory's
-uncertainty-based selection as in the author's Rainbow-Memory fork (spec §6b).
+uncertainty-based selection as in the author's Rainbow-Memory fork.
 
-Source (``shared/spec/reference-implementation.md`` Sec. 4):
+Source (the official ivclab/CVS code):
 ``utils/train_utils.py::icarl`` / ``addNewExemplars`` and ``train.py`` 116-125,
 152-156, 379-391. After each session the pool = the session's gallery set
 (eval transform) ∪ the previous exemplars is re-herded per class with quota

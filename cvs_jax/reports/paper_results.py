@@ -1,13 +1,11 @@
 """The paper's numbers that ``python -m cvs_jax.reproduce`` sets beside ours (data only).
 
-Every entry cites the section of ``../shared/spec/reference-implementation.md`` it is copied
-from (§8, "Numbers a reimplementation must match").  AR@K in %.  An entry is one cell:
+Every entry cites where in the paper it is copied from (Table 1, or the text's extra numbers;
+"§8" in a source names that list in the project's notes).  AR@K in %.  An entry is one cell:
 ``(dataset, setup, method, variant)`` is what a run must have to count for it (``method`` as in
 ``results.json``, ``variant`` as in ``configs/variants.py``; "" = the dataset config as it is),
 ``ar`` maps K to the paper's AR@K, ``std`` (3-run means only) to its spread over ``paper_runs`` runs.
 """
-
-SPEC = "../shared/spec/reference-implementation.md"
 
 # The paper's datasets: how our configs and runs name them, and what the plan needs to size a run.
 DATASETS = {

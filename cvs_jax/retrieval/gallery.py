@@ -2,7 +2,7 @@
 
 Each row keeps the embedding made by the model of the session that added it,
 its protocol label, that session's index and the index of the source image in
-the dataset's train split (spec §5).  Only the ``joint`` upper bound replaces
+the dataset's train split (as in the official code).  Only the ``joint`` upper bound replaces
 rows (it re-embeds everything with the current model).
 """
 

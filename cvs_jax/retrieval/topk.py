@@ -1,7 +1,7 @@
 """Retrieval metric: recall@K of queries against a gallery by exact cosine search.
 
 Equivalent to the official faiss ``IndexFlatIP`` search on L2-normalised vectors
-(spec §5): recall@K is the fraction of queries for which at least one of the K
+(the official evaluation): recall@K is the fraction of queries for which at least one of the K
 most similar gallery rows carries the query's label.
 
 The search is exact and deterministic, and sharded over the ``data`` axis of a
@@ -470,6 +470,6 @@ def recall_at_k_blocked(
 
 
 def average_recall(per_session: Sequence[dict[int, float]]) -> dict[int, float]:
-    """AR@K: the mean over sessions of the per-session test recall@K (spec §5)."""
+    """AR@K: the mean over sessions of the per-session test recall@K (as the official code reports it)."""
     ks = per_session[0].keys()
     return {k: float(np.mean([r[k] for r in per_session])) for k in ks}
