@@ -34,39 +34,24 @@ ADDITIONS = os.path.join(CHECKPOINTS, "additions")
 CHECKPOINT_DIRS = (SESSIONS, PROGRESS)
 
 
-def config_file(workdir: str) -> str:
-    return os.path.join(workdir, CONFIG)
+def _under_workdir(*parts: str, doc: str):
+    def path(workdir: str) -> str:
+        return os.path.join(workdir, *parts)
+
+    path.__doc__ = doc
+    return path
 
 
-def protocol_file(workdir: str) -> str:
-    return os.path.join(workdir, PROTOCOL)
-
-
-def metrics_file(workdir: str) -> str:
-    return os.path.join(workdir, METRICS)
-
-
-def results_file(workdir: str) -> str:
-    return os.path.join(workdir, RESULTS)
-
-
-def population_file(workdir: str) -> str:
-    return os.path.join(workdir, POPULATION)
-
-
-def sessions_dir(workdir: str) -> str:
-    """Session checkpoints: ``<s>/`` after session s (0-based)."""
-    return os.path.join(workdir, SESSIONS)
+config_file = _under_workdir(CONFIG, doc="The run's config.json.")
+protocol_file = _under_workdir(PROTOCOL, doc="The run's protocol.json (session plan, class names).")
+metrics_file = _under_workdir(METRICS, doc="The run's metrics.jsonl.")
+results_file = _under_workdir(RESULTS, doc="The run's results.json.")
+population_file = _under_workdir(POPULATION, doc="A population's population.json.")
+sessions_dir = _under_workdir(SESSIONS, doc="Session checkpoints: ``<s>/`` after session s (0-based).")
+progress_dir = _under_workdir(PROGRESS, doc="Rolling mid-session checkpoints, numbered by run step.")
+additions_dir = _under_workdir(ADDITIONS, doc="Rows added by ``python -m cvs_jax.search --add``.")
 
 
 def session_dir(workdir: str, s: int) -> str:
     """The checkpoint written after session ``s`` (0-based; 0 is the session ``compare`` shares)."""
     return os.path.join(workdir, SESSIONS, str(s))
-
-
-def progress_dir(workdir: str) -> str:
-    return os.path.join(workdir, PROGRESS)
-
-
-def additions_dir(workdir: str) -> str:
-    return os.path.join(workdir, ADDITIONS)

@@ -37,34 +37,18 @@ def overrides(manual, tfds_dir):
     ]
 
 
+def _command(name: str, workdir: str, *flags: str) -> list[str]:
+    """``python -m cvs_jax.<name>`` on the tiny Fashion-MNIST config in ``workdir``."""
+    config = "configs/fashion_mnist_general.py"
+    return [sys.executable, "-m", f"cvs_jax.{name}", "--config", config, "--workdir", workdir, *flags]
+
+
 def compare_cmd(manual, tfds_dir, workdir, methods):
-    return [
-        sys.executable,
-        "-m",
-        "cvs_jax.compare",
-        "--config",
-        "configs/fashion_mnist_general.py",
-        "--workdir",
-        workdir,
-        "--methods",
-        ",".join(methods),
-        "--seeds",
-        "0",
-    ] + overrides(manual, tfds_dir)
+    return _command("compare", workdir, "--methods", ",".join(methods), "--seeds", "0") + overrides(manual, tfds_dir)
 
 
 def main_cmd(manual, tfds_dir, workdir, method):
-    return [
-        sys.executable,
-        "-m",
-        "cvs_jax.main",
-        "--config",
-        "configs/fashion_mnist_general.py",
-        "--workdir",
-        workdir,
-        f"--config.method={method}",
-        "--config.seed=0",
-    ] + overrides(manual, tfds_dir)
+    return _command("main", workdir, f"--config.method={method}", "--config.seed=0") + overrides(manual, tfds_dir)
 
 
 def env(fault=None):
