@@ -37,8 +37,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import _common
 import numpy as np
 
-from cvs_jax import distributed, phases
+from cvs_jax import distributed
 from cvs_jax.data import sources
+from cvs_jax.engine import phases
 from cvs_jax.methods import policies
 
 BATCH = 64
@@ -61,7 +62,7 @@ def _datasets(a) -> dict[str, dict]:
     }
     p10k = os.path.join(a.data_dir, "p10k_manual")
     if "product_m" in a.datasets and not os.path.exists(os.path.join(p10k, "train.csv")):
-        from tests import tiny_data
+        from cvs_jax.testing import tiny_data
 
         # photo-sized sources (256-400 px sides, per-pixel noise): the builder resizes them to 256x256
         # and stores one JPEG q95 each, as it does Product-10K's photos

@@ -1,6 +1,6 @@
 """How far a population member drifts from its separate run: the numbers behind tests/test_population.py.
 
-Trains the tiny CVS test setup (tests/tiny_data.py: width-4 ResNet, 8-d embedding, batch 16) as a
+Trains the tiny CVS test setup (cvs_jax/testing/tiny_data.py: width-4 ResNet, 8-d embedding, batch 16) as a
 2-member population (``population=2``, seeds s and s+1 on the plan of s) and as the two separate runs,
 then prints the largest relative difference of any float in metrics.jsonl (losses, grad norm) and
 every recall that differs (per-epoch validation/test recalls, results.json).  The vmapped program's
@@ -25,9 +25,9 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from cvs_jax import trainer  # noqa: E402
-from tests import methods_runs as mr  # noqa: E402
-from tests.tiny_data import tiny_config, write_fashion_idx  # noqa: E402
+from cvs_jax.engine import runner  # noqa: E402
+from cvs_jax.testing import methods_runs as mr  # noqa: E402
+from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx  # noqa: E402
 
 
 def drift(lr: float, epochs: int, sessions: int, seed: int, root: str) -> dict:
@@ -40,9 +40,9 @@ def drift(lr: float, epochs: int, sessions: int, seed: int, root: str) -> dict:
         return c
 
     with contextlib.redirect_stdout(io.StringIO()):
-        trainer.run(config(seed, population=2), os.path.join(root, "pop"))
+        runner.run(config(seed, population=2), os.path.join(root, "pop"))
         for m in range(2):
-            trainer.run(config(seed + m), os.path.join(root, f"separate{m}"))
+            runner.run(config(seed + m), os.path.join(root, f"separate{m}"))
     worst, flips = 0.0, []
     for m in range(2):
         member = mr.outcome(os.path.join(root, "pop", f"member{m}"))

@@ -15,7 +15,7 @@ Rows per configuration:
   ``[k, B, ...]`` images (``[k, B]`` labels);
 * ``jax population N=4, 8``: N independent members trained by one call, fed stacked states and a
   ``[N, B, ...]`` batch (each member its own images); found as ``make_train_step(..., population=N)`` or
-  ``cvs_jax.population.make_population_step``.  Per-member and total images/s are both reported;
+  ``cvs_jax.engine.population.make_population_step``.  Per-member and total images/s are both reported;
 * ``torch eager``: ``benchmarks/train_step_torch.py``'s models and loss, eager (the official code's way);
 * ``torch.compile default``, ``max-autotune``, ``reduce-overhead`` (CUDA graphs; the last two on CUDA only):
   both models compiled, loss and SGD eager (as ``train_step_torch.py --compile``).
@@ -149,19 +149,19 @@ def _time_calls(call, state, calls: int):
 
 
 def _kstep_api():
-    from cvs_jax import train_step as ts
+    from cvs_jax.engine import train_step as ts
 
     return "steps_per_call" in inspect.signature(ts.make_train_step).parameters
 
 
 def _population_api():
     """``("kwarg", None)`` when ``make_train_step`` takes ``population``; ``("module", fn)`` for
-    ``cvs_jax.population.make_population_step``; None when neither exists yet."""
-    from cvs_jax import train_step as ts
+    ``cvs_jax.engine.population.make_population_step``; None when neither exists yet."""
+    from cvs_jax.engine import train_step as ts
 
     if "population" in inspect.signature(ts.make_train_step).parameters:
         return "kwarg", None
-    for modname in ("cvs_jax.population", "cvs_jax.train_step"):
+    for modname in ("cvs_jax.engine.population", "cvs_jax.engine.train_step"):
         try:
             mod = importlib.import_module(modname)
         except ImportError:

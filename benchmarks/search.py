@@ -1,4 +1,4 @@
-"""Throughput of the exact gallery search (``cvs_jax.evaluate``) against the device's floors.
+"""Throughput of the exact gallery search (``cvs_jax.retrieval.topk``) against the device's floors.
 
 For galleries of 50k, 1M and 10M rows x 128 dims and 10k queries (top-4), it
 prints the measured time of ``ShardedGallery.topk`` (gallery already on the
@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cvs_jax import evaluate
+from cvs_jax.retrieval import topk
 
 _PRECISIONS = {"highest": jax.lax.Precision.HIGHEST, "default": jax.lax.Precision.DEFAULT}
 
@@ -89,7 +89,7 @@ def main():
     for n in rows:
         g = make_gallery(n, a.dim)
         t0 = time.perf_counter()
-        sg = evaluate.ShardedGallery(g, gallery_block=gblock, precision=_PRECISIONS[precisions[0]])
+        sg = topk.ShardedGallery(g, gallery_block=gblock, precision=_PRECISIONS[precisions[0]])
         jax.block_until_ready(sg.embeddings)
         place_s = time.perf_counter() - t0
         del g
@@ -120,7 +120,7 @@ def main():
             mm.flush()
             del mm
             row["disk_s"] = _common.time_fn(
-                lambda: evaluate.topk_indices_blocked(
+                lambda: topk.topk_indices_blocked(
                     queries, path, a.k, chunk=chunk, gallery_block=gblock, block_rows=1 << 21
                 ),
                 repeats=1,

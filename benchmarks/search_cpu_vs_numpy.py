@@ -24,7 +24,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # this benchmark is about the CPU
 import _common
 import numpy as np
 
-from cvs_jax import evaluate
+from cvs_jax.retrieval import topk
 
 
 def numpy_topk(q: np.ndarray, g: np.ndarray, k: int, chunk: int = 1024):
@@ -76,10 +76,10 @@ def main():
     body = []
     for n in rows:
         g = rng.standard_normal((n, a.dim), dtype=np.float32)
-        sg = evaluate.ShardedGallery(g)
+        sg = topk.ShardedGallery(g)
         t_jax = _common.time_fn(lambda: sg.topk(q, a.k)[1], repeats=a.repeats)
         t_full = _common.time_fn(
-            lambda: evaluate.recall_at_k(q, np.zeros(nq), g, np.zeros(n), (1, 2, 4)), repeats=a.repeats
+            lambda: topk.recall_at_k(q, np.zeros(nq), g, np.zeros(n), (1, 2, 4)), repeats=a.repeats
         )
         t_np = _common.time_fn(lambda: numpy_topk(q, g, a.k), repeats=a.repeats)
         got, want = sg.topk(q, a.k)[1], numpy_topk(q, g, a.k)

@@ -1,6 +1,6 @@
 """Throughput of the CVS training step: steps/s and images/s, f32 vs bf16, batch 16 vs 256.
 
-The step is the trainer's own (``cvs_jax.train_step.make_train_step``) with the
+The step is the trainer's own (``cvs_jax.engine.train_step.make_train_step``) with the
 CVS method: the current model in train mode, the frozen previous model in eval
 mode on the same augmented batch, and all three losses (L_c + 10 L_m + L_d),
 i.e. a session >= 2 step.  The batch is sharded over all local devices
@@ -26,8 +26,8 @@ import numpy as np
 
 from configs import cifar100_general, dogs_general
 from cvs_jax import augment, distributed, models
-from cvs_jax.methods import get_head, get_method
-from cvs_jax.train_step import TrainState, make_optimizer, make_train_step
+from cvs_jax.engine.train_step import TrainState, make_optimizer, make_train_step
+from cvs_jax.methods.registry import get_head, get_method
 
 NUM_CLASSES, OLD_CLASSES, VALID_CLASSES = 100, 20, 40
 

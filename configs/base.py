@@ -1,4 +1,4 @@
-"""Defaults shared by every config: the official CVS training recipe (spec §1.3-§1.5).
+"""Defaults shared by every config: the official CVS training recipe (ivclab/CVS ``train.py`` defaults).
 
 Every field a run reads is set here or in the dataset config that imports this
 file; nothing falls back to a hidden default in the code.
@@ -15,7 +15,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.split_seed = config_dict.placeholder(int)  # session plan (class order + image split); None: same as seed
     c.overwrite = False  # True: move a different run found in --workdir aside and start anew
     c.log_every_steps = 0  # >0: progress lines inside epochs too (0: one line per epoch)
-    # >1: train N members in one vmapped step (cvs_jax/population.py): member m uses seed + m, all share
+    # >1: train N members in one vmapped step (cvs_jax/engine/population.py): member m uses seed + m, all share
     # the session plan of split_seed (else seed), each writes its own run in <workdir>/member<m>/
     c.population = 1
     c.deterministic = False  # True: bit-reproducible GPU runs (XLA deterministic ops; slower, see BENCHMARKS.md)
@@ -86,7 +86,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.temperature = 0.05
     c.train.checkpoint_every_steps = 500  # mid-session checkpoints (plus one after every epoch)
     # training steps per jitted call (lax.scan over k stacked batches; calls never cross an epoch end,
-    # mid-epoch checkpoints and progress lines fall on call boundaries: cvs_jax/cadence.py)
+    # mid-epoch checkpoints and progress lines fall on call boundaries: cvs_jax/engine/cadence.py)
     c.train.steps_per_call = 1
 
     c.augment = ml_collections.ConfigDict()
@@ -94,7 +94,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.augment.size = config_dict.placeholder(int)  # output side of the "resized" crops (224 for fine-grained data)
     c.augment.crop_padding = 4
     c.augment.flip = True
-    c.augment.policy = "none"  # "cifar10": AutoAugment CIFAR-10 policy; "randaugment": RandAugment (spec §1.6)
+    c.augment.policy = "none"  # "cifar10": AutoAugment CIFAR-10 policy; "randaugment": RandAugment (official code)
 
     # Weights of the loss terms added to L_c (CVS: L = L_c + 10 L_m + 1 L_d). Baselines: official
     # alpha = 1 for BCT / LwF / MMD; EWC/RWalk: the fork's reg_coef 100 (with importance.mode="online"
@@ -118,7 +118,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.cvs.per_session_centers = False  # paper Eq. 1 averages per session; the code pools all rows
 
     # EWC / RWalk parameter importance (cvs_jax/methods/importance_policies.py).
-    # mode "fork" (the author's Rainbow-Memory fork, spec §6b): one slot per session anchored at its last
+    # mode "fork" (the author's Rainbow-Memory fork): one slot per session anchored at its last
     # epoch, EWC's Fisher after the session, RWalk's running Fisher from the training steps, raw values,
     # weight 100. mode "online": earlier cvs-jax's stabilised variant (one summed / running Fisher of the
     # selected model, anchor = selected model); use it with normalize=True and loss_weights.L_reg=10.
@@ -130,7 +130,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.memory.budget = 2000
 
     # Rainbow Memory (methods/policies.py UncertaintyMemory, HalfMemoryBatches; memory.py). Defaults = the
-    # author's fork, spec §6b (finetune.py uncertainty_sampling / montecarlo / equal_class_sampling,
+    # author's fork (finetune.py uncertainty_sampling / montecarlo / equal_class_sampling,
     # rainbow_memory.py). Earlier cvs-jax: perturbations=8, perturbation="train_pipeline", selection="spread",
     # refill=False, first_session="uncertainty", memory_batches="with_replacement".
     c.rainbow = ml_collections.ConfigDict()

@@ -1,4 +1,4 @@
-"""CIFAR-100, general (S,C,M,L) = (20,20,10,5): 400 images per new class, 10% old-class data (spec §2.3).
+"""CIFAR-100, general (S,C,M,L) = (20,20,10,5): 400 images per new class, 10% old-class data (official session files).
 
 The paper's recipe (configs/base.py): ResNet-18 with the CIFAR stem, 5 sessions, batch 16,
 256 epochs, memory budget 2000, 10% validation split.  Method defaults to cvs; pass

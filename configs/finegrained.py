@@ -1,4 +1,4 @@
-"""The paper's fine-grained recipe shared by Dogs, iNat-M and Product-M (spec §1.5-§1.7).
+"""The paper's fine-grained recipe shared by Dogs, iNat-M and Product-M (the paper's text; no official script).
 
 ImageNet-pretrained ResNet-50 (torchvision layout, every BatchNorm frozen on its ImageNet
 statistics), 128-d embedding, 100 epochs per session at a constant SGD learning rate of 1e-4,

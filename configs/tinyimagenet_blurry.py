@@ -1,4 +1,4 @@
-"""Tiny-ImageNet, blurry30: every session holds all 200 classes, 70% from its 20 major classes (spec §2.3).
+"""Tiny-ImageNet, blurry30: every session holds all 200 classes, 70% from its 20 major classes (official session files).
 
 Same recipe as ``tinyimagenet_general`` (ResNet-18 ImageNet stem, batch 64, budget 4000,
 5% validation, RandAugment, 256 epochs); only the split differs.

@@ -1,4 +1,4 @@
-"""Tiny-ImageNet, disjoint: 20 new classes per session, all their images (spec §2.3).
+"""Tiny-ImageNet, disjoint: 20 new classes per session, all their images (official session files).
 
 Same recipe as ``tinyimagenet_general`` (ResNet-18 ImageNet stem, batch 64, budget 4000,
 5% validation, RandAugment, 256 epochs); only the split differs.

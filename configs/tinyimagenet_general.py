@@ -1,4 +1,4 @@
-"""Tiny-ImageNet, general setup (S,C,M,L) = (20,20,30,10): the paper's recipe (spec §1.2, §2.3).
+"""Tiny-ImageNet, general setup (S,C,M,L) = (20,20,30,10): the paper's recipe (official launch script and session files).
 
 ResNet-18 with the ImageNet stem on 64x64 inputs, batch 64, memory budget 4000,
 5% validation split, 225 images per new class, official SGDR schedule, 256 epochs.

@@ -36,7 +36,7 @@ def gpu(config):
     m.name, m.width = "resnet18", 64
     t.schedule, t.epochs = "official", GPU_EPOCHS
     if config.data.name == "tiny_imagenet_zip":
-        config.augment.policy = "randaugment"  # spec §1.6
+        config.augment.policy = "randaugment"  # as the official Tiny-ImageNet code
 
 
 def smoke(config):
@@ -53,7 +53,7 @@ def smoke(config):
     t.epochs, t.batch_size, t.eval_batch_size = 1, 8, 64
     config.memory.budget = 12
     if config.augment.crop == "resized":
-        config.augment.size = 24  # smoke data is stored small (see tests/tiny_data.py)
+        config.augment.size = 24  # smoke data is stored small (see cvs_jax/testing/tiny_data.py)
     return config
 
 

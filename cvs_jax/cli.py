@@ -106,7 +106,7 @@ def flag_error(error: Exception) -> UserError:
 
 def config_help() -> str:
     """Help text of ``--config``: the variants a config accepts and the method names."""
-    from cvs_jax.methods import METHODS  # pylint: disable=g-import-not-at-top
+    from cvs_jax.methods.registry import METHODS  # pylint: disable=g-import-not-at-top
 
     try:
         from configs.variants import VARIANTS  # pylint: disable=g-import-not-at-top

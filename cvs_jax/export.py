@@ -13,8 +13,8 @@ Writes, from the run's newest completed session (as ``search`` reads it):
   width, model session, row count and class names.
 
 ``load(DIR).embed(images)`` (Python) embeds image files or uint8 arrays as ``search`` embeds its
-queries (the preprocessing and eval network of the gallery), so rows and queries of an export are
-comparable without the workdir.  A problem to fix ends with one
+queries (``run_reader.prepare`` + ``run_reader.Network``: the preprocessing and eval network of the
+gallery), so rows and queries of an export are comparable without the workdir.  A problem to fix ends with one
 ``error: ...`` line and exit status 2; an existing non-empty ``--out`` is refused unless
 ``--overwrite``.  ``export.json`` is written last, so an export cut short is refused by ``load``.
 """
@@ -34,8 +34,10 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from cvs_jax import cli, search
+from cvs_jax import cli
 from cvs_jax.errors import UserError
+from cvs_jax.retrieval import run_reader
+from cvs_jax.rundir import paths
 
 FORMAT_VERSION = 1
 FILES = ("embeddings.npy", "rows.csv", "model.msgpack", "config.json", "export.json")
@@ -55,7 +57,7 @@ def export(workdir: str, out: str, *, overwrite: bool = False) -> dict:
         raise ExportError(
             f"--out {out} exists and is not an empty folder; pass another --out, or --overwrite to replace it."
         )
-    run = search.Run(workdir)
+    run = run_reader.Run(workdir)
     rows = run.rows
     os.makedirs(out, exist_ok=True)
     info_path = os.path.join(out, "export.json")
@@ -76,7 +78,7 @@ def export(workdir: str, out: str, *, overwrite: bool = False) -> dict:
             writer.writerow([j, d["source"], d["label"], d["class_name"], d["arrival_session"], d["model_session"]])
     with open(os.path.join(out, "model.msgpack"), "wb") as f:
         f.write(flax.serialization.to_bytes(jax.device_get(run.variables)))
-    shutil.copyfile(os.path.join(workdir, "config.json"), os.path.join(out, "config.json"))
+    shutil.copyfile(paths.config_file(workdir), os.path.join(out, "config.json"))
     info = {
         "format_version": FORMAT_VERSION,
         "image_shape": list(run.image_shape),
@@ -98,7 +100,7 @@ class Exported:
     directory: str
     info: dict  # export.json
     config: ml_collections.ConfigDict
-    network: search.Network
+    network: run_reader.Network
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -134,7 +136,7 @@ def load(directory: str) -> Exported:
         raise ExportError(
             f"{directory} has export format {info.get('format_version')}; this code reads {FORMAT_VERSION}."
         )
-    return Exported(directory, info, config, search.Network(config, variables, info["image_shape"]))
+    return Exported(directory, info, config, run_reader.Network(config, variables, info["image_shape"]))
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

@@ -21,8 +21,9 @@ import sys
 import numpy as np
 from absl import flags
 
-from cvs_jax import cli, compatibility, search
+from cvs_jax import cli
 from cvs_jax.errors import UserError
+from cvs_jax.retrieval import compatibility, run_reader
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -31,7 +32,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.mark_flags_as_required(["workdir"], flag_values=flag_values)
 
 
-def _stores(run: search.Run) -> list[str] | None:
+def _stores(run: run_reader.Run) -> list[str] | None:
     """The record stores the run's images are read from (None: standard TFDS data, or a store is gone)."""
     from cvs_jax.data import sources  # pylint: disable=g-import-not-at-top  # tensorflow_datasets
 
@@ -43,7 +44,7 @@ def _stores(run: search.Run) -> list[str] | None:
 
 def describe(workdir: str) -> dict:
     """The run's classes, sessions, compatibility matrix and AR@K (sessions 1-based)."""
-    run = search.Run(workdir)
+    run = run_reader.Run(workdir)
     results = {}
     path = os.path.join(workdir, "results.json")
     if os.path.exists(path):

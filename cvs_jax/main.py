@@ -19,7 +19,8 @@ import tensorflow_datasets as tfds
 from absl import flags
 from ml_collections import config_flags
 
-from cvs_jax import cli, determinism, trainer
+from cvs_jax import cli
+from cvs_jax.engine import determinism, runner
 from cvs_jax.errors import ConfigError, UserError
 
 FLAGS = flags.FLAGS
@@ -39,7 +40,7 @@ def main(argv):
     tfds.disable_progress_bar()  # one-off dataset preparation; our own progress lines follow
     determinism.apply(FLAGS.config.deterministic)  # before the first JAX computation
     try:
-        trainer.run(FLAGS.config, FLAGS.workdir)
+        runner.run(FLAGS.config, FLAGS.workdir)
     except UserError as e:  # a problem the user must fix: one line, no traceback; anything else is a bug
         sys.exit(cli.report(e))
 

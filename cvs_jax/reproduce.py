@@ -7,7 +7,7 @@ With result directories (from ``compare``: each holds ``comparison.json`` and th
 ``seed<k>/<method>/``; a single run's workdir with ``results.json`` works too), prints the
 paper's Table 1 (AR@1/2/4 of Joint / Finetune / BCT / CVS on CIFAR-100 and Tiny-ImageNet,
 disjoint / blurry / general), LwF and MMD (CIFAR-100, AR@1), the ablations, the 3-run means
-and the half-budget runs (``cvs_jax/paper_results.py``, copied from spec §8) beside ours: the
+and the half-budget runs (``cvs_jax/reports/paper_results.py``, copied from the paper) beside ours: the
 mean over our finished runs of that cell, their number, and ours minus the paper's.  A run
 counts for a cell when its dataset, setup, method (``results.json``) and config variant (read
 from its ``config.json``: the CVS switches and the memory budget of ``configs/variants.py``)
@@ -32,10 +32,12 @@ import os
 import numpy as np
 from absl import app, flags
 
-from cvs_jax import cli, compare, paper_results
-from cvs_jax import workdir as workdir_lib
+from cvs_jax import cli
 from cvs_jax.data import splits
 from cvs_jax.errors import UserError
+from cvs_jax.reports import paper_results, statistics
+from cvs_jax.rundir import paths
+from cvs_jax.rundir import workdir as workdir_lib
 
 FLAGS = flags.FLAGS
 
@@ -106,7 +108,8 @@ def session_plan(config, dataset: str) -> splits.SessionPlan:
 
 def images_per_epoch(config, dataset: str) -> list[int]:
     """Images one epoch of each session trains on (session images + replayed memory, whole batches)."""
-    from cvs_jax.methods import get_method, policies  # pylint: disable=g-import-not-at-top
+    from cvs_jax.methods import policies
+    from cvs_jax.methods.registry import get_method  # pylint: disable=g-import-not-at-top
 
     plan = session_plan(config, dataset)
     method = get_method(config)
@@ -178,7 +181,7 @@ def plan(seeds: list[int], root: str) -> tuple[str, dict]:
     """The plan's text and its JSON form."""
     seeds_arg = ",".join(str(s) for s in seeds)
     lines = [
-        "Plan: the command that produces every cell of the paper's tables (spec §8) and its estimated GPU hours on",
+        "Plan: the command that produces every cell of the paper's tables and its estimated GPU hours on",
         f"one H100, for {len(seeds)} seed(s) ({seeds_arg}) on one fixed split per command.",
         "",
         FORMULA.format(over=OVERHEAD_FRACTION, per=PER_SESSION_S, over_pct=100 * OVERHEAD_FRACTION),
@@ -324,12 +327,12 @@ def find_runs(dirs: list[str]) -> list[Run]:
         if not os.path.isdir(top):
             raise UserError(f"{top} is not a directory; name the --workdir of a compare or main run.")
         for root, subdirs, files in os.walk(top):
-            subdirs[:] = sorted(d for d in subdirs if not d.startswith("previous-") and d != "checkpoints")
+            subdirs[:] = sorted(d for d in subdirs if not d.startswith("previous-") and d != paths.CHECKPOINTS)
             if "comparison.json" in files:
                 cmp = _read_json(os.path.join(root, "comparison.json"))
                 for r in cmp.get("runs", []):
                     path = os.path.realpath(os.path.join(root, r["workdir"]))
-                    cfg_path = os.path.join(path, "config.json")
+                    cfg_path = paths.config_file(path)
                     config = _read_json(cfg_path) if os.path.exists(cfg_path) else None
                     run = Run(
                         path,
@@ -343,12 +346,12 @@ def find_runs(dirs: list[str]) -> list[Run]:
                         dict(r.get("average_recall") or {}),
                     )
                     runs[path] = _identify(run, config)
-            if "results.json" in files:
+            if paths.RESULTS in files:
                 path = os.path.realpath(root)
                 if path in runs:
                     continue
-                res = _read_json(os.path.join(root, "results.json"))
-                cfg_path = os.path.join(root, "config.json")
+                res = _read_json(paths.results_file(root))
+                cfg_path = paths.config_file(root)
                 config = _read_json(cfg_path) if os.path.exists(cfg_path) else None
                 run = Run(
                     path,
@@ -376,7 +379,7 @@ def match(runs: list[Run]) -> list[dict]:
         for k, paper in e["ar"].items():
             values = [r.average_recall[k] for r in ok if k in r.average_recall]
             if values:
-                mean, std = compare.mean_std(values)
+                mean, std = statistics.mean_std(values)
                 ours[k] = {"mean": mean, "std": std, "per_run": values}
                 delta[k] = mean - paper
         cells.append(
@@ -410,8 +413,8 @@ def _ours_text(c: dict) -> str:
 def report(cells: list[dict], runs: list[Run], dirs: list[str]) -> str:
     matched = {p for c in cells for p in c["runs"] + [d["path"] for d in c["diverged"]]}
     lines = [
-        "The paper's numbers (cvs_jax/paper_results.py, from spec §8) beside ours: AR@K in %; ours = mean (± std) "
-        "over our finished runs of the cell, n = their number; delta = ours - paper.",
+        "The paper's numbers (cvs_jax/reports/paper_results.py) beside ours: AR@K in %; "
+        "ours = mean (± std) over our finished runs of the cell, n = their number; delta = ours - paper.",
         f"Read {len(runs)} run(s) from {', '.join(dirs)}; {len(matched)} count for a cell.",
     ]
     notes = []

@@ -21,399 +21,28 @@ checkpoints and writes nothing.  ``--add`` holds the workdir's lock, so it
 waits for no one and is refused while a run (or another ``--add``) writes there.  A
 problem to fix ends with one ``error: ...`` line and exit status 2; an unreadable query is reported
 that way and the other queries are answered.
+
+The run reader (``Run``, ``Network``, ``prepare``) is ``cvs_jax.retrieval.run_reader``, shared with
+``cvs_jax.export``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import hashlib
 import json
-import os
 import sys
-from typing import Any, Iterable
 
-import jax
-import ml_collections
-import numpy as np
-import orbax.checkpoint as ocp
 from absl import flags
-from PIL import Image
 
-from cvs_jax import augment, cli, distributed, evaluate, models
-from cvs_jax import workdir as workdir_lib
-from cvs_jax.checkpoint import Checkpoints
-from cvs_jax.data.builders import _resize
-from cvs_jax.data.builders._common import image_errors
-from cvs_jax.embedder import Embedder
+from cvs_jax import cli
 from cvs_jax.errors import SearchError, UserError
-from cvs_jax.gallery import Gallery, GalleryPart, RowConcat
-
-
-def prepare(images: Iterable[Any], shape: tuple[int, int, int]) -> np.ndarray:
-    """Image files, PIL images or uint8 arrays -> uint8 [N, H, W, C] as the gallery images were stored.
-
-    Every image goes through ``_resize.to_stored`` (the builders' rule: shorter side resized, centre
-    crop, "L" or "RGB"), so an image of the stored shape is passed through unchanged."""
-    shape = tuple(int(d) for d in shape)
-    out = []
-    for item in images:
-        if isinstance(item, (str, os.PathLike)):
-            try:
-                with Image.open(item) as im:
-                    out.append(_resize.to_stored(im, shape))
-            except image_errors() as e:  # a decompression bomb too (not an OSError)
-                raise SearchError(f"cannot read image {os.fspath(item)!r} ({e}); pass PNG/JPEG files.") from e
-            continue
-        if isinstance(item, Image.Image):
-            out.append(_resize.to_stored(item, shape))
-            continue
-        out.append(_from_array(np.asarray(item), shape))
-    if not out:
-        return np.zeros((0,) + shape, np.uint8)
-    return np.stack(out)
-
-
-def _from_array(arr: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
-    if arr.dtype != np.uint8 or arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[-1] not in (1, 3, 4)):
-        raise SearchError(f"an image array of shape {arr.shape} and dtype {arr.dtype}: pass uint8 [H, W(, C)].")
-    if arr.shape == shape:
-        return arr
-    if arr.ndim == 3 and arr.shape[-1] == 1:
-        arr = arr[..., 0]
-    return _resize.to_stored(Image.fromarray(arr), shape)
-
-
-def load_images(paths: list[str], shape: tuple[int, int, int]) -> np.ndarray:
-    """Reads image files as uint8 [N, H, W, C] in the dataset's stored size and channel count."""
-    return prepare(paths, shape)
-
-
-class Network:  # shared with cvs_jax.export, as Run and prepare are
-    """The run's eval-mode embedding network, used the way the gallery rows were made.
-
-    The gallery rows are ``Embedder(model, Pipeline.from_config(config), train.eval_batch_size, ...)``
-    of the stored uint8 images; this is the same object on one device, so the run's eval transform
-    (``augment.Pipeline.eval``: normalisation, centre crop for ``crop="resized"``) and
-    ``model.apply(train=False)`` apply to a prepared query exactly as to a gallery image, in chunks of
-    the same size: a gallery image queried on the machine that embedded it gets its stored row back."""
-
-    def __init__(self, config: ml_collections.ConfigDict, variables: dict, image_shape):
-        self.variables = variables
-        self.image_shape = tuple(int(d) for d in image_shape)
-        self._embedder = Embedder(
-            models.from_config(config),
-            augment.Pipeline.from_config(config),
-            config.train.eval_batch_size,
-            config.model.dtype,
-            distributed.data_mesh(jax.local_devices()[:1]),
-            config.model.embed_dim,
-        )
-
-    def embed(self, images: np.ndarray) -> np.ndarray:
-        """uint8 [N, H, W, C] of the stored shape -> raw float32 embeddings [N, D]."""
-        return self._embedder(self.variables, np.asarray(images, np.uint8))
-
-    def embed_images(self, images: Iterable[Any]) -> np.ndarray:
-        """Image files, PIL images or uint8 arrays of any size (``prepare``) -> float32 [N, D]."""
-        return self.embed(prepare(images, self.image_shape))
-
-
-def check_is_run(workdir: str) -> None:
-    for name in ("config.json", "protocol.json"):
-        if not os.path.exists(os.path.join(workdir, name)):
-            raise SearchError(
-                f"{workdir} holds no cvs_jax run ({name} is missing); pass the --workdir of "
-                f"a run of python -m cvs_jax.main."
-            )
-
-
-class _Reader(Checkpoints):
-    """Checkpoints opened to read only: no folder is created, and orbax's clean-up of unfinished
-    ``<step>.orbax-checkpoint-tmp*`` folders is off (such a folder may be the training run's save in
-    progress: a reader must neither delete it nor read it; orbax lists finalized steps only)."""
-
-    def _open(self) -> ocp.CheckpointManager:
-        return ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(
-                preservation_policy=ocp.checkpoint_managers.preservation_policy.PreserveAll(),
-                create=False,
-                enable_async_checkpointing=False,
-                cleanup_tmp_directories=False,
-            ),
-        )
-
-
-class _PartLog:
-    """Passes ``Gallery.restore``'s reads through and keeps each part's (session, source ids): a
-    ``joint`` part re-embeds every row, so a row's arrival session is that of the first part holding it."""
-
-    def __init__(self, checkpoints):
-        self._checkpoints = checkpoints
-        self.parts: list[tuple[int, np.ndarray]] = []
-
-    @property
-    def directory(self) -> str:
-        return self._checkpoints.directory
-
-    def restore(self, step: int, templates: dict) -> dict:
-        out = self._checkpoints.restore(step, templates)
-        if out.get("gallery"):
-            self.parts.append((int(out["gallery"]["session"]), np.asarray(out["gallery"]["source_ids"], np.int64)))
-        return out
-
-
-def arrival_sessions(parts: list[tuple[int, np.ndarray]], gallery: Gallery) -> np.ndarray:
-    """0-based session in which each gallery row's image arrived: the first part (in session order)
-    holding its source id; a row without a source id (-1) arrived with its own part."""
-    arrival = gallery.sessions.copy()
-    if not parts or gallery.source_ids.size == 0:
-        return arrival
-    ids = np.concatenate([p[1] for p in parts])
-    sessions = np.concatenate([np.full(len(p[1]), p[0], np.int32) for p in parts])
-    order = np.argsort(sessions, kind="stable")
-    first_ids, first = np.unique(ids[order], return_index=True)  # first occurrence = earliest session
-    first_sessions = sessions[order][first]
-    known = gallery.source_ids >= 0
-    pos = np.searchsorted(first_ids, gallery.source_ids[known])
-    arrival[known] = first_sessions[pos]
-    return arrival
-
-
-def train_source_names(config: ml_collections.ConfigDict) -> list[str] | None:
-    """Each train-split row's source (a file path, or e.g. ``file.gz#123`` for packed sources) when the
-    data layer can tell (``sources.source_names``, where present and the data is reachable), else None."""
-    from cvs_jax.data import sources  # tensorflow_datasets: imported only when a hit is shown
-
-    names = getattr(sources, "source_names", None)
-    if names is None:
-        return None
-    try:
-        return names(config.data, "train")
-    except (UserError, OSError):  # the dataset is not on this machine: the rows keep their train index
-        return None
-
-
-def file_digest(path: str) -> str:
-    """SHA-256 (hex) of a file's bytes: what the record stores keep of every image."""
-    h = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-    except OSError as e:
-        raise SearchError(f"cannot read image {path!r} ({e.strerror}).") from e
-    return h.hexdigest()
-
-
-def _store_digests(config: ml_collections.ConfigDict) -> dict[str, str]:
-    """SHA-256 (hex) -> source of every image of the run's record stores (none for standard TFDS data)."""
-    from cvs_jax.data import records, sources  # tensorflow_datasets: imported only for --add
-
-    stores = sources.store_dirs(config.data)
-    if stores is None:
-        return {}
-    folders = [config.data.manual_dir] + list(config.data.get("updates", ()))
-    out: dict[str, str] = {}
-    for store, folder in zip(stores, folders):
-        info = records.read_info(store)
-        for split in ("train", "test"):
-            if not os.path.exists(os.path.join(store, f"{split}.sha256.npy")):
-                continue
-            rows = records.StoreSplit(store, split, info)
-            for digest, name in zip(rows.digests(), sources.shown_sources(store, rows.sources(), folder)):
-                out.setdefault(digest.tobytes().hex(), name)
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Rows:
-    """Every searchable row in search order: the session parts (gallery order), then the ``--add`` rows.
-    Sessions are 0-based here (printed 1-based)."""
-
-    embeddings: RowConcat  # raw float32 [N, D], as stored
-    labels: np.ndarray  # int32 [N], protocol labels (-1: added without a label)
-    arrival: np.ndarray  # int32 [N], session in which the image arrived
-    model: np.ndarray  # int32 [N], session whose model embedded the row
-    source_ids: np.ndarray  # int64 [N], train-split index (-1: added with --add)
-
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
-
-
-_ADDED_KEY = "part{:05d}"  # additions: one part per model session, in the order added
-
-
-class Run:
-    """The newest model and the full gallery of a finished (or partly finished) run."""
-
-    def __init__(self, workdir: str, *, for_add: bool = False):
-        """``for_add``: the caller holds the workdir's lock and may write the additions."""
-        self.workdir = workdir
-        check_is_run(workdir)
-        self.config = workdir_lib.stored_config(workdir)
-        with open(os.path.join(workdir, "protocol.json")) as f:
-            self.protocol = json.load(f)
-        c = self.config
-        sessions_dir = os.path.join(workdir, "checkpoints", "sessions")
-        sessions = _Reader(sessions_dir, max_to_keep=None) if os.path.isdir(sessions_dir) else None
-        if sessions is None or not sessions.steps():
-            raise SearchError(f"{workdir} has no completed session yet; wait for the first session to finish.")
-        # the newest session's model, as stored (no template: the head may have grown since the
-        # protocol was written); a reader never moves a checkpoint (a damaged one is refused)
-        self.session = sessions.steps()[-1]
-        variables = sessions.restore(self.session, {"variables": None})["variables"]
-        self.network = Network(c, variables, self.image_shape)
-        log = _PartLog(sessions)
-        self.gallery = Gallery.restore(log, self.session, c.model.embed_dim)
-        self._arrival = arrival_sessions(log.parts, self.gallery)
-        added_dir = os.path.join(workdir, "checkpoints", "additions")
-        self._additions = None
-        if for_add:
-            self._additions = Checkpoints(added_dir, max_to_keep=2)
-            added = self._additions.restore_latest({"rows": None})
-        elif os.path.isdir(added_dir):
-            reader = _Reader(added_dir, max_to_keep=None)
-            added = (reader.steps()[-1], reader.restore(reader.steps()[-1], {"rows": None})) if reader.steps() else None
-        else:
-            added = None
-        self.added = Gallery.empty(c.model.embed_dim)
-        self.added_sources: list[str] = []
-        self.added_digests: list[str] = []  # SHA-256 (hex) of each added file ("": added before they were kept)
-        if added is not None:
-            rows = added[1]["rows"]
-            if "embeddings" in rows:  # one part (the layout before per-session parts)
-                parts = [GalleryPart.from_dict(rows)]
-            else:
-                parts = [GalleryPart.from_dict(rows[key]) for key in sorted(rows)]
-            self.added = Gallery(parts, c.model.embed_dim)
-            self.added_sources = list(added[1]["meta"]["sources"])
-            self.added_digests = list(added[1]["meta"].get("digests", [""] * len(self.added_sources)))
-
-    @property
-    def image_shape(self) -> tuple[int, int, int]:
-        return tuple(self.protocol["image_shape"])
-
-    @property
-    def variables(self) -> dict:
-        return self.network.variables
-
-    @property
-    def class_names(self) -> list[str]:
-        return list(self.protocol["class_names"])
-
-    def embed(self, images: np.ndarray) -> np.ndarray:
-        return self.network.embed(images)
-
-    @functools.cached_property
-    def rows(self) -> Rows:
-        g, a = self.gallery, self.added
-        return Rows(
-            embeddings=RowConcat([p.embeddings for p in g.parts + a.parts], width=g.embed_dim),
-            labels=np.concatenate([g.labels, a.labels]).astype(np.int32),
-            arrival=np.concatenate([self._arrival, a.sessions]).astype(np.int32),
-            model=np.concatenate([g.sessions, a.sessions]).astype(np.int32),
-            source_ids=np.concatenate([g.source_ids, a.source_ids]).astype(np.int64),
-        )
-
-    @functools.cached_property
-    def _train_sources(self) -> list[str] | None:
-        return train_source_names(self.config)
-
-    def source(self, row: int) -> str:
-        """Where a row's image came from: its file (or packed-file entry), ``train[i]`` when the data
-        layer cannot tell, the absolute path given to ``--add`` for an added row."""
-        n = len(self.gallery)
-        if row >= n:
-            return self.added_sources[row - n]
-        i = int(self.gallery.source_ids[row])
-        names = self._train_sources
-        return names[i] if names is not None and 0 <= i < len(names) else f"train[{i}]"
-
-    def class_name(self, label: int) -> str:
-        return self.protocol["class_names"][label] if 0 <= label < len(self.protocol["class_names"]) else "?"
-
-    def describe(self, row: int) -> dict:
-        """What a hit (or an exported row) shows; sessions 1-based."""
-        r = self.rows
-        label = int(r.labels[row])
-        return {
-            "row": int(row),
-            "label": label,
-            "class_name": self.class_name(label),
-            "arrival_session": int(r.arrival[row]) + 1,
-            "model_session": int(r.model[row]) + 1,
-            "source": self.source(row),
-        }
-
-    def search(self, images: np.ndarray, k: int) -> list[list[dict]]:
-        """Hits of uint8 images of the stored shape, best first (exact cosine, ties to the lower row)."""
-        scores, idx = evaluate.topk_indices(self.embed(images), self.rows.embeddings, k)
-        return [
-            [{"rank": r + 1, "score": float(sc), **self.describe(int(j))} for r, (sc, j) in enumerate(zip(srow, irow))]
-            for srow, irow in zip(scores, idx)
-        ]
-
-    def duplicates(self, paths: list[str]) -> list[tuple[str, str]]:
-        """(path, where its bytes already are) for each file whose content (SHA-256) is already in the run:
-        a row of its data (train or test), an earlier ``--add``, or an earlier file of ``paths``."""
-        known = dict(zip(self.added_digests, self.added_sources))
-        known.pop("", None)
-        stores_known = _store_digests(self.config)
-        out = []
-        for p in paths:
-            digest = file_digest(p)
-            where = known.get(digest) or stores_known.get(digest)
-            if where is not None:
-                out.append((p, where))
-            known.setdefault(digest, os.path.abspath(p))
-        return out
-
-    def add(self, images: np.ndarray, paths: list[str], label: int) -> None:
-        """Appends the images embedded by the newest model (one part per model session, so older
-        additions keep the session of the model that embedded them); needs ``for_add``."""
-        if self._additions is None:
-            raise RuntimeError("Run(workdir, for_add=True) adds rows (while holding the workdir's lock)")
-        new = GalleryPart(
-            self.embed(images), np.full(len(paths), label, np.int32), np.full(len(paths), -1, np.int64), self.session
-        )
-        parts = list(self.added.parts)
-        if parts and parts[-1].session == self.session:
-            last = parts.pop()
-            new = GalleryPart(
-                np.concatenate([last.embeddings, new.embeddings]),
-                np.concatenate([last.labels, new.labels]),
-                np.concatenate([last.source_ids, new.source_ids]),
-                self.session,
-            )
-        parts.append(new)
-        sources = self.added_sources + [os.path.abspath(p) for p in paths]
-        digests = self.added_digests + [file_digest(p) for p in paths]
-        steps = self._additions.steps()
-        self._additions.save(
-            (max(steps) + 1) if steps else 0,
-            {"rows": {_ADDED_KEY.format(i): p.as_dict() for i, p in enumerate(parts)}},
-            {"sources": sources, "digests": digests},
-        )
-        self.added = Gallery(parts, self.gallery.embed_dim)
-        self.added_sources = sources
-        self.added_digests = digests
-        self.__dict__.pop("rows", None)
-
-    def label_of(self, name: str | None) -> int:
-        if name is None:
-            return -1
-        names = self.protocol["class_names"]
-        if name in names:
-            return names.index(name)
-        if name.lstrip("-").isdigit() and -1 <= int(name) < len(names):
-            return int(name)
-        raise SearchError(
-            f"--label {name!r} is neither a class name nor a label; known classes: "
-            f"{', '.join(names[:10])}{', ...' if len(names) > 10 else ''}."
-        )
-
+from cvs_jax.retrieval.run_reader import Network as Network  # re-exported: the command's library
+from cvs_jax.retrieval.run_reader import Run as Run
+from cvs_jax.retrieval.run_reader import arrival_sessions as arrival_sessions
+from cvs_jax.retrieval.run_reader import check_is_run as check_is_run
+from cvs_jax.retrieval.run_reader import load_each as load_each
+from cvs_jax.retrieval.run_reader import load_images as load_images
+from cvs_jax.retrieval.run_reader import prepare as prepare
+from cvs_jax.rundir import workdir as workdir_lib
 
 _COLUMNS = (  # header, hit key, right-aligned
     ("rank", "rank", True),
@@ -437,17 +66,6 @@ def format_hits(query: str, run: Run, hits: list[dict]) -> str:
 
     head = f"{query}  (model of session {run.session + 1}, gallery {len(run.rows)} rows)"
     return "\n".join([head, line([h for h, _, _ in _COLUMNS])] + [line(row) for row in cells])
-
-
-def _load_each(paths: list[str], shape) -> tuple[np.ndarray, dict[str, SearchError]]:
-    """The readable queries as uint8 [N, H, W, C] (in order) and the error of each unreadable one."""
-    images, failed = [], {}
-    for p in paths:
-        try:
-            images.append(load_images([p], shape)[0])
-        except SearchError as e:
-            failed[p] = e
-    return (np.stack(images) if images else np.zeros((0, *shape), np.uint8)), failed
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -537,7 +155,7 @@ def search_or_add(
                 )
             return 0
         run = Run(workdir)
-        images, failed = _load_each(paths, run.image_shape)
+        images, failed = load_each(paths, run.image_shape)
         answered = [p for p in paths if p not in failed]
         found = dict(zip(answered, run.search(images, k))) if answered else {}
         for p in paths:

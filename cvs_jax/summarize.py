@@ -12,6 +12,7 @@ from absl import app
 
 from cvs_jax import cli
 from cvs_jax.errors import UserError
+from cvs_jax.rundir import paths
 
 
 def summary_table(results: list[dict]) -> str:
@@ -36,7 +37,7 @@ def summary_table(results: list[dict]) -> str:
 def summarize(workdirs: list[str]) -> str:
     results = []
     for d in workdirs:
-        path = os.path.join(d, "results.json")
+        path = paths.results_file(d)
         if not os.path.exists(path):
             raise UserError(f"{path} does not exist; run the experiment first (python -m cvs_jax.main --workdir {d}).")
         with open(path) as f:

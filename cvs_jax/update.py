@@ -34,10 +34,12 @@ import numpy as np
 import tensorflow_datasets as tfds
 from absl import flags
 
-from cvs_jax import cli, determinism, trainer
-from cvs_jax import workdir as workdir_lib
+from cvs_jax import cli
 from cvs_jax.data import parts, records, sources
+from cvs_jax.engine import determinism, runner
 from cvs_jax.errors import ConfigError, DataError, UserError
+from cvs_jax.rundir import paths
+from cvs_jax.rundir import workdir as workdir_lib
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -63,7 +65,7 @@ UPDATE_FIELDS = ("data.on_corrupt",)
 
 
 def run_config(workdir: str) -> ml_collections.ConfigDict:
-    path = os.path.join(workdir, "config.json")
+    path = paths.config_file(workdir)
     if not os.path.exists(path):
         raise ConfigError(
             f"{workdir} holds no cvs_jax run (config.json is missing); start one with python -m cvs_jax.main."
@@ -72,7 +74,7 @@ def run_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def completed_sessions(workdir: str) -> int:
-    path = os.path.join(workdir, "results.json")
+    path = paths.results_file(workdir)
     if not os.path.exists(path):
         return 0
     with open(path) as f:
@@ -175,10 +177,10 @@ def update(workdir: str, data: str, overrides: dict | None = None) -> int:
     try:
         config = plan_update(workdir, data, overrides)
         determinism.apply(config.deterministic)
-        results = trainer.run(config, workdir)
+        results = runner.run(config, workdir)
     except UserError as e:
         return cli.report(e)
-    print(f"{workdir}: {len(results['per_session'])} sessions; results in {os.path.join(workdir, 'results.json')}")
+    print(f"{workdir}: {len(results['per_session'])} sessions; results in {paths.results_file(workdir)}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""On-device AutoAugment / RandAugment (cvs_jax.autoaugment) against PIL and the reference policies.
+"""On-device AutoAugment / RandAugment (cvs_jax.augment.autoaugment) against PIL and the reference policies.
 
 The PIL references below re-state the reference code (DeepVoltaire ``SubPolicy`` lambdas as copied
 into the official ``utils/augment.py``, jizongFox ``randaugment==1.0.2`` ``Cutout``), with the
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance, ImageOps
 
-from cvs_jax import autoaugment as aa
+from cvs_jax.augment import autoaugment as aa
 
 # Magnitude tables of the reference (``SubPolicy.__init__`` ranges), restated independently.
 REF_RANGES = {

@@ -15,7 +15,7 @@ from PIL import Image
 from cvs_jax.data import records, sources
 from cvs_jax.data.builders import ProductM, StanfordDogs256, _resize, _tfds_source, inat_m, product10k
 from cvs_jax.errors import DataError
-from tests import tiny_data
+from cvs_jax.testing import tiny_data
 
 
 @pytest.fixture

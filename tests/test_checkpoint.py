@@ -11,9 +11,9 @@ import shutil
 import numpy as np
 import pytest
 
-from cvs_jax import checkpoint
-from cvs_jax.checkpoint import Checkpoints, UnreadableCheckpointError, classify_restore_error
 from cvs_jax.errors import CheckpointError
+from cvs_jax.rundir import checkpoint
+from cvs_jax.rundir.checkpoint import Checkpoints, UnreadableCheckpointError, classify_restore_error
 
 # orbax's tensorstore callbacks may hit its closed asyncio loop after a read error ("Event loop is closed")
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

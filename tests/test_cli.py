@@ -6,16 +6,17 @@ import sys
 import textwrap
 
 from configs.variants import VARIANTS
-from cvs_jax.methods import METHODS
+from cvs_jax.methods.registry import METHODS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# `python -m cvs_jax.main` with trainer.run replaced: it reports the log verbosity, then fails as asked.
+# `python -m cvs_jax.main` with runner.run replaced: it reports the log verbosity, then fails as asked.
 FAKE_MAIN = textwrap.dedent(
     """
     import sys
     from absl import logging
-    from cvs_jax import cli, errors, main, trainer
+    from cvs_jax import cli, errors, main
+    from cvs_jax.engine import runner
 
     failure = sys.argv.pop(1)
 
@@ -25,7 +26,7 @@ FAKE_MAIN = textwrap.dedent(
             raise errors.DataError("the dataset files are missing; put them in data.manual_dir")
         raise RuntimeError("a bug in the trainer")
 
-    trainer.run = run
+    runner.run = run
     main.define_flags()
     cli.run(main.main)
     """

@@ -5,17 +5,21 @@ import csv
 import json
 import math
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
 
-from cvs_jax import compare, trainer, workdir
-from cvs_jax.context import RunContext
-from cvs_jax.errors import ConfigError, NonFiniteError
-from cvs_jax.methods import get_method
-from cvs_jax.run_log import RunLog
-from tests.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.engine import comparison, runner
+from cvs_jax.engine.context import RunContext
+from cvs_jax.errors import ConfigError, NonFiniteError, WorkdirBusyError
+from cvs_jax.methods.registry import get_method
+from cvs_jax.reports import statistics
+from cvs_jax.rundir import workdir
+from cvs_jax.rundir.run_log import RunLog
+from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 
 
 def test_runner_table_and_shared_first_session(tmp_path, capsys):
@@ -24,7 +28,7 @@ def test_runner_table_and_shared_first_session(tmp_path, capsys):
     c.train.epochs = 1
     wd = str(tmp_path / "cmp")
     methods = ["finetune", "cvs", "joint", "bct", "lwf", "mmd", "ewc", "rwalk", "rainbow", "finetune@linear_reset"]
-    rows = compare.run_comparison(c, wd, methods, [0])
+    rows = comparison.run_comparison(c, wd, methods, [0])
     assert [r["method"] for r in rows] == methods
     with open(os.path.join(wd, "comparison.md")) as f:
         table = f.read()
@@ -51,7 +55,7 @@ def test_runner_table_and_shared_first_session(tmp_path, capsys):
     assert os.path.getsize(os.path.join(wd, "comparison.png")) > 0
     # session 1 was trained once per head: every method of a head that shares it reports the same
     # session-1 recall, and the two heads' session 1 differ ...
-    shared = [m for m in methods if get_method(compare.entry_config(c, m, 0, None)).shares_first_session]
+    shared = [m for m in methods if get_method(comparison.entry_config(c, m, 0, None)).shares_first_session]
     assert "finetune" in shared and "cvs" in shared and "rainbow" in shared
     first = {r["method"]: r["recall1_per_session"][0] for r in rows if r["method"] in shared}
     assert len({first[m] for m in shared if heads[m] == "cosine"}) == 1
@@ -62,7 +66,7 @@ def test_runner_table_and_shared_first_session(tmp_path, capsys):
         assert (f"== session 1/2 [{m.split('@')[0]}, {heads[m]} head]" in out) == (m in trained), m
     # ... and reusing it changes nothing: cvs from scratch gives the same results.
     c.method = "cvs"
-    alone = trainer.run(c, str(tmp_path / "cvs_alone"))
+    alone = runner.run(c, str(tmp_path / "cvs_alone"))
     shared = [r for r in rows if r["method"] == "cvs"][0]
     assert [100 * s["recall"]["1"] for s in alone["per_session"]] == pytest.approx(shared["recall1_per_session"])
 
@@ -76,7 +80,7 @@ def _with_method(config, method):
 def test_unknown_method_refused(tmp_path):
     c = tiny_config(str(tmp_path), tmp_path, sessions=2)
     with pytest.raises(ConfigError, match="unknown methods"):
-        compare.run_comparison(c, str(tmp_path / "cmp"), ["finetune", "lwf2"], [0])
+        comparison.run_comparison(c, str(tmp_path / "cmp"), ["finetune", "lwf2"], [0])
 
 
 # ---------------------------------------------------------------- statistics
@@ -87,24 +91,24 @@ def test_unknown_method_refused(tmp_path):
     [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (10, 2.228), (20, 2.086), (30, 2.042), (120, 1.980)],
 )
 def test_t_quantile_matches_the_tables(df, expected):
-    assert compare.t_quantile(0.975, df) == pytest.approx(expected, abs=6e-4)
+    assert statistics.t_quantile(0.975, df) == pytest.approx(expected, abs=6e-4)
 
 
 def test_t_quantile_closed_forms_normal_limit_and_symmetry():
     for p in (0.6, 0.9, 0.975, 0.995, 0.9995):
-        assert compare.t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-9)  # Cauchy
-        assert compare.t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-9)
-        assert compare.t_quantile(1 - p, 7) == pytest.approx(-compare.t_quantile(p, 7), rel=1e-12)
-    assert compare.t_quantile(0.975, math.inf) == pytest.approx(1.959964, abs=1e-6)
-    assert compare.t_quantile(0.975, 10_000) == pytest.approx(1.960201, abs=1e-5)
+        assert statistics.t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-9)  # Cauchy
+        assert statistics.t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-9)
+        assert statistics.t_quantile(1 - p, 7) == pytest.approx(-statistics.t_quantile(p, 7), rel=1e-12)
+    assert statistics.t_quantile(0.975, math.inf) == pytest.approx(1.959964, abs=1e-6)
+    assert statistics.t_quantile(0.975, 10_000) == pytest.approx(1.960201, abs=1e-5)
     for p in (0.0, 1.0):
         with pytest.raises(ValueError):
-            compare.t_quantile(p, 3)
+            statistics.t_quantile(p, 3)
 
 
 def test_paired_difference_and_interval_on_three_seeds():
     cvs = {0: 70.0, 1: 72.0, 2: 71.0}
-    d = compare.paired_difference({0: 60.0, 1: 63.0, 2: 60.5}, cvs)  # differences -10, -9, -10.5
+    d = statistics.paired_difference({0: 60.0, 1: 63.0, 2: 60.5}, cvs)  # differences -10, -9, -10.5
     diffs = [-10.0, -9.0, -10.5]
     mean = sum(diffs) / 3
     sd = math.sqrt(sum((x - mean) ** 2 for x in diffs) / 2)
@@ -113,15 +117,15 @@ def test_paired_difference_and_interval_on_three_seeds():
     assert d["mean"] == pytest.approx(mean) and d["std"] == pytest.approx(sd)
     assert d["ci95"] == pytest.approx([mean - half, mean + half], abs=1e-5)
     assert d["significant"] is True
-    assert compare.format_difference(d) == f"{mean:+.2f} [{mean - half:+.2f}, {mean + half:+.2f}] significant"
+    assert statistics.format_difference(d) == f"{mean:+.2f} [{mean - half:+.2f}, {mean + half:+.2f}] significant"
     # differences of both signs: the interval holds 0
-    d = compare.paired_difference({0: 71.0, 1: 71.0, 2: 71.5}, cvs)  # +1, -1, +0.5
+    d = statistics.paired_difference({0: 71.0, 1: 71.0, 2: 71.5}, cvs)  # +1, -1, +0.5
     assert d["ci95"][0] < 0 < d["ci95"][1] and d["significant"] is False
-    assert compare.format_difference(d).endswith("not significant")
+    assert statistics.format_difference(d).endswith("not significant")
     # one seed (or one seed in common): no interval
-    d = compare.paired_difference({0: 60.0, 5: 1.0}, cvs)
+    d = statistics.paired_difference({0: 60.0, 5: 1.0}, cvs)
     assert d["n"] == 1 and d["mean"] == -10.0 and d["ci95"] is None and d["significant"] is None
-    assert compare.format_difference(d) == "n/a"
+    assert statistics.format_difference(d) == "n/a"
 
 
 # ---------------------------------------------------------------- diverged runs, fixed splits
@@ -158,10 +162,10 @@ def test_diverged_run_is_marked_and_the_comparison_goes_on(tmp_path, monkeypatch
                 json.dump(out, f)
         return out
 
-    monkeypatch.setattr(trainer, "run", fake_run)
+    monkeypatch.setattr(runner, "run", fake_run)
     c = tiny_config(str(tmp_path), tmp_path, sessions=2)
     wd = str(tmp_path / "cmp")
-    rows = compare.run_comparison(c, wd, ["finetune", "ewc", "lwf", "cvs"], [0, 1, 2], split_seed=7)
+    rows = comparison.run_comparison(c, wd, ["finetune", "ewc", "lwf", "cvs"], [0, 1, 2], split_seed=7)
     assert len(calls) == 12 and {s for _, _, s in calls} == {7}  # every run, all on split 7
     by = {r["method"]: r for r in rows}
     assert by["ewc"]["seeds"] == 0 and by["ewc"]["diverged"] == 3 and by["ewc"]["AR@1"] is None
@@ -192,12 +196,12 @@ def test_diverged_run_is_marked_and_the_comparison_goes_on(tmp_path, monkeypatch
 
     # --tabulate runs nothing and reads the same numbers back from the run dirs (lwf seed 1 not finished)
     calls.clear()
-    rows2 = compare.run_comparison(c, wd, ["finetune", "ewc", "lwf", "cvs"], [0, 1, 2], split_seed=7, tabulate=True)
+    rows2 = comparison.run_comparison(c, wd, ["finetune", "ewc", "lwf", "cvs"], [0, 1, 2], split_seed=7, tabulate=True)
     assert calls == []
     by2 = {r["method"]: r for r in rows2}
     assert by2["finetune"] == by["finetune"] and by2["ewc"]["diverged"] == 3
     assert by2["lwf"]["seeds"] == 1 and by2["lwf"]["diverged"] == 1
-    compare.run_comparison(c, wd, ["finetune", "cvs", "bct"], [0, 1], split_seed=7, tabulate=True)
+    comparison.run_comparison(c, wd, ["finetune", "cvs", "bct"], [0, 1], split_seed=7, tabulate=True)
     with open(os.path.join(wd, "comparison.md")) as f:
         assert "| bct | not run | not run | not run | not run |" in f.read()  # never run is not "diverged"
     with open(os.path.join(wd, "seed0", "ewc", "diverged.json")) as f:
@@ -207,9 +211,9 @@ def test_diverged_run_is_marked_and_the_comparison_goes_on(tmp_path, monkeypatch
     def broken(config, workdir):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(trainer, "run", broken)
+    monkeypatch.setattr(runner, "run", broken)
     with pytest.raises(RuntimeError, match="a bug"):
-        compare.run_comparison(c, str(tmp_path / "cmp2"), ["finetune"], [0])
+        comparison.run_comparison(c, str(tmp_path / "cmp2"), ["finetune"], [0])
 
 
 def test_split_seed_fixes_the_plan_while_seed_changes_the_initialisation(tmp_path):
@@ -248,12 +252,12 @@ def test_split_seed_fixes_the_plan_while_seed_changes_the_initialisation(tmp_pat
 
 def test_entries_heads_overrides_and_their_pairs(tmp_path):
     c = tiny_config(str(tmp_path), tmp_path, sessions=2)
-    assert compare.parse_entry("ewc@cosine+importance.mode=online+loss_weights.L_reg=10") == (
+    assert comparison.parse_entry("ewc@cosine+importance.mode=online+loss_weights.L_reg=10") == (
         "ewc",
         "cosine",
         {"importance.mode": "online", "loss_weights.L_reg": "10"},
     )
-    e = compare.entry_config(c, "cvs@linear_reset+cvs.use_lm=False+memory.budget=50+cvs.margin=0.2", 3, 0)
+    e = comparison.entry_config(c, "cvs@linear_reset+cvs.use_lm=False+memory.budget=50+cvs.margin=0.2", 3, 0)
     assert (e.method, e.seed, e.split_seed, e.model.head) == ("cvs", 3, 0, "linear_reset")
     assert e.cvs.use_lm is False and e.memory.budget == 50 and e.cvs.margin == 0.2
     assert c.cvs.use_lm is True and c.model.head == "official"  # the base config is left alone
@@ -263,9 +267,9 @@ def test_entries_heads_overrides_and_their_pairs(tmp_path):
         ("cvs+x", r"\+field=value"),
     ):
         with pytest.raises(ConfigError, match=why):
-            compare.entry_config(c, bad, 0, None)
+            comparison.entry_config(c, bad, 0, None)
     methods = ["finetune", "cvs", "ewc", "ewc@cosine", "cvs@linear_reset", "rainbow", "rainbow+rainbow.memory=herding"]
-    assert compare.entry_pairs(c, methods) == [
+    assert comparison.entry_pairs(c, methods) == [
         ("rainbow+rainbow.memory=herding", "rainbow", "ablation of rainbow"),
         ("cvs@linear_reset", "cvs", "head effect of cvs"),
         ("ewc", "ewc@cosine", "head effect of ewc"),
@@ -273,9 +277,9 @@ def test_entries_heads_overrides_and_their_pairs(tmp_path):
         ("rainbow", "cvs@linear_reset", "against cvs with the linear_reset head"),
     ]
     with pytest.raises(ConfigError, match="after '@' name a head"):
-        compare.run_comparison(c, str(tmp_path / "cmp"), ["ewc@linear"], [0])
+        comparison.run_comparison(c, str(tmp_path / "cmp"), ["ewc@linear"], [0])
     with pytest.raises(ConfigError, match="no field"):
-        compare.run_comparison(c, str(tmp_path / "cmp"), ["cvs", "cvs+cvs.lm=1"], [0])
+        comparison.run_comparison(c, str(tmp_path / "cmp"), ["cvs", "cvs+cvs.lm=1"], [0])
 
 
 def test_ablation_entries_share_session_one_only_when_it_is_unchanged(tmp_path):
@@ -286,5 +290,28 @@ def test_ablation_entries_share_session_one_only_when_it_is_unchanged(tmp_path):
     for entry, shared in (("cvs+cvs.use_lm=False", True), ("cvs+train.lr=0.1", False), ("ewc@cosine", False)):
         earlier = {(0, "cosine"): [str(source)]}
         target = tmp_path / entry
-        compare._share_session_one(compare.entry_config(c, entry, 0, 0), entry, 0, str(target), earlier)
+        comparison._share_session_one(comparison.entry_config(c, entry, 0, 0), entry, 0, str(target), earlier)
         assert (target / "checkpoints" / "sessions" / "0").exists() == shared, entry
+
+
+def test_compare_on_a_held_directory_is_refused_naming_the_holder(tmp_path, monkeypatch):
+    """Another process (here: this one, through a second lock of the file) holds DIR: compare starts
+    nothing and names the holder, from the library call and from the command line."""
+    from configs import fashion_mnist_general
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a run started although DIR is held")
+
+    monkeypatch.setattr(runner, "run", no_run)
+    monkeypatch.setattr(runner, "run_population", no_run)
+    wd = str(tmp_path / "cmp")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with workdir.hold(wd):
+        with pytest.raises(WorkdirBusyError, match=f"in use by pid {os.getpid()} on "):
+            comparison.run_comparison(fashion_mnist_general.get_config(), wd, ["finetune"], [0])
+        cmd = [sys.executable, "-m", "cvs_jax.compare", "--config", "configs/fashion_mnist_general.py"]
+        cmd += ["--workdir", wd, "--methods", "finetune", "--seeds", "0"]
+        out = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert f"in use by pid {os.getpid()} on " in out.stderr + out.stdout, out.stderr[-2000:]
+    assert not os.path.exists(os.path.join(wd, "seed0")), "compare wrote a run while DIR was held"

@@ -11,7 +11,7 @@ import importlib
 import numpy as np
 import pytest
 
-from cvs_jax import trainer
+from cvs_jax.engine import runner
 
 
 def smoke_config(name, tmp_path, variant="smoke"):
@@ -30,11 +30,11 @@ def check_two_sessions(res):
 @pytest.mark.parametrize("name", ["cifar100_general", "cifar100_disjoint", "cifar100_blurry"])
 def test_cifar100_smoke(name, tmp_path):
     """TFDS ``cifar100`` through ``tfds.testing.mock_data`` (random 32x32 images, random labels)."""
-    from tests.tiny_data import mock_tfds
+    from cvs_jax.testing.tiny_data import mock_tfds
 
     c = smoke_config(name, tmp_path)
     with mock_tfds(num_examples=2000):
-        res = trainer.run(c, str(tmp_path / "run"))
+        res = runner.run(c, str(tmp_path / "run"))
     check_two_sessions(res)
 
 
@@ -43,7 +43,7 @@ def write_fake_tiny_zip(directory, num_classes=6, train_per_class=24, val_per_cl
     import os
     import zipfile
 
-    from tests.tiny_data import _jpeg_bytes, fake_class_image
+    from cvs_jax.testing.tiny_data import _jpeg_bytes, fake_class_image
 
     rng = np.random.default_rng(seed)
     wnids = [f"n{1000000 + k:08d}" for k in range(num_classes)]
@@ -76,7 +76,7 @@ def test_tinyimagenet_smoke(name, tiny_zip_dir, tmp_path):
     """Our ``tiny_imagenet_zip`` builder on a 6-class zip in the official layout."""
     c = smoke_config(name, tmp_path)
     c.data.manual_dir = tiny_zip_dir
-    check_two_sessions(trainer.run(c, str(tmp_path / "run")))
+    check_two_sessions(runner.run(c, str(tmp_path / "run")))
 
 
 def test_tinyimagenet_mini_gpu_variant_runs_on_cpu_with_smoke(tiny_zip_dir, tmp_path):
@@ -89,15 +89,15 @@ def test_tinyimagenet_mini_gpu_variant_runs_on_cpu_with_smoke(tiny_zip_dir, tmp_
     assert gpu.augment.policy == "randaugment" and gpu.memory.budget == 1000
     c = smoke_config("tinyimagenet_mini_general", tmp_path, variant="gpu,smoke")
     c.data.manual_dir = tiny_zip_dir
-    check_two_sessions(trainer.run(c, str(tmp_path / "run")))
+    check_two_sessions(runner.run(c, str(tmp_path / "run")))
 
 
 def test_fashion_mnist_smoke(tmp_path):
-    from tests.tiny_data import write_fashion_idx
+    from cvs_jax.testing.tiny_data import write_fashion_idx
 
     c = smoke_config("fashion_mnist_general", tmp_path)
     c.data.manual_dir = write_fashion_idx(str(tmp_path / "idx"), train_per_class=30, test_per_class=5)
-    check_two_sessions(trainer.run(c, str(tmp_path / "run")))
+    check_two_sessions(runner.run(c, str(tmp_path / "run")))
 
 
 @pytest.fixture
@@ -110,17 +110,17 @@ def small_stored_images(monkeypatch):
 
 def test_dogs_smoke(small_stored_images, tmp_path):
     """``stanford_dogs_256`` from a fake prepared TFDS ``stanford_dogs`` (array_record, JPEG bytes)."""
-    from tests.tiny_data import write_fake_tfds_source
+    from cvs_jax.testing.tiny_data import write_fake_tfds_source
 
     c = smoke_config("dogs_general", tmp_path)
     write_fake_tfds_source(c.data.data_dir, "stanford_dogs", num_classes=6, train_per_class=20, test_per_class=4)
-    check_two_sessions(trainer.run(c, str(tmp_path / "run")))
+    check_two_sessions(runner.run(c, str(tmp_path / "run")))
 
 
 def test_inat_smoke(small_stored_images, monkeypatch, tmp_path):
     """``inat_m`` from a fake TFDS ``i_naturalist2017``: 6 of 7 classes with >= 20 images, 20 drawn each."""
     from cvs_jax.data.builders import inat_m
-    from tests.tiny_data import write_fake_tfds_source
+    from cvs_jax.testing.tiny_data import write_fake_tfds_source
 
     monkeypatch.setattr(inat_m, "NUM_CLASSES", 6)
     monkeypatch.setattr(inat_m, "MIN_TRAIN_PER_CLASS", 20)
@@ -133,15 +133,15 @@ def test_inat_smoke(small_stored_images, monkeypatch, tmp_path):
         train_per_class=[22, 25, 20, 12, 21, 24, 20],
         test_per_class=3,
     )
-    res = trainer.run(c, str(tmp_path / "run"))
+    res = runner.run(c, str(tmp_path / "run"))
     check_two_sessions(res)
 
 
 def test_productm_smoke(small_stored_images, tmp_path):
     """``product_m`` from a fake Product-10K folder (train.csv + train/); 2 val queries per class."""
-    from tests.tiny_data import write_fake_product10k
+    from cvs_jax.testing.tiny_data import write_fake_product10k
 
     c = smoke_config("productm_general", tmp_path)
     c.data.manual_dir = write_fake_product10k(tmp_path / "p10k", num_classes=7, per_class=25)
-    res = trainer.run(c, str(tmp_path / "run"))
+    res = runner.run(c, str(tmp_path / "run"))
     check_two_sessions(res)

@@ -7,10 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from cvs_jax import config_checks
 from cvs_jax.data import official_splits
 from cvs_jax.data.sources import ImageDataset, Split
 from cvs_jax.data.splits import plan_from_config
+from cvs_jax.engine import config_checks
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 NOT_RUNNABLE = {"__init__", "base", "variants", "finegrained"}

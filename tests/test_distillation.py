@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from cvs_jax import distillation as dl
+from cvs_jax.methods import distillation as dl
 
 SEEDS = [0, 1, 2]
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -327,7 +327,7 @@ def test_no_old_classes_gives_zero_without_nan():
 
 
 def test_single_label_batch_triplet_variants():
-    from cvs_jax.losses import neighbor_session_triplet_loss
+    from cvs_jax.methods.losses import neighbor_session_triplet_loss
 
     new, old, *_ = make(11)
     labels = np.zeros(N, np.int32)
@@ -337,7 +337,7 @@ def test_single_label_batch_triplet_variants():
 
 def test_batch_hard_reduces_to_cvs_positive_when_classes_are_singletons():
     """With all labels distinct the only positive is j = i: same as the CVS L_m triplet."""
-    from cvs_jax.losses import neighbor_session_triplet_loss
+    from cvs_jax.methods.losses import neighbor_session_triplet_loss
 
     new, old, *_ = make(13)
     labels = np.arange(N, dtype=np.int32)

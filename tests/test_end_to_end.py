@@ -7,9 +7,9 @@ import shutil
 import numpy as np
 import pytest
 
-from cvs_jax import trainer
-from cvs_jax.checkpoint import Checkpoints
-from tests.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.engine import runner
+from cvs_jax.rundir.checkpoint import Checkpoints
+from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def read_jsonl(path):
 def test_finetune_two_sessions(manual_dir, tmp_path):
     c = tiny_config(manual_dir, tmp_path, sessions=2)
     wd = str(tmp_path / "ft")
-    res = trainer.run(c, wd)
+    res = runner.run(c, wd)
     assert len(res["per_session"]) == 2
     with open(os.path.join(wd, "results.json")) as f:
         assert json.load(f) == json.loads(json.dumps(res))
@@ -54,7 +54,7 @@ def test_finetune_two_sessions(manual_dir, tmp_path):
 def test_joint_reextracts_gallery(manual_dir, tmp_path):
     c = tiny_config(manual_dir, tmp_path, method="joint", sessions=2)
     wd = str(tmp_path / "jt")
-    res = trainer.run(c, wd)
+    res = runner.run(c, wd)
     # joint trains on everything seen so far, and its gallery is the same union re-embedded
     assert res["per_session"][1]["train_images"] == res["per_session"][1]["gallery_rows"]
     assert res["per_session"][1]["train_images"] > res["per_session"][0]["train_images"]
@@ -62,14 +62,14 @@ def test_joint_reextracts_gallery(manual_dir, tmp_path):
 
 def test_resume_after_completed_session_reproduces_results(manual_dir, tmp_path):
     c = tiny_config(manual_dir, tmp_path, sessions=3)
-    full = trainer.run(c, str(tmp_path / "full"))
+    full = runner.run(c, str(tmp_path / "full"))
     wd = str(tmp_path / "interrupted")
-    trainer.run(c, wd)
+    runner.run(c, wd)
     # simulate a crash during the last session: its checkpoint and the results never got written
     shutil.rmtree(os.path.join(wd, "checkpoints", "sessions", "2"))
     shutil.rmtree(os.path.join(wd, "checkpoints", "progress"))
     os.remove(os.path.join(wd, "results.json"))
-    resumed = trainer.run(c, wd)
+    resumed = runner.run(c, wd)
     for r in resumed["per_session"] + full["per_session"]:
         r.pop("seconds")  # wall time is the only thing allowed to differ
     assert resumed == full
@@ -78,7 +78,7 @@ def test_resume_after_completed_session_reproduces_results(manual_dir, tmp_path)
 def test_cvs_logs_nonzero_loss_terms_from_session_two(manual_dir, tmp_path):
     c = tiny_config(manual_dir, tmp_path, method="cvs", sessions=3)
     wd = str(tmp_path / "cvs")
-    res = trainer.run(c, wd)
+    res = runner.run(c, wd)
     assert len(res["per_session"]) == 3
     epochs = [m for m in read_jsonl(os.path.join(wd, "metrics.jsonl")) if "loss" in m]
     first = [m for m in epochs if m["session"] == 1]
@@ -92,7 +92,7 @@ def test_streamed_records_give_the_in_memory_results(manual_dir, tmp_path):
     """data.in_memory_limit_mb=0 reads every image from its ArrayRecord record on demand; the batches,
     embeddings and results equal those of the decoded in-memory dataset."""
     from cvs_jax.data import records, sources
-    from cvs_jax.protocol import Protocol
+    from cvs_jax.engine.protocol import Protocol
 
     c = tiny_config(manual_dir, tmp_path, method="cvs", sessions=2)
     in_ram = Protocol.build(c)
@@ -105,9 +105,9 @@ def test_streamed_records_give_the_in_memory_results(manual_dir, tmp_path):
     np.testing.assert_array_equal(streamed.dataset.train.labels, in_ram.dataset.train.labels)
     tidx = np.array([99, 3, 42, 3])
     np.testing.assert_array_equal(np.asarray(streamed.test_images(tidx)), in_ram.dataset.test.images[tidx])
-    res = trainer.run(c, str(tmp_path / "streamed"))
+    res = runner.run(c, str(tmp_path / "streamed"))
     c.data.in_memory_limit_mb = 4096.0
-    ref = trainer.run(c, str(tmp_path / "in_ram"))
+    ref = runner.run(c, str(tmp_path / "in_ram"))
     for r in res["per_session"] + ref["per_session"]:
         r.pop("seconds")
     assert res == ref

@@ -12,9 +12,10 @@ import pytest
 from absl import flags
 from PIL import Image
 
-from cvs_jax import export, search, trainer
+from cvs_jax import export, search
 from cvs_jax.data import sources
-from tests.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.engine import runner
+from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 
 # The README's "Export to an ANN index" snippet, run verbatim by test_faiss_answers_as_search
 # (given ``export_dir`` and ``query_paths``).
@@ -40,7 +41,7 @@ def exported_run(tmp_path_factory):
     manual = write_fashion_idx(str(root / "idx"), train_per_class=60, test_per_class=10)
     c = tiny_config(manual, root, method="joint", sessions=3)
     wd = str(root / "run")
-    trainer.run(c, wd)
+    runner.run(c, wd)
     data = sources.load_dataset(c.data.name, data_dir=c.data.data_dir, manual_dir=c.data.manual_dir)
     added = []
     for i in range(2):

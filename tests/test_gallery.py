@@ -9,10 +9,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from cvs_jax import losses
-from cvs_jax.checkpoint import Checkpoints
 from cvs_jax.errors import CheckpointError
-from cvs_jax.gallery import Gallery, GalleryPart, RowConcat
+from cvs_jax.methods import losses
+from cvs_jax.retrieval.gallery import Gallery, GalleryPart, RowConcat
+from cvs_jax.rundir.checkpoint import Checkpoints
 
 
 def part(session, n, d=8, start=0, seed=0, replaces=False):

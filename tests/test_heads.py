@@ -20,16 +20,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cvs_jax import compatibility, phases, regularizers
-from cvs_jax import workdir as workdir_lib
+from cvs_jax.engine import phases
+from cvs_jax.engine.run_state import RunState
+from cvs_jax.engine.train_step import TrainState
 from cvs_jax.errors import ConfigError
-from cvs_jax.methods import get_head, get_method, head_name, policies
+from cvs_jax.methods import policies, regularizers
 from cvs_jax.methods.base import StepInputs
+from cvs_jax.methods.registry import get_head, get_method, head_name
 from cvs_jax.models.heads import CosineHead, LinearResetHead, head_params
-from cvs_jax.run_state import RunState
-from cvs_jax.train_step import TrainState
+from cvs_jax.retrieval import compatibility
+from cvs_jax.rundir import workdir as workdir_lib
+from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 from tests.test_phases import build_ctx
-from tests.tiny_data import tiny_config, write_fashion_idx
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +228,7 @@ def test_mean_drop_definition():
 
 def test_class_centres_pool_every_stored_part():
     """L_d's centre of a class is the mean of its normalised rows over every stored gallery part."""
-    from cvs_jax.gallery import Gallery, GalleryPart
+    from cvs_jax.retrieval.gallery import Gallery, GalleryPart
 
     rng = np.random.default_rng(4)
     g = Gallery.empty(3)

@@ -15,9 +15,10 @@ import pytest
 from PIL import Image
 
 from configs import image_folder_general
-from cvs_jax import search, trainer, update
+from cvs_jax import search, update
 from cvs_jax.data import records, sources
 from cvs_jax.data.builders import _resize
+from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError, DataError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,7 +105,7 @@ def test_image_folder_refusals(tmp_path):
     c = config(tmp_path, tmp_path / "missing")
     with pytest.raises(ConfigError, match="manual_dir"):
         c.data.manual_dir = None
-        from cvs_jax import config_checks
+        from cvs_jax.engine import config_checks
 
         config_checks.check(c, num_devices=1)
     empty = tmp_path / "empty" / "ant"
@@ -137,7 +138,7 @@ def _outcome(workdir):
 
 def test_main_then_two_updates_equal_one_manifest_run(folders, tmp_path):
     live = str(tmp_path / "live")
-    trainer.run(config(tmp_path, folders[0]), live)
+    runner.run(config(tmp_path, folders[0]), live)
     assert update.update(live, folders[1]) == 0
     # the second update is killed mid-training (like kill -9) and rerun: it resumes exactly
     env = dict(os.environ, CVS_JAX_FAULT="step:3")
@@ -147,7 +148,7 @@ def test_main_then_two_updates_equal_one_manifest_run(folders, tmp_path):
     assert update.update(live, folders[2]) == 0
 
     ref = str(tmp_path / "ref")
-    trainer.run(config(tmp_path, _manifest(folders, tmp_path / "manifest.csv")), ref)
+    runner.run(config(tmp_path, _manifest(folders, tmp_path / "manifest.csv")), ref)
     got, want = _outcome(live), _outcome(ref)
     assert len(got[0]) == 3
     assert got[0] == want[0]
@@ -168,4 +169,4 @@ def test_main_then_two_updates_equal_one_manifest_run(folders, tmp_path):
         update.plan_update(live, str(copy))
     # the original command on an updated run is refused with the way forward
     with pytest.raises(ConfigError, match="cvs_jax.update"):
-        trainer.run(config(tmp_path, folders[0]), live)
+        runner.run(config(tmp_path, folders[0]), live)

@@ -17,10 +17,11 @@ from absl import flags
 from ml_collections import config_flags
 from PIL import Image
 
-from cvs_jax import cli, export, info, search, trainer, update
-from cvs_jax import workdir as workdir_lib
+from cvs_jax import cli, export, info, search, update
 from cvs_jax.data import sources, user_sessions
+from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError, DataError
+from cvs_jax.rundir import workdir as workdir_lib
 from tests.test_image_folder import SESSIONS, _image, config, write_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +48,7 @@ def trained(tmp_path_factory):
     c = config(root, first)
     c.method = "finetune"
     wd = str(root / "run")
-    trainer.run(c, wd)
+    runner.run(c, wd)
     return wd, first, second, root
 
 
@@ -166,7 +167,7 @@ def test_budget_of_user_sessions_checked_before_any_data(trained, tmp_path):
     c = config(tmp_path, trained[1])
     c.method, c.memory.budget = "cvs", 2  # the folder holds 3 classes
     with pytest.raises(ConfigError, match="memory.budget=2 is smaller than the 3 classes"):
-        trainer.run(c, str(tmp_path / "wd"))
+        runner.run(c, str(tmp_path / "wd"))
     assert not os.path.exists(tmp_path / "data") and not os.path.exists(tmp_path / "wd")
 
 
@@ -195,7 +196,7 @@ def test_moved_folder_search_export_update(trained, run_copy, tmp_path, capsys):
 def test_missing_folder_is_refused_before_the_workdir(tmp_path):
     c = config(tmp_path, tmp_path / "nowhere")
     with pytest.raises(ConfigError, match="data.manual_dir: .* does not exist"):
-        trainer.run(c, str(tmp_path / "wd"))
+        runner.run(c, str(tmp_path / "wd"))
     assert not os.path.exists(tmp_path / "wd")  # no config.json left behind
 
 
@@ -317,7 +318,7 @@ def test_update_continues_a_generator_run(trained, tmp_path):
     c.data.num_sessions, c.data.first_classes, c.data.classes_per_session = 2, 2, 1
     c.data.samples_per_new_class, c.data.old_class_percent = 16, 10.0
     wd = str(tmp_path / "run")
-    trainer.run(c, wd)
+    runner.run(c, wd)
     with open(os.path.join(wd, "results.json")) as f:
         before = json.load(f)["per_session"]
     with open(os.path.join(wd, "protocol.json")) as f:

@@ -14,14 +14,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cvs_jax import augment, models, phases, regularizers
-from cvs_jax.methods import baselines, policies
+from cvs_jax import augment, models
+from cvs_jax.engine import phases
+from cvs_jax.engine.run_state import RunState
+from cvs_jax.engine.train_step import TrainState, make_optimizer, make_train_step
+from cvs_jax.methods import baselines, policies, regularizers
 from cvs_jax.methods.importance_policies import ForkFisher, ImportanceState
 from cvs_jax.models.heads import LinearResetHead
-from cvs_jax.run_state import RunState
-from cvs_jax.train_step import TrainState, make_optimizer, make_train_step
+from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 from tests.test_phases import build_ctx, tree_equal
-from tests.tiny_data import tiny_config, write_fashion_idx
 
 
 def linear_ce(emb, params, labels, valid: int):

@@ -13,11 +13,12 @@ import jax
 import numpy as np
 import pytest
 
-from cvs_jax import distributed, phases, prefetch
+from cvs_jax import distributed
 from cvs_jax.data import records, sources
+from cvs_jax.engine import phases, prefetch
+from cvs_jax.engine.protocol import Protocol
 from cvs_jax.methods import policies
-from cvs_jax.protocol import Protocol
-from tests.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 
 BATCH = 16
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cvs_jax import losses
+from cvs_jax.methods import losses
 
 SEEDS = [0, 1, 2, 3]
 TOL = dict(rtol=1e-5, atol=1e-5)

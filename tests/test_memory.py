@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from cvs_jax import memory
-from cvs_jax.memory import herding_select, rebuild_memory
+from cvs_jax.methods import replay
+from cvs_jax.methods.replay import herding_select, rebuild_memory
 
 SEEDS = [0, 1, 2, 3, 4]
 
@@ -148,8 +148,8 @@ def test_reservoir_respects_budget_and_is_uniform():
     counts = np.zeros(n)
     for seed in range(400):
         rng = np.random.default_rng(seed)
-        mem, seen = memory.reservoir_update(np.zeros((0,), np.int64), 0, np.arange(100), budget, rng)
-        mem, seen = memory.reservoir_update(mem, seen, np.arange(100, 200), budget, rng)  # a second session
+        mem, seen = replay.reservoir_update(np.zeros((0,), np.int64), 0, np.arange(100), budget, rng)
+        mem, seen = replay.reservoir_update(mem, seen, np.arange(100, 200), budget, rng)  # a second session
         assert seen == n and len(mem) == budget and len(np.unique(mem)) == budget
         counts[mem] += 1
     freq = counts / 400
@@ -163,7 +163,7 @@ def test_uncertainty_select_spreads_over_the_ranking():
     labels = np.repeat(np.arange(4), 25)
     unc = rng.uniform(size=100)
     ids = np.arange(100) + 1000
-    sel_ids, sel_labels = memory.uncertainty_select(unc, labels, ids, budget=22, selection="spread")
+    sel_ids, sel_labels = replay.uncertainty_select(unc, labels, ids, budget=22, selection="spread")
     assert len(sel_ids) == 4 * (22 // 4) <= 22
     for c in range(4):
         members = np.flatnonzero(labels == c)
@@ -172,9 +172,9 @@ def test_uncertainty_select_spreads_over_the_ranking():
         # the least and the most uncertain sample of the class are both kept
         assert members[np.argmin(unc[members])] in chosen and members[np.argmax(unc[members])] in chosen
     with pytest.raises(ValueError, match="memory_budget=3"):
-        memory.uncertainty_select(unc, labels, ids, budget=3)
+        replay.uncertainty_select(unc, labels, ids, budget=3)
     with pytest.raises(ValueError, match="selection='median'"):
-        memory.uncertainty_select(unc, labels, ids, budget=22, selection="median")
+        replay.uncertainty_select(unc, labels, ids, budget=22, selection="median")
 
 
 def test_uncertainty_select_stride_is_the_fork_default():
@@ -183,7 +183,7 @@ def test_uncertainty_select_stride_is_the_fork_default():
     rng = np.random.default_rng(1)
     labels = np.repeat(np.arange(4), 25)
     unc = rng.uniform(size=100)
-    sel_ids, sel_labels = memory.uncertainty_select(unc, labels, np.arange(100), budget=22)
+    sel_ids, sel_labels = replay.uncertainty_select(unc, labels, np.arange(100), budget=22)
     for c in range(4):
         members = np.flatnonzero(labels == c)
         ranked = members[np.argsort(unc[members])]
@@ -192,4 +192,4 @@ def test_uncertainty_select_stride_is_the_fork_default():
 
 def test_prediction_uncertainty():
     preds = np.array([[0, 1, 2], [0, 1, 1], [0, 2, 1], [0, 1, 0]])  # T=4 perturbations, 3 samples
-    np.testing.assert_allclose(memory.prediction_uncertainty(preds), [0.0, 0.25, 0.5])
+    np.testing.assert_allclose(replay.prediction_uncertainty(preds), [0.0, 0.25, 0.5])

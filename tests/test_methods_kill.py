@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from cvs_jax.compare import share_first_session
-from tests import methods_runs as mr
-from tests.tiny_data import write_fashion_idx
+from cvs_jax.engine.comparison import share_first_session
+from cvs_jax.testing import methods_runs as mr
+from cvs_jax.testing.tiny_data import write_fashion_idx
 
 KILLED = ["lwf", "ewc", "rainbow"]  # cvs: tests/test_resume.py kills it at five points, session 2 included
 

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from tests import methods_runs as mr
-from tests.tiny_data import write_fashion_idx
+from cvs_jax.testing import methods_runs as mr
+from cvs_jax.testing.tiny_data import write_fashion_idx
 
 
 @pytest.fixture(scope="module")

@@ -48,7 +48,7 @@ def test_head_growth_keeps_old_rows_and_reinitialises_new():
 
 
 def test_schedule_matches_official_values():
-    from cvs_jax.schedules import epoch_lr
+    from cvs_jax.engine.schedules import epoch_lr
 
     want = {
         0: 0.003,

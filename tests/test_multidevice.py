@@ -4,7 +4,7 @@ Each check that needs N devices runs in a fresh Python process started with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` (the CPU backend then has
 N devices; the flag must be set before JAX starts, hence the subprocess).  The
 worker half of this file (``python tests/test_multidevice.py --worker ...``)
-trains the tiny CVS config with ``cvs_jax.trainer.run``, runs the sharded search,
+trains the tiny CVS config with ``cvs_jax.engine.runner.run``, runs the sharded search,
 or acts as one of two ``jax.distributed`` processes, and prints a JSON summary.
 Runtime on 2 shared CPU cores: ~1.5-2 min with a warm XLA cache, ~4 min cold.
 """
@@ -82,7 +82,7 @@ def _worker(argv) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     out = {"devices": jax.device_count()}
     if a.mode == "train":
-        from cvs_jax import context, trainer
+        from cvs_jax.engine import context, runner
 
         steps = []
         original = context.make_train_step
@@ -103,7 +103,7 @@ def _worker(argv) -> None:
             embed_dim=a.embed_dim,
         )
         t0 = time.time()
-        res = trainer.run(c, os.path.join(a.workdir, "run"))
+        res = runner.run(c, os.path.join(a.workdir, "run"))
         out["seconds"] = time.time() - t0
         with open(os.path.join(a.workdir, "run", "metrics.jsonl")) as f:
             out["epochs"] = [m for m in map(json.loads, f) if "loss" in m]
@@ -111,15 +111,15 @@ def _worker(argv) -> None:
         out["test_queries"] = [r["test_queries"] for r in res["per_session"]]
         out["step_compiles"] = steps[0]._cache_size()
     else:
-        from cvs_jax import evaluate
+        from cvs_jax.retrieval import topk
 
         rng = np.random.default_rng(7)
         out["cases"] = []
         for n, d, dup in SEARCH_CASES:
             g, q = _search_data(rng, n, d, dup)
-            scores, idx = evaluate.topk_indices(q, g, 5, chunk=32, gallery_block=256)
+            scores, idx = topk.topk_indices(q, g, 5, chunk=32, gallery_block=256)
             np.save(os.path.join(a.workdir, f"g{n}.npy"), g)
-            _, idx_disk = evaluate.topk_indices_blocked(
+            _, idx_disk = topk.topk_indices_blocked(
                 q, os.path.join(a.workdir, f"g{n}.npy"), 5, chunk=32, gallery_block=256, block_rows=1024
             )
             out["cases"].append({"n": n, "idx": idx.tolist(), "scores": scores.tolist(), "idx_disk": idx_disk.tolist()})
@@ -130,7 +130,8 @@ def _multiproc_worker(workdir: str) -> None:
     """One of 2 processes x 2 CPU devices: batch assembly, host gathering and search across processes."""
     import jax
 
-    from cvs_jax import distributed, evaluate
+    from cvs_jax import distributed
+    from cvs_jax.retrieval import topk
 
     assert distributed.maybe_initialize(False)  # CVS_JAX_MULTIHOST=1 and JAX_* variables come from the test
     mesh = distributed.data_mesh()
@@ -150,10 +151,10 @@ def _multiproc_worker(workdir: str) -> None:
     g = rng.normal(size=(5000, 8)).astype(np.float32)
     g[1::2] = g[0::2]
     q = rng.normal(size=(70, 8)).astype(np.float32)
-    _, idx = evaluate.topk_indices(q, g, 5, chunk=32, gallery_block=256)
+    _, idx = topk.topk_indices(q, g, 5, chunk=32, gallery_block=256)
     path = os.path.join(workdir, f"g{jax.process_index()}.npy")
     np.save(path, g)
-    _, idx_disk = evaluate.topk_indices_blocked(q, path, 5, chunk=32, gallery_block=256, block_rows=1024)
+    _, idx_disk = topk.topk_indices_blocked(q, path, 5, chunk=32, gallery_block=256, block_rows=1024)
     out = {
         "processes": jax.process_count(),
         "devices": jax.device_count(),
@@ -207,7 +208,7 @@ def _run_worker(n_devices: int, *args: str, timeout: int = 600) -> dict:
 
 @pytest.fixture(scope="module")
 def manual_dir(tmp_path_factory):
-    from tests.tiny_data import write_fashion_idx
+    from cvs_jax.testing.tiny_data import write_fashion_idx
 
     # 50 test images per class: 200 / 300 test queries in sessions 1 / 2 (recall in steps of <= 0.5%)
     return write_fashion_idx(str(tmp_path_factory.mktemp("idx")), train_per_class=60, test_per_class=50)
@@ -416,13 +417,13 @@ def test_two_processes_build_global_batches_and_search(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    from cvs_jax import evaluate
+    from cvs_jax.retrieval import topk
 
     rng = np.random.default_rng(7)
     g = rng.normal(size=(5000, 8)).astype(np.float32)
     g[1::2] = g[0::2]
     q = rng.normal(size=(70, 8)).astype(np.float32)
-    _, want = evaluate.topk_indices(q, g, 5, chunk=32, gallery_block=256)  # this process: 1 device
+    _, want = topk.topk_indices(q, g, 5, chunk=32, gallery_block=256)  # this process: 1 device
     for pid, out in enumerate(outs):
         assert (out["processes"], out["devices"], out["local"]) == (2, 4, 2)
         assert out["slice"] == [4 * pid, 4 * pid + 4]  # each process loads its own half of the batch

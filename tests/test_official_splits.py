@@ -317,8 +317,8 @@ def test_protocol_build_official_on_mocked_cifar100(split_dir, tmp_path):
     from tensorflow_datasets.image_classification import cifar
 
     from configs import cifar100_blurry
-    from cvs_jax import config_checks
-    from cvs_jax.protocol import Protocol
+    from cvs_jax.engine import config_checks
+    from cvs_jax.engine.protocol import Protocol
 
     real_info = cifar.Cifar100._info
 

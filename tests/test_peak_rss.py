@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-from tests.tiny_data import write_fake_product10k
+from cvs_jax.testing.tiny_data import write_fake_product10k
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLASSES = 10
@@ -28,7 +28,7 @@ _RUN = textwrap.dedent(
     """
     import json, resource, sys
     from configs import productm_general
-    from cvs_jax import trainer
+    from cvs_jax.engine import runner
     from cvs_jax.data.builders import _decode
 
     # preparing decodes the sources in blocks, two in flight: a constant buffer (2 x 256 images by
@@ -48,7 +48,7 @@ _RUN = textwrap.dedent(
     c.model.frozen_bn = False
     c.augment.size = 32  # random-resized crop / centre crop of the 256x256 stored images
     c.train.epochs, c.train.batch_size, c.train.eval_batch_size = int(epochs), 32, 64
-    res = trainer.run(c, workdir)
+    res = runner.run(c, workdir)
     print("RESULT " + json.dumps({
         "train_images": res["per_session"][0]["train_images"],
         "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,

@@ -14,15 +14,17 @@ import jax
 import numpy as np
 import pytest
 
-from cvs_jax import cadence, evaluate, losses, phases, trainer
-from cvs_jax.checkpoint import Checkpoints
-from cvs_jax.context import RunContext
-from cvs_jax.gallery import Gallery, GalleryPart
-from cvs_jax.methods import get_method, policies
+from cvs_jax.engine import cadence, phases, runner
+from cvs_jax.engine.context import RunContext
+from cvs_jax.engine.run_state import RunState
+from cvs_jax.methods import losses, policies
 from cvs_jax.methods.policies import ImportanceState, ReplayMemory
-from cvs_jax.run_log import RunLog
-from cvs_jax.run_state import RunState
-from tests.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.methods.registry import get_method
+from cvs_jax.retrieval import topk
+from cvs_jax.retrieval.gallery import Gallery, GalleryPart
+from cvs_jax.rundir.checkpoint import Checkpoints
+from cvs_jax.rundir.run_log import RunLog
+from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +215,7 @@ def test_stored_rows_are_never_reembedded(manual_dir, tmp_path, method):
     weights: it equals results.json.  Stored rows stay the rows their own session's model made."""
     c = tiny_config(manual_dir, tmp_path, method=method, sessions=3)
     wd = str(tmp_path / method)
-    res = trainer.run(c, wd)
+    res = runner.run(c, wd)
     ctx = build_ctx(manual_dir, tmp_path, method=method, sessions=3)
     ck = Checkpoints(os.path.join(wd, "checkpoints", "sessions"), max_to_keep=None)
     template = {"variables": ctx.initial_variables()}
@@ -226,9 +228,7 @@ def test_stored_rows_are_never_reembedded(manual_dir, tmp_path, method):
         q = ctx.embed(weights[s], proto.test_images(test_idx))
         # the evaluator itself is checked against brute force in test_evaluate.py (near-ties of this
         # tiny 8-d model make a float64 numpy ranking differ in single queries)
-        got = evaluate.recall_at_k(
-            q, proto.test_labels[test_idx], np.asarray(gallery.embeddings), gallery.labels, ctx.ks
-        )
+        got = topk.recall_at_k(q, proto.test_labels[test_idx], np.asarray(gallery.embeddings), gallery.labels, ctx.ks)
         assert got == {int(k): v for k, v in res["per_session"][s]["recall"].items()}
         # each part holds its own session's images, embedded by that session's model
         own = proto.training_indices(ctx.method, s)
@@ -319,7 +319,7 @@ def test_test_and_append_and_save_on_their_own(manual_dir, tmp_path):
     q = ctx.embed(state.variables, proto.test_images(view.test_idx))
     gallery = np.concatenate([stored.embeddings, new_rows])
     labels = np.concatenate([stored.labels, proto.train_labels[view.gallery_idx]])
-    assert recall == evaluate.recall_at_k(q, proto.test_labels[view.test_idx], gallery, labels, ctx.ks)
+    assert recall == topk.recall_at_k(q, proto.test_labels[view.test_idx], gallery, labels, ctx.ks)
     after = phases.append_and_save(ctx, state, view, sel, recall, new_rows, seconds=1.0)
     assert after.completed == 2 and after.records[-1]["recall"] == {str(k): v for k, v in recall.items()}
     assert after.records[-1]["gallery_rows"] == 10 + len(view.gallery_idx)

@@ -18,13 +18,15 @@ uninterrupted population exactly (one program, one machine).
 
 import json
 import os
+import re
 
 import pytest
 
-from cvs_jax import config_checks, population, trainer
+from cvs_jax.engine import config_checks, population, runner
 from cvs_jax.errors import ConfigError
-from tests import methods_runs as mr
-from tests.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.rundir import paths
+from cvs_jax.testing import methods_runs as mr
+from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 
 LR = 0.003  # a non-chaotic regime of the tiny model (see the module docstring)
 RTOL = 1e-3  # metrics.jsonl losses, member vs separate run
@@ -59,7 +61,7 @@ def test_population_members_are_their_separate_runs(manual, tmp_path, capsys):
     c = _config(manual, tmp_path, seed=0, epochs=1)
     c.population = 2
     wd = str(tmp_path / "pop")
-    trainer.run(c, wd)
+    runner.run(c, wd)
     assert mr.SMALLEST_QUERY_SET in capsys.readouterr().out
     members = [mr.outcome(os.path.join(wd, f"member{m}")) for m in range(2)]
     assert members[0][0]["per_session"] != members[1][0]["per_session"]  # different members
@@ -69,7 +71,7 @@ def test_population_members_are_their_separate_runs(manual, tmp_path, capsys):
         sep = _config(manual, tmp_path, seed=m, epochs=1)
         sep.split_seed = 0
         sep_wd = str(tmp_path / f"separate{m}")
-        trainer.run(sep, sep_wd)
+        runner.run(sep, sep_wd)
         mr.assert_close_outcomes(members[m], mr.outcome(sep_wd), rtol=RTOL, one_query=mr.ONE_QUERY)
 
 
@@ -84,7 +86,7 @@ def test_population_selects_per_member_and_resumes_exactly(manual, tmp_path):
     c = _config(manual, tmp_path, seed=0)
     c.population = 2
     wd = str(tmp_path / "pop")
-    out = trainer.run(c, wd)
+    out = runner.run(c, wd)
     with open(os.path.join(wd, "population.json")) as f:
         listed = json.load(f)
     assert [(m["seed"], m["workdir"]) for m in listed["members"]] == [(0, "member0"), (1, "member1")]
@@ -107,3 +109,24 @@ def test_population_selects_per_member_and_resumes_exactly(manual, tmp_path):
     assert resumed.stdout.count("resumed session 1 at step 6/") == 2
     for m in range(2):
         assert mr.outcome(str(tmp_path / "killed" / f"member{m}")) == members[m]
+
+    # killed between the two members' writes of one progress checkpoint (member 0 holds the newer step,
+    # member 1 does not): both resume at the newest step they all hold, and the outcome is the same
+    between = str(tmp_path / "between")
+    cmd = mr.main_cmd(manual, str(tmp_path / "tfds"), between, "cvs") + [
+        "--config.population=2",
+        f"--config.train.lr={LR}",
+    ]
+    assert mr.run(cmd, "progress_write:4").returncode == -9
+    newest = [max(_steps(paths.progress_dir(os.path.join(between, f"member{m}")))) for m in range(2)]
+    assert newest[0] > newest[1], newest  # the kill fell between the members' writes
+    resumed = mr.run(cmd)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    at = re.findall(r"resumed session 1 at step (\d+)/", resumed.stdout)
+    assert at == [str(newest[1])] * 2, (at, newest)  # session 1 starts at run step 0
+    for m in range(2):
+        assert mr.outcome(os.path.join(between, f"member{m}")) == members[m]
+
+
+def _steps(directory: str) -> list[int]:
+    return [int(n) for n in os.listdir(directory) if n.isdigit()]

@@ -10,12 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cvs_jax import augment, autoaugment, memory, trainer
-from cvs_jax.checkpoint import Checkpoints
+from cvs_jax import augment
+from cvs_jax.augment import autoaugment
+from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError
-from cvs_jax.methods import baselines, policies
+from cvs_jax.methods import baselines, policies, replay
 from cvs_jax.methods.policies import ReplayMemory
-from tests.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.rundir.checkpoint import Checkpoints
+from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 
 # ---------------------------------------------------------------- transcriptions of the fork's rules
 
@@ -50,13 +52,13 @@ def candidates(seed, sizes):
     return labels, unc
 
 
-# ---------------------------------------------------------------- selection rules (memory.py)
+# ---------------------------------------------------------------- selection rules (replay.py)
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_stride_picks_match_the_fork(seed):
     labels, unc = candidates(seed, [40, 23, 7, 3, 61])  # budget 40 -> quota 8: classes of 7 and 3 keep all
-    rows = memory.stride_rows(unc, labels, 40)
+    rows = replay.stride_rows(unc, labels, 40)
     assert rows.tolist() == fork_stride(unc, labels, 40)
     for c, n in zip(range(5), [40, 23, 7, 3, 61]):
         picked = rows[labels[rows] == c]
@@ -70,10 +72,10 @@ def test_stride_on_distinct_uncertainties_is_every_jump_th_rank():
     labels = np.zeros(23, np.int64)
     unc = np.random.default_rng(0).permutation(23) / 23.0
     ranks = np.argsort(unc)
-    np.testing.assert_array_equal(memory.stride_rows(unc, labels, 5), ranks[[0, 4, 8, 12, 16]])  # 23 // 5 = 4
-    np.testing.assert_array_equal(memory.stride_rows(unc, labels, 23), np.arange(23))  # <= quota: all, unsorted
+    np.testing.assert_array_equal(replay.stride_rows(unc, labels, 5), ranks[[0, 4, 8, 12, 16]])  # 23 // 5 = 4
+    np.testing.assert_array_equal(replay.stride_rows(unc, labels, 23), np.arange(23))  # <= quota: all, unsorted
     with pytest.raises(ValueError, match="memory_budget=1"):
-        memory.stride_rows(unc, np.arange(23) % 2, 1)
+        replay.stride_rows(unc, np.arange(23) % 2, 1)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -81,7 +83,7 @@ def test_refill_fills_the_budget_from_the_remaining_candidates(seed):
     labels, unc = candidates(seed, [40, 23, 7, 3, 61])
     ids = np.arange(labels.size) + 1000
     chosen = fork_stride(unc, labels, 41)  # quota 8: 34 chosen, 7 slots left
-    sel_ids, sel_labels = memory.uncertainty_select(
+    sel_ids, sel_labels = replay.uncertainty_select(
         unc, labels, ids, 41, selection="stride", refill_rng=np.random.default_rng(seed)
     )
     assert len(sel_ids) == 41 and len(set(sel_ids.tolist())) == 41
@@ -94,12 +96,12 @@ def test_refill_fills_the_budget_from_the_remaining_candidates(seed):
     expected = np.random.default_rng(seed).choice(remaining, size=7, replace=False)
     np.testing.assert_array_equal(refilled, expected)
     # no refill: the slots stay empty
-    assert len(memory.uncertainty_select(unc, labels, ids, 41, selection="stride")[0]) == len(chosen)
+    assert len(replay.uncertainty_select(unc, labels, ids, 41, selection="stride")[0]) == len(chosen)
 
 
 def test_refill_with_fewer_candidates_than_the_budget_keeps_them_all():
     labels, unc = candidates(0, [5, 2, 9])
-    sel, _ = memory.uncertainty_select(unc, labels, np.arange(16), 30, refill_rng=np.random.default_rng(0))
+    sel, _ = replay.uncertainty_select(unc, labels, np.arange(16), 30, refill_rng=np.random.default_rng(0))
     assert sorted(sel.tolist()) == list(range(16))
 
 
@@ -107,7 +109,7 @@ def test_refill_with_fewer_candidates_than_the_budget_keeps_them_all():
 def test_first_session_random_equal_shares(seed):
     labels, _ = candidates(seed, [30, 12, 4, 25])
     ids = np.arange(labels.size) + 500
-    sel, sel_labels = memory.random_class_select(labels, ids, 30, np.random.default_rng(seed), refill=False)
+    sel, sel_labels = replay.random_class_select(labels, ids, 30, np.random.default_rng(seed), refill=False)
     counts = Counter(sel_labels.tolist())
     assert counts == {0: 7, 1: 7, 2: 4, 3: 7}  # quota 30 // 4 = 7; the class of 4 keeps all
     assert len(set(sel.tolist())) == len(sel) and all(labels[i - 500] == y for i, y in zip(sel, sel_labels))
@@ -120,10 +122,10 @@ def test_first_session_random_equal_shares(seed):
     assert (sel - 500).tolist() == rows
     remaining = [i for i in range(labels.size) if i not in set(rows)]
     rows += rng.choice(remaining, size=30 - len(rows), replace=False).tolist()
-    refilled, _ = memory.random_class_select(labels, ids, 30, np.random.default_rng(seed))
+    refilled, _ = replay.random_class_select(labels, ids, 30, np.random.default_rng(seed))
     assert (refilled - 500).tolist() == rows and len(refilled) == 30
     # a random draw: another seed picks other items
-    other, _ = memory.random_class_select(labels, ids, 30, np.random.default_rng(seed + 10))
+    other, _ = replay.random_class_select(labels, ids, 30, np.random.default_rng(seed + 10))
     assert not np.array_equal(np.sort(other), np.sort(refilled))
 
 
@@ -295,7 +297,7 @@ def _memory_after_session(workdir, s):
 
 def test_rainbow_run_fork_rules_and_earlier_switches(manual_dir, tmp_path):
     c = tiny_config(manual_dir, tmp_path, method="rainbow", sessions=3)  # session 3: RandAugment votes + stride
-    res = trainer.run(c, str(tmp_path / "fork"))
+    res = runner.run(c, str(tmp_path / "fork"))
     assert len(res["per_session"]) == 3
     for s in (1, 2):
         ids, labels = _memory_after_session(str(tmp_path / "fork"), s)
@@ -312,7 +314,7 @@ def test_rainbow_run_fork_rules_and_earlier_switches(manual_dir, tmp_path):
         first_session="uncertainty",
         memory_batches="with_replacement",
     )
-    res = trainer.run(old, str(tmp_path / "old"))
+    res = runner.run(old, str(tmp_path / "old"))
     assert len(res["per_session"]) == 2
     ids, labels = _memory_after_session(str(tmp_path / "old"), 1)
     k = len(set(labels.tolist()))

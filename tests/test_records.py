@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from cvs_jax.data import records, sources
-from tests.tiny_data import write_fake_product10k, write_fashion_idx
+from cvs_jax.testing.tiny_data import write_fake_product10k, write_fashion_idx
 
 
 def _fashion(tmp_path, **kw):

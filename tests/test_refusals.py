@@ -7,10 +7,11 @@ import sys
 
 import pytest
 
-from cvs_jax import config_checks, embedder, trainer
 from cvs_jax.data.sources import DatasetNotFoundError
+from cvs_jax.engine import config_checks, runner
 from cvs_jax.errors import ConfigError, DataError, NonFiniteError, UserError
-from tests.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.retrieval import embedder
+from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -62,7 +63,7 @@ def test_config_refused_before_any_work(config, tmp_path, field, value, message)
         .replace("*", r"\*")
         .replace("+", r"\+"),
     ):
-        trainer.run(config, str(tmp_path / "wd"))
+        runner.run(config, str(tmp_path / "wd"))
     assert not os.path.exists(str(tmp_path / "tfds"))  # refused before the dataset was even built
 
 
@@ -70,7 +71,7 @@ def test_budget_smaller_than_classes(config, tmp_path):
     config.method = "cvs"
     config.memory.budget = 5  # the run sees 6 classes
     with pytest.raises(config_checks.ConfigError, match="memory.budget=5 is smaller than the 6 classes"):
-        trainer.run(config, str(tmp_path / "wd"))
+        runner.run(config, str(tmp_path / "wd"))
 
 
 def test_batch_not_divisible_by_devices(config):
@@ -90,29 +91,29 @@ def test_missing_dataset_files(config, tmp_path):
     empty.mkdir()
     config.data.manual_dir = str(empty)
     with pytest.raises(DatasetNotFoundError, match="apt-get install dataset-fashion-mnist"):
-        trainer.run(config, str(tmp_path / "wd"))
+        runner.run(config, str(tmp_path / "wd"))
     assert os.path.exists(tmp_path / "wd" / "config.json")
     config.train.lr = 0.01  # the next command may differ in anything: that start wrote no checkpoint
     with pytest.raises(DatasetNotFoundError):  # (not "holds a run with a different config")
-        trainer.run(config, str(tmp_path / "wd"))
+        runner.run(config, str(tmp_path / "wd"))
 
 
 def test_unknown_dataset(config, tmp_path):
     config.data.name = "not_a_dataset"
     with pytest.raises(DatasetNotFoundError, match="not_a_dataset"):
-        trainer.run(config, str(tmp_path / "wd"))
+        runner.run(config, str(tmp_path / "wd"))
 
 
 def test_workdir_with_other_config_refused_then_moved_aside(config, tmp_path):
     wd = str(tmp_path / "wd")
-    trainer.run(config, wd)
+    runner.run(config, wd)
     with open(os.path.join(wd, "results.json")) as f:
         first = json.load(f)
     config.train.lr = 0.01
     with pytest.raises(config_checks.ConfigError, match=r"different config \(train.lr: 0.03 -> 0.01\).*overwrite=True"):
-        trainer.run(config, wd)
+        runner.run(config, wd)
     config.overwrite = True
-    trainer.run(config, wd)
+    runner.run(config, wd)
     moved = [d for d in os.listdir(wd) if d.startswith("previous-")]
     assert len(moved) == 1  # the old run is kept, not deleted
     with open(os.path.join(wd, moved[0], "results.json")) as f:
@@ -123,7 +124,7 @@ def test_nan_loss_stops_with_step_and_session(config, tmp_path):
     wd = str(tmp_path / "wd")
     config.train.lr = 1e38
     with pytest.raises(NonFiniteError, match=r"NaN/inf at step \d+ of session 1"):
-        trainer.run(config, wd)
+        runner.run(config, wd)
     assert not os.path.exists(os.path.join(wd, "results.json"))
 
 
@@ -140,7 +141,7 @@ def test_nan_embeddings_stop_the_run_with_a_clear_message(config, tmp_path, monk
     monkeypatch.setattr(embedder, "make_embed_fn", one_nan_row)
     wd = str(tmp_path / "wd")
     with pytest.raises(NonFiniteError, match=r"embeddings are NaN/inf \(model.dtype=float32\)"):
-        trainer.run(config, wd)
+        runner.run(config, wd)
     assert not os.path.exists(os.path.join(wd, "results.json"))
 
 

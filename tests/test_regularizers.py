@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cvs_jax import regularizers as rg
+from cvs_jax.methods import regularizers as rg
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 NAMES = ("w1", "b1", "w2", "b2")
@@ -144,19 +144,19 @@ def test_ewcpp_running_fisher_along_sgd_path():
 
 def test_importance_accumulates_and_normalises():
     """online EWC sums session Fishers; RWalk keeps the running one; `used` = raw / max(raw)."""
-    from cvs_jax import importance
+    from cvs_jax.methods import fisher
 
     rng = np.random.default_rng(3)
     f1 = {"a": rng.random((3, 2)).astype(np.float32), "b": rng.random(4).astype(np.float32)}
     f2 = {"a": rng.random((3, 2)).astype(np.float32), "b": 5 * rng.random(4).astype(np.float32)}
-    raw = importance.accumulate("ewc", None, f1)
-    raw = importance.accumulate("ewc", raw, f2)
-    used = importance.for_penalty(raw, normalize=True)
+    raw = fisher.accumulate("ewc", None, f1)
+    raw = fisher.accumulate("ewc", raw, f2)
+    used = fisher.for_penalty(raw, normalize=True)
     top = max(np.max(f1["a"] + f2["a"]), np.max(f1["b"] + f2["b"]))
     np.testing.assert_allclose(raw["a"], f1["a"] + f2["a"], rtol=1e-6)
     np.testing.assert_allclose(used["b"], (f1["b"] + f2["b"]) / top, rtol=1e-6)
     assert max(np.max(used["a"]), np.max(used["b"])) == pytest.approx(1.0)
-    raw = importance.accumulate("rwalk", f1, f2)  # running Fisher passed through
-    used = importance.for_penalty(raw, normalize=False)
+    raw = fisher.accumulate("rwalk", f1, f2)  # running Fisher passed through
+    used = fisher.for_penalty(raw, normalize=False)
     np.testing.assert_array_equal(used["b"], f2["b"])
     np.testing.assert_array_equal(raw["a"], f2["a"])

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from configs import cifar100_general
-from cvs_jax import paper_results, reproduce
+from cvs_jax import reproduce
+from cvs_jax.reports import paper_results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,7 +1,7 @@
 """Crash anywhere, rerun the same command, get the uninterrupted results.
 
 Each case runs ``python -m cvs_jax.main`` in a subprocess that kills itself with
-SIGKILL at a named point (``cvs_jax.faults``), then reruns the same command and
+SIGKILL at a named point (``cvs_jax.rundir.faults``), then reruns the same command and
 compares ``results.json``, ``metrics.jsonl`` and the stored gallery with an
 uninterrupted run.
 """
@@ -12,10 +12,10 @@ import os
 import numpy as np
 import pytest
 
-from cvs_jax.checkpoint import Checkpoints
-from cvs_jax.gallery import Gallery
-from tests import methods_runs as mr
-from tests.tiny_data import write_fashion_idx
+from cvs_jax.retrieval.gallery import Gallery
+from cvs_jax.rundir.checkpoint import Checkpoints
+from cvs_jax.testing import methods_runs as mr
+from cvs_jax.testing.tiny_data import write_fashion_idx
 
 
 @pytest.fixture(scope="module")

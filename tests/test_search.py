@@ -10,12 +10,13 @@ import pytest
 from absl import flags
 from PIL import Image
 
-from cvs_jax import search, trainer
-from cvs_jax import workdir as workdir_lib
+from cvs_jax import search
 from cvs_jax.data import sources
 from cvs_jax.data.builders import _resize
-from cvs_jax.gallery import Gallery, GalleryPart
-from tests.tiny_data import fake_class_image, tiny_config, write_fashion_idx
+from cvs_jax.engine import runner
+from cvs_jax.retrieval.gallery import Gallery, GalleryPart
+from cvs_jax.rundir import workdir as workdir_lib
+from cvs_jax.testing.tiny_data import fake_class_image, tiny_config, write_fashion_idx
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def finished_run(tmp_path_factory):
     manual = write_fashion_idx(str(root / "idx"), train_per_class=60, test_per_class=10)
     c = tiny_config(manual, root, sessions=2)
     wd = str(root / "run")
-    trainer.run(c, wd)
+    runner.run(c, wd)
     return wd, c
 
 

@@ -337,7 +337,7 @@ def test_missing_standard_dataset_error(tmp_path):
 
 
 def test_standard_tfds_dataset_through_mock_data():
-    from tests.tiny_data import mock_tfds  # pylint: disable=g-import-not-at-top
+    from cvs_jax.testing.tiny_data import mock_tfds  # pylint: disable=g-import-not-at-top
 
     with mock_tfds(num_examples=9):
         ds = sources.load_dataset("fashion_mnist", data_dir="/nonexistent")

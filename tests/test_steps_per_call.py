@@ -19,9 +19,9 @@ import os
 
 import pytest
 
-from cvs_jax import cadence, trainer
-from tests import methods_runs as mr
-from tests.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.engine import cadence, runner
+from cvs_jax.testing import methods_runs as mr
+from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 
 RTOL = 1e-3  # metrics.jsonl's epoch means, k=3 vs k=1 (measured: grad_norm 2.4e-7 relative, the rest equal)
 
@@ -52,7 +52,7 @@ def _run(manual, tmp_path, k, name, *, epochs, every):
     c.train.checkpoint_every_steps = every
     c.train.steps_per_call = k
     wd = str(tmp_path / name)
-    trainer.run(c, wd)
+    runner.run(c, wd)
     return mr.outcome(wd)
 
 

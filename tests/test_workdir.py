@@ -11,8 +11,8 @@ import textwrap
 import ml_collections
 import pytest
 
-from cvs_jax import workdir as workdir_lib
 from cvs_jax.errors import ConfigError, UserError, WorkdirBusyError
+from cvs_jax.rundir import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,7 +29,7 @@ def holder(tmp_path):
         f"""
         import sys, time
         import ml_collections
-        from cvs_jax import workdir
+        from cvs_jax.rundir import workdir
         config = ml_collections.ConfigDict({{"overwrite": False, "train": {{"lr": 0.1, "eval_batch_size": 64}}}})
         with workdir.open_run(config, {wd!r}):
             print("held", flush=True)
@@ -129,7 +129,8 @@ MULTIHOST_WORKER = textwrap.dedent(
     """
     import json, sys
     import ml_collections
-    from cvs_jax import distributed, workdir
+    from cvs_jax import distributed
+    from cvs_jax.rundir import workdir
     from cvs_jax.errors import UserError
 
     distributed.maybe_initialize(True)  # CVS_JAX_MULTIHOST=1 and JAX_* variables come from the test

@@ -14,7 +14,7 @@ The JSON files
 --------------
 The official code ships, per setup and session t = 0..4,
 ``cifar100_{train,val}_{disjoint,blurry10,general10}_rand1_cls20_task{t}.json`` and the
-setup-independent ``cifar100_test_rand1_cls20_task{t}.json`` (spec §2.1-§2.5). Each file is a
+setup-independent ``cifar100_test_rand1_cls20_task{t}.json``. Each file is a
 JSON list of ``{"klass": <CIFAR-100 fine class name>, "file_name": "train/<klass>/<NNNN>.png" or
 "test/<klass>/<NNNN>.png", "label": <protocol label in the official rand1 class order>}``.
 Test file t holds all 100 test images of the classes with labels 20t..20t+19.

@@ -143,7 +143,7 @@ def store_dirs(data_config) -> list[str] | None:
     if name.split("/", 1)[0].split(":", 1)[0] not in BUILDERS:
         return None
     data_dir, options = os.path.expanduser(data_config.data_dir), builder_options(data_config)
-    parts = [(name, data_config.manual_dir)] + [("image_folder", u) for u in data_config.get("updates", ())]
+    parts = [(name, data_config.manual_dir)] + [("image_folder", u) for u in data_config.updates]
     try:
         return [_resolve_local(part_name, data_dir, manual_dir, options).directory for part_name, manual_dir in parts]
     except DataError:

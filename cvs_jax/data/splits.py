@@ -18,7 +18,7 @@ labels ``0..S-1`` and session t >= 1 owns the next C labels, as in the official 
 
 Every session pool is then split into train / val, stratified by label (scikit-learn's
 ``train_test_split`` arithmetic). No image belongs to two sessions; val images are never trained on.
-See ``shared/spec/reference-implementation.md`` sections 2.2-2.5 for the official counts.
+The official counts are in README.md (Data) and ``tests/test_configs.py``.
 """
 
 from __future__ import annotations

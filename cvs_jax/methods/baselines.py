@@ -1,4 +1,5 @@
-"""The paper's baselines on the shared trainer (spec §6, §6b).
+"""The paper's baselines on the shared engine (ivclab/CVS ``train.py``; EWC, RWalk and
+Rainbow from the author's Rainbow-Memory fork).
 
 Heads (``models.heads``, ``config.model.head``): BCT, LwF and MMD come from ivclab/CVS and train
 with its normalized-softmax ``NormLayer``; EWC, RWalk and Rainbow come from the author's fork,
@@ -29,9 +30,8 @@ from __future__ import annotations
 import jax
 import ml_collections
 
-from cvs_jax import distillation, regularizers
 from cvs_jax.errors import ConfigError
-from cvs_jax.methods import policies
+from cvs_jax.methods import distillation, policies, regularizers
 from cvs_jax.methods.base import Method, StepInputs
 
 
@@ -119,7 +119,7 @@ def make_rwalk(config: ml_collections.ConfigDict) -> Method:
 
 
 def make_rainbow(config: ml_collections.ConfigDict) -> Method:
-    """Rainbow Memory with the rules of ``config.rainbow`` (defaults = the author's fork, spec §6b)."""
+    """Rainbow Memory with the rules of ``config.rainbow`` (defaults = the author's fork)."""
     r = config.rainbow
     _check(config, "rainbow.memory", RAINBOW_MEMORIES)
     _check(config, "rainbow.batches", BATCHES)

@@ -1,4 +1,4 @@
-"""CVS: L = L_c + alpha L_m + beta L_d with herded replay (spec §3-§4).
+"""CVS: L = L_c + alpha L_m + beta L_d with herded replay (ivclab/CVS ``train.py``).
 
 L_m (neighbor-session model coherence) ties the new embedding of each image to its
 embedding by the frozen previous model, with the hardest other-label old embedding
@@ -14,9 +14,8 @@ import functools
 
 import ml_collections
 
-from cvs_jax import distillation, losses
 from cvs_jax.errors import ConfigError
-from cvs_jax.methods import policies
+from cvs_jax.methods import distillation, losses, policies
 from cvs_jax.methods.base import Method, StepInputs
 from cvs_jax.methods.baselines import BATCHES, batch_policy
 

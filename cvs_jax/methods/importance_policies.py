@@ -4,7 +4,8 @@ The penalty is ``L_reg = Σ_slots Σ_params importance · (θ − θ_anchor)²``
 cosine head is not regularized), weighted by ``loss_weights.L_reg``.  Two modes
 (``importance.mode``):
 
-``fork`` (default): the author's Rainbow-Memory fork, rule by rule (spec §6b).
+``fork`` (default): the author's Rainbow-Memory fork, rule by rule (README: Deviations and
+switches).
 * one slot per finished session, each with its own anchor = the network at the end of that
   session's training (its **last** epoch, not the best-validation one);
 * EWC: the slot's importance is the diagonal Fisher computed after the session with the last-epoch
@@ -31,7 +32,8 @@ import dataclasses
 import jax
 import numpy as np
 
-from cvs_jax import importance, regularizers
+from cvs_jax.methods import fisher as importance
+from cvs_jax.methods import regularizers
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,16 +21,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cvs_jax import augment, losses, memory
-from cvs_jax.chunks import iter_chunks
+from cvs_jax import augment
 from cvs_jax.errors import ConfigError
-from cvs_jax.gallery import Gallery
+from cvs_jax.methods import losses, replay
 from cvs_jax.methods.importance_policies import ForkFisher as ForkFisher  # re-exported: one import place
 from cvs_jax.methods.importance_policies import ImportanceState as ImportanceState
 from cvs_jax.methods.importance_policies import NoImportance as NoImportance
 from cvs_jax.methods.importance_policies import OnlineFisher as OnlineFisher
 from cvs_jax.models import net_variables
 from cvs_jax.models.heads import head_params
+from cvs_jax.retrieval.chunks import iter_chunks
+from cvs_jax.retrieval.gallery import Gallery
 
 # ------------------------------------------------------------------ data scope
 
@@ -118,7 +119,7 @@ class HerdingMemory:
     def update(self, ctx, mem: ReplayMemory, variables, s: int) -> ReplayMemory:
         pool = _pool(ctx, mem, s)
         emb = ctx.embed(variables, ctx.proto.train_images(pool))
-        ids, labels = memory.rebuild_memory(emb, ctx.proto.train_labels[pool], pool, ctx.config.memory.budget)
+        ids, labels = replay.rebuild_memory(emb, ctx.proto.train_labels[pool], pool, ctx.config.memory.budget)
         seen = mem.seen + len(ctx.proto.plan.sessions[s - 1].train)
         return ReplayMemory(np.asarray(ids, np.int64), np.asarray(labels, np.int32), s - 1, seen)
 
@@ -132,15 +133,15 @@ class ReservoirMemory:
     def update(self, ctx, mem: ReplayMemory, variables, s: int) -> ReplayMemory:
         rng = np.random.default_rng([ctx.config.seed, s, 7])
         prev = ctx.proto.plan.sessions[s - 1].train
-        ids, seen = memory.reservoir_update(mem.source_ids, mem.seen, prev, ctx.config.memory.budget, rng)
+        ids, seen = replay.reservoir_update(mem.source_ids, mem.seen, prev, ctx.config.memory.budget, rng)
         ids = ids.astype(np.int64)
         return ReplayMemory(ids, ctx.proto.train_labels[ids].astype(np.int32), s - 1, seen)
 
 
-# Rainbow Memory (the author's fork, spec §6b); config.rainbow picks the rules, defaults = the fork.
+# Rainbow Memory (the author's Rainbow-Memory fork); config.rainbow picks the rules, defaults = the fork.
 RAINBOW_PERTURBATIONS = 12  # the fork's uncert_metric "vr_randaug": 12 RandAugment draws
 RAINBOW_PERTURBATION_KINDS = ("randaugment", "train_pipeline")
-RAINBOW_SELECTIONS = memory.UNCERTAINTY_SELECTIONS  # ("stride", "spread")
+RAINBOW_SELECTIONS = replay.UNCERTAINTY_SELECTIONS  # ("stride", "spread")
 RAINBOW_FIRST_SESSION = ("random", "uncertainty")
 RAINBOW_MEMORY_BATCHES = ("cycle", "with_replacement")
 
@@ -189,12 +190,12 @@ class UncertaintyMemory:
     variance_ratio / equal_class_sampling``):
 
     * ``first_session="random"``: the memory after the first session is drawn at random, equal shares
-      per class (``memory.random_class_rows``); ``"uncertainty"``: the uncertainty rule from the start.
+      per class (``replay.random_class_rows``); ``"uncertainty"``: the uncertainty rule from the start.
     * ``perturbations`` / ``perturbation``: uncertainty = 1 - (votes of the most-voted class) / T over
       T = 12 RandAugment draws, each followed by the eval transform, model in eval mode
       (``"train_pipeline"``: the training augmentation instead).
     * ``selection="stride"``: per class, ascending uncertainty, every ``(len // quota)``-th, the first
-      ``quota`` (``memory.stride_rows``); ``"spread"``: evenly spaced along the ranking.
+      ``quota`` (``replay.stride_rows``); ``"spread"``: evenly spaced along the ranking.
     * ``refill``: slots left unused are refilled at random from the remaining candidates.
 
     With ``selection="stride"`` the candidates are in the fork's order, the previous session's images
@@ -238,19 +239,19 @@ class UncertaintyMemory:
             for start, chunk, n in iter_chunks(images, ctx.config.train.eval_batch_size):
                 out = predict(variables, jnp.asarray(chunk), jax.random.fold_in(key, start), valid)
                 preds[t, start : start + n] = np.asarray(out)[:n]
-        return memory.prediction_uncertainty(preds)
+        return replay.prediction_uncertainty(preds)
 
     def update(self, ctx, mem: ReplayMemory, variables, s: int) -> ReplayMemory:
         rng = np.random.default_rng([ctx.config.seed, s, 13])
         pool = self.candidates(ctx, mem, s, rng)
         labels, budget = ctx.proto.train_labels[pool], ctx.config.memory.budget
         if s == 1 and self.first_session == "random":
-            ids, labels = memory.random_class_select(labels, pool, budget, rng, refill=self.refill)
+            ids, labels = replay.random_class_select(labels, pool, budget, rng, refill=self.refill)
             how = "random, equal shares per class"
         else:
             unc = self.uncertainty(ctx, variables, pool, s)
             refill_rng = rng if self.refill else None
-            ids, labels = memory.uncertainty_select(
+            ids, labels = replay.uncertainty_select(
                 unc, labels, pool, budget, selection=self.selection, refill_rng=refill_rng
             )
             how = f"uncertainty over {self.perturbations} {self.perturbation} draws, {self.selection}"

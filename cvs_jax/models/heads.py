@@ -4,10 +4,10 @@ Retrieval never uses a head (it searches the embedding); a head exists to train 
 what it does at a session start changes what the embedding learns.  Two heads, chosen by
 ``config.model.head`` (``"official"``: the head the method's reference code trains with):
 
-* ``cosine`` (ivclab/CVS ``NormLayer``, spec §3.1): bias-free, logits cos(e, w_k) / T.  Rows of
+* ``cosine`` (ivclab/CVS ``NormLayer``): bias-free, logits cos(e, w_k) / T.  Rows of
   classes not yet introduced are masked out of the softmax; a session that introduces classes
   re-initialises their rows (uniform +-1/sqrt(D), as a fresh ``NormLayer``) and keeps the old rows.
-* ``linear_reset`` (the author's fork for EWC, RWalk and Rainbow, spec §6b first bullet): a plain
+* ``linear_reset`` (the author's fork for EWC, RWalk and Rainbow): a plain
   ``Linear(D, classes seen)`` with bias on the raw embedding, plain cross-entropy (no
   normalisation, no temperature), **every row and the bias re-initialised at every session start**
   (PyTorch's default ``nn.Linear`` init, uniform +-1/sqrt(D)); old rows are not kept.
@@ -24,7 +24,7 @@ from typing import ClassVar, Mapping
 import jax
 import jax.numpy as jnp
 
-from cvs_jax import losses
+from cvs_jax.methods import losses
 
 HEADS = ("cosine", "linear_reset")
 ROW_KEYS = ("head", "head_bias")  # every head array of any head: one row per class along axis 0

@@ -2,7 +2,7 @@
 
 The official fine-grained code uses ``pretrainedmodels``' ResNet-50, which is torchvision's
 ResNet-50 with the ImageNet weights ``resnet50-19c8e357.pth`` (= torchvision ``IMAGENET1K_V1``,
-also published as ``resnet50-0676ba61.pth``) and ``fc`` renamed ``last_linear`` (spec §1.5, §1.7).
+also published as ``resnet50-0676ba61.pth``) and ``fc`` renamed ``last_linear``.
 
 Usage (the trainer)::
 

@@ -1,6 +1,6 @@
 """ResNet backbones with a 128-d embedding, as in the official CVS code.
 
-Two layouts (spec §1.5):
+Two layouts (as in the official code):
   * ``cifar``: 3x3 stem, no max-pool; GDumb-derived block where every conv is
     conv-BN-ReLU, the residual branch ends with a ReLU and there is *no* ReLU
     after the addition; the projection shortcut is conv-BN-ReLU too.
@@ -9,7 +9,7 @@ Two layouts (spec §1.5):
 BatchNorm eps is 1e-6 and momentum 0.1 in PyTorch terms (0.9 in Flax terms).
 
 A third family, ``TorchvisionResNet`` (``layout="torchvision"``), is the torchvision
-ResNet used with ImageNet-pretrained weights for fine-grained data (spec §1.5, §1.7):
+ResNet used with ImageNet-pretrained weights for fine-grained data (the paper's fine-grained setting):
 7x7/2 stem + 3x3/2 max-pool, torchvision BasicBlock or Bottleneck (v1.5: stride on the
 3x3 conv, expansion 4), projection shortcut conv1x1+BN *without* ReLU, ReLU after the
 addition, BN eps 1e-5; ``frozen_bn`` makes every BN use its running statistics also in

@@ -1,0 +1,309 @@
+"""Several methods on identical splits and seeds (``python -m cvs_jax.compare``): every (seed, method)
+run in ``DIR/seed<k>/<method>/``, session 1 shared where methods train it alike, then the tables.
+
+``run_comparison`` holds DIR's lock throughout; each run also locks its own workdir.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import time
+
+from cvs_jax import distributed
+from cvs_jax.engine import runner
+from cvs_jax.errors import ConfigError, NonFiniteError
+from cvs_jax.methods.registry import METHODS, get_method, head_name
+from cvs_jax.models.heads import HEADS
+from cvs_jax.reports import plots
+from cvs_jax.reports.tables import (
+    BC,
+    REFERENCE,
+    _write_csv,
+    comparison_json,
+    markdown,
+    rows_from_summary,
+    summarize_pairs,
+    summarize_runs,
+)
+from cvs_jax.retrieval import compatibility
+from cvs_jax.rundir import paths
+from cvs_jax.rundir import workdir as workdir_lib
+
+
+def share_first_session(source: str, target: str) -> None:
+    """Copies the session-1 checkpoint and its metrics so ``target`` resumes at session 2."""
+    src = paths.session_dir(source, 0)
+    dst = paths.session_dir(target, 0)
+    if os.path.exists(dst) or not os.path.exists(src):
+        return
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    shutil.copytree(src, dst + ".copying")
+    os.rename(dst + ".copying", dst)  # atomic: a half copy is never taken for a checkpoint
+    with open(paths.metrics_file(source)) as f:
+        first = [line for line in f if json.loads(line)["session"] == 1]
+    with open(paths.metrics_file(target), "w") as f:
+        f.writelines(first)
+
+
+def parse_entry(entry: str) -> tuple[str, str | None, dict[str, str]]:
+    """``"ewc@cosine+importance.mode=online"`` -> ("ewc", "cosine", {"importance.mode": "online"});
+    ``"ewc"`` -> ("ewc", None, {}): the configured model.head, no override."""
+    base, *fields = entry.split("+")
+    method, _, head = base.partition("@")
+    overrides = {}
+    for f in fields:
+        key, sep, value = f.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--methods entry {entry!r}: write each override as +field=value, e.g. +cvs.use_lm=False")
+        overrides[key] = value
+    return method, (head or None), overrides
+
+
+def _typed(old, value: str, key: str):
+    """``value`` parsed as the type of the field's current value (bools from True/False)."""
+    if isinstance(old, bool):
+        if value not in ("True", "False", "true", "false"):
+            raise ConfigError(f"+{key}={value}: {key} is a bool; write True or False.")
+        return value in ("True", "true")
+    try:
+        return type(old)(value) if old is not None else value
+    except ValueError:
+        raise ConfigError(f"+{key}={value}: {key} holds a {type(old).__name__}, e.g. {old!r}.") from None
+
+
+def entry_config(config, entry: str, seed: int, split_seed):
+    """The config of one (seed, entry) run."""
+    c = copy.deepcopy(config)
+    c.unlock()
+    method, head, overrides = parse_entry(entry)
+    c.method, c.seed, c.split_seed = method, seed, split_seed
+    if head is not None:
+        c.model.head = head
+    for key, value in overrides.items():
+        *path, field = key.split(".")
+        node = c
+        for part in path:
+            node = node[part] if part in node else None
+            if node is None:
+                break
+        if node is None or field not in node:
+            raise ConfigError(f"--methods entry {entry!r}: the config has no field {key!r}.")
+        node[field] = _typed(node[field], value, key)
+    return c
+
+
+DIVERGED = "diverged.json"  # written into a run dir stopped by the NaN guard: {"message": ...}
+
+
+def _write_json(path: str, value) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(value, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def recorded_run(config, workdir: str, entry: str, seed: int, split_seed) -> dict | None:
+    """The record of a run already in ``workdir`` (``--tabulate``): finished (results.json), diverged
+    (diverged.json), or None when it has not finished."""
+    run_dir = os.path.join(workdir, f"seed{seed}", entry)
+    c = entry_config(config, entry, seed, split_seed)
+    for path in (paths.results_file(run_dir), os.path.join(run_dir, DIVERGED)):
+        if os.path.exists(path):
+            with open(path) as f:
+                value = json.load(f)
+            if path.endswith(DIVERGED):
+                return run_record(seed, entry, c, run_dir, workdir, None, value["message"])
+            return run_record(seed, entry, c, run_dir, workdir, value)
+    print(f"seed {seed}, {entry}: not finished in {run_dir}; left out")
+    return None
+
+
+def run_record(seed: int, method: str, c, run_dir: str, workdir: str, results: dict | None, error=None) -> dict:
+    """One run of the comparison (``method``: the ``--methods`` entry, ``c``: its config): what
+    ``comparison.json`` lists (recalls and the BC drop in points)."""
+    record = {
+        "seed": seed,
+        "method": method,
+        "head": head_name(c),
+        "workdir": os.path.relpath(run_dir, workdir),
+        "status": "ok" if error is None else "diverged",
+        "message": None if error is None else str(error),
+        "average_recall": None,
+        "recall1_per_session": None,
+        BC: None,
+    }
+    if results is not None:
+        record["average_recall"] = {k: 100 * v for k, v in results["average_recall"].items()}
+        record["recall1_per_session"] = [100 * s["recall"]["1"] for s in results["per_session"]]
+        drop = compatibility.mean_drop(results["compatibility_recall1"])
+        record[BC] = None if drop is None else 100 * drop
+    return record
+
+
+def entry_pairs(config, methods: list[str]) -> list[tuple[str, str, str]]:
+    """The paired comparisons beyond "each entry minus cvs": ``(a, b, why)`` for each method run under
+    both heads (``a`` linear_reset, ``b`` cosine: the head effect) and for each entry against the cvs
+    entry trained with the same head (when that cvs entry is not plain ``cvs``, already the reference);
+    and each ablation (``entry+field=value``) against its entry without overrides."""
+    plain = [e for e in methods if "+" not in e]
+    pairs = [(e, e.split("+")[0], f"ablation of {e.split('+')[0]}") for e in methods if e.split("+")[0] in plain]
+    pairs = [p for p in pairs if p[0] != p[1]]
+    heads = {}
+    for entry in plain:
+        c = entry_config(config, entry, 0, None)
+        heads[entry] = (c.method, head_name(c))
+    for method in dict.fromkeys(m for m, _ in heads.values()):
+        by_head = {h: e for e, (m, h) in heads.items() if m == method}
+        if "linear_reset" in by_head and "cosine" in by_head:
+            pairs.append((by_head["linear_reset"], by_head["cosine"], f"head effect of {method}"))
+    for entry, (method, head) in heads.items():
+        ref = next((e for e, (m, h) in heads.items() if m == REFERENCE and h == head), None)
+        if method != REFERENCE and ref is not None and ref != REFERENCE:
+            pairs.append((entry, ref, f"against {REFERENCE} with the {head} head"))
+    return pairs
+
+
+def run_comparison(
+    config,
+    workdir: str,
+    methods: list[str],
+    seeds: list[int],
+    split_seed: int | None = None,
+    population: bool = False,
+    tabulate: bool = False,
+):
+    """Runs every (seed, method); returns one row per method (see ``rows_from_summary``).
+    ``tabulate``: runs nothing, tabulates the runs already finished in ``workdir`` (``recorded_run``).
+
+    ``split_seed``: every run uses this session plan (None: ``config.split_seed``, and if that is
+    None each seed its own).  ``population``: each method's seeds (consecutive) train as one
+    population, on one plan (``split_seed``, else ``config.split_seed``, else the first seed's)."""
+    if population and sorted(seeds) != list(range(min(seeds), min(seeds) + len(seeds))):
+        raise ConfigError(
+            f"--population trains seeds k..k+N-1 as one population; --seeds {','.join(map(str, seeds))} are "
+            f"not consecutive (e.g. --seeds {','.join(str(min(seeds) + i) for i in range(len(seeds)))})."
+        )
+    unknown = [m for m in methods if parse_entry(m)[0] not in METHODS]  # parse_entry refuses a bad override
+    if unknown:
+        raise ConfigError(f"--methods names unknown methods {unknown}; choose from {sorted(METHODS)}.")
+    bad_heads = [m for m in methods if parse_entry(m)[1] not in (None,) + HEADS]
+    if bad_heads:
+        raise ConfigError(f"--methods {bad_heads}: after '@' name a head, one of {list(HEADS)} (e.g. ewc@cosine).")
+    if len(set(methods)) < len(methods):
+        raise ConfigError(f"--methods {','.join(methods)} names an entry twice; name each once.")
+    for entry in methods:  # an override of a field that does not exist, or of the wrong type, stops here
+        get_method(entry_config(config, entry, seeds[0], split_seed))
+    distributed.maybe_initialize(config.distributed.multihost)  # before the lock asks JAX for the process index
+    with workdir_lib.hold(workdir):  # one comparison per DIR; each run also locks its own workdir
+        return _compare(config, workdir, methods, seeds, split_seed, population, tabulate)
+
+
+# Config groups read only from session 2 on: an entry whose overrides stay inside them shares session 1.
+SESSION_TWO_GROUPS = ("cvs", "rainbow", "memory", "loss_weights")
+
+
+def _share_session_one(c, entry: str, seed: int, run_dir: str, earlier: dict) -> None:
+    """Copies session 1 into ``run_dir`` from the first earlier run of this seed and head that saved it
+    (``earlier``: (seed, head) -> run dirs, updated), unless the method trains its own session 1 (it keeps
+    statistics of it, or the entry overrides a field that session 1 reads)."""
+    if not get_method(c).shares_first_session:  # its session 1 keeps statistics: it trains its own
+        return
+    if any(key.split(".")[0] not in SESSION_TWO_GROUPS for key in parse_entry(entry)[2]):
+        return
+    sharing = earlier.setdefault((seed, head_name(c)), [])
+    source = next((d for d in sharing if os.path.exists(paths.session_dir(d, 0))), None)
+    if source is not None:
+        share_first_session(source, run_dir)
+    sharing.append(run_dir)
+
+
+def _run_populations(config, workdir: str, methods: list[str], seeds: list[int], split_seed: int) -> list[dict]:
+    """Each method's seeds as one population, in ``DIR/seed<k>/<method>`` (session 1 shared as without)."""
+    seeds = sorted(seeds)
+    runs: list[dict] = []
+    t0 = time.time()
+    earlier: dict = {}
+    for method in methods:
+        c = entry_config(config, method, seeds[0], split_seed)
+        c.population = len(seeds)
+        dirs = [os.path.join(workdir, f"seed{seed}", method) for seed in seeds]
+        for seed, run_dir in zip(seeds, dirs):
+            _share_session_one(c, method, seed, run_dir, earlier)
+        print(
+            f"\n##### method {method}, seeds {seeds[0]}..{seeds[-1]} as a population ({time.time() - t0:.0f}s elapsed)"
+        )
+        try:
+            out = runner.run_population(c, os.path.join(workdir, "population", method), dirs)
+            runs += [run_record(s, method, c, d, workdir, r) for s, d, r in zip(seeds, dirs, out["results"])]
+        except NonFiniteError as e:  # the population stops as a whole: every seed of the method diverged
+            print(f"method {method} (population) diverged: {e}", flush=True)
+            runs += [run_record(s, method, c, d, workdir, None, e) for s, d in zip(seeds, dirs)]
+    return sorted(runs, key=lambda r: r["seed"])  # seed-major, as without --population
+
+
+def _compare(
+    config,
+    workdir: str,
+    methods: list[str],
+    seeds: list[int],
+    split_seed: int | None,
+    population: bool = False,
+    tabulate: bool = False,
+) -> list[dict]:
+    if split_seed is None:
+        split_seed = config.split_seed
+    if population and split_seed is None:
+        split_seed = min(seeds)  # the members of a population share one session plan
+    runs: list[dict] = []
+    t0 = time.time()
+    if tabulate:
+        runs = [r for seed in seeds for m in methods if (r := recorded_run(config, workdir, m, seed, split_seed))]
+    elif population:
+        runs = _run_populations(config, workdir, methods, seeds, split_seed)
+    earlier: dict = {}  # (seed, head) -> sharing run dirs so far: session 1 comes from the first that saved it
+    for seed in [] if population or tabulate else seeds:
+        for method in methods:
+            c = entry_config(config, method, seed, split_seed)
+            run_dir = os.path.join(workdir, f"seed{seed}", method)
+            _share_session_one(c, method, seed, run_dir, earlier)
+            print(f"\n##### seed {seed}, method {method} ({time.time() - t0:.0f}s elapsed)", flush=True)
+            try:
+                runs.append(run_record(seed, method, c, run_dir, workdir, runner.run(c, run_dir)))
+            except NonFiniteError as e:  # a diverged run: recorded, the comparison goes on
+                print(f"seed {seed}, method {method} diverged: {e}", flush=True)
+                _write_json(os.path.join(run_dir, DIVERGED), {"message": str(e)})
+                runs.append(run_record(seed, method, c, run_dir, workdir, None, e))
+    summary = summarize_runs(runs, methods)
+    pairs = summarize_pairs(runs, entry_pairs(config, methods))
+    rows = rows_from_summary(summary)
+    title = f"{config.data.name} / {config.data.setup}"
+    if split_seed is None:
+        split_note = "each seed has its own class order and split"
+    else:
+        split_note = f"every seed runs on the split of split_seed={split_seed} (seeds vary initialisation and order)"
+    table = markdown(summary, runs, title, split_note, pairs)
+    with open(os.path.join(workdir, "comparison.md"), "w") as f:
+        f.write(table + "\n")
+    _write_csv(os.path.join(workdir, "comparison.csv"), rows)
+    tmp = os.path.join(workdir, "comparison.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(comparison_json(config, methods, seeds, split_seed, runs, summary, pairs), f, indent=1)
+    os.replace(tmp, os.path.join(workdir, "comparison.json"))
+    mean_runs = [
+        {
+            "method": e["method"],
+            "dataset": config.data.name,
+            "setup": config.data.setup,
+            "average_recall": {"1": e["average_recall"]["1"]["mean"] / 100},
+            "per_session": [{"session": i, "recall": {"1": v / 100}} for i, v in enumerate(e["recall1_per_session"])],
+        }
+        for e in summary
+        if e["seeds"]
+    ]
+    if mean_runs:
+        plots.recall_per_session(mean_runs, os.path.join(workdir, "comparison.png"))
+    print(f"\n{table}\n\ntotal time {time.time() - t0:.0f}s; tables in {workdir}/comparison.md/.csv/.json")
+    return rows

@@ -1,0 +1,220 @@
+"""Refuse bad configurations before any data loading or compilation.
+
+Each problem stops the run with one message naming the field and the fix.  Checks
+that need the dataset (class counts of datasets we do not know statically, image
+counts per class) happen in the splitter, still before any compilation.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+
+from cvs_jax import augment
+from cvs_jax.data import official_splits, splits
+from cvs_jax.engine import schedules
+from cvs_jax.errors import ConfigError, DataError
+from cvs_jax.methods.registry import METHODS, head_name
+from cvs_jax.models.pretrained import CONVERT_ONE_LINER
+
+# Classes of the datasets we know without opening them (for early S/C/L checks).
+KNOWN_NUM_CLASSES = {
+    "fashion_mnist_local": 10,
+    "fashion_mnist": 10,
+    "mnist": 10,
+    "cifar10": 10,
+    "cifar100": 100,
+    "tiny_imagenet_zip": 200,
+    "stanford_dogs": 120,
+    "stanford_dogs_256": 120,
+    "inat_m": 200,
+    "product_m": 2743,
+}
+LOCAL_BUILDERS = ("fashion_mnist_local", "tiny_imagenet_zip", "product_m")  # read data.manual_dir (a folder)
+SPLITS = ("official", "generator", "user")  # data.split
+# methods a population run (population > 1) trains: their step terms are functional and their per-session
+# state (memory, gallery centres, head copies) is per member; EWC/RWalk importance and Rainbow are refused
+POPULATION_METHODS = ("finetune", "joint", "cvs", "bct", "lwf", "mmd")
+
+
+def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
+    d, t = config.data, config.train
+    if config.method not in METHODS:
+        raise ConfigError(f"method={config.method!r} is unknown; choose one of {sorted(METHODS)}.")
+    if d.setup not in splits.SETUPS:
+        raise ConfigError(f"data.setup={d.setup!r} is unknown; choose one of {list(splits.SETUPS)}.")
+    if d.name is None:
+        raise ConfigError("data.name is not set; set --config.data.name (e.g. fashion_mnist_local).")
+    _check_split(d)
+    if d.on_corrupt not in ("refuse", "skip"):
+        raise ConfigError(f"data.on_corrupt={d.on_corrupt!r} is unknown; choose 'refuse' or 'skip'.")
+    if t.schedule not in schedules.SCHEDULES:
+        raise ConfigError(f"train.schedule={t.schedule!r} is unknown; choose one of {list(schedules.SCHEDULES)}.")
+    if config.augment.crop not in augment.CROPS:
+        raise ConfigError(f"augment.crop={config.augment.crop!r} is unknown; choose one of {list(augment.CROPS)}.")
+    if config.augment.crop == "resized" and (config.augment.size is None or config.augment.size <= 0):
+        raise ConfigError(
+            "augment.crop='resized' needs the crop side: set --config.augment.size (224 for the fine-grained recipe)."
+        )
+    if config.augment.policy not in augment.POLICIES:
+        raise ConfigError(
+            f"augment.policy={config.augment.policy!r} is unknown; choose one of {list(augment.POLICIES)}."
+        )
+    if d.general_shares not in splits.GENERAL_SHARES:
+        raise ConfigError(
+            f"data.general_shares={d.general_shares!r} is unknown; choose one of {list(splits.GENERAL_SHARES)}."
+        )
+    if d.val_per_class is not None and d.val_fraction != 0:
+        raise ConfigError(
+            f"data.val_fraction={d.val_fraction} and data.val_per_class={d.val_per_class} are both "
+            "set; choose one (--config.data.val_fraction=0 to use val_per_class)."
+        )
+    if not 0 <= d.old_class_percent < 100:
+        raise ConfigError(f"data.old_class_percent={d.old_class_percent} (M) must be in [0, 100).")
+    if d.num_sessions < 1 or d.first_classes < 1 or (d.num_sessions > 1 and d.classes_per_session < 1):
+        raise ConfigError(
+            "data.num_sessions (L), data.first_classes (S) and data.classes_per_session (C) must be positive."
+        )
+    total = d.first_classes + (d.num_sessions - 1) * d.classes_per_session
+    if d.split == "user":
+        total = 0  # the sessions come from the data: checked when it is read (user_sessions.check_plan_feasible)
+    if d.name in KNOWN_NUM_CLASSES and total > KNOWN_NUM_CLASSES[d.name]:
+        raise ConfigError(
+            f"S + (L-1)*C = {d.first_classes} + ({d.num_sessions}-1)*{d.classes_per_session} = "
+            f"{total} classes, but {d.name} has {KNOWN_NUM_CLASSES[d.name]}; lower "
+            f"data.num_sessions, data.first_classes or data.classes_per_session."
+        )
+    if t.batch_size < 1 or t.batch_size % num_devices:
+        raise ConfigError(
+            f"train.batch_size={t.batch_size} is not a positive multiple of the {num_devices} "
+            f"devices; choose a multiple of {num_devices}."
+        )
+    if t.eval_batch_size < 1 or t.eval_batch_size % num_devices:
+        raise ConfigError(
+            f"train.eval_batch_size={t.eval_batch_size} is not a positive multiple of the "
+            f"{num_devices} devices; choose a multiple of {num_devices}."
+        )
+    if t.epochs < 1:
+        raise ConfigError(f"train.epochs={t.epochs} must be at least 1.")
+    if t.checkpoint_every_steps < 0:
+        raise ConfigError(f"train.checkpoint_every_steps={t.checkpoint_every_steps} must be >= 0 (0: epoch ends only).")
+    k = t.steps_per_call
+    if not isinstance(k, int) or k < 1:
+        raise ConfigError(f"train.steps_per_call={k!r} must be a positive integer (1: one step per call).")
+    population = config.population
+    if not isinstance(population, int) or population < 1:
+        raise ConfigError(f"population={population!r} must be a positive integer (1: one run).")
+    if population > 1 and config.method not in POPULATION_METHODS:
+        raise ConfigError(
+            f"population={population} is not supported for method={config.method!r} (its per-session state, "
+            f"e.g. parameter importance or uncertainty memory, is not stacked over members); use one of "
+            f"{list(POPULATION_METHODS)}, or population=1 and one run per seed."
+        )
+    method = METHODS[config.method](config)
+    if d.name == "image_folder" and d.manual_dir is not None:
+        _check_image_folders(config, method.uses_memory)
+    if method.uses_memory:
+        classes = total  # every setup uses the first S + (L-1)C classes of the class order
+        if config.memory.budget < classes:
+            raise ConfigError(
+                f"memory.budget={config.memory.budget} is smaller than the {classes} classes the "
+                f"run will have seen; raise memory.budget to at least {classes}."
+            )
+    head_name(config)  # model.head: one of HEAD_CHOICES
+    if config.model.head_block < 0:
+        raise ConfigError(f"model.head_block={config.model.head_block} must be >= 0 (0: one head row per class).")
+    if not 0 <= d.test_fraction < 1:
+        raise ConfigError(f"data.test_fraction={d.test_fraction} must lie in [0, 1); e.g. 0.2.")
+    if d.stored_size < 8:
+        raise ConfigError(f"data.stored_size={d.stored_size} is too small; e.g. 256 (photos) or 64.")
+    if d.name == "image_folder" and d.manual_dir is None:
+        raise ConfigError(
+            "data.name=image_folder reads your images from data.manual_dir: set --config.data.manual_dir to a "
+            "folder of class folders (<class>/<image>) or a CSV manifest (path,label[,split][,session])."
+        )
+    if config.model.pretrained is not None and not os.path.isfile(os.path.expanduser(config.model.pretrained)):
+        raise ConfigError(
+            f"model.pretrained={config.model.pretrained!r} does not exist; download torchvision's "
+            f"resnet50-0676ba61.pth and convert it: {CONVERT_ONE_LINER} (or unset model.pretrained)."
+        )
+    if d.name in LOCAL_BUILDERS and d.manual_dir is not None:
+        manual = os.path.expanduser(d.manual_dir)
+        if not os.path.isdir(manual):
+            raise ConfigError(
+                f"data.manual_dir={d.manual_dir!r} does not exist; point it at the folder holding "
+                f"the {d.name} source files (see README, Data)."
+            )
+
+
+def _check_image_folders(config: ml_collections.ConfigDict, uses_memory: bool) -> None:
+    """Your own images: every folder of the run (``data.manual_dir``, ``data.updates``) exists or was
+    prepared into a record store of ``data.data_dir`` (a run stays usable after its folder moved); with
+    sessions from the data (``data.split=user``) and a replay method, ``memory.budget`` covers the
+    classes the folders hold (their listing only: no image is read)."""
+    from cvs_jax.data import folder_inventory, sources, user_sessions  # pylint: disable=g-import-not-at-top
+
+    d = config.data
+    folders = [("data.manual_dir", d.manual_dir)] + [("data.updates", u) for u in d.get("updates", ())]
+    classes: set[str] = set()
+    listed = True
+    for field, folder in folders:
+        path = os.path.expanduser(folder)
+        if os.path.exists(path):
+            if uses_memory and d.split == "user":
+                try:
+                    inventory = folder_inventory.scan(path, test_fraction=d.test_fraction, seed=d.test_seed)
+                    classes.update(inventory.class_names)
+                except DataError:  # what is wrong with the folder is reported when it is read
+                    listed = False
+            continue
+        if sources.indexed_store(d.data_dir, path, sources.builder_options(d)) is None:
+            raise ConfigError(
+                f"{field}: {folder!r} does not exist, and no record store in data.data_dir={d.data_dir!r} was "
+                "prepared from it; pass a folder of class folders (<class>/<image>) or a CSV manifest "
+                "(path,label[,split][,session])."
+            )
+        listed = False  # a moved folder: its classes are counted from its store (protocol.check_data)
+    if uses_memory and d.split == "user" and listed and config.memory.budget < len(classes):
+        raise ConfigError(user_sessions.budget_message(config.memory.budget, len(classes), fixed=bool(folders[1:])))
+
+
+def _check_split(d: ml_collections.ConfigDict) -> None:
+    """``data.split``: "generator" or "official" (only where official files exist, with the fields they fix)."""
+    if d.split not in SPLITS:
+        raise ConfigError(
+            f"data.split={d.split!r} is unknown; choose 'official' (the official CVS sessions, CIFAR-100), "
+            "'generator' (our seeded generator) or 'user' (image_folder: your manifest's sessions)."
+        )
+    if d.official_split_dir is not None and not os.path.isdir(os.path.expanduser(d.official_split_dir)):
+        raise ConfigError(
+            f"data.official_split_dir={d.official_split_dir!r} does not exist; point it at the "
+            f"official cifar100_*.json session files (e.g. ../shared/data/cvs-official-splits/cifar100)."
+        )
+    if d.split == "user":
+        if d.name != "image_folder":
+            raise ConfigError(
+                f"data.split='user' takes the sessions from an image_folder manifest's session column; {d.name} "
+                "has none: set --config.data.split=generator."
+            )
+        return
+    if d.split == "generator":
+        if d.official_split_dir is not None:
+            raise ConfigError(
+                f"data.official_split_dir={d.official_split_dir!r} is only read with data.split='official'; "
+                "set --config.data.split=official (CIFAR-100) or unset data.official_split_dir."
+            )
+        return
+    base = d.name.split("/", 1)[0].split(":", 1)[0]
+    if base not in official_splits.OFFICIAL_DATASETS:
+        raise ConfigError(
+            f"data.split='official': the official CVS session files exist only for "
+            f"{', '.join(official_splits.OFFICIAL_DATASETS)}, not {d.name}; set --config.data.split=generator."
+        )
+    for field, want in official_splits.OFFICIAL_FIELDS[d.setup].items():
+        if d[field] != want:
+            raise ConfigError(
+                f"data.{field}={d[field]!r}, but the official CIFAR-100 {official_splits.FILE_SETUPS[d.setup]} "
+                f"sessions fix {want!r}; set --config.data.split=generator to split with data.{field}={d[field]!r} "
+                f"(or leave it at {want!r})."
+            )

@@ -1,0 +1,150 @@
+"""Everything fixed for a whole run: config, method, data, model, compiled functions, checkpoints.
+
+Built once by ``RunContext.build``; the session phases (``phases.py``) and the
+methods' host-side policies read it and never change it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any, Callable
+
+import jax
+import ml_collections
+
+from cvs_jax import augment, distributed, models
+from cvs_jax.engine.protocol import Protocol
+from cvs_jax.engine.train_step import make_optimizer, make_train_step
+from cvs_jax.methods.base import Method
+from cvs_jax.methods.registry import get_head, get_method
+from cvs_jax.models.heads import Head
+from cvs_jax.retrieval.embedder import Embedder
+from cvs_jax.rundir import paths
+from cvs_jax.rundir.checkpoint import Checkpoints
+from cvs_jax.rundir.run_log import RunLog
+
+
+def devices_line() -> str:
+    """One line naming what the run computes on: platform, device kinds and count, processes."""
+    devices = jax.devices()
+    kinds = ", ".join(sorted({d.device_kind for d in devices}))
+    return (
+        f"devices: {devices[0].platform} {len(devices)} x {kinds} ({jax.local_device_count()} local), "
+        f"{jax.process_count()} process(es)"
+    )
+
+
+@dataclasses.dataclass
+class RunContext:
+    config: ml_collections.ConfigDict
+    workdir: str
+    method: Method
+    head: Head  # the classifier head the run trains with (``model.head`` resolved for the method)
+    proto: Protocol
+    mesh: Any
+    model: Any
+    tx: Any
+    pipeline: augment.Pipeline
+    step_fn: Callable  # one training step per call
+    steps_fn: Callable  # ``train.steps_per_call`` steps per call (lax.scan over stacked batches)
+    embed: Embedder
+    log: RunLog
+    sessions: Checkpoints  # one per completed session, kept forever (run_state.RunState)
+    progress: Checkpoints  # rolling mid-session checkpoints, numbered by the run's global step
+    init_key: jax.Array
+    head_key: jax.Array  # folded with the session index: the rows a session adds to the head
+    step_key: jax.Array  # folded with the session index, then with the step: augmentation draws
+    ks: tuple[int, ...]
+    _cache: dict = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls, config: ml_collections.ConfigDict, workdir: str, log: RunLog, share: "RunContext | None" = None
+    ) -> "RunContext":
+        """``share``: another member's context of a population run, whose protocol (the dataset, read
+        once), mesh, model, optimizer, pipeline and compiled functions this one reuses; only the seed
+        (keys, batch order) and the workdir (log, checkpoints) are this run's own."""
+        method = get_method(config)
+        head = get_head(config)
+        if share is None:
+            mesh = distributed.data_mesh()  # one "data" axis over every device of every process
+            t0 = time.time()
+            proto = Protocol.build(config)
+            plan = proto.plan
+            log.print(
+                f"data: {proto.dataset.name} {len(proto.dataset.train)} train / {len(proto.dataset.test)} test "
+                f"images, setup={plan.setup}, {_plural(plan.num_sessions, 'session')}, "
+                f"{_plural(max(x.num_outputs for x in plan.sessions), 'class', 'classes')} "
+                f"({time.time() - t0:.1f}s)"
+            )
+        else:
+            mesh, proto = share.mesh, share.proto
+        if jax.process_index() == 0:
+            with open(paths.protocol_file(workdir), "w") as f:
+                json.dump(proto.description(), f, indent=1)
+        if share is None:
+            model = models.from_config(config)
+            tx = make_optimizer(
+                momentum=config.train.momentum, nesterov=config.train.nesterov, weight_decay=config.train.weight_decay
+            )
+            pipeline = augment.Pipeline.from_config(config)  # train-time augmentation and eval preprocessing
+            step_args = dict(head=head, loss_weights=dict(config.loss_weights), pipeline=pipeline)
+            step_fn = make_train_step(model, tx, method, **step_args)
+            k = config.train.steps_per_call
+            steps_fn = make_train_step(model, tx, method, steps_per_call=k, **step_args)
+            embed = Embedder(
+                model, pipeline, config.train.eval_batch_size, config.model.dtype, mesh, config.model.embed_dim
+            )
+        else:
+            model, tx, pipeline, embed = share.model, share.tx, share.pipeline, share.embed
+            step_fn, steps_fn = share.step_fn, share.steps_fn
+        init_key, head_key, step_key = jax.random.split(jax.random.key(config.seed), 3)
+        return cls(
+            config=config,
+            workdir=workdir,
+            method=method,
+            head=head,
+            proto=proto,
+            mesh=mesh,
+            model=model,
+            tx=tx,
+            pipeline=pipeline,
+            step_fn=step_fn,
+            steps_fn=steps_fn,
+            embed=embed,
+            log=log,
+            sessions=Checkpoints(paths.sessions_dir(workdir), max_to_keep=None, log=log.print),
+            progress=Checkpoints(paths.progress_dir(workdir), max_to_keep=2, log=log.print),
+            init_key=init_key,
+            head_key=head_key,
+            step_key=step_key,
+            ks=tuple(int(k) for k in config.eval.ks),
+        )
+
+    def initial_variables(self) -> dict:
+        return models.init_variables(
+            self.model,
+            self.config,
+            self.proto.image_shape,
+            self.proto.num_classes,
+            self.init_key,
+            self.head_key,
+            head=self.head,
+        )
+
+    def cached(self, name: str, factory: Callable[[], Any]) -> Any:
+        """A compiled helper built on first use (e.g. Rainbow's perturbed predictions)."""
+        if name not in self._cache:
+            self._cache[name] = factory()
+        return self._cache[name]
+
+    def close(self) -> None:
+        self.sessions.close()
+        self.progress.close()
+
+
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    """``1 session``, ``3 sessions``: what a person reads."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"

@@ -1,0 +1,554 @@
+"""The phases of one session, each a function a test can call on its own.
+
+    carry_over        replay memory and importance from the previous session's selected model
+    session_view      the session's batches, gallery images, validation and test queries
+    session_constants per-session values the jitted step reads (classes, L_d centres, importance)
+    train             epochs with validation recall@1 and best-model selection (resumes mid-session)
+    test              recall@K of the test queries against the accumulated gallery
+    append_and_save   the session's gallery part, its result record and the session checkpoint
+
+Protocol rules (as the official ivclab/CVS code does them): the model that is tested, embeds the
+gallery and is saved is the best-validation epoch's (strict improvement: ties go to the earlier
+epoch); validation searches the stored gallery plus the session's images embedded by the current
+model; test queries are embedded by the newest model and search a gallery whose older rows were
+made by older models and are never re-embedded (``joint`` alone re-embeds everything).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Any, Callable, Iterable
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from cvs_jax import distributed
+from cvs_jax.engine import prefetch, schedules
+from cvs_jax.engine.cadence import Cadence, CallReader, calls
+from cvs_jax.engine.context import RunContext
+from cvs_jax.engine.run_state import RunState
+from cvs_jax.engine.train_step import TrainState
+from cvs_jax.errors import ConfigError, NonFiniteError
+from cvs_jax.models.heads import head_params
+from cvs_jax.retrieval import topk
+from cvs_jax.retrieval.gallery import Gallery, GalleryPart, RowConcat
+from cvs_jax.rundir import faults
+from cvs_jax.rundir.run_log import format_eta
+
+_NO_BAD_STEP = np.iinfo(np.int32).max
+MAX_CALLS_IN_FLIGHT = 2  # the host prepares the next call while the device runs the current one
+
+
+def carry_over(ctx: RunContext, state: RunState, s: int) -> RunState:
+    """Replay memory and parameter importance after session s-1, computed with its selected model at
+    the start of session s (the official code builds session 1's exemplars this way).  A run that
+    resumes, or that shares session 1 with another method, computes them here too."""
+    if s == 0:
+        return state
+    mem, imp = state.memory, state.importance
+    if mem.built_after != s - 1:
+        mem = ctx.method.memory.update(ctx, mem, state.variables, s)
+    if imp.built_after != s - 1:
+        imp = ctx.method.importance.update(ctx, imp, state.variables, s)
+    return state.replace(memory=mem, importance=imp)
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionView:
+    """What session ``s`` trains on and searches."""
+
+    s: int
+    batches: Any  # policies.ShuffledEpochs | HalfMemoryEpochs: batch(epoch, i) -> dataset indices
+    gallery_idx: np.ndarray  # train images whose rows this session adds to the gallery
+    stored: Gallery  # the stored rows that validation and test search besides the session's own
+    val_idx: np.ndarray  # validation queries (train split, accumulated over sessions)
+    test_idx: np.ndarray  # test queries (test split, classes seen so far)
+    epochs: int
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.batches.steps_per_epoch
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps_per_epoch * self.epochs
+
+
+def session_view(ctx: RunContext, state: RunState, s: int) -> SessionView:
+    c, method, plan = ctx.config, ctx.method, ctx.proto.plan
+    idx = ctx.proto.training_indices(method, s)
+    batches = method.batches.plan(idx, state.memory, batch_size=c.train.batch_size, seed=c.seed, session=s)
+    if batches.steps_per_epoch == 0:
+        raise ConfigError(
+            f"session {s + 1} has {len(batches.indices)} training images, fewer than "
+            f"train.batch_size={c.train.batch_size}; lower the batch size."
+        )
+    return SessionView(
+        s=s,
+        batches=batches,
+        gallery_idx=idx,
+        stored=method.scope.stored(state.gallery),
+        val_idx=plan.val_queries(s),
+        test_idx=ctx.proto.test_queries(s),
+        epochs=c.train.epochs,
+    )
+
+
+def session_constants(ctx: RunContext, state: RunState, view: SessionView) -> dict:
+    """The step's per-session constants, replicated over the mesh."""
+    plan = ctx.proto.plan
+    consts = {
+        "valid_classes": jnp.int32(plan.sessions[view.s].num_outputs),
+        "old_classes": jnp.int32(plan.sessions[view.s - 1].num_outputs if view.s > 0 else 0),
+    }
+    for provider in ctx.method.constants:
+        consts.update(provider(ctx, state.gallery))
+    consts.update(ctx.method.importance.constants(ctx, state.importance))
+    return distributed.replicate(consts, ctx.mesh)
+
+
+def make_search(ctx: RunContext, view: SessionView) -> Callable[..., dict]:
+    """``search(variables, query_images, query_labels, new_rows=None) -> {k: recall}``: the stored
+    rows plus the session's images embedded by ``variables`` (or ``new_rows`` when already embedded),
+    streamed without a joint copy."""
+    labels = np.concatenate([view.stored.labels, ctx.proto.train_labels[view.gallery_idx]])
+
+    def search(variables, query_images, query_labels, new_rows=None):
+        if new_rows is None:
+            new_rows = ctx.embed(variables, ctx.proto.train_images(view.gallery_idx))
+        rows = RowConcat([p.embeddings for p in view.stored.parts] + [new_rows])
+        faults.maybe_fail("validation")
+        q = ctx.embed(variables, query_images)
+        return topk.recall_at_k_blocked(q, query_labels, rows, labels, ctx.ks, mesh=ctx.mesh)
+
+    return search
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """The best-validation epoch's model (host arrays, net + head) and its validation recall@1."""
+
+    variables: dict
+    val_recall1: float
+    epoch: int  # 0-based; -1 before the first validation
+    last: dict | None = None  # the last epoch's model (host; EWC/RWalk anchors in the fork's mode)
+    tracked: dict | None = None  # what the method tracked over the steps, at the last step (host)
+
+
+def initial_train_state(ctx: RunContext, state: RunState, s: int) -> TrainState:
+    """The previous selected model with the head set up for the session (cosine: rows for the new
+    classes; linear_reset: all new), the method's per-session extras and a fresh optimizer (every
+    session starts one, as the official code and the fork)."""
+    plan = ctx.proto.plan
+    params = dict(state.variables["params"])
+    prev_outputs = plan.sessions[s - 1].num_outputs if s > 0 else 0
+    head = head_params(ctx.head, params)
+    params.update(
+        ctx.head.at_session_start(head, jax.random.fold_in(ctx.head_key, s), prev_outputs, plan.sessions[s].num_outputs)
+    )
+    if s > 0:
+        params.update(ctx.method.extra_params(state.variables["params"], head))
+    return TrainState(
+        step=jnp.int32(0),
+        params=params,
+        batch_stats=state.variables["batch_stats"],
+        opt_state=ctx.tx.init(params),
+        tracked=ctx.method.importance.tracked_init(state.importance, params["net"]),
+    )
+
+
+def batch_loader(ctx: RunContext, view: SessionView, start: int) -> Iterable[dict]:
+    """This process's rows of the session's batches from step ``start`` on, read ahead of the step by
+    ``data.loader_threads`` threads, or, for a split streamed from its records, decoded by
+    ``data.loader_workers`` processes when > 0 (grain keeps their order either way).  Each batch is a pure
+    function of (seed, session, epoch, step), so a resumed run starts here with no iterator state, and
+    the batches are the same for any thread or worker count.  With one process the next batches are
+    already on the devices (``distributed.global_batch`` of them is a no-op)."""
+    read = batch_reader(ctx, view)
+    return _loader(ctx, read, start, view.total_steps, distributed.batch_sharding(ctx.mesh))
+
+
+def batch_reader(ctx: RunContext, view: SessionView) -> prefetch.BatchReader:
+    """``step -> batch``: this process's rows of the session's batch ``step``."""
+    lo, hi = distributed.process_slice(ctx.config.train.batch_size, ctx.mesh)  # each process loads only its rows
+    return prefetch.BatchReader(
+        ctx.proto.dataset.train, ctx.proto.train_labels, view.batches, view.steps_per_epoch, lo, hi
+    )
+
+
+def call_loader(ctx: RunContext, readers: list, calls: list[tuple[int, int]], *, members_axis: bool):
+    """The batches of ``calls`` (``cadence.calls``), each call's steps stacked ``[n, B, ...]`` (and the
+    members' ``[N, n, B, ...]`` with ``members_axis``), read ahead and placed on the devices like
+    ``batch_loader``'s, sharded over the batch axis."""
+    read = CallReader(readers, calls, steps_axis=True, members_axis=members_axis)
+    lead = 2 if members_axis else 1
+    return _loader(ctx, read, 0, len(calls), _stacked_sharding(ctx.mesh, lead))
+
+
+def _stacked_sharding(mesh, lead: int) -> NamedSharding:
+    return NamedSharding(mesh, P(*([None] * lead), distributed.DATA_AXIS))
+
+
+def _loader(ctx: RunContext, read: Callable[[int], dict], start: int, stop: int, sharding) -> Iterable[dict]:
+    c = ctx.config
+    split = ctx.proto.dataset.train
+    threads = c.data.loader_threads
+    workers = prefetch.worker_count(split, c.data.loader_workers)
+    options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
+    ds = prefetch.in_workers(grain.MapDataset.range(start, stop).map(read).to_iter_dataset(options), workers)
+    if jax.process_count() > 1:  # global_batch assembles the global arrays from host rows
+        return ds
+    return prefetch.DevicePrefetch(ds, sharding, depth=2)
+
+
+def global_stacked(batch: dict, mesh, lead: int) -> dict:
+    """The global arrays of a stacked batch (``lead`` leading axes before the batch axis) from this
+    process's rows; with one process they are already on the devices (a no-op)."""
+    if jax.process_count() == 1:
+        return jax.device_put(batch, _stacked_sharding(mesh, lead))
+    sharding = _stacked_sharding(mesh, lead)
+
+    def make(x):
+        x = np.asarray(x)
+        global_shape = x.shape[:lead] + (x.shape[lead] * _process_share(mesh),) + x.shape[lead + 1 :]
+        return jax.make_array_from_process_local_data(sharding, x, global_shape)
+
+    return jax.tree.map(make, batch)
+
+
+def _process_share(mesh) -> int:
+    """Global batch rows per row this process loads (the processes load equal slices)."""
+    return mesh.devices.size // len([d for d in mesh.devices.flat if d.process_index == jax.process_index()])
+
+
+def _host_variables(ts: TrainState) -> dict:
+    """A host copy of the current model (the step donates the state's device buffers)."""
+    return jax.device_get({"params": ts.params, "batch_stats": ts.batch_stats})
+
+
+@dataclasses.dataclass
+class MemberSession:
+    """One model's side of a session's training loop: its run context and session, the state it
+    starts from (fresh, or a progress checkpoint's) and, updated by the loop, its best model so far.
+    A plain run trains one member; a population run (``population.py``) several in one step."""
+
+    ctx: RunContext
+    view: SessionView
+    first: int  # global step of the session's start: progress checkpoints are numbered first + step
+    ts: TrainState  # host state at ``start``
+    best: Selection
+    sums: dict  # the epoch's running metric sums at ``start`` (host), {} at an epoch start
+    start: int = 0
+    search: Callable | None = None
+    val_images: Any = None
+    val_labels: Any = None
+
+    @classmethod
+    def fresh(cls, ctx: RunContext, state: RunState, view: SessionView) -> "MemberSession":
+        ts = initial_train_state(ctx, state, view.s)
+        return cls(ctx, view, state.steps_done, ts, Selection(_host_variables(ts), -1.0, -1), {})
+
+    def progress_templates(self) -> dict:
+        return {"state": self.ts, "best": self.best.variables, "sums": None}
+
+    def restored(self, items: dict) -> None:
+        """Takes a progress checkpoint's items (``Checkpoints.restore``)."""
+        meta = items["meta"]
+        self.ts = items["state"]
+        self.best = Selection(items["best"], meta["best_r1"], meta["best_epoch"])
+        self.sums = dict(items["sums"] or {})
+        self.start = int(self.ts.step)
+        self.ctx.log.print(f"resumed session {self.view.s + 1} at step {self.start}/{self.view.total_steps}")
+
+    def progress_steps(self) -> range:
+        return range(self.first + 1, self.first + self.view.total_steps + 1)
+
+    def open(self) -> None:
+        """Before the loop: drop metrics a killed process wrote after ``start``; the validation search."""
+        ctx, view = self.ctx, self.view
+        # metrics a killed process wrote after the point this session resumes from are written again
+        ctx.log.truncate(session=view.s + 1, step=self.start)
+        self.search = make_search(ctx, view)
+        self.val_images = ctx.proto.train_images(view.val_idx)
+        self.val_labels = ctx.proto.train_labels[view.val_idx]
+        s, spe = view.s, view.steps_per_epoch
+        ctx.log.print(
+            f"== session {s + 1}/{ctx.proto.plan.num_sessions} [{ctx.method.name}, {ctx.head.name} head]: "
+            f"{len(view.batches.indices)} "
+            f"train images ({spe} steps/epoch), {ctx.proto.plan.sessions[s].num_outputs} classes, gallery "
+            f"{len(view.stored)} stored + {len(view.gallery_idx)} new, {len(view.val_idx)} val / "
+            f"{len(view.test_idx)} test queries"
+        )
+
+    def selection(self, last_ts: TrainState) -> Selection:
+        return Selection(
+            _net_and_head(self.best.variables, self.ctx.head),
+            self.best.val_recall1,
+            self.best.epoch,
+            last=_net_and_head(_host_variables(last_ts), self.ctx.head),
+            tracked=jax.device_get(last_ts.tracked),
+        )
+
+
+class Driver:
+    """How the loop runs its members' steps: a plain run's one state (``SingleDriver``) or a
+    population's stacked states (``population.PopulationDriver``)."""
+
+    members: list[MemberSession]
+    stacked: bool  # metrics carry a leading [n] steps axis (and [N] members before it for a population)
+    k: int  # training steps per call
+
+    def device_state(self) -> TrainState: ...
+    def device_sums(self) -> dict: ...
+    def batches(self, calls: list[tuple[int, int]]) -> Iterable: ...
+    def call(self, ts: TrainState, batch, lr: float, n: int): ...
+    def member(self, tree, m: int):
+        return tree
+
+
+class SingleDriver(Driver):
+    """One member: ``ctx.step_fn`` per step (k = 1, the plain step) or ``ctx.steps_fn`` per call of k."""
+
+    def __init__(self, member: MemberSession, state: RunState, consts: dict):
+        ctx, s = member.ctx, member.view.s
+        self.members, self.ctx, self.consts = [member], ctx, consts
+        self.k = int(ctx.config.train.steps_per_call)
+        self.stacked = self.k > 1
+        self.frozen = distributed.replicate(state.variables, ctx.mesh) if s > 0 else None
+        self.key = jax.random.fold_in(ctx.step_key, s)
+
+    def device_state(self) -> TrainState:
+        return distributed.replicate(self.members[0].ts, self.ctx.mesh)
+
+    def device_sums(self) -> dict:
+        return {k: jnp.asarray(v) for k, v in self.members[0].sums.items()}
+
+    def batches(self, calls):
+        m = self.members[0]
+        if not self.stacked:
+            return batch_loader(self.ctx, m.view, calls[0][0] if calls else m.view.total_steps)
+        return call_loader(self.ctx, [batch_reader(self.ctx, m.view)], calls, members_axis=False)
+
+    def call(self, ts, batch, lr, n):
+        if not self.stacked:
+            return self.ctx.step_fn(
+                ts, self.frozen, distributed.global_batch(batch, self.ctx.mesh), self.consts, jnp.float32(lr), self.key
+            )
+        lrs = jnp.full((n,), lr, jnp.float32)
+        return self.ctx.steps_fn(ts, self.frozen, global_stacked(batch, self.ctx.mesh, 1), self.consts, lrs, self.key)
+
+
+@jax.jit
+def _accumulate(sums, metrics):
+    """``sums`` plus each step's metrics in step order (the leading-axis rows of ``metrics``; axis -1 in
+    a population's ``[N, n]``), one add at a time as single steps add them: the same float sums."""
+    n = jax.tree.leaves(metrics)[0].shape[-1]
+    out = sums
+    for i in range(n):
+        row = {k: v[..., i] for k, v in metrics.items()}
+        out = row if out is None else {k: out[k] + row[k] for k in row}
+    return out
+
+
+def _first_bad(metrics, step: int):
+    """The first step (0-based) of a call whose loss is not finite; ``_NO_BAD_STEP`` if none."""
+    loss = metrics["loss"]
+    idx = step + jnp.arange(loss.shape[-1], dtype=jnp.int32)
+    return jnp.min(jnp.where(jnp.isfinite(loss), _NO_BAD_STEP, idx), axis=-1)
+
+
+def train(ctx: RunContext, state: RunState, view: SessionView, consts: dict) -> Selection:
+    """All epochs of session ``view.s``, resuming from its newest progress checkpoint."""
+    member = MemberSession.fresh(ctx, state, view)
+    progress = ctx.progress.restore_latest(member.progress_templates(), steps=member.progress_steps())
+    if progress is not None:
+        member.restored(progress[1])
+    member.open()
+    driver = SingleDriver(member, state, consts)
+    ts = run_loop(driver)
+    return member.selection(ts)
+
+
+def run_loop(driver: Driver) -> TrainState:
+    """The training loop shared by a plain run and a population: calls of ``driver.k`` steps (never
+    across an epoch end, ``cadence``), the NaN guard, the epoch's metric sums, progress checkpoints, and
+    at each epoch end every member's validation recall@1, best-model selection and metrics.  Returns
+    the device state after the last step."""
+    members = driver.members
+    lead = members[0]
+    c, view = lead.ctx.config, lead.view
+    s, n_sessions = view.s, lead.ctx.proto.plan.num_sessions
+    spe, total = view.steps_per_epoch, view.total_steps
+    ts, sums = driver.device_state(), driver.device_sums()
+
+    def check_finite(bad_step, member):
+        bad = int(bad_step)
+        if bad != _NO_BAD_STEP:
+            where = f" in {member.ctx.workdir}" if len(members) > 1 else ""
+            raise NonFiniteError(
+                f"the loss became NaN/inf at step {bad + 1} of session {s + 1} ({member.ctx.method.name}){where}; "
+                f"lower train.lr or check the data. Checkpoints up to the last good step are intact."
+            )
+
+    def save_progress(step):
+        for m, member in enumerate(members):
+            ctx = member.ctx
+            faults.fail_while_writing("progress_write", ctx.progress.directory)
+            meta = {"best_r1": member.best.val_recall1, "best_epoch": member.best.epoch}
+            trees = {"state": driver.member(ts, m), "best": member.best.variables, "sums": driver.member(sums, m)}
+            ctx.progress.save(member.first + step, trees, meta)
+
+    cadence = Cadence(spe, c.log_every_steps, c.train.checkpoint_every_steps)
+    bad_step = jnp.int32(_NO_BAD_STEP)
+    step = steps_at_start = lead.start
+    t_session = t_epoch = time.time()
+    plan = calls(step, total, spe, driver.k)
+    batches = iter(driver.batches(plan))
+    in_flight: collections.deque = collections.deque()
+    for first_step, n in plan:
+        epoch = first_step // spe
+        lr = schedules.epoch_lr(c.train.schedule, epoch, c.train.lr, c.train.epochs)
+        batch = next(batches)
+        t_call = time.time()
+        if step == steps_at_start:  # the first call compiles the step: minutes for a large model on a CPU
+            members[0].ctx.log.print(f"  session {s + 1}: compiling the training step (or reading it from the cache)")
+        ts, metrics = driver.call(ts, batch, lr, n)
+        if step == steps_at_start:
+            members[0].ctx.log.print(f"  session {s + 1}: training step ready in {time.time() - t_call:.1f} s")
+        # at most MAX_CALLS_IN_FLIGHT dispatched calls: each holds its batch, so an unbounded queue of
+        # asynchronous calls would make host (CPU) or device memory grow with the epoch's length
+        in_flight.append(metrics["loss"])
+        if len(in_flight) > MAX_CALLS_IN_FLIGHT:
+            jax.block_until_ready(in_flight.popleft())
+        if driver.stacked:
+            bad_step = jnp.minimum(bad_step, _first_bad(metrics, first_step))
+            sums = _accumulate(sums or None, metrics)  # on device, no sync
+        else:
+            bad_step = jnp.minimum(bad_step, jnp.where(jnp.isfinite(metrics["loss"]), _NO_BAD_STEP, step))
+            sums = {k: sums[k] + v if k in sums else v for k, v in metrics.items()}  # on device, no sync
+        step = first_step + n
+        for _ in range(n):
+            faults.maybe_fail("step")
+        events = cadence.between(first_step, step)
+        if events.log or events.epoch_end:
+            done = (step - steps_at_start) / max(total - steps_at_start, 1)
+            eta = format_eta((time.time() - t_session) / done * (1 - done))
+        if events.log:
+            for member in members:
+                member.ctx.log.print(f"  session {s + 1} epoch {epoch + 1} step {step}/{total} ETA {eta}")
+        if events.checkpoint:
+            for m, member in enumerate(members):
+                check_finite(driver.member(bad_step, m), member)
+            save_progress(step)
+        if not events.epoch_end:
+            continue
+        # end of an epoch: each member's validation recall@1, best model, metrics; checkpoints.
+        for m, member in enumerate(members):
+            check_finite(driver.member(bad_step, m), member)
+        ips = spe * c.train.batch_size / max(time.time() - t_epoch, 1e-9)  # images trained per second, per member
+        epoch_sums, sums = sums, {}
+        for m, member in enumerate(members):
+            epoch_metrics = {k: float(driver.member(v, m)) / spe for k, v in epoch_sums.items()}
+            mts = driver.member(ts, m)
+            val_r1 = member.search({"params": mts.params, "batch_stats": mts.batch_stats}, member.val_images,
+                                   member.val_labels)[1]  # fmt: skip
+            if val_r1 > member.best.val_recall1:  # strict improvement, as the official code
+                member.best = Selection(_host_variables(mts), val_r1, epoch)
+            member.ctx.log.write(
+                global_step=member.first + step,
+                session=s + 1,
+                epoch=epoch + 1,
+                step=step,
+                val_recall1=val_r1,
+                images_per_s=ips,
+                **epoch_metrics,
+            )
+            terms = " ".join(f"{k}={v:.4f}" for k, v in epoch_metrics.items() if k.startswith("L_"))
+            member.ctx.log.print(
+                f"session {s + 1}/{n_sessions} epoch {epoch + 1}/{c.train.epochs} step {step} lr={lr:.5f} "
+                f"loss={epoch_metrics['loss']:.4f} {terms} val R@1={100 * val_r1:.2f} {ips:.0f} img/s ETA {eta}"
+            )
+        save_progress(step)
+        t_epoch = time.time()
+    return ts
+
+
+def _net_and_head(variables: dict, head) -> dict:
+    """Host variables without the method's per-session extras (they end with the session)."""
+    out = jax.device_get(variables)
+    out["params"] = {"net": out["params"]["net"], **head_params(head, out["params"])}
+    return out
+
+
+def test(ctx: RunContext, view: SessionView, selection: Selection) -> tuple[dict, np.ndarray]:
+    """Recall@K of the session's test queries (selected model) against the stored gallery plus the
+    session's images embedded by the selected model; returns ``(recall, new_rows)``."""
+    ctx.log.print(
+        f"  session {view.s + 1}: embedding {len(view.gallery_idx)} new gallery rows and "
+        f"{len(view.test_idx)} test queries with the selected model"
+    )
+    new_rows = ctx.embed(selection.variables, ctx.proto.train_images(view.gallery_idx))
+    q_labels = ctx.proto.test_labels[view.test_idx]
+    recall = make_search(ctx, view)(
+        selection.variables, ctx.proto.test_images(view.test_idx), q_labels, new_rows=new_rows
+    )
+    return recall, new_rows
+
+
+def append_and_save(
+    ctx: RunContext,
+    state: RunState,
+    view: SessionView,
+    selection: Selection,
+    recall: dict,
+    new_rows: np.ndarray,
+    seconds: float,
+) -> RunState:
+    """Adds the session's gallery part (stored rows are not copied), records the results and writes
+    the session checkpoint."""
+    s = view.s
+    part = GalleryPart(
+        new_rows,
+        ctx.proto.train_labels[view.gallery_idx],
+        np.asarray(view.gallery_idx, np.int64),
+        s,
+        replaces=ctx.method.scope.replaces_gallery,
+    )
+    gallery = state.gallery.with_part(part)
+    record = {
+        "session": s,
+        "recall": {str(k): v for k, v in recall.items()},
+        "best_epoch": selection.epoch + 1,
+        "val_recall1": selection.val_recall1,
+        "train_images": int(len(view.batches.indices)),
+        "gallery_rows": len(gallery),
+        "test_queries": int(len(view.test_idx)),
+        "steps": view.total_steps,
+        "seconds": round(seconds, 1),
+    }
+    ctx.log.write(
+        global_step=state.steps_done + view.total_steps,
+        session=s + 1,
+        step=view.total_steps + 1,
+        **{f"test_recall{k}": v for k, v in recall.items()},
+    )
+    ctx.log.print(
+        f"session {s + 1} test: "
+        + " ".join(f"R@{k}={100 * v:.2f}" for k, v in recall.items())
+        + f" (best epoch {selection.epoch + 1}, val R@1 {100 * selection.val_recall1:.2f})"
+    )
+    new_state = state.replace(
+        variables=selection.variables,
+        gallery=gallery,
+        importance=ctx.method.importance.after_session(ctx, state.importance, selection, s),
+        records=state.records + (record,),
+    )
+    faults.fail_while_writing("session_write", ctx.sessions.directory)
+    new_state.save(ctx.sessions, part)
+    return new_state

@@ -1,0 +1,69 @@
+"""The end of a run: ``results.json``, the results table, the compatibility matrix and the plots."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+
+from cvs_jax.engine.context import RunContext
+from cvs_jax.engine.run_state import RunState
+from cvs_jax.reports import plots
+from cvs_jax.retrieval import topk
+from cvs_jax.retrieval.compatibility import compatibility_matrix, format_matrix, mean_drop
+from cvs_jax.rundir import paths
+
+
+def results_table(per_session: list[dict], ks) -> str:
+    head = "| session | " + " | ".join(f"R@{k}" for k in ks) + " |"
+    rows = [head, "|" + "---|" * (len(ks) + 1)]
+    for r in per_session:
+        rows.append(f"| {r['session'] + 1} | " + " | ".join(f"{100 * r['recall'][str(k)]:.2f}" for k in ks) + " |")
+    ar = topk.average_recall([{k: r["recall"][str(k)] for k in ks} for r in per_session])
+    rows.append("| **AR** | " + " | ".join(f"**{100 * ar[k]:.2f}**" for k in ks) + " |")
+    return "\n".join(rows)
+
+
+def finish(ctx: RunContext, state: RunState) -> dict:
+    """Writes results.json and the pictures (process 0) and returns the results."""
+    c, plan, ks = ctx.config, ctx.proto.plan, ctx.ks
+    per_session = list(state.records)
+    ar = topk.average_recall([{k: r["recall"][str(k)] for k in ks} for r in per_session])
+    results = {
+        "method": ctx.method.name,
+        "head": ctx.head.name,
+        "dataset": c.data.name,
+        "setup": plan.setup,
+        "seed": c.seed,
+        "per_session": per_session,
+        "average_recall": {str(k): v for k, v in ar.items()},
+    }
+    last_test = ctx.proto.test_queries(plan.num_sessions - 1)
+
+    def embed_queries(i):
+        variables = ctx.sessions.restore(i, {"variables": state.variables})["variables"]
+        return ctx.embed(variables, ctx.proto.test_images(last_test))
+
+    compat = compatibility_matrix(plan.num_sessions, state.gallery, embed_queries, ctx.proto.test_labels[last_test])
+    results["compatibility_recall1"] = [[None if np.isnan(v) else float(v) for v in row] for row in compat]
+    results["compatibility_mean_drop"] = mean_drop(results["compatibility_recall1"])
+    ctx.log.print(format_matrix(results["compatibility_recall1"]))  # where forgetting shows
+    if jax.process_index() == 0:
+        tmp = paths.results_file(ctx.workdir) + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(results, f, indent=2)
+        os.replace(tmp, paths.results_file(ctx.workdir))
+        title = f"{c.data.name} / {plan.setup} / {ctx.method.name}"
+        plots.recall_per_session([results], os.path.join(ctx.workdir, "recall_per_session.png"))
+        plots.class_distribution(
+            ctx.proto.session_class_counts(ctx.method),
+            os.path.join(ctx.workdir, "class_distribution.png"),
+            f"{c.data.name} / {plan.setup}: training images per session",
+        )
+        plots.compatibility(compat, os.path.join(ctx.workdir, "compatibility.png"), title)
+    ctx.log.print(
+        f"\nresults ({ctx.method.name}, {c.data.name}, {plan.setup}; recall in %):\n" + results_table(per_session, ks)
+    )
+    return results

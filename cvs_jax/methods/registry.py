@@ -1,0 +1,62 @@
+"""Registry of methods: one place that maps ``config.method`` to its definition."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import ml_collections
+
+from cvs_jax.errors import ConfigError
+from cvs_jax.methods import policies
+from cvs_jax.methods.base import Method, StepInputs
+from cvs_jax.methods.baselines import make_bct, make_ewc, make_lwf, make_mmd, make_rainbow, make_rwalk
+from cvs_jax.methods.cvs import make_cvs
+from cvs_jax.models.heads import HEADS, Head, make_head
+
+FINETUNE = Method(name="finetune", description="lower bound: L_c only, no replay, no re-extraction")
+JOINT = Method(
+    name="joint",
+    scope=policies.AllSeenData(),
+    description="upper bound: trains on all data seen so far (warm start) and re-embeds the gallery",
+)
+
+METHODS: dict[str, Callable[[ml_collections.ConfigDict], Method]] = {
+    "finetune": lambda config: FINETUNE,
+    "joint": lambda config: JOINT,
+    "cvs": make_cvs,
+    "bct": make_bct,
+    "lwf": make_lwf,
+    "mmd": make_mmd,
+    "ewc": make_ewc,
+    "rwalk": make_rwalk,
+    "rainbow": make_rainbow,
+}
+
+
+def get_method(config: ml_collections.ConfigDict) -> Method:
+    if config.method not in METHODS:
+        raise ConfigError(
+            f"method={config.method!r} is unknown; choose one of {sorted(METHODS)} (e.g. --config.method=finetune)."
+        )
+    return METHODS[config.method](config)
+
+
+HEAD_CHOICES = ("official",) + HEADS  # config.model.head
+
+
+def head_name(config: ml_collections.ConfigDict) -> str:
+    """The head the run trains with: ``model.head``, where ``"official"`` is the method's reference head
+    (cosine for the ivclab/CVS methods, linear_reset for the fork's EWC, RWalk and Rainbow)."""
+    if config.model.head not in HEAD_CHOICES:
+        raise ConfigError(
+            f"model.head={config.model.head!r} is unknown; choose one of {list(HEAD_CHOICES)} "
+            "('official': the method's reference head)."
+        )
+    return get_method(config).head_name(config.model.head)
+
+
+def get_head(config: ml_collections.ConfigDict) -> Head:
+    return make_head(head_name(config), config.train.temperature)
+
+
+__all__ = ["HEAD_CHOICES", "METHODS", "Method", "StepInputs", "get_head", "get_method", "head_name"]

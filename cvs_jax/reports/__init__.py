@@ -1,0 +1,1 @@
+"""What a person reads after runs: plots, the paper's numbers beside ours."""

@@ -1,0 +1,235 @@
+"""``compare``'s tables: per-method AR@K and BC over seeds, paired differences to ``cvs``, and the
+``comparison.md`` / ``.csv`` / ``.json`` they are written as.
+"""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+
+from cvs_jax.reports.statistics import (
+    CONFIDENCE,
+    format_difference,
+    mean_std,
+    paired_difference,
+)
+
+REFERENCE = "cvs"  # paired differences are taken against this method
+BC = "BC"  # the backward-compatibility summary's key beside the K of AR@K (compatibility.mean_drop, points)
+JSON_FORMAT = "cvs_jax.comparison/1"
+
+
+def _metric(r: dict, k: str) -> float | None:
+    """AR@k of a finished run record, or its BC drop for ``k == BC``."""
+    return r[BC] if k == BC else r["average_recall"][k]
+
+
+def _paired(ok_a: dict, ok_b: dict, keys: list[str]) -> dict:
+    """Paired differences a - b per key (AR@K and BC) over the seeds both finished."""
+    out = {}
+    for k in keys:
+        a = {s: _metric(r, k) for s, r in ok_a.items() if _metric(r, k) is not None}
+        b = {s: _metric(r, k) for s, r in ok_b.items() if _metric(r, k) is not None}
+        out[k] = paired_difference(a, b)
+    return out
+
+
+def summarize_runs(runs: list[dict], methods: list[str]) -> list[dict]:
+    """Per method (in ``methods`` order): AR@K and BC mean/std/per-seed over its finished seeds, the
+    seeds that diverged, the mean recall@1 per session and the paired difference to ``cvs`` (None for
+    cvs itself, and when cvs is not compared)."""
+    ks = next((list(r["average_recall"]) for r in runs if r["status"] == "ok"), [])
+    by_method = {m: [r for r in runs if r["method"] == m] for m in methods}
+    ok = {m: {r["seed"]: r for r in rs if r["status"] == "ok"} for m, rs in by_method.items()}
+    summary = []
+    for m in methods:
+        entry = {
+            "method": m,
+            "seeds": sorted(ok[m]),
+            "diverged": {str(r["seed"]): r["message"] for r in by_method[m] if r["status"] == "diverged"},
+            "average_recall": {},
+            BC: None,
+            "recall1_per_session": None,
+            "vs_" + REFERENCE: None,
+        }
+        drops = {s: r[BC] for s, r in ok[m].items() if r[BC] is not None}
+        if drops:
+            mean, std = mean_std(list(drops.values()))
+            entry[BC] = {"mean": mean, "std": std, "per_seed": {str(s): v for s, v in drops.items()}}
+        for k in ks:
+            per_seed = {s: r["average_recall"][k] for s, r in ok[m].items()}
+            mean, std = mean_std(list(per_seed.values()))
+            entry["average_recall"][k] = {
+                "mean": mean,
+                "std": std,
+                "per_seed": {str(s): v for s, v in per_seed.items()},
+            }
+        if ok[m]:
+            entry["recall1_per_session"] = np.mean([r["recall1_per_session"] for r in ok[m].values()], 0).tolist()
+        if m != REFERENCE and REFERENCE in ok:
+            entry["vs_" + REFERENCE] = _paired(ok[m], ok[REFERENCE], ks + [BC])
+        summary.append(entry)
+    return summary
+
+
+def summarize_pairs(runs: list[dict], pairs: list[tuple[str, str, str]]) -> list[dict]:
+    """``entry_pairs``' comparisons: ``{a, b, why, difference: {K or BC: paired_difference}}``."""
+    ks = next((list(r["average_recall"]) for r in runs if r["status"] == "ok"), [])
+    ok = {}
+    for r in runs:
+        if r["status"] == "ok":
+            ok.setdefault(r["method"], {})[r["seed"]] = r
+    return [
+        {"a": a, "b": b, "why": why, "difference": _paired(ok.get(a, {}), ok.get(b, {}), ks + [BC])}
+        for a, b, why in pairs
+    ]
+
+
+def rows_from_summary(summary: list[dict]) -> list[dict]:
+    """One flat row per method (what ``run_comparison`` returns and ``comparison.csv`` holds)."""
+    rows = []
+    for e in summary:
+        row = {"method": e["method"], "seeds": len(e["seeds"]), "diverged": len(e["diverged"])}
+        for k, a in e["average_recall"].items():
+            row[f"AR@{k}"], row[f"AR@{k} std"] = a["mean"], a["std"]
+        row[BC], row[f"{BC} std"] = (e[BC]["mean"], e[BC]["std"]) if e[BC] else (None, None)
+        vs = e["vs_" + REFERENCE]
+        for k in list(e["average_recall"]) + [BC]:
+            name = BC if k == BC else f"AR@{k}"
+            d = vs[k] if vs else None
+            ci = d["ci95"] if d and d["ci95"] else (None, None)
+            row[f"{name} - {REFERENCE}"] = d["mean"] if d else None
+            row[f"{name} - {REFERENCE} ci95 low"], row[f"{name} - {REFERENCE} ci95 high"] = ci
+            row[f"{name} - {REFERENCE} significant"] = d["significant"] if d else None
+        row["recall1_per_session"] = e["recall1_per_session"]
+        rows.append(row)
+    return rows
+
+
+def _status(e: dict) -> str:
+    if not e["diverged"]:
+        return ""
+    if not e["seeds"]:
+        return "diverged"
+    return f" (seed {', '.join(e['diverged'])} diverged)"
+
+
+def _no_seed(e: dict) -> str:
+    """The cell of an entry without a finished seed: every seed diverged, or none has run yet."""
+    return "diverged" if e["diverged"] else "not run"
+
+
+def _mean_std_cell(a: dict | None) -> str:
+    return "n/a" if a is None else f"{a['mean']:.2f} ± {a['std']:.2f}"
+
+
+def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str, pairs: list[dict] = ()) -> str:
+    ks = next((list(e["average_recall"]) for e in summary if e["average_recall"]), [])
+    n_seeds = len({r["seed"] for r in runs})
+    heads = {r["method"]: r["head"] for r in runs}
+    cols = [f"AR@{k}" for k in ks] + [BC]
+    lines = [f"### {title}", "", "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for e in summary:
+        if not e["seeds"]:
+            cells = [_no_seed(e)] * len(cols)
+        else:
+            cells = [_mean_std_cell(e["average_recall"][k]) for k in ks] + [_mean_std_cell(e[BC])]
+            cells[0] += _status(e)
+        lines.append(f"| {e['method']} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"AR@K in %, mean ± std over the finished seeds ({n_seeds} seed(s) run); {split_note}. {BC}: the "
+        "backward-compatibility drop, mean over old gallery parts j of (recall@1 of the newer models on "
+        "part j) − (recall@1 of part j's own model), in points (0: compatible; more negative: more of the "
+        "old rows lost). Heads: " + ", ".join(f"{m} {h}" for m, h in heads.items() if h) + ".",
+    ]
+    if any(e["vs_" + REFERENCE] for e in summary):
+        lines += [
+            "",
+            f"Paired difference to {REFERENCE} (AR@K of the method minus AR@K of {REFERENCE} on the same seed, in "
+            f"points): mean [95 % Student-t interval, df = n - 1]; significant when the interval excludes 0.",
+            "",
+            "| method | n | " + " | ".join(f"{c} - {REFERENCE}" for c in cols) + " |",
+            "|---|---|" + "---|" * len(cols),
+        ]
+        for e in summary:
+            vs = e["vs_" + REFERENCE]
+            if e["method"] == REFERENCE:
+                continue
+            if not e["seeds"]:
+                lines.append(f"| {e['method']} | 0 | " + " | ".join([_no_seed(e)] * len(cols)) + " |")
+                continue
+            n = vs[ks[0]]["n"] if vs else 0
+            cells = [format_difference(vs and vs[k]) for k in ks + [BC]]
+            lines.append(f"| {e['method']} | {n} | " + " | ".join(cells) + " |")
+    if pairs:
+        lines += [
+            "",
+            "Further paired differences (a minus b on the same seed, in points; same interval and verdict):",
+            "",
+            "| a - b | why | n | " + " | ".join(cols) + " |",
+            "|---|---|---|" + "---|" * len(cols),
+        ]
+        for p in pairs:
+            d = p["difference"]
+            cells = [format_difference(d[k]) for k in ks + [BC]]
+            n = d[ks[0]]["n"] if ks else 0
+            lines.append(f"| {p['a']} - {p['b']} | {p['why']} | {n} | " + " | ".join(cells) + " |")
+    seeds = sorted({r["seed"] for r in runs})
+    lines += ["", "AR@1 per seed (%):", "", "| method | " + " | ".join(f"seed {s}" for s in seeds) + " |"]
+    lines.append("|---|" + "---|" * len(seeds))
+    for e in summary:
+        cells = []
+        for s in seeds:
+            if str(s) in e["diverged"]:
+                cells.append("diverged")
+            elif ks and str(s) in e["average_recall"][ks[0]]["per_seed"]:
+                cells.append(f"{e['average_recall'][ks[0]]['per_seed'][str(s)]:.2f}")
+            else:
+                cells.append("")
+        lines.append(f"| {e['method']} | " + " | ".join(cells) + " |")
+    diverged = [r for r in runs if r["status"] == "diverged"]
+    if diverged:
+        lines += ["", "Diverged runs (stopped by the NaN guard; not in the means):"]
+        lines += [f"- seed {r['seed']}, {r['method']}: {r['message']}" for r in diverged]
+    return "\n".join(lines)
+
+
+def comparison_json(config, methods: list[str], seeds: list[int], split_seed, runs, summary, pairs=()) -> dict:
+    """``comparison.json``: every number of the tables, per seed.  Recalls in %.
+
+    ``runs``: one entry per (seed, method) with ``status`` "ok" or "diverged" (then ``message``),
+    ``workdir`` (relative to DIR; each holds config.json, and results.json when finished),
+    ``average_recall`` {K: AR@K} and ``recall1_per_session``.  ``summary``: per method, ``seeds``
+    (finished), ``diverged`` {seed: message}, ``average_recall`` {K: {mean, std, per_seed}},
+    ``recall1_per_session`` (mean), ``BC`` {mean, std, per_seed} and ``vs_cvs`` {K or "BC": {n, per_seed,
+    mean, std, ci95, t_quantile, significant}} (paired differences, method minus cvs, same seed).
+    ``pairs``: ``summarize_pairs`` (head effects, entries against cvs under the same head).
+    """
+    return {
+        "format": JSON_FORMAT,
+        "dataset": config.data.name,
+        "setup": config.data.setup,
+        "methods": list(methods),
+        "seeds": list(seeds),
+        "split_seed": split_seed,
+        "units": "percent",
+        "confidence": CONFIDENCE,
+        "reference": REFERENCE,
+        "runs": runs,
+        "summary": summary,
+        "pairs": list(pairs),
+    }
+
+
+def _write_csv(path: str, rows: list[dict]) -> None:
+    n_sessions = max((len(r["recall1_per_session"] or []) for r in rows), default=0)
+    fields = [k for k in rows[0] if k != "recall1_per_session"]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields + [f"S{i + 1} R@1" for i in range(n_sessions)])
+        w.writeheader()
+        for r in rows:
+            out = {k: r[k] for k in fields}
+            out.update({f"S{i + 1} R@1": v for i, v in enumerate(r["recall1_per_session"] or [])})
+            w.writerow(out)

@@ -1,0 +1,51 @@
+"""Embeds host images with a model's eval-mode network, in device-sharded fixed-size chunks."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from cvs_jax import augment, distributed
+from cvs_jax.errors import NonFiniteError
+from cvs_jax.models import net_variables
+from cvs_jax.retrieval.chunks import iter_chunks
+
+
+def make_embed_fn(model, pipeline: augment.Pipeline):
+    """``embed(params, batch_stats, images_u8) -> raw embeddings`` in eval mode (jitted)."""
+
+    @jax.jit
+    def embed(params, batch_stats, images):
+        x = pipeline.eval(images)
+        return model.apply(net_variables(params, batch_stats), x, train=False)
+
+    return embed
+
+
+class Embedder:
+    """``embed(variables, images_u8) -> float32 [N, D]``: one compile per chunk size; each process
+    feeds its own rows of every chunk, and every process gets all embeddings back."""
+
+    def __init__(self, model, pipeline: augment.Pipeline, chunk: int, dtype: str, mesh, embed_dim: int):
+        self._fn = make_embed_fn(model, pipeline)
+        self._chunk = chunk
+        self._dtype = dtype
+        self._mesh = mesh
+        self._dim = embed_dim
+        self._lo, self._hi = distributed.process_slice(chunk, mesh)  # this process's rows of a chunk
+
+    def __call__(self, variables: dict, images: np.ndarray) -> np.ndarray:
+        variables = distributed.replicate(variables, self._mesh)  # once per call, not once per chunk
+        out = [np.zeros((0, self._dim), np.float32)]
+        for _, chunk, n in iter_chunks(images, self._chunk):
+            batch = distributed.global_batch(chunk[self._lo : self._hi], self._mesh)
+            emb = self._fn(variables["params"], variables["batch_stats"], batch)
+            out.append(np.asarray(distributed.to_host(emb)[:n], np.float32))
+        emb = np.concatenate(out)
+        if not np.isfinite(emb).all():  # a finite loss does not guarantee finite eval-mode embeddings
+            raise NonFiniteError(
+                f"{int((~np.isfinite(emb).all(axis=1)).sum())} of {emb.shape[0]} embeddings are NaN/inf "
+                f"(model.dtype={self._dtype}); lower train.lr, or use model.dtype=float32 if the compiler "
+                f"mishandles reduced precision on this backend. Nothing was written to the gallery."
+            )
+        return emb

@@ -1,0 +1,380 @@
+"""Orbax checkpoints: one per completed session, plus rolling mid-session ones.
+
+``sessions/<s>``: after session s — the selected model, optimizer state, the
+gallery and run metadata (results so far, replay memory).  Kept forever.
+``progress/<n>``: inside a session every ``train.checkpoint_every_steps`` steps
+and after each epoch's validation — the training state, the best model so far
+and the epoch's running sums.  Only the last two are kept.
+
+Saves are atomic (orbax writes a temporary directory and renames it), so a crash
+while writing leaves the previous checkpoint as the latest.  Restoring tells three
+failures apart (``classify_restore_error``):
+
+* damaged files (truncated or undecodable data, missing pieces): ``restore_latest``
+  moves the checkpoint aside to ``unreadable-<step>-<time>`` (never deleted) and
+  uses the previous one;
+* a structure mismatch between the code's template and the stored tree (checked
+  from the stored metadata before any array is read), a permission error or a
+  transient I/O error: ``errors.CheckpointError``, nothing is moved;
+* anything else orbax raises that is not recognisably damaged files also stops with
+  ``CheckpointError`` and moves nothing: a good checkpoint is never set aside on a guess.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+
+from cvs_jax.errors import CheckpointError
+
+_EMPTY = "__empty__"
+_META = "meta"
+_PYTREE_METADATA_FILE = "_METADATA"  # orbax's per-item tree metadata (PYTREE_METADATA_FILE)
+_JSON_FILE = "metadata"  # JsonCheckpointHandler's default file name
+_MAX_LISTED = 12  # mismatching tree paths named in one message
+
+UNREADABLE, UNAVAILABLE, UNRECOGNISED = "unreadable", "unavailable", "unrecognised"
+
+# errno values that mean "the files may be fine, the storage is not reachable right now / for this user".
+_UNAVAILABLE_ERRNOS = {
+    getattr(errno, name)
+    for name in (
+        "EACCES EPERM EROFS EIO ENOSPC EDQUOT ETIMEDOUT ESTALE EAGAIN EBUSY EINTR ENOMEM EMFILE ENFILE ENOLCK "
+        "ECONNRESET ECONNREFUSED ECONNABORTED EHOSTUNREACH ENETUNREACH ENETDOWN ENOTCONN EREMOTEIO"
+    ).split()
+    if hasattr(errno, name)
+}
+# tensorstore raises ValueError('<STATUS_CODE>: ...'); these codes are about access or the
+# storage service, not about the bytes of the checkpoint.
+_UNAVAILABLE_CODES = (
+    "PERMISSION_DENIED",
+    "UNAUTHENTICATED",
+    "UNAVAILABLE",
+    "DEADLINE_EXCEEDED",
+    "RESOURCE_EXHAUSTED",
+    "ABORTED",
+    "CANCELLED",
+)
+_UNAVAILABLE_TEXT = (
+    "permission denied",
+    "operation not permitted",
+    "read-only file system",
+    "input/output error",
+    "no space left",
+    "disk quota exceeded",
+    "stale file handle",
+    "timed out",
+    "too many open files",
+    "resource temporarily unavailable",
+    "connection reset",
+)
+# codes and texts of damaged or missing checkpoint files (as seen from orbax 0.12 / tensorstore: a
+# truncated data file gives OUT_OF_RANGE "Requested byte range ... is not valid for value of size", a
+# clobbered b-tree node "Error decoding ...: Data corruption detected", a missing file NOT_FOUND, a
+# truncated manifest DATA_LOSS "Error decoding manifest").
+_UNREADABLE_CODES = ("DATA_LOSS", "OUT_OF_RANGE", "NOT_FOUND")
+_UNREADABLE_TEXT = (
+    "error decoding",
+    "data corruption",
+    "corrupt",
+    "checksum",
+    "not valid for value of size",
+    "does not exist",
+    "unexpected end",
+    "truncated",
+    "was not found in the checkpoint",
+)
+
+
+class UnreadableCheckpointError(CheckpointError):
+    """A checkpoint's files are damaged or incomplete (``Checkpoints.restore`` refuses it; nothing was moved)."""
+
+
+class _Unreadable(Exception):
+    """Internal: damaged or missing files (restore_latest moves the checkpoint aside and falls back)."""
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out, seen = [], set()
+    while exc is not None and id(exc) not in seen and len(out) < 16:
+        out.append(exc)
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+def classify_restore_error(exc: BaseException) -> str:
+    """Why reading a checkpoint failed: ``UNREADABLE``, ``UNAVAILABLE`` or ``UNRECOGNISED``.
+
+    Only ``UNREADABLE`` (the checkpoint's own bytes are damaged or missing) justifies moving a
+    checkpoint aside and training again from the previous one.  Anything that may leave the files
+    intact must stop instead: moving a good checkpoint aside silently throws work away (a code/template
+    mismatch once did exactly that).  orbax and tensorstore wrap errors, so the whole
+    ``__cause__``/``__context__`` chain and the messages are inspected:
+
+    * ``UNAVAILABLE`` (checked first, it wins over everything): ``PermissionError`` or any ``OSError``
+      with errno EACCES/EPERM/EIO/ENOSPC/ETIMEDOUT/ESTALE/...; a tensorstore ``ValueError`` whose status
+      code is PERMISSION_DENIED/UNAVAILABLE/DEADLINE_EXCEEDED/RESOURCE_EXHAUSTED/... or which carries such
+      an ``os_error_code``; or a message saying so ("Permission denied", "Input/output error", ...).
+    * ``UNREADABLE``: ``FileNotFoundError``/``NotADirectoryError`` (missing pieces), ``json``/unicode
+      decode errors (a truncated ``_METADATA`` or JSON item), tensorstore DATA_LOSS/OUT_OF_RANGE/NOT_FOUND
+      or a decoding/corruption message, and this module's own missing-piece checks.
+    * ``UNRECOGNISED``: everything else (e.g. an orbax ``ValueError`` about the tree); treated like
+      ``UNAVAILABLE`` by the callers: stop, move nothing.
+    """
+    chain = _chain(exc)
+    for e in chain:
+        if isinstance(e, PermissionError) or (isinstance(e, OSError) and e.errno in _UNAVAILABLE_ERRNOS):
+            return UNAVAILABLE
+        msg = str(e)
+        m = re.search(r"os_error_code='?(\d+)", msg)
+        if m and int(m.group(1)) in _UNAVAILABLE_ERRNOS:
+            return UNAVAILABLE
+        if msg.split(":", 1)[0].strip() in _UNAVAILABLE_CODES or any(t in msg.lower() for t in _UNAVAILABLE_TEXT):
+            return UNAVAILABLE
+    for e in chain:
+        if isinstance(e, (_Unreadable, FileNotFoundError, NotADirectoryError, json.JSONDecodeError, UnicodeError)):
+            return UNREADABLE
+        msg = str(e)
+        if msg.split(":", 1)[0].strip().strip("'\"") in _UNREADABLE_CODES or any(
+            t in msg.lower() for t in _UNREADABLE_TEXT
+        ):
+            return UNREADABLE
+    return UNRECOGNISED
+
+
+def _key_name(k) -> str:
+    for attr in ("key", "name", "idx"):  # DictKey / FlattenedIndexKey, GetAttrKey, SequenceKey
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def _leaves(tree) -> dict[str, Any]:
+    """tree path ("a/b/0") -> leaf; orbax stores namedtuples/dataclasses as dicts and tuples as lists,
+    so paths are compared by their names only."""
+    return {"/".join(_key_name(k) for k in path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _absent(path: str, other: dict[str, Any]) -> str:
+    """The shortest prefix of ``path`` that ``other`` has nothing under (a whole missing subtree is named once)."""
+    parts = path.split("/")
+    for i in range(1, len(parts) + 1):
+        prefix = "/".join(parts[:i])
+        if not any(q == prefix or q.startswith(prefix + "/") for q in other):
+            return prefix
+    return path
+
+
+def structure_differences(item: str, stored, template) -> list[str]:
+    """The tree paths where ``template`` (the code's) and ``stored`` (a checkpoint's tree metadata) differ."""
+    have, want = _leaves(stored), _leaves(template)
+    if list(have) == [_EMPTY]:  # an empty tree is stored as a marker
+        have = {}
+    out: dict[str, str] = {}
+    for p in sorted(set(have) | set(want)):
+        if p not in want:
+            q = _absent(p, want)
+            out[q] = "in the checkpoint, not in the code"
+        elif p not in have:
+            q = _absent(p, have)
+            out[q] = "in the code, not in the checkpoint"
+        else:
+            s, t = have[p], want[p]
+            s_shape, t_shape = tuple(getattr(s, "shape", None) or ()), tuple(np.shape(t))
+            s_dtype, t_dtype = getattr(s, "dtype", None), getattr(t, "dtype", None)  # Python scalars: no dtype
+            if s_shape != t_shape:
+                out[p] = f"shape {s_shape} in the checkpoint, {t_shape} in the code"
+            elif s_dtype is not None and t_dtype is not None and np.dtype(s_dtype) != np.dtype(t_dtype):
+                out[p] = f"dtype {np.dtype(s_dtype)} in the checkpoint, {np.dtype(t_dtype)} in the code"
+    return [f"{item}/{p}: {what}" if p else f"{item}: {what}" for p, what in out.items()]
+
+
+def _stat(path: str) -> None:
+    """Raise _Unreadable if ``path`` is missing; a PermissionError (unreadable parent) propagates.
+
+    (orbax reports a directory it may not list as "does not exist"; ``os.stat`` tells the two apart.)
+    """
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError) as e:
+        raise _Unreadable(f"missing {path}") from e
+
+
+class Checkpoints:
+    """A directory of numbered checkpoints, each holding pytree items and one JSON item."""
+
+    def __init__(self, directory: str, *, max_to_keep: int | None, log: Callable[[str], None] = print):
+        """``max_to_keep``: keep the newest N checkpoints (orbax ``LatestN``); None keeps all."""
+        self._dir = os.path.abspath(directory)
+        self._log = log
+        self._max_to_keep = max_to_keep
+        self._mgr = self._open()
+
+    def _open(self) -> ocp.CheckpointManager:
+        policies = ocp.checkpoint_managers
+        keep = (
+            policies.preservation_policy.PreserveAll()
+            if self._max_to_keep is None
+            else policies.LatestN(n=self._max_to_keep)
+        )
+        return ocp.CheckpointManager(
+            self._dir,
+            options=ocp.CheckpointManagerOptions(
+                preservation_policy=keep, create=True, enable_async_checkpointing=False, cleanup_tmp_directories=True
+            ),
+        )
+
+    @property
+    def directory(self) -> str:
+        return self._dir
+
+    def steps(self) -> list[int]:
+        return sorted(self._mgr.all_steps())
+
+    def save(self, step: int, trees: dict[str, Any], meta: dict) -> None:
+        # orbax refuses empty containers; an empty dict is stored as a marker and restored as {}.
+        args = {
+            k: ocp.args.StandardSave(jax.device_get(v) if v else {_EMPTY: np.zeros((1,), np.int8)})
+            for k, v in trees.items()
+        }
+        args[_META] = ocp.args.JsonSave(meta)
+        self._mgr.save(step, args=ocp.args.Composite(**args), force=True)
+        self._mgr.wait_until_finished()
+
+    def delete(self, step: int) -> None:
+        """Removes checkpoint ``step`` (a population drops the newer progress step that only some of its
+        members wrote before a kill, so that all of them write it again from their common step)."""
+        self._mgr.delete(step)
+
+    def stored_shape(self, step: int, item: str, path: str) -> tuple[int, ...] | None:
+        """The shape stored at ``path`` ("a/b") of ``item`` in checkpoint ``step`` (its metadata only;
+        None when absent or unreadable): what a template must match, e.g. a head grown since."""
+        handler = ocp.StandardCheckpointHandler()
+        try:
+            stored = handler.metadata(epath.Path(self._dir) / str(step) / item)
+            leaf = _leaves(getattr(stored, "tree", stored)).get(path)
+        except Exception:  # noqa: BLE001 -- a damaged checkpoint: restore_latest reports it
+            return None
+        finally:
+            handler.close()
+        return None if leaf is None else tuple(getattr(leaf, "shape", None) or ())
+
+    def _check(self, step: int, templates: dict[str, Any]) -> None:
+        """Before any array is read: every piece is present and each templated item's stored tree
+        (orbax's tree metadata) has the template's paths, shapes and dtypes.
+
+        Raises _Unreadable (missing piece), CheckpointError (mismatch) or whatever reading the
+        metadata raised (classified by the caller)."""
+        path = os.path.join(self._dir, str(step))
+        _stat(os.path.join(path, _META, _JSON_FILE))
+        diffs = []
+        for item, template in templates.items():
+            _stat(os.path.join(path, item, _PYTREE_METADATA_FILE))
+            handler = ocp.StandardCheckpointHandler()
+            try:
+                stored = handler.metadata(epath.Path(path) / item)
+            finally:
+                handler.close()
+            if template is not None:
+                diffs += structure_differences(item, getattr(stored, "tree", stored), template)
+        if diffs:
+            listed = "; ".join(diffs[:_MAX_LISTED]) + (
+                f"; and {len(diffs) - _MAX_LISTED} more" if len(diffs) > _MAX_LISTED else ""
+            )
+            raise CheckpointError(
+                f"checkpoint {path} does not fit this code: {listed}. Nothing was moved. The run was made by a "
+                "different code version or config: rerun with the version and config that wrote it, or use "
+                "another --workdir."
+            )
+
+    def _restore(self, step: int, templates: dict[str, Any]) -> dict[str, Any]:
+        """Check, then read; every failure is a CheckpointError or (damaged files) _Unreadable."""
+        path = os.path.join(self._dir, str(step))
+        try:
+            self._check(step, templates)
+            args = {
+                k: ocp.args.StandardRestore(
+                    None
+                    if t is None or not jax.tree.leaves(t)
+                    else jax.tree.map(ocp.utils.to_shape_dtype_struct, jax.device_get(t))
+                )
+                for k, t in templates.items()
+            }
+            args[_META] = ocp.args.JsonRestore()
+            out = self._mgr.restore(step, args=ocp.args.Composite(**args))
+        except (CheckpointError, _Unreadable):  # a mismatch, or a piece found missing by _check
+            raise
+        except Exception as e:  # noqa: BLE001 -- orbax/tensorstore raise many types; classified below
+            kind = classify_restore_error(e)
+            what = f"{type(e).__name__}: {str(e)[:300]}"
+            if kind == UNREADABLE:
+                raise _Unreadable(what) from e
+            raise CheckpointError(
+                f"checkpoint {path} cannot be read now ({what}). Nothing was moved: "
+                + (
+                    "the files may be intact; fix the permissions or the storage (space, mount, network) and rerun."
+                    if kind == UNAVAILABLE
+                    else "this error is not recognised as damaged files. If they are damaged, move that folder "
+                    "aside yourself and rerun to use the previous checkpoint."
+                )
+            ) from e
+
+        def value(k):
+            t, v = templates.get(k), out[k]
+            if t is not None and not jax.tree.leaves(t):  # nothing stored beyond the structure
+                return t
+            return {} if isinstance(v, dict) and _EMPTY in v else v
+
+        return {k: value(k) for k in list(templates) + [_META]}
+
+    def restore(self, step: int, templates: dict[str, Any]) -> dict[str, Any]:
+        """One specific checkpoint (no fallback, nothing is ever moved).
+
+        Raises ``UnreadableCheckpointError`` (a ``CheckpointError``) for damaged or missing files and
+        ``CheckpointError`` for a structure mismatch, a permission or an I/O error."""
+        try:
+            return self._restore(step, templates)
+        except _Unreadable as e:
+            raise UnreadableCheckpointError(
+                f"checkpoint {os.path.join(self._dir, str(step))} cannot be read ({e}); its files are damaged or "
+                "incomplete. Nothing was moved: restore that folder from a backup."
+            ) from e
+
+    def restore_latest(
+        self, templates: dict[str, Any], steps: range | None = None
+    ) -> tuple[int, dict[str, Any]] | None:
+        """The newest readable checkpoint as (step, items); ones with damaged files are moved aside.
+
+        ``templates`` maps item name -> a pytree with the expected structure (or None
+        for items restored as saved, e.g. plain numpy dicts).  ``steps`` limits the
+        search to a range of checkpoint numbers (e.g. one session's).  A structure mismatch,
+        a permission or an I/O error raises ``CheckpointError`` and moves nothing.
+        """
+        for step in reversed(self.steps()):
+            if steps is not None and step not in steps:
+                continue
+            try:
+                return step, self._restore(step, templates)
+            except _Unreadable as e:
+                aside = os.path.join(self._dir, f"unreadable-{step}-{int(time.time())}")
+                self._log(
+                    f"warning: checkpoint {os.path.join(self._dir, str(step))} cannot be read "
+                    f"({str(e)[:200]}); moved it to {aside} and falling back to the previous checkpoint."
+                )
+                self._mgr.close()
+                os.rename(os.path.join(self._dir, str(step)), aside)
+                self._mgr = self._open()
+        return None
+
+    def close(self) -> None:
+        self._mgr.close()

@@ -1,0 +1,57 @@
+"""The one owner of a run directory's layout: every file and folder a run keeps, by name.
+
+    <workdir>/
+      .lock                          the writer's lock (``workdir.py``)
+      config.json                    the run's config (``workdir.py``; read back by ``stored_config``)
+      protocol.json                  the session plan and class names (``engine/context.py``)
+      metrics.jsonl, tensorboard/    what a person watches (``run_log.py``)
+      results.json, *.png            the end of a run (``engine/reporting.py``)
+      population.json                a population's members (``engine/runner.py``)
+      checkpoints/sessions/<s>/      after session s: model, gallery part, memory, importance (``run_state.py``)
+      checkpoints/progress/<step>/   rolling mid-session checkpoints (``engine/phases.py``)
+      checkpoints/additions/         rows added by ``python -m cvs_jax.search --add``
+      previous-<time>/               a run moved aside by ``--config.overwrite=True``
+
+Every module that reads or writes one of these asks this module for its path.
+"""
+
+from __future__ import annotations
+
+import os
+
+LOCK = ".lock"
+CONFIG = "config.json"
+PROTOCOL = "protocol.json"
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+RESULTS = "results.json"
+POPULATION = "population.json"
+CHECKPOINTS = "checkpoints"
+SESSIONS = os.path.join(CHECKPOINTS, "sessions")
+PROGRESS = os.path.join(CHECKPOINTS, "progress")
+ADDITIONS = os.path.join(CHECKPOINTS, "additions")
+# Checkpoint folders whose numbered step directories make a workdir hold a run.
+CHECKPOINT_DIRS = (SESSIONS, PROGRESS)
+
+
+def _under_workdir(*parts: str, doc: str):
+    def path(workdir: str) -> str:
+        return os.path.join(workdir, *parts)
+
+    path.__doc__ = doc
+    return path
+
+
+config_file = _under_workdir(CONFIG, doc="The run's config.json.")
+protocol_file = _under_workdir(PROTOCOL, doc="The run's protocol.json (session plan, class names).")
+metrics_file = _under_workdir(METRICS, doc="The run's metrics.jsonl.")
+results_file = _under_workdir(RESULTS, doc="The run's results.json.")
+population_file = _under_workdir(POPULATION, doc="A population's population.json.")
+sessions_dir = _under_workdir(SESSIONS, doc="Session checkpoints: ``<s>/`` after session s (0-based).")
+progress_dir = _under_workdir(PROGRESS, doc="Rolling mid-session checkpoints, numbered by run step.")
+additions_dir = _under_workdir(ADDITIONS, doc="Rows added by ``python -m cvs_jax.search --add``.")
+
+
+def session_dir(workdir: str, s: int) -> str:
+    """The checkpoint written after session ``s`` (0-based; 0 is the session ``compare`` shares)."""
+    return os.path.join(workdir, SESSIONS, str(s))
