@@ -63,7 +63,7 @@ def describe(workdir: str) -> dict:
                 "first_session": (first[0] + 1) if first else None,
             }
         )
-    per_session = {int(r["session"]): r for r in results.get("per_session", [])}
+    per_session = dict(enumerate(results.get("per_session", [])))  # in session order (numbered from 1 since)
     sessions = []
     for s, sess in enumerate(run.protocol["sessions"]):
         done = s <= run.session

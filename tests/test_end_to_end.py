@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from cvs_jax.engine import runner
+from cvs_jax.engine import phases, runner
 from cvs_jax.rundir.checkpoint import Checkpoints
 from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 
@@ -22,11 +22,16 @@ def read_jsonl(path):
         return [json.loads(line) for line in f]
 
 
-def test_finetune_two_sessions(manual_dir, tmp_path):
+def test_finetune_two_sessions(manual_dir, tmp_path, monkeypatch, capsys):
     c = tiny_config(manual_dir, tmp_path, sessions=2)
     wd = str(tmp_path / "ft")
+    monkeypatch.setattr(phases, "PROGRESS_SECONDS", -1.0)  # as if every call of a first epoch took long
     res = runner.run(c, wd)
     assert len(res["per_session"]) == 2
+    assert [r["session"] for r in res["per_session"]] == [1, 2]  # numbered from 1, as printed
+    out = capsys.readouterr().out
+    for s in (1, 2):  # the first epoch of each session shows its progress, the later epochs do not
+        assert f"  session {s} epoch 1 step 1/" in out and f"  session {s} epoch 2 step" not in out
     with open(os.path.join(wd, "results.json")) as f:
         assert json.load(f) == json.loads(json.dumps(res))
     for r in res["per_session"]:

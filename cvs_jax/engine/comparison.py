@@ -298,7 +298,9 @@ def _compare(
             "dataset": config.data.name,
             "setup": config.data.setup,
             "average_recall": {"1": e["average_recall"]["1"]["mean"] / 100},
-            "per_session": [{"session": i, "recall": {"1": v / 100}} for i, v in enumerate(e["recall1_per_session"])],
+            "per_session": [
+                {"session": i + 1, "recall": {"1": v / 100}} for i, v in enumerate(e["recall1_per_session"])
+            ],
         }
         for e in summary
         if e["seeds"]

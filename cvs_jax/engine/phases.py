@@ -42,6 +42,7 @@ from cvs_jax.rundir import faults
 from cvs_jax.rundir.run_log import format_eta
 
 _NO_BAD_STEP = np.iinfo(np.int32).max
+PROGRESS_SECONDS = 30.0  # the first epoch a loop trains prints a line at least this often (a CPU's slow start)
 MAX_CALLS_IN_FLIGHT = 2  # the host prepares the next call while the device runs the current one
 
 
@@ -407,7 +408,7 @@ def run_loop(driver: Driver) -> TrainState:
     cadence = Cadence(spe, c.log_every_steps, c.train.checkpoint_every_steps)
     bad_step = jnp.int32(_NO_BAD_STEP)
     step = steps_at_start = lead.start
-    t_session = t_epoch = time.time()
+    t_session = t_epoch = t_line = time.time()
     plan = calls(step, total, spe, driver.k)
     batches = iter(driver.batches(plan))
     in_flight: collections.deque = collections.deque()
@@ -436,10 +437,13 @@ def run_loop(driver: Driver) -> TrainState:
         for _ in range(n):
             faults.maybe_fail("step")
         events = cadence.between(first_step, step)
-        if events.log or events.epoch_end:
+        # without log_every_steps, the first epoch still shows it moves (minutes per epoch on a CPU)
+        slow = epoch == steps_at_start // spe and not events.epoch_end and time.time() - t_line > PROGRESS_SECONDS
+        if events.log or events.epoch_end or slow:
             done = (step - steps_at_start) / max(total - steps_at_start, 1)
             eta = format_eta((time.time() - t_session) / done * (1 - done))
-        if events.log:
+        if events.log or slow:
+            t_line = time.time()
             for member in members:
                 member.ctx.log.print(f"  session {s + 1} epoch {epoch + 1} step {step}/{total} ETA {eta}")
         if events.checkpoint:

@@ -37,7 +37,8 @@ def finish(ctx: RunContext, state: RunState) -> dict:
         "dataset": c.data.name,
         "setup": plan.setup,
         "seed": c.seed,
-        "per_session": per_session,
+        # sessions numbered from 1, as everything printed (the checkpoints' records count from 0)
+        "per_session": [dict(r, session=r["session"] + 1) for r in per_session],
         "average_recall": {str(k): v for k, v in ar.items()},
     }
     last_test = ctx.proto.test_queries(plan.num_sessions - 1)

@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 def recall_per_session(results: list[dict], path: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in results:
-        sessions = [s["session"] + 1 for s in r["per_session"]]
+        sessions = [s["session"] for s in r["per_session"]]  # numbered from 1 (results.json)
         ax.plot(
             sessions,
             [100 * s["recall"]["1"] for s in r["per_session"]],
