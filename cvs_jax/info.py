@@ -24,6 +24,7 @@ from absl import flags
 from cvs_jax import cli
 from cvs_jax.errors import UserError
 from cvs_jax.retrieval import compatibility, run_reader
+from cvs_jax.rundir import paths
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -46,7 +47,7 @@ def describe(workdir: str) -> dict:
     """The run's classes, sessions, compatibility matrix and AR@K (sessions 1-based)."""
     run = run_reader.Run(workdir)
     results = {}
-    path = os.path.join(workdir, "results.json")
+    path = paths.results_file(workdir)
     if os.path.exists(path):
         with open(path) as f:
             results = json.load(f)

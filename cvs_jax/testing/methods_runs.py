@@ -12,13 +12,14 @@ ALL_METHODS = ["finetune", "joint", "cvs", "bct", "lwf", "mmd", "ewc", "rwalk", 
 
 
 def shares_first_session(method: str) -> bool:
-    """Whether compare reuses another method's session 1 for ``method`` (as in the tiny config)."""
+    """Whether compare reuses finetune's session 1 for ``method`` (as in the tiny config): the method
+    shares its session 1 and trains finetune's (cosine) head."""
     from configs import fashion_mnist_general
-    from cvs_jax.methods.registry import get_method
+    from cvs_jax.methods.registry import get_method, head_name
 
     config = fashion_mnist_general.get_config()
     config.method = method
-    return get_method(config).shares_first_session
+    return get_method(config).shares_first_session and head_name(config) == "cosine"
 
 
 def overrides(manual, tfds_dir):
