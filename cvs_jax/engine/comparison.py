@@ -149,8 +149,8 @@ def entry_pairs(config, methods: list[str]) -> list[tuple[str, str, str]]:
     entry trained with the same head (when that cvs entry is not plain ``cvs``, already the reference);
     and each ablation (``entry+field=value``) against its entry without overrides."""
     plain = [e for e in methods if "+" not in e]
-    pairs = [(e, e.split("+")[0], f"ablation of {e.split('+')[0]}") for e in methods if e.split("+")[0] in plain]
-    pairs = [p for p in pairs if p[0] != p[1]]
+    ablations = [(e, e.split("+")[0]) for e in methods if "+" in e]
+    pairs = [(e, base, f"ablation of {base}") for e, base in ablations if base in plain]
     heads = {}
     for entry in plain:
         c = entry_config(config, entry, 0, None)

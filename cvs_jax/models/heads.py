@@ -27,7 +27,6 @@ import jax.numpy as jnp
 from cvs_jax.methods import losses
 
 HEADS = ("cosine", "linear_reset")
-ROW_KEYS = ("head", "head_bias")  # every head array of any head: one row per class along axis 0
 
 
 def init_head(key: jax.Array, num_rows: int, embed_dim: int) -> jax.Array:
@@ -102,6 +101,7 @@ class LinearResetHead:
 
 
 Head = CosineHead | LinearResetHead
+ROW_KEYS = tuple(dict.fromkeys(CosineHead.keys + LinearResetHead.keys))  # every head array: a row per class
 
 
 def make_head(name: str, temperature: float) -> Head:
