@@ -183,3 +183,28 @@ def test_multihost_only_process_0_locks_and_every_process_stops_when_it_is_refus
     assert p0_busy.startswith("WorkdirBusyError: ") and f"in use by pid {proc.pid}" in p0_busy
     assert p1_busy == f"WorkdirBusyError: process 0 could not open {busy} (see its output)"
     assert os.path.exists(os.path.join(free, "config.json"))
+
+
+def test_a_run_recorded_before_a_field_existed_resumes_under_its_default(tmp_path):
+    """A config.json from an earlier version lacks the fields added since: they take their one default
+    (configs/base.py), so the run resumes; a changed value of such a field is still refused."""
+    from configs import base
+
+    wd = str(tmp_path / "wd")
+    config = base.get_config()
+    with workdir_lib.open_run(config, wd):
+        os.makedirs(os.path.join(wd, "checkpoints", "sessions", "0"))
+    path = os.path.join(wd, "config.json")
+    with open(path) as f:
+        recorded = json.load(f)
+    del recorded["rainbow"]["memory"], recorded["cvs"]["batches"]  # as if recorded before they existed
+    with open(path, "w") as f:
+        json.dump(recorded, f)
+    with workdir_lib.open_run(config, wd):
+        pass
+    with open(path, "w") as f:
+        json.dump(recorded, f)
+    config.cvs.batches = "half"
+    with pytest.raises(ConfigError, match=r"cvs\.batches: 'mixed' -> 'half'"):
+        with workdir_lib.open_run(config, wd):
+            pass

@@ -166,7 +166,10 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
         with open(path) as f:
             stored = json.load(f)
         a, b = _comparable(stored), _comparable(current)
-        a.update({k: v for k, v in ADDED_KEYS.items() if k in b and k not in a})
+        # a field added since the run was recorded takes the value that run used (ADDED_KEYS) or its one
+        # default, as stored_config reads it: a run recorded by an earlier version resumes
+        since = {**_flatten(base_config.get_config().to_dict()), **ADDED_KEYS}
+        a.update({k: since[k] for k in b if k not in a and k in since})
         if "model.head" in b:
             # the head the run trains with, "official" resolved for the method (a run recorded before
             # model.head existed trained the cosine head: it resumes under "official" for cvs, not for ewc)
