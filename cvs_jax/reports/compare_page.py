@@ -57,7 +57,7 @@ def _pairs_table(c: dict) -> str:
          _interval(p["difference"].get(BC))]
         for p in pairs
     ]  # fmt: skip
-    return "<h3>Paired comparisons</h3>" + html.table(head, rows)
+    return "<h3>Paired comparisons</h3>" + html.table(head, rows, left=(0, 1))
 
 
 def _points(c: dict):

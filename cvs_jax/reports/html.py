@@ -117,7 +117,8 @@ def figure_uri(fig, dpi: int = 100) -> str:
 
 
 def img(uri: str, alt: str, cls: str = "") -> str:
-    return f'<img src="{uri}" alt="{esc(alt)}"{f" class={chr(34)}{cls}{chr(34)}" if cls else ""}>'
+    """An image; its ``alt`` text is also its tooltip (e.g. a hit's source file)."""
+    return f'<img src="{uri}" alt="{esc(alt)}" title="{esc(alt)}"{f" class={chr(34)}{cls}{chr(34)}" if cls else ""}>'
 
 
 def cell(image_uri: str | None, lines: list[str], cls: str = "", alt: str = "") -> str:
@@ -126,13 +127,13 @@ def cell(image_uri: str | None, lines: list[str], cls: str = "", alt: str = "") 
     return f'<div class="cell {cls}">{picture}' + "".join(f"<div>{line}</div>" for line in lines) + "</div>"
 
 
-def table(head: list[str], rows: list[list[str]], row_classes: list[str] | None = None) -> str:
-    """``head`` and ``rows``: cell HTML; a cell given as ``(html, class)`` gets that class.  The first
-    column is left-aligned."""
+def table(head: list[str], rows: list[list[str]], row_classes: list[str] | None = None, left=(0,)) -> str:
+    """``head`` and ``rows``: cell HTML; a cell given as ``(html, class)`` gets that class.  Columns
+    ``left`` (text) are left-aligned, the others (numbers) right-aligned."""
 
     def td(value, tag, i):
         text, cls = value if isinstance(value, tuple) else (value, "")
-        cls = " ".join(c for c in (cls, "l" if i == 0 else "") if c)
+        cls = " ".join(c for c in (cls, "l" if i in left else "") if c)
         return f"<{tag}{f' class={chr(34)}{cls}{chr(34)}' if cls else ''}>{text}</{tag}>"
 
     out = ['<table class="num">', "<tr>" + "".join(td(h, "th", i) for i, h in enumerate(head)) + "</tr>"]

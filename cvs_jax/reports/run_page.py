@@ -91,7 +91,7 @@ def _recall_section(results: dict | None) -> str:
     ax.set_ylabel("recall (%)")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     return (
         "<h2>Recall per session</h2>"
@@ -195,7 +195,7 @@ def _sessions_section(protocol: dict, stored) -> str:
         "<h2>Sessions</h2>"
         '<p class="legend">What each session brought: its classes first seen there and the known classes that '
         "came back, with the images each added to the gallery; gallery rows: the rows its model embedded.</p>"
-        + html.table(head, out)
+        + html.table(head, out, left=(0, 2, 3))
     )
 
 

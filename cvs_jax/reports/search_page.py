@@ -55,9 +55,13 @@ def render(queries: list[dict], *, workdir: str, model_session: int, gallery_row
             )
             continue
         known = q["class_name"]
+        lines = ["<b>query</b>", name, f"class: {html.esc(known) if known else 'unknown'}"]
+        if known is not None:
+            same = sum(h["class_name"] == known for h in q["hits"])
+            lines.append(f'same class: <span class="same">{same} of {len(q["hits"])}</span>')
         query_cell = html.cell(
             html.thumbnail_uri(q["image"]),
-            [f"<b>query</b>: {name}", f"class: {html.esc(known) if known else 'unknown'}"],
+            lines,
             "query",
             alt=q["query"],
         )
