@@ -18,7 +18,7 @@ image arrived and the session whose model embedded it (sessions 1-based).
 ``checkpoints/additions``); it never changes the session checkpoints.  Without ``--label`` the rows
 are unlabelled (class ``?``); images whose bytes are already in the run are refused unless ``--force``.
 Searching reads a run at any time, also while it trains: it reads only finalized
-checkpoints and writes nothing.  ``--add`` holds the workdir's lock, so it
+checkpoints and writes nothing in the workdir.  ``--add`` holds the workdir's lock, so it
 waits for no one and is refused while a run (or another ``--add``) writes there.  A
 problem to fix ends with one ``error: ...`` line and exit status 2; an unreadable query is reported
 that way and the other queries are answered.
@@ -136,6 +136,8 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     fv = flag_values
     cli.quiet_logging()  # orbax logs every file it reads at INFO
     kwargs = {"force": True} if fv.force else {}
+    if fv.html is not None:
+        kwargs["html"] = fv.html
     return search_or_add(
         fv.workdir,
         list(fv.images) + list(argv[1:]),
@@ -143,7 +145,6 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
         add=fv.add,
         label=fv.label,
         as_json=fv.json,
-        html=fv.html,
         **kwargs,
     )
 

@@ -84,7 +84,7 @@ def _points(c: dict):
         ax.grid(axis="x", alpha=0.3)
     a1.set_xlabel("AR@1 (%): each dot a seed, bar the mean")
     a2.axvline(0, color="black", linewidth=1)
-    a2.set_xlabel(f"AR@1 − {REFERENCE} (points), paired by seed: mean and 95 % interval")
+    a2.set_xlabel(f"AR@1 − {REFERENCE} (points) by seed: mean, 95 % interval (red: excludes 0)")
     fig.tight_layout()
     return fig
 
@@ -93,7 +93,7 @@ def _sessions(c: dict):
     summary = [e for e in c["summary"] if e.get("recall1_per_session")]
     if not summary:
         return None
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
     for e in summary:
         r = e["recall1_per_session"]
         ax.plot(np.arange(1, len(r) + 1), r, marker="o", label=e["method"])
@@ -101,7 +101,7 @@ def _sessions(c: dict):
     ax.set_ylabel("recall@1 (%), mean over seeds")
     ax.set_xticks(np.arange(1, len(summary[0]["recall1_per_session"]) + 1))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))  # beside the lines, never over them
     fig.tight_layout()
     return fig
 
@@ -127,4 +127,4 @@ def render(c: dict, workdir: str) -> str:
     fig = _sessions(c)
     if fig is not None:
         body += ["<h2>Recall@1 per session</h2>", html.img(html.figure_uri(fig), "recall per session", "plot")]
-    return html.page("comparison", subtitle, "\n".join(body))
+    return html.page(f"comparison: {c['dataset']} / {c['setup']}", subtitle, "\n".join(body))

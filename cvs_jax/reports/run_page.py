@@ -25,6 +25,7 @@ from cvs_jax.rundir import workdir as workdir_lib
 LOST_POINTS = 5.0  # a newer model "loses" old rows when its recall@1 on them is this far below their own model's
 SAMPLES = 8  # gallery images shown per session
 _LIST = 14  # class names listed per cell before "+N more"
+_SCAN = 4096  # rows of a session looked at when picking its samples (a session may hold millions)
 
 
 def lost_cells(matrix) -> set[tuple[int, int]]:
@@ -233,7 +234,7 @@ def _samples(rows, read: Callable | None, names: list[str], last: int) -> str:
         return "<h2>Gallery samples</h2><p>The run's images are not readable here.</p>"
     parts = []
     for s in range(last + 1):
-        mine = np.flatnonzero((rows.arrival == s) & (rows.source_ids >= 0))
+        mine = np.flatnonzero((rows.arrival == s) & (rows.source_ids >= 0))[:_SCAN]
         if not mine.size:
             continue
         picked, seen = [], set()
