@@ -36,6 +36,7 @@ class Page(HTMLParser):
         self.images: list[str] = []
         self.data: dict[str, dict[str, str]] = {}  # attribute -> {key: the element's text}
         self.rows: dict[str, list[str]] = {}  # data-query -> the row's text pieces
+        self.text: list[str] = []  # every piece of text, in order
         self._open: list[tuple[str, str]] = []
         self._row: str | None = None
         self._depth = 0
@@ -63,6 +64,8 @@ class Page(HTMLParser):
                 self._row = None
 
     def handle_data(self, data):
+        if data.strip():
+            self.text.append(data.strip())
         if self._open:
             name, key = self._open[-1]
             self.data.setdefault(name, {})[key] = data
@@ -85,14 +88,33 @@ def pct(v) -> str:
     return "-" if v is None else f"{100 * v:.2f}"
 
 
+WRITES: list[dict] = []  # the results each report.html of the module's run was written with
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("pages")
     manual = write_fashion_idx(str(root / "idx"), train_per_class=60, test_per_class=10)
     c = tiny_config(manual, root, sessions=2)
     wd = str(root / "run")
-    runner.run(c, wd)
+    write = run_page.write
+
+    def recorded(workdir, **kwargs):
+        WRITES.append(kwargs["results"])
+        return write(workdir, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(run_page, "write", recorded)
+        runner.run(c, wd)
     return wd, c
+
+
+def test_the_page_is_written_after_every_session(finished_run):
+    """After session 1 (recall so far, no matrix yet), then at the end with results.json's contents."""
+    assert len(WRITES) == 2
+    assert [r["session"] for r in WRITES[0]["per_session"]] == [1] and "compatibility_recall1" not in WRITES[0]
+    with open(paths.results_file(finished_run[0])) as f:
+        assert WRITES[1] == json.load(f)
 
 
 def test_the_run_writes_report_html_whose_numbers_are_results_json(finished_run):
@@ -202,6 +224,22 @@ def _comparison() -> dict:
     summary = summarize_runs(runs, ["finetune", "cvs"])
     return {"dataset": "d", "setup": "general", "seeds": [0, 1], "split_seed": None, "summary": summary,
             "pairs": summarize_pairs(runs, [("finetune", "cvs", "against cvs")]), "runs": runs}  # fmt: skip
+
+
+def test_joint_rows_arrive_in_their_first_session_in_memory_and_on_disk(tmp_path):
+    """The engine's page counts the gallery from memory (arrival from the session plan), the command's
+    from the checkpoints (arrival from the parts): ``joint`` re-embeds every row each session, and
+    both pages still say what each session brought, identically."""
+    manual = write_fashion_idx(str(tmp_path / "idx"), train_per_class=60, test_per_class=5)
+    c = tiny_config(manual, tmp_path, method="joint", sessions=2)
+    c.train.epochs = 1
+    wd = str(tmp_path / "run")
+    runner.run(c, wd)
+    with open(paths.report_file(wd)) as f:
+        engine = Page(f.read())
+    command = Page(run_page.render(wd))
+    assert engine.text == command.text
+    assert "returning classes (images)" in engine.text
 
 
 def test_compare_page_shows_the_table(tmp_path):
