@@ -46,14 +46,15 @@ def write_report(ctx: RunContext, state: RunState, results: dict | None = None) 
     """``report.html`` of the run so far (process 0); a failure is a warning, never the run's end."""
     if jax.process_index() != 0 or state.completed == 0:
         return
-    if results is None:
-        results = run_page.partial_results(list(state.records), ctx.ks)
+    try:
+        stored = _stored_rows(ctx, state)
+        if results is None:
+            results = run_page.partial_results(list(state.records), ctx.ks)
+    except Exception as e:  # noqa: BLE001 -- the page is a view; a run never fails for it
+        ctx.log.print(f"warning: {paths.report_file(ctx.workdir)} not written ({type(e).__name__}: {e})")
+        return
     run_page.write_or_warn(
-        ctx.workdir,
-        ctx.log.print,
-        results=results,
-        stored=_stored_rows(ctx, state),
-        read_train=ctx.proto.dataset.train.read,
+        ctx.workdir, ctx.log.print, results=results, stored=stored, read_train=ctx.proto.dataset.train.read
     )
 
 
