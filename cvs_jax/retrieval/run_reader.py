@@ -382,7 +382,10 @@ class Run:
                     image = None
             elif self._train_split is not None:
                 i = int(self.gallery.source_ids[row])
-                image = self._train_split.read(np.asarray([i]))[0] if 0 <= i < len(self._train_split) else None
+                try:
+                    image = self._train_split.read(np.asarray([i]))[0] if 0 <= i < len(self._train_split) else None
+                except (UserError, OSError):  # a store changed or gone since: the hit shows no picture
+                    image = None
             out.append(image)
         return out
 
