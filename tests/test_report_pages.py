@@ -285,3 +285,19 @@ def test_pages_render_in_chromium_without_console_errors(finished_run, tmp_path)
     for page in (paths.report_file(wd), out, report.write_page(str(cmp))):
         assert _console_errors(os.path.abspath(page)) == [], page
     assert run.session == 1
+
+
+def test_search_page_marks_the_query_class_and_shows_missing_images():
+    from cvs_jax.reports import search_page
+
+    names = ["cat", "lemon"]
+    assert search_page.query_class("/p/test/lemon/x.jpg", None, names) == "lemon"
+    assert search_page.query_class("/p/test/other/x.jpg", None, names) is None
+    assert search_page.query_class("/p/x.jpg", "1", names) == "lemon"
+    hit = {"rank": 1, "score": 0.5, "class_name": "lemon", "arrival_session": 1, "model_session": 2, "source": "s"}
+    q = {"query": "/p/lemon/x.jpg", "class_name": "lemon", "image": np.zeros((8, 8, 3), np.uint8), "error": None}
+    page = Page(search_page.render([dict(q, hits=[dict(hit, image=None)])], workdir="w", model_session=2,
+                                   gallery_rows=1, k=1))  # fmt: skip
+    text = " ".join(page.rows["/p/lemon/x.jpg"])
+    assert "image not available" in text and "same class: 1 of 1" in text and "\u2713" in text
+    assert len(page.images) == 1  # the query's; the hit's picture is the grey square
