@@ -91,7 +91,10 @@ def write_html(path: str, run: Run, queries, images: dict, found: dict, failed: 
         known = search_page.query_class(p, label, run.class_names)
         out.append({"query": p, "class_name": known, "image": images[p], "error": None, "hits": hits})
     page = search_page.render(out, workdir=run.workdir, model_session=run.session + 1, gallery_rows=len(run.rows), k=k)
-    html_lib.write(path, page)
+    try:
+        html_lib.write(path, page)
+    except OSError as e:
+        raise SearchError(f"--html {path}: cannot write it ({e.strerror}); choose another path.") from e
     print(f"wrote {path}", file=sys.stderr)
 
 
