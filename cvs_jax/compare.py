@@ -33,6 +33,8 @@ Writes, in DIR:
   cvs under the same head, when those entries were run; the per-seed AR@1 of every run;
 * ``comparison.json``: all of it, per-seed values included (format in ``comparison_json``);
 * ``comparison.png``: recall@1 per session per method, mean over seeds.
+* ``comparison.html``: the same on one page (the table, paired intervals, per-seed points;
+  ``reports/compare_page.py``), rewritten by ``python -m cvs_jax.report --workdir DIR``.
 
 A run that stops with ``NonFiniteError`` (the NaN guard: a diverged baseline) does not stop
 the comparison: it is recorded as diverged, with its message, its cells read "diverged",

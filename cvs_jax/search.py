@@ -2,6 +2,7 @@
 
     python -m cvs_jax.search --workdir DIR --images a.png b.jpg [--k 5] [--json]
     python -m cvs_jax.search --workdir DIR --images new/*.png --add [--label CLASS]
+    python -m cvs_jax.search --workdir DIR --images a.png b.jpg --html hits.html [--label CLASS]
 
 (``--images`` takes the files after it, or repeat it: ``--images a.png --images b.jpg``.)
 
@@ -17,10 +18,15 @@ image arrived and the session whose model embedded it (sessions 1-based).
 ``checkpoints/additions``); it never changes the session checkpoints.  Without ``--label`` the rows
 are unlabelled (class ``?``); images whose bytes are already in the run are refused unless ``--force``.
 Searching reads a run at any time, also while it trains: it reads only finalized
-checkpoints and writes nothing.  ``--add`` holds the workdir's lock, so it
+checkpoints and writes nothing in the workdir.  ``--add`` holds the workdir's lock, so it
 waits for no one and is refused while a run (or another ``--add``) writes there.  A
 problem to fix ends with one ``error: ...`` line and exit status 2; an unreadable query is reported
 that way and the other queries are answered.
+
+``--html OUT.html`` also writes the hits as pictures: one self-contained page (thumbnails embedded),
+a row per query (the query, then its hits, with class, score, arrival and model session under each;
+a hit of the query's class marked when that class is known: ``--label``, else the query's folder
+name); an unreadable query gets its row with the reason (``cvs_jax/reports/search_page.py``).
 
 The run reader (``Run``, ``Network``, ``prepare``) is ``cvs_jax.retrieval.run_reader``, shared with
 ``cvs_jax.export``.
@@ -29,12 +35,15 @@ The run reader (``Run``, ``Network``, ``prepare``) is ``cvs_jax.retrieval.run_re
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from absl import flags
 
 from cvs_jax import cli
 from cvs_jax.errors import SearchError, UserError
+from cvs_jax.reports import html as html_lib
+from cvs_jax.reports import search_page
 from cvs_jax.retrieval.run_reader import Network as Network  # re-exported: the command's library
 from cvs_jax.retrieval.run_reader import Run as Run
 from cvs_jax.retrieval.run_reader import arrival_sessions as arrival_sessions
@@ -68,6 +77,27 @@ def format_hits(query: str, run: Run, hits: list[dict]) -> str:
     return "\n".join([head, line([h for h, _, _ in _COLUMNS])] + [line(row) for row in cells])
 
 
+def write_html(path: str, run: Run, queries, images: dict, found: dict, failed: dict, label, k: int) -> None:
+    """The hits as pictures (``reports/search_page.py``): thumbnails of the queries as prepared and of
+    the hit rows' stored images."""
+    rows = [h["row"] for p in queries if p in found for h in found[p]]
+    pictures = dict(zip(rows, run.row_images(rows)))
+    out = []
+    for p in queries:
+        if p in failed:
+            out.append({"query": p, "class_name": None, "image": None, "error": str(failed[p]), "hits": []})
+            continue
+        hits = [dict(h, image=pictures[h["row"]]) for h in found[p]]
+        known = search_page.query_class(p, label, run.class_names)
+        out.append({"query": p, "class_name": known, "image": images[p], "error": None, "hits": hits})
+    page = search_page.render(out, workdir=run.workdir, model_session=run.session + 1, gallery_rows=len(run.rows), k=k)
+    try:
+        html_lib.write(path, page)
+    except OSError as e:
+        raise SearchError(f"--html {path}: cannot write it ({e.strerror}); choose another path.") from e
+    print(f"wrote {path}", file=sys.stderr)
+
+
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """The command's flags (defined when it runs, so that tests can import every entry point together)."""
     flags.DEFINE_string("workdir", None, "The --workdir of a run of python -m cvs_jax.main.", flag_values=flag_values)
@@ -79,7 +109,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_string(
         "label",
         None,
-        "Class name or label of the images added with --add (without it they are unlabelled: label -1, class ?).",
+        "Class name or label of the images added with --add (without it they are unlabelled: label -1, class ?); "
+        "with --html, the class of every query (hits of it are marked; default: each query's folder name).",
         flag_values=flag_values,
     )
     flags.DEFINE_boolean(
@@ -94,6 +125,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         "Print JSON instead of tables: a list with one object per query (query, model_session, hits).",
         flag_values=flag_values,
     )
+    flags.DEFINE_string(
+        "html",
+        None,
+        "Also write the hits as pictures to this HTML file (one self-contained page; opens from disk).",
+        flag_values=flag_values,
+    )
     flags.mark_flags_as_required(["workdir"], flag_values=flag_values)
 
 
@@ -102,8 +139,16 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     fv = flag_values
     cli.quiet_logging()  # orbax logs every file it reads at INFO
     kwargs = {"force": True} if fv.force else {}
+    if fv.html is not None:
+        kwargs["html"] = fv.html
     return search_or_add(
-        fv.workdir, list(fv.images) + list(argv[1:]), k=fv.k, add=fv.add, label=fv.label, as_json=fv.json, **kwargs
+        fv.workdir,
+        list(fv.images) + list(argv[1:]),
+        k=fv.k,
+        add=fv.add,
+        label=fv.label,
+        as_json=fv.json,
+        **kwargs,
     )
 
 
@@ -116,6 +161,7 @@ def search_or_add(
     label: str | None = None,
     as_json: bool = False,
     force: bool = False,
+    html: str | None = None,
 ) -> int:
     """The command: prints the hits (or adds the images); returns the exit status.  An unreadable query
     is reported (``error: ...``, exit status 2) and the others are answered; ``--add`` adds all or none."""
@@ -124,6 +170,10 @@ def search_or_add(
             raise SearchError("no images given; pass image files with --images a.png b.jpg.")
         if k < 1:
             raise SearchError(f"--k={k}: ask for at least one gallery row per query.")
+        if html is not None and add:
+            raise SearchError("--html shows search hits; it does not go with --add.")
+        if html is not None and not os.path.isdir(os.path.dirname(os.path.abspath(html))):
+            raise SearchError(f"--html {html}: its folder does not exist; create it or choose another path.")
         if add:
             check_is_run(workdir)  # before the lock, which would create the folder
             with workdir_lib.hold(workdir):  # additions are written: one writer at a time
@@ -155,9 +205,13 @@ def search_or_add(
                 )
             return 0
         run = Run(workdir)
+        if html is not None and label is not None:
+            run.label_of(label)  # an unknown class is refused before any work
         images, failed = load_each(paths, run.image_shape)
         answered = [p for p in paths if p not in failed]
         found = dict(zip(answered, run.search(images, k))) if answered else {}
+        if html is not None:
+            write_html(html, run, paths, dict(zip(answered, images)), found, failed, label, k)
         for p in paths:
             if p in failed:
                 cli.report(failed[p])

@@ -53,6 +53,10 @@ def test_runner_table_and_shared_first_session(tmp_path, capsys):
         else:
             assert r["BC"] == pytest.approx(100 * (matrix[1][0] - matrix[0][0]))
     assert os.path.getsize(os.path.join(wd, "comparison.png")) > 0
+    with open(os.path.join(wd, "comparison.html")) as f:  # the same on one page (tests/test_report_pages.py)
+        page = f.read()
+    for e in out["summary"]:
+        assert f'data-ar="{e["method"]}:1">{e["average_recall"]["1"]["mean"]:.2f}' in page
     # session 1 was trained once per head: every method of a head that shares it reports the same
     # session-1 recall, and the two heads' session 1 differ ...
     shared = [m for m in methods if get_method(comparison.entry_config(c, m, 0, None)).shares_first_session]

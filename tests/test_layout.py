@@ -9,7 +9,7 @@ import os
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "cvs_jax")
-COMMANDS = {"main", "compare", "search", "export", "update", "summarize", "reproduce", "info"}
+COMMANDS = {"main", "compare", "search", "export", "update", "summarize", "reproduce", "info", "report"}
 
 
 def _modules() -> dict[str, tuple[str, bool]]:

@@ -75,6 +75,8 @@ def test_readme_walkthrough_runs(tmp_path, extra):
     hits = re.findall(re.escape(str(root / "workdirs" / "photos")) + r"[^\n]*?\.JPEG", outputs[4])
     assert len(hits) == 3 and all(os.path.isfile(h) for h in hits), outputs[4]
     assert "compatibility (recall@1" in outputs[7] and "session 3:" in outputs[7]  # info
+    for page in (root / "workdirs" / "mine" / "report.html", root / "workdirs" / "mine-hits.html"):
+        assert page.is_file() and page.read_text().rstrip().endswith("</html>"), page
 
     pytest.importorskip("faiss")
     namespace: dict = {}

@@ -248,6 +248,7 @@ def test_images_flag_takes_the_files_after_it_or_repeats(monkeypatch):
     assert _cli(["--workdir", "w", "--images", "a.png", "--images", "b.jpg", "--add", "--label", "shirt"]) == 0
     assert seen == {"paths": ["a.png", "b.jpg"], "k": 5, "add": True, "label": "shirt", "as_json": False}
     assert _cli(["--workdir", "w", "--images", "a.png", "--json"]) == 0 and seen["as_json"] is True
+    assert _cli(["--workdir", "w", "--images", "a.png", "--html", "hits.html"]) == 0 and seen["html"] == "hits.html"
 
 
 def test_errors_are_one_line(tmp_path, capsys):

@@ -17,7 +17,8 @@ from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError, NonFiniteError
 from cvs_jax.methods.registry import METHODS, get_method, head_name
 from cvs_jax.models.heads import HEADS
-from cvs_jax.reports import plots
+from cvs_jax.reports import compare_page, plots
+from cvs_jax.reports import html as html_lib
 from cvs_jax.reports.tables import (
     BC,
     REFERENCE,
@@ -292,6 +293,11 @@ def _compare(
     with open(tmp, "w") as f:
         json.dump(comparison_json(config, methods, seeds, split_seed, runs, summary, pairs), f, indent=1)
     os.replace(tmp, os.path.join(workdir, "comparison.json"))
+    try:  # the page is a view of comparison.json: it never fails the comparison
+        with open(os.path.join(workdir, paths.COMPARISON)) as f:
+            html_lib.write(os.path.join(workdir, paths.COMPARISON_REPORT), compare_page.render(json.load(f), workdir))
+    except Exception as e:  # noqa: BLE001
+        print(f"warning: {paths.COMPARISON_REPORT} not written ({type(e).__name__}: {e})", flush=True)
     mean_runs = [
         {
             "method": e["method"],

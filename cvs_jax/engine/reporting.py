@@ -1,4 +1,5 @@
-"""The end of a run: ``results.json``, the results table, the compatibility matrix and the plots."""
+"""The end of a run: ``results.json``, the results table, the compatibility matrix and the plots; and
+``report.html``, rewritten after every session and at the end (``write_report``)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import numpy as np
 
 from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.run_state import RunState
-from cvs_jax.reports import plots
+from cvs_jax.reports import plots, run_page
 from cvs_jax.retrieval import topk
 from cvs_jax.retrieval.compatibility import compatibility_matrix, format_matrix, mean_drop
+from cvs_jax.retrieval.run_reader import Rows
 from cvs_jax.rundir import paths
 
 
@@ -24,6 +26,36 @@ def results_table(per_session: list[dict], ks) -> str:
     ar = topk.average_recall([{k: r["recall"][str(k)] for k in ks} for r in per_session])
     rows.append("| **AR** | " + " | ".join(f"**{100 * ar[k]:.2f}**" for k in ks) + " |")
     return "\n".join(rows)
+
+
+def _stored_rows(ctx: RunContext, state: RunState) -> tuple[int, Rows]:
+    """The gallery's columns from memory (no checkpoint read again); a row arrived in the first
+    session of the plan whose train images hold it (``joint`` re-embeds every row each session)."""
+    g, plan = state.gallery, ctx.proto.plan
+    first = np.full(len(ctx.proto.dataset.train), -1, np.int32)
+    for s in reversed(range(plan.num_sessions)):
+        first[np.asarray(plan.sessions[s].train, np.int64)] = s
+    arrival = g.sessions.copy()
+    known = (g.source_ids >= 0) & (g.source_ids < len(first))
+    arrival[known] = np.where(first[g.source_ids[known]] >= 0, first[g.source_ids[known]], arrival[known])
+    rows = Rows(embeddings=g.embeddings, labels=g.labels, arrival=arrival, model=g.sessions, source_ids=g.source_ids)
+    return state.completed - 1, rows
+
+
+def write_report(ctx: RunContext, state: RunState, results: dict | None = None) -> None:
+    """``report.html`` of the run so far (process 0); a failure is a warning, never the run's end."""
+    if jax.process_index() != 0 or state.completed == 0:
+        return
+    try:
+        stored = _stored_rows(ctx, state)
+        if results is None:
+            results = run_page.partial_results(list(state.records), ctx.ks)
+    except Exception as e:  # noqa: BLE001 -- the page is a view; a run never fails for it
+        ctx.log.print(f"warning: {paths.report_file(ctx.workdir)} not written ({type(e).__name__}: {e})")
+        return
+    run_page.write_or_warn(
+        ctx.workdir, ctx.log.print, results=results, stored=stored, read_train=ctx.proto.dataset.train.read
+    )
 
 
 def finish(ctx: RunContext, state: RunState) -> dict:
@@ -64,6 +96,7 @@ def finish(ctx: RunContext, state: RunState) -> dict:
             f"{c.data.name} / {plan.setup}: training images per session",
         )
         plots.compatibility(compat, os.path.join(ctx.workdir, "compatibility.png"), title)
+        write_report(ctx, state, results)
     ctx.log.print(
         f"\nresults ({ctx.method.name}, {c.data.name}, {plan.setup}; recall in %):\n" + results_table(per_session, ks)
     )

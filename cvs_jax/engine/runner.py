@@ -116,6 +116,8 @@ def run_sessions(ctxs: list[RunContext]) -> list[dict]:
             states[m] = phases.append_and_save(
                 ctxs[m], states[m], views[m], selection, recall, new_rows, time.time() - t0
             )
+            if s + 1 < num_sessions:  # the last session's report is written with its results (finish)
+                reporting.write_report(ctxs[m], states[m])
     return [reporting.finish(ctx, st) for ctx, st in zip(ctxs, states)]
 
 

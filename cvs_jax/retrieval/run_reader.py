@@ -179,6 +179,40 @@ def train_source_names(config: ml_collections.ConfigDict) -> list[str] | None:
         return None
 
 
+def train_split(config: ml_collections.ConfigDict):
+    """The run's train split, read on demand (``records.StoreSplit`` per part, nothing decoded ahead),
+    or None when its data is not on this machine: what thumbnails of gallery rows are read from."""
+    from cvs_jax.data import parts  # tensorflow_datasets: imported only when images are shown
+
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.data.in_memory_limit_mb = 0.0
+    try:
+        return parts.load_run_dataset(c.data).train
+    except (UserError, OSError):
+        return None
+
+
+def stored_rows(workdir: str) -> tuple[int, Rows] | None:
+    """The newest completed session (0-based) and its gallery's columns, read from the session
+    checkpoints alone (no model, no additions), or None before the first session: what the run
+    report counts and shows."""
+    config = workdir_lib.stored_config(workdir)
+    sessions_dir = paths.sessions_dir(workdir)
+    reader = _Reader(sessions_dir, max_to_keep=None) if os.path.isdir(sessions_dir) else None
+    if reader is None or not reader.steps():
+        return None
+    last = reader.steps()[-1]
+    log = _PartLog(reader)
+    gallery = Gallery.restore(log, last, config.model.embed_dim)
+    return last, Rows(
+        embeddings=gallery.embeddings,
+        labels=gallery.labels,
+        arrival=arrival_sessions(log.parts, gallery).astype(np.int32),
+        model=gallery.sessions,
+        source_ids=gallery.source_ids,
+    )
+
+
 def file_digest(path: str) -> str:
     """SHA-256 (hex) of a file's bytes: what the record stores keep of every image."""
     h = hashlib.sha256()
@@ -330,6 +364,30 @@ class Run:
             "model_session": int(r.model[row]) + 1,
             "source": self.source(row),
         }
+
+    @functools.cached_property
+    def _train_split(self):
+        return train_split(self.config)
+
+    def row_images(self, rows: list[int]) -> list[np.ndarray | None]:
+        """The stored images of rows (the thumbnails of hits): a session row read from the run's train
+        split (its record stores or TFDS copy), an added row from its file; None where it cannot be read."""
+        n, out = len(self.gallery), []
+        for row in rows:
+            image = None
+            if row >= n:
+                try:
+                    image = prepare([self.added_sources[row - n]], self.image_shape)[0]
+                except SearchError:
+                    image = None
+            elif self._train_split is not None:
+                i = int(self.gallery.source_ids[row])
+                try:
+                    image = self._train_split.read(np.asarray([i]))[0] if 0 <= i < len(self._train_split) else None
+                except (UserError, OSError):  # a store changed or gone since: the hit shows no picture
+                    image = None
+            out.append(image)
+        return out
 
     def search(self, images: np.ndarray, k: int) -> list[list[dict]]:
         """Hits of uint8 images of the stored shape, best first (exact cosine, ties to the lower row)."""

@@ -6,6 +6,7 @@
       protocol.json                  the session plan and class names (``engine/context.py``)
       metrics.jsonl, tensorboard/    what a person watches (``run_log.py``)
       results.json, *.png            the end of a run (``engine/reporting.py``)
+      report.html                    the run on one page, rewritten after every session (``reports/run_page.py``)
       population.json                a population's members (``engine/runner.py``)
       checkpoints/sessions/<s>/      after session s: model, gallery part, memory, importance (``run_state.py``)
       checkpoints/progress/<step>/   rolling mid-session checkpoints (``engine/phases.py``)
@@ -25,6 +26,10 @@ PROTOCOL = "protocol.json"
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
 RESULTS = "results.json"
+REPORT = "report.html"
+# A comparison's folder (``python -m cvs_jax.compare``): its tables, and their page.
+COMPARISON = "comparison.json"
+COMPARISON_REPORT = "comparison.html"
 POPULATION = "population.json"
 CHECKPOINTS = "checkpoints"
 SESSIONS = os.path.join(CHECKPOINTS, "sessions")
@@ -46,6 +51,7 @@ config_file = _under_workdir(CONFIG, doc="The run's config.json.")
 protocol_file = _under_workdir(PROTOCOL, doc="The run's protocol.json (session plan, class names).")
 metrics_file = _under_workdir(METRICS, doc="The run's metrics.jsonl.")
 results_file = _under_workdir(RESULTS, doc="The run's results.json.")
+report_file = _under_workdir(REPORT, doc="The run's report.html (``python -m cvs_jax.report``).")
 population_file = _under_workdir(POPULATION, doc="A population's population.json.")
 sessions_dir = _under_workdir(SESSIONS, doc="Session checkpoints: ``<s>/`` after session s (0-based).")
 progress_dir = _under_workdir(PROGRESS, doc="Rolling mid-session checkpoints, numbered by run step.")

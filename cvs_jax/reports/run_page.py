@@ -1,0 +1,302 @@
+"""``report.html``: a run's state on one page, from the files its workdir already holds.
+
+A run's results are spread over ``results.json`` (recall per session, the compatibility matrix),
+``protocol.json`` (what each session brought), ``metrics.jsonl`` (the curves) and the session
+checkpoints (which model made which gallery rows).  The page puts them side by side: recall@K and
+AR@K, the compatibility matrix as a heatmap with its numbers and the old rows newer models lose
+marked, each session's new and returning classes with image counts, the training curves and a few
+gallery images per session.  Everything is embedded: the page opens from disk and can be mailed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable
+
+import numpy as np
+
+from cvs_jax.reports import html
+from cvs_jax.reports.html import plt
+from cvs_jax.retrieval import run_reader, topk
+from cvs_jax.rundir import paths
+from cvs_jax.rundir import workdir as workdir_lib
+
+LOST_POINTS = 5.0  # a newer model "loses" old rows when its recall@1 on them is this far below their own model's
+SAMPLES = 8  # gallery images shown per session
+_LIST = 14  # class names listed per cell before "+N more"
+_SCAN = 4096  # rows of a session looked at when picking its samples (a session may hold millions)
+
+
+def lost_cells(matrix) -> set[tuple[int, int]]:
+    """(i, j), i > j: the model of session i finds the rows of session j at least ``LOST_POINTS``
+    points worse (recall@1) than session j's own model did: rows that became harder to find."""
+    out = set()
+    n = len(matrix or [])
+    for j in range(n):
+        own = matrix[j][j]
+        for i in range(j + 1, n):
+            v = matrix[i][j]
+            if own is not None and v is not None and 100 * (own - v) >= LOST_POINTS:
+                out.add((i, j))
+    return out
+
+
+def partial_results(records: list[dict], ks) -> dict:
+    """``results.json``'s recall part from the session records of a run still going (no matrix yet)."""
+    per = [dict(r, session=r["session"] + 1) for r in records]
+    ar = topk.average_recall([{k: r["recall"][str(k)] for k in ks} for r in records]) if records else {}
+    return {"per_session": per, "average_recall": {str(k): v for k, v in ar.items()}}
+
+
+def _read_json(path: str):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _read_metrics(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except ValueError:  # a line being written as we read
+                continue
+    return out
+
+
+def _recall_section(results: dict | None) -> str:
+    per = (results or {}).get("per_session") or []
+    if not per:
+        return "<h2>Recall</h2><p>No session has finished yet.</p>"
+    ks = list(per[0]["recall"])
+    head = ["session"] + [f"R@{k} (%)" for k in ks] + ["test queries", "gallery rows"]
+    rows = [
+        [str(r["session"])]
+        + [f'<span data-recall="{r["session"]}:{k}">{html.pct(r["recall"][k])}</span>' for k in ks]
+        + [str(r.get("test_queries", "-")), str(r.get("gallery_rows", "-"))]
+        for r in per
+    ]
+    ar = results.get("average_recall") or {}
+    rows.append(["AR"] + [f'<span data-ar="{k}">{html.pct(ar.get(k))}</span>' for k in ks] + ["", ""])
+    fig, ax = plt.subplots(figsize=(5.2, 3.2))
+    x = [r["session"] for r in per]
+    for k in ks:
+        ax.plot(x, [100 * r["recall"][k] for r in per], marker="o", label=f"R@{k}")
+    ax.set_xticks(x)
+    ax.set_xlabel("session")
+    ax.set_ylabel("recall (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    return (
+        "<h2>Recall per session</h2>"
+        '<p class="legend">Recall@K of each session\'s test queries (every class seen so far) against the whole '
+        "gallery; AR: the mean over sessions.</p>"
+        '<div style="display:flex;gap:24px;align-items:flex-start;flex-wrap:wrap">'
+        + html.table(head, rows, [""] * (len(rows) - 1) + ["total"])
+        + html.img(html.figure_uri(fig), "recall per session", "plot")
+        + "</div>"
+    )
+
+
+def heatmap(matrix, lost: set[tuple[int, int]]):
+    """The compatibility matrix in %, its numbers in each cell (dark text on light cells), lost cells
+    framed in red."""
+    m = np.asarray([[np.nan if v is None else 100 * v for v in row] for row in matrix], np.float64)
+    n = m.shape[0]
+    side = max(3.6, 1.4 + 0.75 * n)
+    fig, ax = plt.subplots(figsize=(side + 1.2, side))
+    im = ax.imshow(m, vmin=0, vmax=100, cmap="viridis")
+    for i in range(n):
+        for j in range(n):
+            if np.isfinite(m[i, j]):
+                ax.text(
+                    j, i, f"{m[i, j]:.1f}", ha="center", va="center", fontsize=10 if n <= 8 else 7,
+                    color="black" if m[i, j] > 55 else "white", fontweight="bold" if (i, j) in lost else "normal",
+                )  # fmt: skip
+    for i, j in lost:
+        ax.add_patch(plt.Rectangle((j - 0.47, i - 0.47), 0.94, 0.94, fill=False, edgecolor="#ff3b30", linewidth=2.5))
+    ax.set_xticks(range(n), [str(j + 1) for j in range(n)])
+    ax.set_yticks(range(n), [str(i + 1) for i in range(n)])
+    ax.set_xlabel("gallery rows of session j (embedded by model j)")
+    ax.set_ylabel("queries embedded by model of session i")
+    fig.colorbar(im, ax=ax, label="recall@1 (%)", fraction=0.046, pad=0.04)
+    fig.tight_layout()
+    return fig
+
+
+def _compat_section(results: dict | None) -> str:
+    matrix = (results or {}).get("compatibility_recall1")
+    if not matrix:
+        return "<h2>Compatibility</h2><p>Not computed yet: the matrix is written when a run or an update finishes.</p>"
+    lost = lost_cells(matrix)
+    n = len(matrix)
+    head = ["model \\ rows"] + [f"S{j + 1}" for j in range(n)]
+    rows = []
+    for i, row in enumerate(matrix):
+        cells = [f"S{i + 1}"]
+        for j, v in enumerate(row):
+            text = f'<span data-compat="{i + 1}:{j + 1}">{html.pct(v)}</span>'
+            cells.append((text, "lost" if (i, j) in lost else ("na" if v is None else "")))
+        rows.append(cells)
+    drop = results.get("compatibility_mean_drop")
+    note = (
+        f"Mean change on old rows (newer models minus the rows' own model): "
+        f"<b>{'-' if drop is None else f'{100 * drop:+.2f}'}</b> points. "
+        if drop is not None or n > 1
+        else ""
+    )
+    lost_text = (
+        f"<b>{len(lost)}</b> cell(s) marked red: a newer model finds those rows {LOST_POINTS:.0f} or more points "
+        "worse than the model that embedded them (they are never re-embedded)."
+        if lost
+        else f"No old rows lost: every newer model finds them within {LOST_POINTS:.0f} points of their own model."
+    )
+    return (
+        "<h2>Compatibility</h2>"
+        '<p class="legend">Recall@1 (%) of the last session\'s test queries embedded by the model of session i '
+        "(row) against only the gallery rows of session j (column). The diagonal is same-model search; below "
+        f"it, old rows searched by newer models. {note}{lost_text}</p>"
+        '<div style="display:flex;gap:24px;align-items:flex-start;flex-wrap:wrap">'
+        + html.img(html.figure_uri(heatmap(matrix, lost)), "compatibility heatmap", "plot")
+        + html.table(head, rows)
+        + "</div>"
+    )
+
+
+def _names(labels_counts: list[tuple[str, int]]) -> str:
+    shown = ", ".join(f"{html.esc(n)}&nbsp;({c})" for n, c in labels_counts[:_LIST])
+    more = len(labels_counts) - _LIST
+    return (shown + (f", +{more} more" if more > 0 else "")) or "-"
+
+
+def _sessions_section(protocol: dict, stored) -> str:
+    names = protocol["class_names"]
+    last, rows = stored if stored is not None else (-1, None)
+    head = ["session", "training images", "new classes (images)", "returning classes (images)", "gallery rows"]
+    out = []
+    for s, sess in enumerate(protocol["sessions"]):
+        new = [int(c) for c in sess["new_classes"]]
+        if rows is not None and s <= last:
+            counts = np.bincount(rows.labels[(rows.arrival == s) & (rows.labels >= 0)], minlength=len(names))
+            new_cells = [(names[c], int(counts[c])) for c in new if c < len(names)]
+            back = [(names[c], int(counts[c])) for c in np.flatnonzero(counts) if c not in new]
+            gallery = str(int(np.sum(rows.model == s)))
+            out.append([str(s + 1), str(sess["train"]), _names(new_cells), _names(back), gallery])
+        else:
+            listed = ", ".join(html.esc(names[c]) for c in new[:_LIST] if c < len(names)) or "-"
+            out.append([str(s + 1), str(sess["train"]), listed, "not completed", "-"])
+    return (
+        "<h2>Sessions</h2>"
+        '<p class="legend">What each session brought: its classes first seen there and the known classes that '
+        "came back, with the images each added to the gallery; gallery rows: the rows its model embedded.</p>"
+        + html.table(head, out, left=(0, 2, 3))
+    )
+
+
+def _curves_section(metrics: list[dict]) -> str:
+    epochs = [r for r in metrics if "epoch" in r and "loss" in r]
+    if not epochs:
+        return "<h2>Training curves</h2><p>No epoch has finished yet (metrics.jsonl is empty).</p>"
+    x = np.arange(1, len(epochs) + 1)
+    terms = sorted({k for r in epochs for k in r if k.startswith("L_")})
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.4))
+    a1.plot(x, [r["loss"] for r in epochs], marker=".", label="loss", color="black")
+    for t in terms:
+        a1.plot(x, [r.get(t, np.nan) for r in epochs], marker=".", label=t, alpha=0.8)
+    a2.plot(x, [100 * r.get("val_recall1", np.nan) for r in epochs], marker="o", color="#1a5fb4")
+    starts = [i for i in range(1, len(epochs)) if epochs[i]["session"] != epochs[i - 1]["session"]]
+    for ax in (a1, a2):
+        for i in starts:
+            ax.axvline(i + 0.5, color="#999", linestyle="--", linewidth=1)
+        ax.set_xlabel("epoch (dashed lines: a new session)")
+        ax.grid(alpha=0.3)
+    a1.set_ylabel("training loss")
+    a1.legend(fontsize=8, loc="upper right")
+    a2.set_ylabel("validation recall@1 (%)")
+    fig.tight_layout()
+    return (
+        "<h2>Training curves</h2>"
+        '<p class="legend">Per epoch, from metrics.jsonl: the training loss (and its terms) and the recall@1 on '
+        "the session's validation images that selects each session's model.</p>"
+        + html.img(html.figure_uri(fig), "training curves", "plot")
+    )
+
+
+def _samples(rows, read: Callable | None, names: list[str], last: int) -> str:
+    if rows is None or read is None:
+        return "<h2>Gallery samples</h2><p>The run's images are not readable here.</p>"
+    parts = []
+    for s in range(last + 1):
+        mine = np.flatnonzero((rows.arrival == s) & (rows.source_ids >= 0))[:_SCAN]
+        if not mine.size:
+            continue
+        picked, seen = [], set()
+        for r in mine:  # one per class first, then more of the same classes
+            if int(rows.labels[r]) not in seen:
+                seen.add(int(rows.labels[r]))
+                picked.append(int(r))
+            if len(picked) == SAMPLES:
+                break
+        picked += [int(r) for r in mine if int(r) not in picked][: SAMPLES - len(picked)]
+        images = read(np.asarray([rows.source_ids[r] for r in picked], np.int64))
+        cells = [
+            html.cell(html.thumbnail_uri(im), [html.esc(names[rows.labels[r]] if rows.labels[r] >= 0 else "?")])
+            for r, im in zip(picked, images)
+        ]
+        parts.append(f"<h3>Session {s + 1}</h3><div class='row'>" + "".join(cells) + "</div>")
+    return "<h2>Gallery samples</h2>" + "".join(parts)
+
+
+def render(workdir: str, *, results: dict | None = None, stored=None, read_train: Callable | None = None) -> str:
+    """The page.  By default everything is read from the workdir (``results.json``, the gallery of the
+    session checkpoints, the run's images); the engine passes what it holds instead (a run in
+    progress: ``partial_results``)."""
+    protocol = _read_json(paths.protocol_file(workdir))
+    if protocol is None:
+        raise FileNotFoundError(f"{paths.protocol_file(workdir)} is missing")
+    if results is None:
+        results = _read_json(paths.results_file(workdir))
+    if stored is None:
+        stored = run_reader.stored_rows(workdir)
+    config = workdir_lib.stored_config(workdir)
+    if read_train is None and stored is not None:
+        split = run_reader.train_split(config)
+        read_train = None if split is None else split.read
+    done = stored[0] + 1 if stored is not None else 0
+    last, rows = stored if stored is not None else (-1, None)
+    subtitle = (
+        f"{os.path.abspath(workdir)} · {protocol.get('dataset')} / {protocol.get('setup')} / {config.method} · "
+        f"{done} of {len(protocol['sessions'])} session(s) completed · gallery "
+        f"{0 if rows is None else len(rows)} rows"
+    )
+    body = "".join(
+        [
+            _recall_section(results),
+            _compat_section(results),
+            _sessions_section(protocol, stored),
+            _curves_section(_read_metrics(paths.metrics_file(workdir))),
+            _samples(rows, read_train, protocol["class_names"], last),
+        ]
+    )
+    return html.page(f"run report: {config.method} on {protocol.get('dataset')}", subtitle, body)
+
+
+def write(workdir: str, **kwargs) -> str:
+    """Writes ``report.html`` in the workdir; returns its path."""
+    return html.write(paths.report_file(workdir), render(workdir, **kwargs))
+
+
+def write_or_warn(workdir: str, warn: Callable[[str], None], **kwargs) -> str | None:
+    """``write`` that never stops a run: a failure is one warning line (the run's results are safe)."""
+    try:
+        return write(workdir, **kwargs)
+    except Exception as e:  # noqa: BLE001 -- the report is a view; a run never fails for it
+        warn(f"warning: {paths.report_file(workdir)} not written ({type(e).__name__}: {e})")
+        return None
