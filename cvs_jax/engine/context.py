@@ -1,12 +1,13 @@
 """Everything fixed for a whole run: config, method, data, model, compiled functions, checkpoints.
 
-Built once by ``RunContext.build``; the session phases (``phases.py``) and the
-methods' host-side policies read it and never change it.
+Built once by ``RunContext.build``; the session phases (``phases.py``) read it and never change it.
+The methods' host-side policies read only its ``policy_view`` (``methods.seams``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from typing import Any, Callable
@@ -19,6 +20,7 @@ from cvs_jax.engine.protocol import Protocol
 from cvs_jax.engine.train_step import make_optimizer, make_train_step
 from cvs_jax.methods.base import Method
 from cvs_jax.methods.registry import get_head, get_method
+from cvs_jax.methods.seams import PolicyView
 from cvs_jax.models.heads import Head
 from cvs_jax.retrieval.embedder import Embedder
 from cvs_jax.rundir import paths
@@ -139,6 +141,26 @@ class RunContext:
         if name not in self._cache:
             self._cache[name] = factory()
         return self._cache[name]
+
+    def compiled(self, name: str, build: Callable[[Any, Any, Any], Any]) -> Any:
+        """``build(model, pipeline, head)`` on first use: a policy's compiled helper, without the context."""
+        return self.cached(name, lambda: build(self.model, self.pipeline, self.head))
+
+    @functools.cached_property
+    def policy_view(self) -> PolicyView:
+        """What the method's policies read of the run."""
+        return PolicyView(
+            plan=self.proto.plan,
+            train_labels=self.proto.train_labels,
+            train_images=self.proto.train_images,
+            embed=self.embed,
+            log=self.log.print,
+            num_classes=self.proto.num_classes,
+            seed=self.config.seed,
+            batch_size=self.config.train.batch_size,
+            eval_batch_size=self.config.train.eval_batch_size,
+            compiled=self.compiled,
+        )
 
     def close(self) -> None:
         self.sessions.close()
