@@ -50,7 +50,8 @@ class RunContext:
     tx: Any
     pipeline: augment.Pipeline
     step_fn: Callable  # one training step per call
-    steps_fn: Callable  # ``train.steps_per_call`` steps per call (lax.scan over stacked batches)
+    steps_fn: Callable  # ``steps_per_call`` steps per call (lax.scan over stacked batches)
+    steps_per_call: int  # k = ``train.steps_per_call``: read once, here, for the compiled step and the loop
     embed: Embedder
     log: RunLog
     sessions: Checkpoints  # one per completed session, kept forever (run_state.RunState)
@@ -70,6 +71,7 @@ class RunContext:
         (keys, batch order) and the workdir (log, checkpoints) are this run's own."""
         method = get_method(config)
         head = get_head(config)
+        k = config.train.steps_per_call  # validated by config_checks: a positive int
         if share is None:
             mesh = distributed.data_mesh()  # one "data" axis over every device of every process
             t0 = time.time()
@@ -78,7 +80,7 @@ class RunContext:
             log.print(
                 f"data: {proto.dataset.name} {len(proto.dataset.train)} train / {len(proto.dataset.test)} test "
                 f"images, setup={plan.setup}, {_plural(plan.num_sessions, 'session')}, "
-                f"{_plural(max(x.num_outputs for x in plan.sessions), 'class', 'classes')} "
+                f"{_plural(plan.num_classes, 'class', 'classes')} "
                 f"({time.time() - t0:.1f}s)"
             )
         else:
@@ -94,7 +96,6 @@ class RunContext:
             pipeline = augment.Pipeline.from_config(config)  # train-time augmentation and eval preprocessing
             step_args = dict(head=head, loss_weights=dict(config.loss_weights), pipeline=pipeline)
             step_fn = make_train_step(model, tx, method, **step_args)
-            k = config.train.steps_per_call
             steps_fn = make_train_step(model, tx, method, steps_per_call=k, **step_args)
             embed = Embedder(
                 model, pipeline, config.train.eval_batch_size, config.model.dtype, mesh, config.model.embed_dim
@@ -115,6 +116,7 @@ class RunContext:
             pipeline=pipeline,
             step_fn=step_fn,
             steps_fn=steps_fn,
+            steps_per_call=k,
             embed=embed,
             log=log,
             sessions=Checkpoints(paths.sessions_dir(workdir), max_to_keep=None, log=log.print),

@@ -107,7 +107,7 @@ def session_constants(ctx: RunContext, state: RunState, view: SessionView) -> di
     plan = ctx.proto.plan
     consts = {
         "valid_classes": jnp.int32(plan.sessions[view.s].num_outputs),
-        "old_classes": jnp.int32(plan.sessions[view.s - 1].num_outputs if view.s > 0 else 0),
+        "old_classes": jnp.int32(plan.old_classes(view.s)),
     }
     for provider in ctx.method.constants:
         consts.update(provider(ctx.policy_view, state.gallery))
@@ -149,10 +149,11 @@ def initial_train_state(ctx: RunContext, state: RunState, s: int) -> TrainState:
     session starts one, as the official code and the fork)."""
     plan = ctx.proto.plan
     params = dict(state.variables["params"])
-    prev_outputs = plan.sessions[s - 1].num_outputs if s > 0 else 0
     head = head_params(ctx.head, params)
     params.update(
-        ctx.head.at_session_start(head, jax.random.fold_in(ctx.head_key, s), prev_outputs, plan.sessions[s].num_outputs)
+        ctx.head.at_session_start(
+            head, jax.random.fold_in(ctx.head_key, s), plan.old_classes(s), plan.sessions[s].num_outputs
+        )
     )
     if s > 0:
         params.update(ctx.method.extra_params(state.variables["params"], head))
@@ -320,7 +321,7 @@ class SingleDriver(Driver):
     def __init__(self, member: MemberSession, state: RunState, consts: dict):
         ctx, s = member.ctx, member.view.s
         self.members, self.ctx, self.consts = [member], ctx, consts
-        self.k = int(ctx.config.train.steps_per_call)
+        self.k = ctx.steps_per_call
         self.stacked = self.k > 1
         self.frozen = distributed.replicate(state.variables, ctx.mesh) if s > 0 else None
         self.key = jax.random.fold_in(ctx.step_key, s)

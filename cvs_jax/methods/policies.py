@@ -285,6 +285,12 @@ def cycled_memory_rows(seed: int, session: int, epoch: int, start: int, count: i
     return rows
 
 
+def half_memory_split(batch_size: int, memory_batches: str) -> tuple[int, int]:
+    """(stream rows, memory rows) of a half-memory batch (:class:`HalfMemoryEpochs`)."""
+    half = batch_size // 2
+    return (batch_size - half, half) if memory_batches == "cycle" else (half, batch_size - half)
+
+
 @dataclasses.dataclass(frozen=True)
 class HalfMemoryEpochs:
     """Rainbow Memory: half of each batch from the session stream, half from the memory.
@@ -310,9 +316,7 @@ class HalfMemoryEpochs:
 
     @property
     def split(self) -> tuple[int, int]:
-        """(stream rows, memory rows) of a batch."""
-        half = self.batch_size // 2
-        return (self.batch_size - half, half) if self.memory_batches == "cycle" else (half, self.batch_size - half)
+        return half_memory_split(self.batch_size, self.memory_batches)
 
     @property
     def steps_per_epoch(self) -> int:
