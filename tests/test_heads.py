@@ -240,8 +240,7 @@ def test_class_centres_pool_every_stored_part():
         labels += lab
     rows, labels = np.concatenate(rows), np.asarray(labels)
     unit = rows / np.linalg.norm(rows, axis=1, keepdims=True)
-    ctx = types.SimpleNamespace(proto=types.SimpleNamespace(num_classes=4))
-    out = policies.ClassCenters(per_session_mean=False)(ctx, g)
+    out = policies.ClassCenters(per_session_mean=False)(types.SimpleNamespace(num_classes=4), g)
     for c in range(3):
         np.testing.assert_allclose(np.asarray(out["centers"])[c], unit[labels == c].mean(0), rtol=1e-5, atol=1e-6)
     assert np.asarray(out["center_mask"]).tolist() == [True, True, True, False]

@@ -19,7 +19,8 @@ from cvs_jax.engine import phases
 from cvs_jax.engine.run_state import RunState
 from cvs_jax.engine.train_step import TrainState, make_optimizer, make_train_step
 from cvs_jax.methods import baselines, policies, regularizers
-from cvs_jax.methods.importance_policies import ForkFisher, ImportanceState
+from cvs_jax.methods.importance_policies import ForkFisher
+from cvs_jax.methods.seams import ImportanceState
 from cvs_jax.models.heads import LinearResetHead
 from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 from tests.test_phases import build_ctx, tree_equal
@@ -114,17 +115,17 @@ def test_slots_one_per_session_anchored_at_the_last_epoch(manual_dir, tmp_path, 
     view = phases.session_view(ctx, state, 0)
     sel = phases.train(ctx, state, view, phases.session_constants(ctx, state, view))
     assert sel.epoch == 0
-    imp = ctx.method.importance.after_session(ctx, state.importance, sel, 0)
+    imp = ctx.method.importance.after_session(ctx.policy_view, state.importance, sel, 0)
     assert len(imp.slots) == 1 and imp.built_after == 0
     assert tree_equal(imp.slots[0]["anchor"], seen[2]["params"]["net"])  # last epoch
     assert not tree_equal(imp.slots[0]["anchor"], sel.variables["params"]["net"])  # not the selected one
     assert tree_equal(imp.slots[0]["importance"], imp.running)  # RWalk: the running Fisher at the last step
     # a second session appends its own slot; the penalty sums both, raw
     sel2 = phases.Selection(sel.variables, 0.5, 0, last=seen[0], tracked=jax.tree.map(lambda x: 2 * x, sel.tracked))
-    imp2 = ctx.method.importance.after_session(ctx, imp, sel2, 1)
+    imp2 = ctx.method.importance.after_session(ctx.policy_view, imp, sel2, 1)
     assert len(imp2.slots) == 2 and tree_equal(imp2.slots[0], imp.slots[0])
     assert tree_equal(imp2.slots[1]["anchor"], seen[0]["params"]["net"])
-    consts = ctx.method.importance.constants(ctx, imp2)
+    consts = ctx.method.importance.constants(ctx.policy_view, imp2)
     net = jax.tree.map(lambda x: x + 0.1, seen[1]["params"]["net"])
     want = sum(
         float(np.sum(np.asarray(i, np.float64) * (np.asarray(p, np.float64) - np.asarray(a, np.float64)) ** 2))
@@ -151,7 +152,7 @@ def test_ewc_slot_fisher_transcribed(manual_dir, tmp_path):
     }
     state = ImportanceState((prev_slot,), None, 0)
     sel = phases.Selection(v, 0.5, 0, last=v, tracked={})
-    imp = ctx.method.importance.after_session(ctx, state, sel, 1)
+    imp = ctx.method.importance.after_session(ctx.policy_view, state, sel, 1)
     assert len(imp.slots) == 2 and imp.running is None
     sess = ctx.proto.plan.sessions[1]
     images = ctx.proto.train_images(sess.train)
@@ -183,10 +184,10 @@ def test_online_mode_keeps_one_normalised_slot(manual_dir, tmp_path):
     method = baselines.make_ewc(ctx.config)
     assert isinstance(method.importance, policies.OnlineFisher) and method.shares_first_session
     state = RunState.initial(ctx.initial_variables(), 8)
-    imp = method.importance.update(ctx, state.importance, state.variables, 1)
-    imp = method.importance.update(ctx, imp.__class__(imp.slots, None, -1), state.variables, 2)
+    imp = method.importance.update(ctx.policy_view, state.importance, state.variables, 1)
+    imp = method.importance.update(ctx.policy_view, imp.__class__(imp.slots, None, -1), state.variables, 2)
     assert len(imp.slots) == 1  # summed, not appended
-    used = method.importance.constants(ctx, imp)["reg_slots"][0]["importance"]
+    used = method.importance.constants(ctx.policy_view, imp)["reg_slots"][0]["importance"]
     assert max(float(np.max(x)) for x in jax.tree.leaves(used)) == pytest.approx(1.0)
     assert tree_equal(imp.slots[0]["anchor"], state.variables["params"]["net"])
     with pytest.raises(Exception, match="importance.mode"):

@@ -9,6 +9,7 @@ The rules that the resume tests cannot see (both of their runs would share the b
 """
 
 import os
+import types
 
 import jax
 import numpy as np
@@ -153,7 +154,7 @@ def test_carry_over_importance(manual_dir, tmp_path):
     (slot,) = imp.slots
     assert tree_equal(slot["anchor"], state.variables["params"]["net"])
     assert jax.tree.structure(slot["importance"]) == jax.tree.structure(state.variables["params"]["net"])
-    consts = ctx.method.importance.constants(ctx, imp)
+    consts = ctx.method.importance.constants(ctx.policy_view, imp)
     used = consts["reg_slots"][0]["importance"]
     assert max(float(np.max(x)) for x in jax.tree.leaves(used)) == pytest.approx(1.0)
     ctx.close()
@@ -287,11 +288,7 @@ def test_class_centres_match_losses_reference():
     emb, labels = rng.normal(size=(12, 4)).astype(np.float32), rng.integers(0, 3, 12).astype(np.int32)
     gallery = Gallery([GalleryPart(emb, labels, np.arange(12, dtype=np.int64), 0)], 4)
 
-    class Ctx:
-        class proto:
-            num_classes = 5
-
-    out = policies.ClassCenters(per_session_mean=False)(Ctx, gallery)
+    out = policies.ClassCenters(per_session_mean=False)(types.SimpleNamespace(num_classes=5), gallery)
     centers, mask = losses.class_centers(emb, labels, 5)
     np.testing.assert_array_equal(np.asarray(out["centers"]), centers)
     np.testing.assert_array_equal(np.asarray(out["center_mask"]), mask)

@@ -16,6 +16,7 @@ from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import baselines, policies, replay
 from cvs_jax.methods.policies import ReplayMemory
+from cvs_jax.methods.seams import PolicyView
 from cvs_jax.rundir.checkpoint import Checkpoints
 from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 
@@ -132,26 +133,28 @@ def test_first_session_random_equal_shares(seed):
 # ---------------------------------------------------------------- uncertainty from 12 votes (policies.py)
 
 
-class FakeCtx:
-    """What ``UncertaintyMemory.update`` reads; 'images' are the dataset indices, predictions come from a table."""
+def fake_view(sessions, labels, table, seed=0):
+    """What ``UncertaintyMemory.update`` reads; 'images' are the dataset indices, predictions come from a
+    table; ``keys`` collects the perturbation keys, in call order."""
+    keys = []
 
-    def __init__(self, sessions, labels, table, seed=0, budget=20):
-        self.config = types.SimpleNamespace(
-            seed=seed, memory=types.SimpleNamespace(budget=budget), train=types.SimpleNamespace(eval_batch_size=256)
-        )
-        plan = types.SimpleNamespace(sessions=[types.SimpleNamespace(train=t, num_outputs=5) for t in sessions])
-        self.proto = types.SimpleNamespace(
-            plan=plan, train_labels=labels, train_images=lambda idx: np.asarray(idx, np.int64)[:, None]
-        )
-        self.log = types.SimpleNamespace(print=lambda message: None)
-        self.table, self.keys = table, []
+    def predict(variables, images, key, valid_classes):
+        keys.append(np.asarray(jax.random.key_data(key)).tolist())
+        return jnp.asarray(table[len(keys) - 1][np.asarray(images)[:, 0]])
 
-    def cached(self, name, factory):
-        def predict(variables, images, key, valid_classes):
-            self.keys.append(np.asarray(jax.random.key_data(key)).tolist())
-            return jnp.asarray(self.table[len(self.keys) - 1][np.asarray(images)[:, 0]])
-
-        return predict
+    view = PolicyView(
+        plan=types.SimpleNamespace(sessions=[types.SimpleNamespace(train=t, num_outputs=5) for t in sessions]),
+        train_labels=labels,
+        train_images=lambda idx: np.asarray(idx, np.int64)[:, None],
+        embed=None,
+        log=lambda message: None,
+        num_classes=5,
+        seed=seed,
+        batch_size=8,
+        eval_batch_size=256,
+        compiled=lambda name, build: predict,
+    )
+    return view, keys
 
 
 def test_uncertainty_from_twelve_votes_and_the_fork_memory():
@@ -160,16 +163,17 @@ def test_uncertainty_from_twelve_votes_and_the_fork_memory():
     table = rng.integers(0, 3, size=(12, 120))  # labels predicted under each of the 12 perturbations
     session0, session1 = np.arange(0, 60), np.arange(60, 120)
     mem = ReplayMemory(np.arange(0, 60, 3), labels[0:60:3], built_after=0, seen=60)
-    ctx = FakeCtx([session0, session1], labels, table, seed=3, budget=22)
-    policy = policies.UncertaintyMemory()
+    view, keys = fake_view([session0, session1], labels, table, seed=3)
+    policy = policies.UncertaintyMemory(22)
     assert (policy.perturbations, policy.perturbation, policy.selection) == (12, "randaugment", "stride")
-    out = policy.update(ctx, mem, None, 2)
-    assert len(ctx.keys) == 12 and len({tuple(k) for k in ctx.keys}) == 12  # 12 draws, each its own key
+    out = policy.update(view, mem, None, 2)
+    assert len(keys) == 12 and len({tuple(k) for k in keys}) == 12  # 12 draws, each its own key
     # transcription: candidates = the previous session shuffled, then the memory; votes; stride; refill
     r = np.random.default_rng([3, 2, 13])
     pool = np.concatenate([session1[r.permutation(60)], mem.source_ids])
     unc = fork_votes_uncertainty(table[:, pool])
-    np.testing.assert_allclose(policy.uncertainty(FakeCtx([session0, session1], labels, table), None, pool, 2), unc)
+    fresh, _ = fake_view([session0, session1], labels, table)
+    np.testing.assert_allclose(policy.uncertainty(fresh, None, pool, 2), unc)
     rows = fork_stride(np.asarray(unc), labels[pool], 22)
     remaining = [i for i in range(len(pool)) if i not in set(rows)]
     rows += r.choice(remaining, size=22 - len(rows), replace=False).tolist()
@@ -177,20 +181,20 @@ def test_uncertainty_from_twelve_votes_and_the_fork_memory():
     np.testing.assert_array_equal(out.labels, labels[out.source_ids])
     assert (out.built_after, out.seen) == (1, 120)
     # the same call again gives the same memory (resume)
-    again = FakeCtx([session0, session1], labels, table, seed=3, budget=22)
+    again, _ = fake_view([session0, session1], labels, table, seed=3)
     assert policy.update(again, mem, None, 2).source_ids.tolist() == out.source_ids.tolist()
 
 
 def test_first_memory_is_random_without_votes():
     labels = np.repeat(np.arange(4), 15).astype(np.int32)
-    ctx = FakeCtx([np.arange(60)], labels, table=None, seed=1, budget=30)
-    out = policies.UncertaintyMemory().update(ctx, ReplayMemory.empty(), None, 1)
-    assert ctx.keys == [] and len(out) == 30 and len(set(out.source_ids.tolist())) == 30
+    view, keys = fake_view([np.arange(60)], labels, table=None, seed=1)
+    out = policies.UncertaintyMemory(30).update(view, ReplayMemory.empty(), None, 1)
+    assert keys == [] and len(out) == 30 and len(set(out.source_ids.tolist())) == 30
     assert all(n >= 7 for n in Counter(out.labels.tolist()).values())  # equal shares (quota 7), then refill
     # the earlier rule votes from the first session on
-    ctx = FakeCtx([np.arange(60)], labels, np.zeros((8, 60), np.int64), seed=1, budget=30)
-    legacy = policies.UncertaintyMemory(8, "train_pipeline", "spread", False, "uncertainty")
-    assert len(legacy.update(ctx, ReplayMemory.empty(), None, 1)) == 28 and len(ctx.keys) == 8
+    view, keys = fake_view([np.arange(60)], labels, np.zeros((8, 60), np.int64), seed=1)
+    legacy = policies.UncertaintyMemory(30, 8, "train_pipeline", "spread", False, "uncertainty")
+    assert len(legacy.update(view, ReplayMemory.empty(), None, 1)) == 28 and len(keys) == 8
 
 
 def test_randaugment_perturbation_then_eval_transform():
@@ -204,11 +208,11 @@ def test_randaugment_perturbation_then_eval_transform():
 
 def test_unknown_switches_are_config_errors():
     with pytest.raises(ConfigError, match="rainbow.selection='median'"):
-        policies.UncertaintyMemory(selection="median")
+        policies.UncertaintyMemory(20, selection="median")
     with pytest.raises(ConfigError, match="rainbow.memory_batches"):
         policies.HalfMemoryBatches("iid")
     with pytest.raises(ConfigError, match="rainbow.first_session"):
-        policies.UncertaintyMemory(first_session="herding")
+        policies.UncertaintyMemory(20, first_session="herding")
 
 
 # ---------------------------------------------------------------- cycling memory batches
@@ -272,7 +276,7 @@ def test_with_replacement_memory_batches_are_the_earlier_rule():
 def test_make_rainbow_reads_config_rainbow(manual_dir, tmp_path):
     c = tiny_config(manual_dir, tmp_path, method="rainbow")
     m = baselines.make_rainbow(c)
-    assert m.memory == policies.UncertaintyMemory(12, "randaugment", "stride", True, "random")
+    assert m.memory == policies.UncertaintyMemory(c.memory.budget, 12, "randaugment", "stride", True, "random")
     assert m.batches == policies.HalfMemoryBatches("cycle")
     c.rainbow.selection, c.rainbow.memory_batches = "spread", "with_replacement"
     m = baselines.make_rainbow(c)

@@ -65,6 +65,15 @@ class SessionPlan:
     def num_sessions(self) -> int:
         return len(self.sessions)
 
+    @property
+    def num_classes(self) -> int:
+        """Every class of the plan: the most outputs a session needs."""
+        return max(s.num_outputs for s in self.sessions)
+
+    def old_classes(self, s: int) -> int:
+        """Classes seen before session ``s`` (0 at the first): the outputs of the previous session's model."""
+        return self.sessions[s - 1].num_outputs if s > 0 else 0
+
     def _check(self, s: int) -> None:
         if not 0 <= s < len(self.sessions):
             raise ValueError(f"session index s={s} out of range; valid: 0..{len(self.sessions) - 1}")
@@ -397,8 +406,7 @@ def make_session_plan(
 
 def plan_from_config(train_labels: np.ndarray, config, *, num_classes: int) -> SessionPlan:
     """``make_session_plan`` with the fields of ``config.data``: the one place a config becomes a
-    generated split.  The split's seed is ``config.split_seed`` when set (one plan for every run
-    seed), else ``config.seed``."""
+    generated split, drawn with ``split_seed(config)``."""
     d = config.data
     return make_session_plan(
         train_labels,
@@ -412,7 +420,13 @@ def plan_from_config(train_labels: np.ndarray, config, *, num_classes: int) -> S
         val_fraction=d.val_fraction,
         num_classes=num_classes,
         shuffle_classes=d.shuffle_classes,
-        seed=config.seed if config.split_seed is None else config.split_seed,
+        seed=split_seed(config),
         val_per_class=d.val_per_class,
         general_shares=d.general_shares,
     )
+
+
+def split_seed(config) -> int:
+    """The seed of a run's session plan: ``config.split_seed`` when set (one plan for every run seed),
+    else ``config.seed``."""
+    return config.seed if config.split_seed is None else config.split_seed

@@ -210,7 +210,7 @@ def check_plan_feasible(
     """
     if batch_size < 1:
         raise ConfigError(f"train.batch_size={batch_size} must be >= 1.")
-    classes = max(s.num_outputs for s in plan.sessions)
+    classes = plan.num_classes
     if memory_budget is not None and memory_budget < classes:
         raise ConfigError(budget_message(memory_budget, classes, fixed=batch_size_fixed))
     for sess in plan.sessions:

@@ -1,12 +1,13 @@
 """Everything fixed for a whole run: config, method, data, model, compiled functions, checkpoints.
 
-Built once by ``RunContext.build``; the session phases (``phases.py``) and the
-methods' host-side policies read it and never change it.
+Built once by ``RunContext.build``; the session phases (``phases.py``) read it and never change it.
+The methods' host-side policies read only its ``policy_view`` (``methods.seams``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from typing import Any, Callable
@@ -19,6 +20,7 @@ from cvs_jax.engine.protocol import Protocol
 from cvs_jax.engine.train_step import make_optimizer, make_train_step
 from cvs_jax.methods.base import Method
 from cvs_jax.methods.registry import get_head, get_method
+from cvs_jax.methods.seams import PolicyView
 from cvs_jax.models.heads import Head
 from cvs_jax.retrieval.embedder import Embedder
 from cvs_jax.rundir import paths
@@ -48,7 +50,8 @@ class RunContext:
     tx: Any
     pipeline: augment.Pipeline
     step_fn: Callable  # one training step per call
-    steps_fn: Callable  # ``train.steps_per_call`` steps per call (lax.scan over stacked batches)
+    steps_fn: Callable  # ``steps_per_call`` steps per call (lax.scan over stacked batches)
+    steps_per_call: int  # k = ``train.steps_per_call``: read once, here, for the compiled step and the loop
     embed: Embedder
     log: RunLog
     sessions: Checkpoints  # one per completed session, kept forever (run_state.RunState)
@@ -68,6 +71,7 @@ class RunContext:
         (keys, batch order) and the workdir (log, checkpoints) are this run's own."""
         method = get_method(config)
         head = get_head(config)
+        k = config.train.steps_per_call  # validated by config_checks: a positive int
         if share is None:
             mesh = distributed.data_mesh()  # one "data" axis over every device of every process
             t0 = time.time()
@@ -76,7 +80,7 @@ class RunContext:
             log.print(
                 f"data: {proto.dataset.name} {len(proto.dataset.train)} train / {len(proto.dataset.test)} test "
                 f"images, setup={plan.setup}, {_plural(plan.num_sessions, 'session')}, "
-                f"{_plural(max(x.num_outputs for x in plan.sessions), 'class', 'classes')} "
+                f"{_plural(plan.num_classes, 'class', 'classes')} "
                 f"({time.time() - t0:.1f}s)"
             )
         else:
@@ -92,7 +96,6 @@ class RunContext:
             pipeline = augment.Pipeline.from_config(config)  # train-time augmentation and eval preprocessing
             step_args = dict(head=head, loss_weights=dict(config.loss_weights), pipeline=pipeline)
             step_fn = make_train_step(model, tx, method, **step_args)
-            k = config.train.steps_per_call
             steps_fn = make_train_step(model, tx, method, steps_per_call=k, **step_args)
             embed = Embedder(
                 model, pipeline, config.train.eval_batch_size, config.model.dtype, mesh, config.model.embed_dim
@@ -113,6 +116,7 @@ class RunContext:
             pipeline=pipeline,
             step_fn=step_fn,
             steps_fn=steps_fn,
+            steps_per_call=k,
             embed=embed,
             log=log,
             sessions=Checkpoints(paths.sessions_dir(workdir), max_to_keep=None, log=log.print),
@@ -139,6 +143,26 @@ class RunContext:
         if name not in self._cache:
             self._cache[name] = factory()
         return self._cache[name]
+
+    def compiled(self, name: str, build: Callable[[Any, Any, Any], Any]) -> Any:
+        """``build(model, pipeline, head)`` on first use: a policy's compiled helper, without the context."""
+        return self.cached(name, lambda: build(self.model, self.pipeline, self.head))
+
+    @functools.cached_property
+    def policy_view(self) -> PolicyView:
+        """What the method's policies read of the run."""
+        return PolicyView(
+            plan=self.proto.plan,
+            train_labels=self.proto.train_labels,
+            train_images=self.proto.train_images,
+            embed=self.embed,
+            log=self.log.print,
+            num_classes=self.proto.num_classes,
+            seed=self.config.seed,
+            batch_size=self.config.train.batch_size,
+            eval_batch_size=self.config.train.eval_batch_size,
+            compiled=self.compiled,
+        )
 
     def close(self) -> None:
         self.sessions.close()

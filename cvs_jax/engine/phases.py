@@ -35,6 +35,7 @@ from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.run_state import RunState
 from cvs_jax.engine.train_step import TrainState
 from cvs_jax.errors import ConfigError, NonFiniteError
+from cvs_jax.methods.seams import SessionBatches
 from cvs_jax.models.heads import head_params
 from cvs_jax.retrieval import topk
 from cvs_jax.retrieval.gallery import Gallery, GalleryPart, RowConcat
@@ -54,9 +55,9 @@ def carry_over(ctx: RunContext, state: RunState, s: int) -> RunState:
         return state
     mem, imp = state.memory, state.importance
     if mem.built_after != s - 1:
-        mem = ctx.method.memory.update(ctx, mem, state.variables, s)
+        mem = ctx.method.memory.update(ctx.policy_view, mem, state.variables, s)
     if imp.built_after != s - 1:
-        imp = ctx.method.importance.update(ctx, imp, state.variables, s)
+        imp = ctx.method.importance.update(ctx.policy_view, imp, state.variables, s)
     return state.replace(memory=mem, importance=imp)
 
 
@@ -65,7 +66,7 @@ class SessionView:
     """What session ``s`` trains on and searches."""
 
     s: int
-    batches: Any  # policies.ShuffledEpochs | HalfMemoryEpochs: batch(epoch, i) -> dataset indices
+    batches: SessionBatches  # the method's batch policy's plan: batch(epoch, i) -> dataset indices
     gallery_idx: np.ndarray  # train images whose rows this session adds to the gallery
     stored: Gallery  # the stored rows that validation and test search besides the session's own
     val_idx: np.ndarray  # validation queries (train split, accumulated over sessions)
@@ -106,11 +107,11 @@ def session_constants(ctx: RunContext, state: RunState, view: SessionView) -> di
     plan = ctx.proto.plan
     consts = {
         "valid_classes": jnp.int32(plan.sessions[view.s].num_outputs),
-        "old_classes": jnp.int32(plan.sessions[view.s - 1].num_outputs if view.s > 0 else 0),
+        "old_classes": jnp.int32(plan.old_classes(view.s)),
     }
     for provider in ctx.method.constants:
-        consts.update(provider(ctx, state.gallery))
-    consts.update(ctx.method.importance.constants(ctx, state.importance))
+        consts.update(provider(ctx.policy_view, state.gallery))
+    consts.update(ctx.method.importance.constants(ctx.policy_view, state.importance))
     return distributed.replicate(consts, ctx.mesh)
 
 
@@ -148,10 +149,11 @@ def initial_train_state(ctx: RunContext, state: RunState, s: int) -> TrainState:
     session starts one, as the official code and the fork)."""
     plan = ctx.proto.plan
     params = dict(state.variables["params"])
-    prev_outputs = plan.sessions[s - 1].num_outputs if s > 0 else 0
     head = head_params(ctx.head, params)
     params.update(
-        ctx.head.at_session_start(head, jax.random.fold_in(ctx.head_key, s), prev_outputs, plan.sessions[s].num_outputs)
+        ctx.head.at_session_start(
+            head, jax.random.fold_in(ctx.head_key, s), plan.old_classes(s), plan.sessions[s].num_outputs
+        )
     )
     if s > 0:
         params.update(ctx.method.extra_params(state.variables["params"], head))
@@ -319,7 +321,7 @@ class SingleDriver(Driver):
     def __init__(self, member: MemberSession, state: RunState, consts: dict):
         ctx, s = member.ctx, member.view.s
         self.members, self.ctx, self.consts = [member], ctx, consts
-        self.k = int(ctx.config.train.steps_per_call)
+        self.k = ctx.steps_per_call
         self.stacked = self.k > 1
         self.frozen = distributed.replicate(state.variables, ctx.mesh) if s > 0 else None
         self.key = jax.random.fold_in(ctx.step_key, s)
@@ -550,7 +552,7 @@ def append_and_save(
     new_state = state.replace(
         variables=selection.variables,
         gallery=gallery,
-        importance=ctx.method.importance.after_session(ctx, state.importance, selection, s),
+        importance=ctx.method.importance.after_session(ctx.policy_view, state.importance, selection, s),
         records=state.records + (record,),
     )
     faults.fail_while_writing("session_write", ctx.sessions.directory)

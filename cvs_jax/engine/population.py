@@ -39,6 +39,7 @@ import ml_collections
 import numpy as np
 
 from cvs_jax import distributed
+from cvs_jax.data import splits
 from cvs_jax.engine import phases
 from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.run_state import RunState
@@ -52,7 +53,7 @@ def member_config(config: ml_collections.ConfigDict, m: int) -> ml_collections.C
     """Member ``m``'s config: seed + m, the population's session plan, population=1 (an ordinary run)."""
     c = copy.deepcopy(config)
     c.unlock()
-    c.split_seed = config.split_seed if config.split_seed is not None else config.seed
+    c.split_seed = splits.split_seed(config)
     c.seed = int(config.seed) + m
     c.population = 1
     return c
@@ -67,16 +68,15 @@ def _stack(trees: list) -> Any:
 
 
 def make_population_step(ctx: RunContext, n: int):
-    """The members' step: ``train.steps_per_call`` steps per call, vmapped over ``n`` members (jitted)."""
-    c = ctx.config
+    """The members' step: ``ctx.steps_per_call`` steps per call, vmapped over ``n`` members (jitted)."""
     return make_train_step(
         ctx.model,
         ctx.tx,
         ctx.method,
         head=ctx.head,
-        loss_weights=dict(c.loss_weights),
+        loss_weights=dict(ctx.config.loss_weights),
         pipeline=ctx.pipeline,
-        steps_per_call=c.train.steps_per_call,
+        steps_per_call=ctx.steps_per_call,
         population=n,
     )
 
@@ -90,7 +90,7 @@ class PopulationDriver(phases.Driver):
         lead = members[0].ctx
         s, n = members[0].view.s, len(members)
         self.members, self.ctx = members, lead
-        self.k = int(lead.config.train.steps_per_call)
+        self.k = lead.steps_per_call
         self.step = lead.cached(f"population_step_{n}", lambda: make_population_step(lead, n))
         self.frozen = distributed.replicate(_stack([st.variables for st in states]), lead.mesh) if s > 0 else None
         self.consts = distributed.replicate(_stack([jax.device_get(c) for c in consts]), lead.mesh)

@@ -36,7 +36,7 @@ class Protocol:
                 np.zeros(len(dataset.train), np.int64) if sessions is None else sessions,
                 val_fraction=d.val_fraction,
                 val_per_class=d.val_per_class,
-                seed=config.seed if config.split_seed is None else config.split_seed,
+                seed=splits.split_seed(config),
                 class_names=dataset.class_names,
             )
             check_user_plan(config, plan, plan.to_protocol_labels(dataset.train.labels))
@@ -84,7 +84,7 @@ class Protocol:
     @property
     def num_classes(self) -> int:
         """Rows of the cosine head: every class of the plan, rounded up to ``model.head_block``."""
-        classes = max(s.num_outputs for s in self.plan.sessions)
+        classes = self.plan.num_classes
         return -(-classes // self.head_block) * self.head_block if self.head_block else classes
 
     def training_indices(self, method: Method, s: int) -> np.ndarray:
@@ -136,7 +136,7 @@ def generator_plan_with_updates(
             "validation queries include every session's); update cannot add sessions after them. Use "
             "data.setup=general or disjoint, or data.split=user."
         )
-    seed = config.seed if config.split_seed is None else config.split_seed
+    seed = splits.split_seed(config)
     first_classes = len(records.read_info(dataset.stores[0])["class_names"])
     train_offsets, test_offsets = dataset.train.offsets, dataset.test.offsets
     labels = np.asarray(dataset.train.labels, np.int64)
@@ -212,7 +212,7 @@ def check_user_plan(config: ml_collections.ConfigDict, plan: splits.SessionPlan,
     replayed = user_sessions.replay_sizes(plan, protocol_labels, kind, config.memory.budget)
     stream_rows = None
     if isinstance(method.batches, policies.HalfMemoryBatches):
-        stream_rows = b - b // 2 if method.batches.memory_batches == "cycle" else b // 2
+        stream_rows = policies.half_memory_split(b, method.batches.memory_batches)[0]
     d = config.data
     user_sessions.check_plan_feasible(
         plan,

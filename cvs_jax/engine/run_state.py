@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import jax
 import numpy as np
 
-from cvs_jax.methods.policies import ImportanceState, ReplayMemory
+from cvs_jax.methods.seams import ImportanceState, ReplayMemory
 from cvs_jax.models.heads import ROW_KEYS
 from cvs_jax.retrieval.gallery import Gallery, GalleryPart
 from cvs_jax.rundir.checkpoint import Checkpoints

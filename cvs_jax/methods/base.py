@@ -6,8 +6,9 @@ session; ``official_head`` is the one the method's reference code uses).  A meth
 adds named loss terms (each weighted by ``config.loss_weights``), says
 whether the jitted step runs the frozen previous model, and composes host-side
 policies (``methods.policies``): its data scope, replay memory, parameter
-importance, batch composition and per-session constants.  The engine calls them
-without branching on the method, so adding a baseline touches no engine code.
+importance, batch composition and per-session constants, each of the Protocol of its kind
+(``methods.seams``).  The engine calls them without branching on the method, so adding a
+baseline touches no engine code.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Callable, Mapping
 import jax
 
 from cvs_jax.methods import policies
+from cvs_jax.methods.seams import BatchPolicy, ConstantsPolicy, ImportancePolicy, MemoryPolicy, ScopePolicy, misfit
 from cvs_jax.models.heads import HEADS, Head
 
 
@@ -48,11 +50,11 @@ class Method:
     name: str
     description: str = ""
     official_head: str = "cosine"  # the head of the method's reference code (one of models.heads.HEADS)
-    scope: Any = policies.SessionData()  # which images a session trains on and adds to the gallery
-    memory: Any = policies.NoMemory()  # replay memory policy
-    batches: Any = policies.MixedBatches()  # how replayed images enter the batches
-    importance: Any = policies.NoImportance()  # EWC/RWalk parameter importance
-    constants: tuple = ()  # per-session constants for the step, e.g. (ClassCenters(...),)
+    scope: ScopePolicy = policies.SessionData()  # which images a session trains on and adds to the gallery
+    memory: MemoryPolicy = policies.NoMemory()  # replay memory policy
+    batches: BatchPolicy = policies.MixedBatches()  # how replayed images enter the batches
+    importance: ImportancePolicy = policies.NoImportance()  # EWC/RWalk parameter importance
+    constants: tuple[ConstantsPolicy, ...] = ()  # per-session constants for the step, e.g. (ClassCenters(...),)
     uses_old_model: bool = False  # run the frozen previous model in the step (sessions >= 1)
     # trainable extras made from the frozen previous parameters at each session (LwF's head copy);
     # they live for one session: the selected model keeps only "net" and the head's arrays.
@@ -63,6 +65,13 @@ class Method:
     def __post_init__(self):
         if self.official_head not in HEADS:
             raise ValueError(f"official_head={self.official_head!r} is not one of {HEADS}")
+        # a policy that does not fit its seam fails here, when the method is defined, not sessions later
+        seams = [(self.scope, ScopePolicy), (self.memory, MemoryPolicy), (self.batches, BatchPolicy)]
+        seams += [(self.importance, ImportancePolicy)] + [(c, ConstantsPolicy) for c in self.constants]
+        for policy, kind in seams:
+            why = misfit(policy, kind)
+            if why:
+                raise TypeError(f"method {self.name!r}: {why} (methods.seams)")
 
     def head_name(self, configured: str) -> str:
         """``model.head`` resolved: ``"official"`` is this method's reference head."""

@@ -43,7 +43,7 @@ def make_bct(config: ml_collections.ConfigDict) -> Method:
     replay = config.data.setup == "disjoint"
     return Method(
         name="bct",
-        memory=policies.HerdingMemory() if replay else policies.NoMemory(),
+        memory=policies.HerdingMemory(config.memory.budget) if replay else policies.NoMemory(),
         extra_terms=terms,
         description="BCT influence loss" + (" with herded replay" if replay else ""),
     )
@@ -94,7 +94,10 @@ def _importance(config: ml_collections.ConfigDict, kind: str):
     mode = config.importance.mode
     if mode not in IMPORTANCE_MODES:
         raise ConfigError(f"importance.mode={mode!r} is unknown; choose one of {list(IMPORTANCE_MODES)}.")
-    return policies.ForkFisher(kind) if mode == "fork" else policies.OnlineFisher(kind)
+    normalize = config.importance.normalize
+    if mode == "fork":
+        return policies.ForkFisher(kind, normalize, config.loss_weights.L_reg)
+    return policies.OnlineFisher(kind, normalize)
 
 
 def make_ewc(config: ml_collections.ConfigDict) -> Method:
@@ -112,7 +115,7 @@ def make_rwalk(config: ml_collections.ConfigDict) -> Method:
         name="rwalk",
         official_head="linear_reset",
         importance=_importance(config, "rwalk"),
-        memory=policies.ReservoirMemory(),
+        memory=policies.ReservoirMemory(config.memory.budget),
         extra_terms=_penalty,
         description=f"RWalk ({config.importance.mode}, as the author's fork): EWC++ Fisher penalty + reservoir memory",
     )
@@ -125,6 +128,7 @@ def make_rainbow(config: ml_collections.ConfigDict) -> Method:
     _check(config, "rainbow.batches", BATCHES)
     if r.memory == "uncertainty":
         memory = policies.UncertaintyMemory(
+            config.memory.budget,
             perturbations=int(r.perturbations),
             perturbation=r.perturbation,
             selection=r.selection,
@@ -136,7 +140,7 @@ def make_rainbow(config: ml_collections.ConfigDict) -> Method:
             f"{' + random refill' if r.refill else ''}, first memory {r.first_session}"
         )
     else:
-        memory, kept = policies.HerdingMemory(), "herded memory (ablation)"
+        memory, kept = policies.HerdingMemory(config.memory.budget), "herded memory (ablation)"
     return Method(
         name="rainbow",
         official_head="linear_reset",

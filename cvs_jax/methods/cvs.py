@@ -91,7 +91,7 @@ def make_cvs(config: ml_collections.ConfigDict) -> Method:
     return Method(
         name="cvs",
         uses_old_model=c.use_lm,
-        memory=policies.HerdingMemory() if c.replay else policies.NoMemory(),
+        memory=policies.HerdingMemory(config.memory.budget) if c.replay else policies.NoMemory(),
         batches=batch_policy(c.batches),
         constants=(policies.ClassCenters(per_session_mean=c.per_session_centers),) if c.use_ld else (),
         extra_terms=terms,

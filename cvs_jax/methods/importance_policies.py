@@ -34,42 +34,22 @@ import numpy as np
 
 from cvs_jax.methods import fisher as importance
 from cvs_jax.methods import regularizers
-
-
-@dataclasses.dataclass(frozen=True)
-class ImportanceState:
-    """The penalty's slots (``{"importance", "anchor"}`` each) and RWalk's running Fisher."""
-
-    slots: tuple = ()
-    running: dict | None = None
-    built_after: int = -1  # the last session whose statistics the slots hold
-
-    def to_item(self) -> dict:
-        """The checkpoint item (orbax pytree; slots keyed by position)."""
-        item = {}
-        if self.slots:
-            item["slots"] = {str(i): slot for i, slot in enumerate(self.slots)}
-        if self.running is not None:
-            item["running"] = self.running
-        return item
-
-    @classmethod
-    def from_item(cls, item: dict, built_after: int) -> "ImportanceState":
-        slots = item.get("slots") or {}
-        return cls(tuple(slots[k] for k in sorted(slots, key=int)), item.get("running"), built_after)
+from cvs_jax.methods.seams import ImportanceState, PolicyView, TrainedSession
 
 
 @dataclasses.dataclass(frozen=True)
 class NoImportance:
     shares_first_session = True
 
-    def update(self, ctx, state: ImportanceState, variables, s: int) -> ImportanceState:
+    def update(self, view: PolicyView, state: ImportanceState, variables, s: int) -> ImportanceState:
         return state
 
-    def after_session(self, ctx, state: ImportanceState, selection, s: int) -> ImportanceState:
+    def after_session(
+        self, view: PolicyView, state: ImportanceState, trained: TrainedSession, s: int
+    ) -> ImportanceState:
         return state
 
-    def constants(self, ctx, state: ImportanceState) -> dict:
+    def constants(self, view: PolicyView, state: ImportanceState) -> dict:
         return {}
 
     def tracked_init(self, state: ImportanceState, net_params) -> dict:
@@ -79,10 +59,9 @@ class NoImportance:
         return tracked
 
 
-def _penalty_slots(ctx, state: ImportanceState) -> dict:
+def _penalty_slots(state: ImportanceState, normalize: bool) -> dict:
     if not state.slots:
         return {}
-    normalize = ctx.config.importance.normalize
     return {
         "reg_slots": tuple(
             {"importance": importance.for_penalty(slot["importance"], normalize=normalize), "anchor": slot["anchor"]}
@@ -91,10 +70,9 @@ def _penalty_slots(ctx, state: ImportanceState) -> dict:
     }
 
 
-def _grad_fn(ctx):
-    return ctx.cached(
-        "fisher_grad",
-        lambda: importance.make_batch_grad_fn(ctx.model, ctx.pipeline, head=ctx.head),
+def _grad_fn(view: PolicyView):
+    return view.compiled(
+        "fisher_grad", lambda model, pipeline, head: importance.make_batch_grad_fn(model, pipeline, head=head)
     )
 
 
@@ -103,35 +81,37 @@ class OnlineFisher:
     """``importance.mode=online``: one summed (EWC) or running (RWalk) Fisher, anchor = selected model."""
 
     kind: str  # "ewc" | "rwalk"
+    normalize: bool  # importance.normalize: the penalty reads the importance divided by its maximum
     shares_first_session = True
 
-    def update(self, ctx, state: ImportanceState, variables, s: int) -> ImportanceState:
-        c = ctx.config
-        prev = ctx.proto.plan.sessions[s - 1]
+    def update(self, view: PolicyView, state: ImportanceState, variables, s: int) -> ImportanceState:
+        prev = view.plan.sessions[s - 1]
         raw = state.slots[0]["importance"] if state.slots else None
         fisher = importance.session_fisher(
             self.kind,
-            _grad_fn(ctx),
+            _grad_fn(view),
             variables,
-            ctx.proto.train_images(prev.train),
-            ctx.proto.train_labels[prev.train],
+            view.train_images(prev.train),
+            view.train_labels[prev.train],
             prev.num_outputs,
-            c.train.batch_size,
+            view.batch_size,
             running=raw if self.kind == "rwalk" else None,
         )
         raw = importance.accumulate(self.kind, raw, fisher)
-        ctx.log.print(
+        view.log(
             f"importance ({self.kind}, online) after session {s}: {importance.describe(raw)}"
-            + (", normalised to max 1" if c.importance.normalize else "")
+            + (", normalised to max 1" if self.normalize else "")
         )
         slot = {"importance": raw, "anchor": jax.device_get(variables["params"]["net"])}
         return ImportanceState((slot,), None, s - 1)
 
-    def after_session(self, ctx, state, selection, s):
+    def after_session(
+        self, view: PolicyView, state: ImportanceState, trained: TrainedSession, s: int
+    ) -> ImportanceState:
         return state
 
-    def constants(self, ctx, state: ImportanceState) -> dict:
-        return _penalty_slots(ctx, state)
+    def constants(self, view: PolicyView, state: ImportanceState) -> dict:
+        return _penalty_slots(state, self.normalize)
 
     def tracked_init(self, state, net_params) -> dict:
         return {}
@@ -146,9 +126,11 @@ class ForkFisher:
     session; RWalk: the running Fisher of the training steps)."""
 
     kind: str  # "ewc" | "rwalk"
+    normalize: bool  # importance.normalize: the penalty reads the importance divided by its maximum
+    weight: float  # loss_weights.L_reg: the penalty's weight in the loss of EWC's Fisher pass
     shares_first_session = False  # session 1 carries the slot's statistics: each trains its own
 
-    def update(self, ctx, state: ImportanceState, variables, s: int) -> ImportanceState:
+    def update(self, view: PolicyView, state: ImportanceState, variables, s: int) -> ImportanceState:
         return state  # slots are made at the end of each session (after_session)
 
     def tracked_init(self, state: ImportanceState, net_params) -> dict:
@@ -163,29 +145,30 @@ class ForkFisher:
             return tracked
         return regularizers.update_ewcpp_importance(tracked, net_grads, alpha=0.5, init_if_zero=True)
 
-    def after_session(self, ctx, state: ImportanceState, selection, s: int) -> ImportanceState:
-        last = selection.last
+    def after_session(
+        self, view: PolicyView, state: ImportanceState, trained: TrainedSession, s: int
+    ) -> ImportanceState:
+        last = trained.last
         if self.kind == "rwalk":
-            running = selection.tracked
+            running = trained.tracked
             slot_importance = running  # + the path-integral score, which is 0 in the fork
         else:
             running = None
-            c = ctx.config
-            sess = ctx.proto.plan.sessions[s]
+            sess = view.plan.sessions[s]
             slot_importance = importance.session_fisher(
                 "ewc",
-                _grad_fn(ctx),
+                _grad_fn(view),
                 last,
-                ctx.proto.train_images(sess.train),
-                ctx.proto.train_labels[sess.train],
+                view.train_images(sess.train),
+                view.train_labels[sess.train],
                 sess.num_outputs,
-                c.train.batch_size,
-                augment_key=jax.random.fold_in(jax.random.key(c.seed), 1000 + s),
-                penalty=(_penalty_slots(ctx, state).get("reg_slots", ()), c.loss_weights.L_reg),
+                view.batch_size,
+                augment_key=jax.random.fold_in(jax.random.key(view.seed), 1000 + s),
+                penalty=(_penalty_slots(state, self.normalize).get("reg_slots", ()), self.weight),
             )
         slot = {"importance": jax.device_get(slot_importance), "anchor": jax.device_get(last["params"]["net"])}
-        ctx.log.print(f"importance ({self.kind}, fork) of session {s + 1}: {importance.describe(slot['importance'])}")
+        view.log(f"importance ({self.kind}, fork) of session {s + 1}: {importance.describe(slot['importance'])}")
         return ImportanceState(state.slots + (slot,), running, s)
 
-    def constants(self, ctx, state: ImportanceState) -> dict:
-        return _penalty_slots(ctx, state)
+    def constants(self, view: PolicyView, state: ImportanceState) -> dict:
+        return _penalty_slots(state, self.normalize)

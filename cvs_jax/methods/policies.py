@@ -9,7 +9,8 @@
 Each ``update`` runs at the start of session ``s`` with the selected model of session
 ``s - 1`` (``variables``) and is a pure function of the completed sessions, so a resumed
 run and a run that shares session 1 with another method compute the same values.
-``ctx`` is the run's ``context.RunContext`` (config, protocol, model, embedder, log).
+The Protocol each kind implements, and the ``view`` (``seams.PolicyView``) they read the run
+through, are in ``methods.seams``; the memory budget is given when a policy is built.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from cvs_jax import augment
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import losses, replay
 from cvs_jax.methods.importance_policies import ForkFisher as ForkFisher  # re-exported: one import place
-from cvs_jax.methods.importance_policies import ImportanceState as ImportanceState
 from cvs_jax.methods.importance_policies import NoImportance as NoImportance
 from cvs_jax.methods.importance_policies import OnlineFisher as OnlineFisher
+from cvs_jax.methods.seams import ImportanceState as ImportanceState
+from cvs_jax.methods.seams import PolicyView
+from cvs_jax.methods.seams import ReplayMemory as ReplayMemory
 from cvs_jax.models import net_variables
 from cvs_jax.models.heads import head_params
 from cvs_jax.retrieval.chunks import iter_chunks
@@ -66,61 +69,31 @@ class AllSeenData:
 
 
 @dataclasses.dataclass(frozen=True)
-class ReplayMemory:
-    """Dataset indices and labels of the replayed images; ``built_after`` = the last session whose
-    images the memory has seen (-1: none); ``seen`` = stream length (reservoir sampling)."""
-
-    source_ids: np.ndarray
-    labels: np.ndarray
-    built_after: int = -1
-    seen: int = 0
-
-    @classmethod
-    def empty(cls) -> "ReplayMemory":
-        return cls(np.zeros((0,), np.int64), np.zeros((0,), np.int32))
-
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
-
-    def to_meta(self) -> dict:
-        return {
-            "source_ids": self.source_ids.tolist(),
-            "labels": self.labels.tolist(),
-            "built_after": self.built_after,
-            "seen": self.seen,
-        }
-
-    @classmethod
-    def from_meta(cls, d: dict) -> "ReplayMemory":
-        return cls(
-            np.asarray(d["source_ids"], np.int64), np.asarray(d["labels"], np.int32), d["built_after"], d["seen"]
-        )
-
-
-@dataclasses.dataclass(frozen=True)
 class NoMemory:
     keeps_memory = False
 
-    def update(self, ctx, mem: ReplayMemory, variables, s: int) -> ReplayMemory:
+    def update(self, view: PolicyView, mem: ReplayMemory, variables, s: int) -> ReplayMemory:
         return mem
 
 
-def _pool(ctx, mem: ReplayMemory, s: int) -> np.ndarray:
+def _pool(view: PolicyView, mem: ReplayMemory, s: int) -> np.ndarray:
     """The previous session's images followed by the current memory (the official pool order)."""
-    return np.concatenate([ctx.proto.plan.sessions[s - 1].train, mem.source_ids])
+    return np.concatenate([view.plan.sessions[s - 1].train, mem.source_ids])
 
 
 @dataclasses.dataclass(frozen=True)
 class HerdingMemory:
     """iCaRL herding (official CVS): re-herd the pool per class on the selected model's embeddings."""
 
+    budget: int  # memory.budget: images kept
+
     keeps_memory = True
 
-    def update(self, ctx, mem: ReplayMemory, variables, s: int) -> ReplayMemory:
-        pool = _pool(ctx, mem, s)
-        emb = ctx.embed(variables, ctx.proto.train_images(pool))
-        ids, labels = replay.rebuild_memory(emb, ctx.proto.train_labels[pool], pool, ctx.config.memory.budget)
-        seen = mem.seen + len(ctx.proto.plan.sessions[s - 1].train)
+    def update(self, view: PolicyView, mem: ReplayMemory, variables, s: int) -> ReplayMemory:
+        pool = _pool(view, mem, s)
+        emb = view.embed(variables, view.train_images(pool))
+        ids, labels = replay.rebuild_memory(emb, view.train_labels[pool], pool, self.budget)
+        seen = mem.seen + len(view.plan.sessions[s - 1].train)
         return ReplayMemory(np.asarray(ids, np.int64), np.asarray(labels, np.int32), s - 1, seen)
 
 
@@ -128,14 +101,16 @@ class HerdingMemory:
 class ReservoirMemory:
     """Reservoir sampling of the stream (the RWalk memory of the Rainbow-Memory code base)."""
 
+    budget: int  # memory.budget: images kept
+
     keeps_memory = True
 
-    def update(self, ctx, mem: ReplayMemory, variables, s: int) -> ReplayMemory:
-        rng = np.random.default_rng([ctx.config.seed, s, 7])
-        prev = ctx.proto.plan.sessions[s - 1].train
-        ids, seen = replay.reservoir_update(mem.source_ids, mem.seen, prev, ctx.config.memory.budget, rng)
+    def update(self, view: PolicyView, mem: ReplayMemory, variables, s: int) -> ReplayMemory:
+        rng = np.random.default_rng([view.seed, s, 7])
+        prev = view.plan.sessions[s - 1].train
+        ids, seen = replay.reservoir_update(mem.source_ids, mem.seen, prev, self.budget, rng)
         ids = ids.astype(np.int64)
-        return ReplayMemory(ids, ctx.proto.train_labels[ids].astype(np.int32), s - 1, seen)
+        return ReplayMemory(ids, view.train_labels[ids].astype(np.int32), s - 1, seen)
 
 
 # Rainbow Memory (the author's Rainbow-Memory fork); config.rainbow picks the rules, defaults = the fork.
@@ -204,6 +179,7 @@ class UncertaintyMemory:
     (seed, s, t), so a resumed run rebuilds the same memory.
     """
 
+    budget: int  # memory.budget: images kept
     perturbations: int = RAINBOW_PERTURBATIONS
     perturbation: str = "randaugment"
     selection: str = "stride"
@@ -219,49 +195,49 @@ class UncertaintyMemory:
         if int(self.perturbations) < 1:
             raise ConfigError(f"rainbow.perturbations={self.perturbations} must be at least 1.")
 
-    def candidates(self, ctx, mem: ReplayMemory, s: int, rng: np.random.Generator) -> np.ndarray:
+    def candidates(self, view: PolicyView, mem: ReplayMemory, s: int, rng: np.random.Generator) -> np.ndarray:
         """Dataset indices of the candidates, in the fork's order (stride) or the earlier pool order."""
-        prev = ctx.proto.plan.sessions[s - 1].train
+        prev = view.plan.sessions[s - 1].train
         if self.selection == "stride":
             prev = prev[rng.permutation(len(prev))]
         return np.concatenate([prev, mem.source_ids]).astype(np.int64)
 
-    def uncertainty(self, ctx, variables, pool: np.ndarray, s: int) -> np.ndarray:
-        images = ctx.proto.train_images(pool)
-        predict = ctx.cached(
+    def uncertainty(self, view: PolicyView, variables, pool: np.ndarray, s: int) -> np.ndarray:
+        images = view.train_images(pool)
+        predict = view.compiled(
             f"perturbed_predict_{self.perturbation}",
-            lambda: _make_perturbed_predict(ctx.model, ctx.pipeline, self.perturbation, ctx.head),
+            lambda model, pipeline, head: _make_perturbed_predict(model, pipeline, self.perturbation, head),
         )
-        valid = jnp.int32(ctx.proto.plan.sessions[s - 1].num_outputs)
+        valid = jnp.int32(view.plan.sessions[s - 1].num_outputs)
         preds = np.zeros((self.perturbations, images.shape[0]), np.int64)
         for t in range(self.perturbations):
-            key = perturbation_key(ctx.config.seed, s, t, self.perturbation)
-            for start, chunk, n in iter_chunks(images, ctx.config.train.eval_batch_size):
+            key = perturbation_key(view.seed, s, t, self.perturbation)
+            for start, chunk, n in iter_chunks(images, view.eval_batch_size):
                 out = predict(variables, jnp.asarray(chunk), jax.random.fold_in(key, start), valid)
                 preds[t, start : start + n] = np.asarray(out)[:n]
         return replay.prediction_uncertainty(preds)
 
-    def update(self, ctx, mem: ReplayMemory, variables, s: int) -> ReplayMemory:
-        rng = np.random.default_rng([ctx.config.seed, s, 13])
-        pool = self.candidates(ctx, mem, s, rng)
-        labels, budget = ctx.proto.train_labels[pool], ctx.config.memory.budget
+    def update(self, view: PolicyView, mem: ReplayMemory, variables, s: int) -> ReplayMemory:
+        rng = np.random.default_rng([view.seed, s, 13])
+        pool = self.candidates(view, mem, s, rng)
+        labels, budget = view.train_labels[pool], self.budget
         if s == 1 and self.first_session == "random":
             ids, labels = replay.random_class_select(labels, pool, budget, rng, refill=self.refill)
             how = "random, equal shares per class"
         else:
-            unc = self.uncertainty(ctx, variables, pool, s)
+            unc = self.uncertainty(view, variables, pool, s)
             refill_rng = rng if self.refill else None
             ids, labels = replay.uncertainty_select(
                 unc, labels, pool, budget, selection=self.selection, refill_rng=refill_rng
             )
             how = f"uncertainty over {self.perturbations} {self.perturbation} draws, {self.selection}"
-        ctx.log.print(f"rainbow memory after session {s}: {len(ids)} of {len(pool)} candidates ({how})")
-        seen = mem.seen + len(ctx.proto.plan.sessions[s - 1].train)
+        view.log(f"rainbow memory after session {s}: {len(ids)} of {len(pool)} candidates ({how})")
+        seen = mem.seen + len(view.plan.sessions[s - 1].train)
         return ReplayMemory(np.asarray(ids, np.int64), np.asarray(labels, np.int32), s - 1, seen)
 
 
 # ------------------------------------------------------------------ parameter importance
-# (EWC / RWalk: ImportanceState, NoImportance, OnlineFisher, ForkFisher live in importance_policies.py)
+# (EWC / RWalk: NoImportance, OnlineFisher, ForkFisher live in importance_policies.py)
 
 
 # ------------------------------------------------------------------ batch composition
@@ -309,6 +285,12 @@ def cycled_memory_rows(seed: int, session: int, epoch: int, start: int, count: i
     return rows
 
 
+def half_memory_split(batch_size: int, memory_batches: str) -> tuple[int, int]:
+    """(stream rows, memory rows) of a half-memory batch (:class:`HalfMemoryEpochs`)."""
+    half = batch_size // 2
+    return (batch_size - half, half) if memory_batches == "cycle" else (half, batch_size - half)
+
+
 @dataclasses.dataclass(frozen=True)
 class HalfMemoryEpochs:
     """Rainbow Memory: half of each batch from the session stream, half from the memory.
@@ -334,9 +316,7 @@ class HalfMemoryEpochs:
 
     @property
     def split(self) -> tuple[int, int]:
-        """(stream rows, memory rows) of a batch."""
-        half = self.batch_size // 2
-        return (self.batch_size - half, half) if self.memory_batches == "cycle" else (half, self.batch_size - half)
+        return half_memory_split(self.batch_size, self.memory_batches)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -386,11 +366,11 @@ class ClassCenters:
 
     per_session_mean: bool
 
-    def __call__(self, ctx, gallery: Gallery) -> dict:
+    def __call__(self, view: PolicyView, gallery: Gallery) -> dict:
         centers, mask = losses.class_centers(
             gallery.embeddings,
             gallery.labels,
-            ctx.proto.num_classes,
+            view.num_classes,
             gallery_sessions=gallery.sessions,
             per_session_mean=self.per_session_mean,
         )
