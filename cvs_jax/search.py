@@ -3,6 +3,7 @@
     python -m cvs_jax.search --workdir DIR --images a.png b.jpg [--k 5] [--json]
     python -m cvs_jax.search --workdir DIR --images new/*.png --add [--label CLASS]
 
+Example: ``python -m cvs_jax.search --workdir workdirs/demo --images query.png --k 3``.
 (``--images`` takes the files after it, or repeat it: ``--images a.png --images b.jpg``.)
 
 Queries are embedded by the newest session's selected model (the run's last
@@ -97,6 +98,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.mark_flags_as_required(["workdir"], flag_values=flag_values)
 
 
+@cli.command
 def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     """``argv``: what absl left after the flags (program name, then further image files)."""
     fv = flag_values
@@ -177,5 +179,4 @@ def search_or_add(
 
 
 if __name__ == "__main__":
-    define_flags()
-    cli.run(main)
+    cli.run(main, define_flags)
