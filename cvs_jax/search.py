@@ -36,13 +36,7 @@ from absl import flags
 
 from cvs_jax import cli
 from cvs_jax.errors import SearchError, UserError
-from cvs_jax.retrieval.run_reader import Network as Network  # re-exported: the command's library
-from cvs_jax.retrieval.run_reader import Run as Run
-from cvs_jax.retrieval.run_reader import arrival_sessions as arrival_sessions
-from cvs_jax.retrieval.run_reader import check_is_run as check_is_run
-from cvs_jax.retrieval.run_reader import load_each as load_each
-from cvs_jax.retrieval.run_reader import load_images as load_images
-from cvs_jax.retrieval.run_reader import prepare as prepare
+from cvs_jax.retrieval.run_reader import Run, check_is_run, load_each, load_images
 from cvs_jax.rundir import workdir as workdir_lib
 
 _COLUMNS = (  # header, hit key, right-aligned
