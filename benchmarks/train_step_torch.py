@@ -1,7 +1,7 @@
 """The same CVS training step written the way the official PyTorch code runs it, for a speed ratio.
 
 Run beside ``benchmarks/train_step.py`` on the same machine.  The step mirrors the
-official session >= 2 step (spec §1.3-§1.5): the GDumb-style ResNet-18 (CIFAR stem,
+official session >= 2 step (as ivclab/CVS trains it): the GDumb-style ResNet-18 (CIFAR stem,
 conv-BN-ReLU everywhere, no ReLU after the addition, BN eps 1e-6) in train mode, the
 frozen previous model in eval mode under ``no_grad`` on the same batch, the cosine
 classifier at temperature 0.05, the triplet L_m (hardest other-label old embedding via

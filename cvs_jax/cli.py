@@ -1,13 +1,22 @@
-"""What the command-line entry points share: the ``--config`` help, logging, the one error boundary.
+"""What the command-line entry points share: one convention, the ``--config`` help, logging, the one
+error boundary.
 
-Each entry point (``main``, ``compare``, ``search``, ``summarize``) parses absl flags and
-catches ``errors.UserError`` only: it prints one ``error: <message>`` line to stderr and
-exits with status 2.  absl's own flag errors (an unknown flag, a missing required flag, a bad
-value) are reported the same way (``run``).  Every other exception keeps its traceback.
+Every ``python -m cvs_jax.<command>`` module has the same three pieces:
+
+* its docstring is its ``--help``: what the command is for, the fields a user changes, an example;
+* ``define_flags(flag_values=flags.FLAGS)`` defines its absl flags (when it runs, so that tests can
+  import every entry point together, and on a ``FlagValues`` of their own);
+* ``main(argv, flag_values=flags.FLAGS) -> int``, decorated with ``@cli.command``, makes one library
+  call and returns the exit status; ``if __name__ == "__main__": cli.run(main, define_flags)``.
+
+A problem the user must fix (``errors.UserError``) is one ``error: <message>`` line on stderr and
+exit status 2 (``command``); so are absl's own flag errors (an unknown flag, a missing required flag,
+a bad value: ``run``).  Every other exception keeps its traceback.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import Callable
@@ -66,10 +75,26 @@ def enable_compile_cache() -> None:
     jax.config.update("jax_compilation_cache_dir", folder)
 
 
-def run(main: Callable[[list[str]], int | None]) -> None:
-    """``absl.app.run(main)`` whose ``--help`` exits with status 0 (flag errors: one ``error:`` line,
-    exit status 2), with the persistent compilation cache on (``enable_compile_cache``)."""
+def command(main: Callable[[list[str], flags.FlagValues], int]) -> Callable[..., int]:
+    """The one error boundary of an entry point's ``main``: a ``UserError`` becomes one ``error:`` line and
+    exit status 2 (also when a test calls ``main`` in-process); anything else is a bug and keeps its traceback."""
+
+    @functools.wraps(main)
+    def wrapped(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
+        try:
+            return main(argv, flag_values)
+        except UserError as e:
+            return report(e)
+
+    return wrapped
+
+
+def run(main: Callable[[list[str]], int], define_flags: Callable[[], None]) -> None:
+    """Defines the command's flags and runs ``main`` under absl (its return value is the exit status):
+    ``--help`` exits with status 0, flag errors are one ``error:`` line with exit status 2, and the
+    persistent compilation cache is on (``enable_compile_cache``)."""
     enable_compile_cache()
+    define_flags()
     app.define_help_flags()
     for flag in (_HelpFlag(), _HelpshortFlag(), _HelpfullFlag()):
         flags.DEFINE_flag(flag)

@@ -4,6 +4,14 @@ r"""Run several methods on identical splits and seeds and tabulate them like the
         --methods finetune,joint,cvs,ewc@cosine --seeds 0,1,2 [--fixed_split | --split_seed=N] \
         [--config.<key>=<value> ...]
 
+Example (three methods, two seeds, on the offline Fashion-MNIST demo; rerun it to resume):
+
+    python -m cvs_jax.compare --config configs/fashion_mnist_general.py --workdir workdirs/cmp \
+        --methods finetune,cvs,ewc@cosine --seeds 0,1 --config.train.epochs=2
+
+Fields you usually change: ``--methods``, ``--seeds``, ``--fixed_split``, and any config field with
+``--config.<field>=<value>`` (it applies to every entry), e.g. ``train.epochs``, ``memory.budget``.
+
 An entry of ``--methods`` is a method, trained with ``model.head`` as configured (default
 "official": the method's reference head), or ``method@head`` (``cosine`` / ``linear_reset``) to
 train it with that head: ``ewc,ewc@cosine`` compares the fork's EWC with its head and with CVS's.
@@ -45,9 +53,7 @@ each run also locks its own workdir.  Any other problem to fix ends with one
 
 from __future__ import annotations
 
-import sys
-
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from cvs_jax import cli
@@ -57,66 +63,70 @@ from cvs_jax.errors import UserError
 from cvs_jax.methods.registry import METHODS
 from cvs_jax.models.heads import HEADS
 
-FLAGS = flags.FLAGS
 
-
-def define_flags() -> None:
-    """The command's flags (defined when it runs, so that tests can import every entry point together)."""
-    config_flags.DEFINE_config_file("config", None, cli.config_help(), lock_config=True)
-    flags.DEFINE_string("workdir", None, "Directory for all runs and the comparison table.")
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    fv = flag_values
+    config_flags.DEFINE_config_file("config", None, cli.config_help(), lock_config=True, flag_values=fv)
+    flags.DEFINE_string("workdir", None, "Directory for all runs and the comparison table.", flag_values=fv)
     flags.DEFINE_list(
         "methods",
         ["finetune", "joint", "cvs"],
         f"Methods to compare, from: {', '.join(METHODS)}; method@head (head: {', '.join(HEADS)}) trains the "
         "method with that head instead of model.head; entry+field=value (repeatable) overrides config fields "
         "for that entry alone, e.g. rainbow+rainbow.memory=herding.",
+        flag_values=fv,
     )
     flags.DEFINE_list(
         "seeds",
         ["0"],
         "Seeds: each drives initialisation, augmentation and data order, and also the split unless "
         "--fixed_split / --split_seed is given.",
+        flag_values=fv,
     )
     flags.DEFINE_bool(
         "fixed_split",
         False,
         "Run every seed on one session plan (class order + image split): that of --split_seed, else of "
         "config.split_seed, else of the first seed (the official code fixes the split and varies the run).",
+        flag_values=fv,
     )
-    flags.DEFINE_integer("split_seed", None, "Seed of the one session plan every run uses (implies --fixed_split).")
+    flags.DEFINE_integer(
+        "split_seed", None, "Seed of the one session plan every run uses (implies --fixed_split).", flag_values=fv
+    )
     flags.DEFINE_bool(
         "population",
         False,
         "Train each method's seeds as one population (cvs_jax/engine/population.py: one vmapped step for all of "
         "them; the seeds must be consecutive, k..k+N-1); implies --fixed_split.  Same DIR/seed<k>/<method> "
         "layout; DIR/population/<method>/ holds the population's config and population.json.",
+        flag_values=fv,
     )
     flags.DEFINE_bool(
         "tabulate",
         False,
         "Run nothing: build the tables from the runs already in DIR (results.json: finished; diverged.json: "
         "stopped by the NaN guard; neither: not finished, left out), e.g. while a long comparison runs.",
+        flag_values=fv,
     )
-    flags.mark_flags_as_required(["config", "workdir"])
+    flags.mark_flags_as_required(["config", "workdir"], flag_values=fv)
 
 
-def main(argv):
+@cli.command
+def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
+    fv = flag_values
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not all(s.strip().lstrip("-").isdigit() for s in FLAGS.seeds):
-        raise app.UsageError(f"--seeds={','.join(FLAGS.seeds)}: give integers, e.g. --seeds 0,1,2")
-    seeds = [int(s) for s in FLAGS.seeds]
-    split_seed = FLAGS.split_seed
-    if split_seed is None and FLAGS.fixed_split:
-        split_seed = FLAGS.config.split_seed if FLAGS.config.split_seed is not None else seeds[0]
+        raise UserError(f"unexpected arguments: {argv[1:]}; pass --config, --workdir, --methods and --seeds.")
+    if not all(s.strip().lstrip("-").isdigit() for s in fv.seeds):
+        raise UserError(f"--seeds={','.join(fv.seeds)}: give integers, e.g. --seeds 0,1,2")
+    seeds = [int(s) for s in fv.seeds]
+    split_seed = fv.split_seed
+    if split_seed is None and fv.fixed_split:
+        split_seed = fv.config.split_seed if fv.config.split_seed is not None else seeds[0]
     cli.quiet_logging()
-    determinism.apply(FLAGS.config.deterministic)  # before the first JAX computation
-    try:
-        run_comparison(FLAGS.config, FLAGS.workdir, FLAGS.methods, seeds, split_seed, FLAGS.population, FLAGS.tabulate)
-    except UserError as e:  # a problem the user must fix: one line, no traceback; anything else is a bug
-        sys.exit(cli.report(e))
+    determinism.apply(fv.config.deterministic)  # before the first JAX computation
+    run_comparison(fv.config, fv.workdir, fv.methods, seeds, split_seed, fv.population, fv.tabulate)
+    return 0
 
 
 if __name__ == "__main__":
-    define_flags()
-    cli.run(main)
+    cli.run(main, define_flags)

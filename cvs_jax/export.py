@@ -2,6 +2,9 @@
 
     python -m cvs_jax.export --workdir W --out DIR [--overwrite]
 
+Example: ``python -m cvs_jax.export --workdir workdirs/demo --out exports/demo`` (then, in Python,
+``cvs_jax.export.load("exports/demo").embed(["query.png"])``).
+
 Writes, from the run's newest completed session (as ``search`` reads it):
 
 * ``embeddings.npy``: float32 [N, D], every gallery row in gallery order, then the ``--add`` rows,
@@ -149,16 +152,14 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.mark_flags_as_required(["workdir", "out"], flag_values=flag_values)
 
 
+@cli.command
 def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     """``argv``: what absl left after the flags (the program name only); returns the exit status."""
     fv = flag_values
     cli.quiet_logging()  # orbax logs every file it reads at INFO
     if len(argv) > 1:
-        return cli.report(ExportError(f"unexpected arguments {' '.join(argv[1:])}; pass --workdir and --out."))
-    try:
-        info = export(fv.workdir, fv.out, overwrite=fv.overwrite)
-    except UserError as e:  # a problem the user must fix: one line, no traceback; anything else is a bug
-        return cli.report(e)
+        raise ExportError(f"unexpected arguments {' '.join(argv[1:])}; pass --workdir and --out.")
+    info = export(fv.workdir, fv.out, overwrite=fv.overwrite)
     print(
         f"exported {info['rows']} gallery rows (embed_dim {info['embed_dim']}, model of session "
         f"{info['session']}) to {fv.out}: {', '.join(FILES)}"
@@ -167,5 +168,4 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
 
 
 if __name__ == "__main__":
-    define_flags()
-    cli.run(main)
+    cli.run(main, define_flags)

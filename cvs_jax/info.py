@@ -1,5 +1,7 @@
 """What a run holds: ``python -m cvs_jax.info --workdir W [--json]``.
 
+Example: ``python -m cvs_jax.info --workdir workdirs/demo`` (``--json`` for a script to read).
+
 Reads the workdir only (``config.json``, ``protocol.json``, ``results.json`` and the gallery of the
 newest completed session, as ``search`` reads it; no dataset, no photo folder):
 
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import numpy as np
 from absl import flags
@@ -126,18 +127,15 @@ def format_info(info: dict) -> str:
     return "\n".join(lines)
 
 
+@cli.command
 def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     cli.quiet_logging()
-    try:
-        if len(argv) > 1:
-            raise UserError(f"unexpected arguments {' '.join(argv[1:])}; pass --workdir (and --json).")
-        info = describe(flag_values.workdir)
-    except UserError as e:
-        return cli.report(e)
+    if len(argv) > 1:
+        raise UserError(f"unexpected arguments {' '.join(argv[1:])}; pass --workdir (and --json).")
+    info = describe(flag_values.workdir)
     print(json.dumps(info, indent=1, ensure_ascii=False) if flag_values.json else format_info(info))
     return 0
 
 
 if __name__ == "__main__":
-    define_flags()
-    cli.run(lambda argv: sys.exit(main(argv)))
+    cli.run(main, define_flags)

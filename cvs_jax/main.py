@@ -1,9 +1,19 @@
-"""Train and evaluate one method: ``python -m cvs_jax.main --config configs/<name>.py[:<variant>] --workdir DIR``.
+"""Train and evaluate one continual-visual-search method over the sessions of a config.
 
-Any config field can be overridden with ``--config.<key>=<value>``; an unknown key
-is refused by ml_collections before anything runs.  Rerunning the same command
-resumes after the last completed session.  A problem to fix (config, data, weights,
-a busy workdir) ends with one ``error: ...`` line and exit status 2.
+    python -m cvs_jax.main --config configs/<name>.py[:<variant>] --workdir DIR [--config.<field>=<value> ...]
+
+Example (the offline Fashion-MNIST demo, CVS, 2 epochs per session):
+
+    python -m cvs_jax.main --config configs/fashion_mnist_general.py --workdir workdirs/demo \
+        --config.method=cvs --config.train.epochs=2
+
+Fields you usually change (any field of configs/base.py works; an unknown one is refused before anything
+runs): ``method``, ``seed``, ``train.epochs``, ``train.lr``, ``train.batch_size``, ``memory.budget``,
+``model.head``, ``data.manual_dir`` (where the dataset's files are), ``data.num_sessions``,
+``population`` (N members of one method in one vmapped step).
+
+Rerunning the same command resumes after the last checkpoint.  A problem to fix (config, data,
+weights, a busy workdir) ends with one ``error: ...`` line and exit status 2.
 
 Your own photos: ``--config configs/image_folder_general.py --config.data.manual_dir=PHOTOS`` (class
 folders, train/ + test/ folders or a CSV manifest); then ``python -m cvs_jax.update --workdir W
@@ -13,38 +23,33 @@ query the gallery and ``python -m cvs_jax.export --workdir W --out DIR`` for an 
 
 from __future__ import annotations
 
-import sys
-
 import tensorflow_datasets as tfds
 from absl import flags
 from ml_collections import config_flags
 
 from cvs_jax import cli
 from cvs_jax.engine import determinism, runner
-from cvs_jax.errors import ConfigError, UserError
-
-FLAGS = flags.FLAGS
+from cvs_jax.errors import ConfigError
 
 
-def define_flags() -> None:
-    """The command's flags (defined when it runs, so that tests can import every entry point together)."""
-    config_flags.DEFINE_config_file("config", None, cli.config_help(), lock_config=True)
-    flags.DEFINE_string("workdir", None, "Directory for checkpoints, gallery, metrics and results.")
-    flags.mark_flags_as_required(["config", "workdir"])
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    config_flags.DEFINE_config_file("config", None, cli.config_help(), lock_config=True, flag_values=flag_values)
+    flags.DEFINE_string(
+        "workdir", None, "Directory for checkpoints, gallery, metrics and results.", flag_values=flag_values
+    )
+    flags.mark_flags_as_required(["config", "workdir"], flag_values=flag_values)
 
 
-def main(argv):
+@cli.command
+def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     if len(argv) > 1:
-        sys.exit(cli.report(ConfigError(f"unexpected arguments: {argv[1:]}; pass --config and --workdir only.")))
+        raise ConfigError(f"unexpected arguments: {argv[1:]}; pass --config and --workdir only.")
     cli.quiet_logging()
     tfds.disable_progress_bar()  # one-off dataset preparation; our own progress lines follow
-    determinism.apply(FLAGS.config.deterministic)  # before the first JAX computation
-    try:
-        runner.run(FLAGS.config, FLAGS.workdir)
-    except UserError as e:  # a problem the user must fix: one line, no traceback; anything else is a bug
-        sys.exit(cli.report(e))
+    determinism.apply(flag_values.config.deterministic)  # before the first JAX computation
+    runner.run(flag_values.config, flag_values.workdir)
+    return 0
 
 
 if __name__ == "__main__":
-    define_flags()
-    cli.run(main)
+    cli.run(main, define_flags)

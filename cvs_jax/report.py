@@ -7,15 +7,16 @@ session, the compatibility matrix as a heatmap, what each session brought, the t
 gallery samples), the page a run and every ``update`` rewrite after each session; use it to
 rebuild the page of a run made before pages existed, or while a run trains (it reads only finished
 checkpoints and writes nothing else).  For a ``compare`` folder (it holds ``comparison.json``) it
-writes ``W/comparison.html``.  Prints the page's path.  A problem to fix ends with one
-``error: ...`` line and exit status 2.
+writes ``W/comparison.html``.  Prints the page's path.  A problem to fix ends with one ``error: ...``
+line and exit status 2.
+
+Example: ``python -m cvs_jax.report --workdir workdirs/mine`` after a run or an ``update``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 
 from absl import flags
 
@@ -47,19 +48,16 @@ def write_page(workdir: str) -> str:
     return run_page.write(workdir)
 
 
+@cli.command
 def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     cli.quiet_logging()
-    try:
-        if len(argv) > 1:
-            raise UserError(f"unexpected arguments {' '.join(argv[1:])}; pass --workdir only.")
-        if not os.path.isdir(flag_values.workdir):
-            raise UserError(f"--workdir {flag_values.workdir} is not a folder; pass a run's or a comparison's.")
-        print(write_page(flag_values.workdir))
-    except UserError as e:
-        return cli.report(e)
+    if len(argv) > 1:
+        raise UserError(f"unexpected arguments {' '.join(argv[1:])}; pass --workdir only.")
+    if not os.path.isdir(flag_values.workdir):
+        raise UserError(f"--workdir {flag_values.workdir} is not a folder; pass a run's or a comparison's.")
+    print(write_page(flag_values.workdir))
     return 0
 
 
 if __name__ == "__main__":
-    define_flags()
-    cli.run(lambda argv: sys.exit(main(argv)))
+    cli.run(main, define_flags)

@@ -3,6 +3,10 @@ r"""The paper's tables beside our runs, and the plan that produces every cell.
     python -m cvs_jax.reproduce DIR [DIR ...] [--output_json PATH]
     python -m cvs_jax.reproduce --plan [--plan_seeds 0,1,2] [--plan_workdir workdirs/paper]
 
+Example: ``python -m cvs_jax.reproduce --plan`` prints the commands (and GPU hours) of every cell;
+after running some of them, ``python -m cvs_jax.reproduce workdirs/paper/*`` tabulates them.
+Flags you change: ``--plan_seeds``, ``--plan_workdir`` and ``--output_json`` (all below).
+
 With result directories (from ``compare``: each holds ``comparison.json`` and the runs under
 ``seed<k>/<method>/``; a single run's workdir with ``results.json`` works too), prints the
 paper's Table 1 (AR@1/2/4 of Joint / Finetune / BCT / CVS on CIFAR-100 and Tiny-ImageNet,
@@ -30,7 +34,7 @@ import json
 import os
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from cvs_jax import cli
 from cvs_jax.data import splits
@@ -38,8 +42,6 @@ from cvs_jax.errors import UserError
 from cvs_jax.reports import paper_results, statistics
 from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
-
-FLAGS = flags.FLAGS
 
 # ---------------------------------------------------------------- the plan's cost model
 
@@ -466,38 +468,42 @@ def report(cells: list[dict], runs: list[Run], dirs: list[str]) -> str:
 # ---------------------------------------------------------------- entry point
 
 
-def define_flags() -> None:
-    flags.DEFINE_bool("plan", False, "Print the command and the estimated GPU hours of every cell instead.")
-    flags.DEFINE_list("plan_seeds", ["0", "1", "2"], "Seeds in the --plan commands (the paper's 3-run means).")
-    flags.DEFINE_string("plan_workdir", "workdirs/paper", "Parent directory of the --plan commands' workdirs.")
-    flags.DEFINE_string("output_json", None, "Also write the table (or the plan) as JSON to this file.")
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    fv = flag_values
+    flags.DEFINE_bool(
+        "plan", False, "Print the command and the estimated GPU hours of every cell instead.", flag_values=fv
+    )
+    flags.DEFINE_list(
+        "plan_seeds", ["0", "1", "2"], "Seeds in the --plan commands (the paper's 3-run means).", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "plan_workdir", "workdirs/paper", "Parent directory of the --plan commands' workdirs.", flag_values=fv
+    )
+    flags.DEFINE_string("output_json", None, "Also write the table (or the plan) as JSON to this file.", flag_values=fv)
 
 
-def main(argv: list[str]) -> int:
+@cli.command
+def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     """``argv``: what absl left after the flags (program name, then the result directories)."""
-    dirs = argv[1:]
-    if FLAGS.plan and dirs:
-        raise app.UsageError("--plan reads no result directories; drop them or drop --plan")
-    if not FLAGS.plan and not dirs:
-        raise app.UsageError("name at least one result directory (a compare --workdir), or pass --plan")
-    if not all(s.strip().lstrip("-").isdigit() for s in FLAGS.plan_seeds):
-        raise app.UsageError(f"--plan_seeds={','.join(FLAGS.plan_seeds)}: give integers, e.g. --plan_seeds 0,1,2")
-    try:
-        if FLAGS.plan:
-            text, data = plan([int(s) for s in FLAGS.plan_seeds], FLAGS.plan_workdir.rstrip("/"))
-        else:
-            runs = find_runs(dirs)
-            cells = match(runs)
-            text, data = report(cells, runs, dirs), {"cells": cells}
-        print(text)
-        if FLAGS.output_json:
-            with open(FLAGS.output_json, "w") as f:
-                json.dump(data, f, indent=1)
-    except UserError as e:  # a problem the user must fix: one line, no traceback; anything else is a bug
-        return cli.report(e)
+    fv, dirs = flag_values, argv[1:]
+    if fv.plan and dirs:
+        raise UserError("--plan reads no result directories; drop them or drop --plan")
+    if not fv.plan and not dirs:
+        raise UserError("name at least one result directory (a compare --workdir), or pass --plan")
+    if not all(s.strip().lstrip("-").isdigit() for s in fv.plan_seeds):
+        raise UserError(f"--plan_seeds={','.join(fv.plan_seeds)}: give integers, e.g. --plan_seeds 0,1,2")
+    if fv.plan:
+        text, data = plan([int(s) for s in fv.plan_seeds], fv.plan_workdir.rstrip("/"))
+    else:
+        runs = find_runs(dirs)
+        cells = match(runs)
+        text, data = report(cells, runs, dirs), {"cells": cells}
+    print(text)
+    if fv.output_json:
+        with open(fv.output_json, "w") as f:
+            json.dump(data, f, indent=1)
     return 0
 
 
 if __name__ == "__main__":
-    define_flags()
-    cli.run(main)
+    cli.run(main, define_flags)

@@ -4,6 +4,7 @@
     python -m cvs_jax.search --workdir DIR --images new/*.png --add [--label CLASS]
     python -m cvs_jax.search --workdir DIR --images a.png b.jpg --html hits.html [--label CLASS]
 
+Example: ``python -m cvs_jax.search --workdir workdirs/demo --images query.png --k 3``.
 (``--images`` takes the files after it, or repeat it: ``--images a.png --images b.jpg``.)
 
 Queries are embedded by the newest session's selected model (the run's last
@@ -44,13 +45,7 @@ from cvs_jax import cli
 from cvs_jax.errors import SearchError, UserError
 from cvs_jax.reports import html as html_lib
 from cvs_jax.reports import search_page
-from cvs_jax.retrieval.run_reader import Network as Network  # re-exported: the command's library
-from cvs_jax.retrieval.run_reader import Run as Run
-from cvs_jax.retrieval.run_reader import arrival_sessions as arrival_sessions
-from cvs_jax.retrieval.run_reader import check_is_run as check_is_run
-from cvs_jax.retrieval.run_reader import load_each as load_each
-from cvs_jax.retrieval.run_reader import load_images as load_images
-from cvs_jax.retrieval.run_reader import prepare as prepare
+from cvs_jax.retrieval.run_reader import Run, check_is_run, load_each, load_images
 from cvs_jax.rundir import workdir as workdir_lib
 
 _COLUMNS = (  # header, hit key, right-aligned
@@ -134,6 +129,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.mark_flags_as_required(["workdir"], flag_values=flag_values)
 
 
+@cli.command
 def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     """``argv``: what absl left after the flags (program name, then further image files)."""
     fv = flag_values
@@ -231,5 +227,4 @@ def search_or_add(
 
 
 if __name__ == "__main__":
-    define_flags()
-    cli.run(main)
+    cli.run(main, define_flags)

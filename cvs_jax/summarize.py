@@ -1,6 +1,13 @@
-"""Prints one table comparing finished runs: ``python -m cvs_jax.summarize WORKDIR [WORKDIR ...]``.
+"""Print one table comparing finished runs: per-session recall@1 and AR@K, in percent.
 
-Reads each run's ``results.json``: per-session recall@1 and AR@K (in %).
+    python -m cvs_jax.summarize WORKDIR [WORKDIR ...]
+
+Example (two runs of python -m cvs_jax.main on one config):
+
+    python -m cvs_jax.summarize workdirs/finetune workdirs/cvs
+
+No flags: name the ``--workdir`` of each run; each must hold ``results.json`` (a finished run).
+For tables over seeds with confidence intervals use ``python -m cvs_jax.compare``.
 """
 
 from __future__ import annotations
@@ -8,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 
-from absl import app
+from absl import flags
 
 from cvs_jax import cli
 from cvs_jax.errors import UserError
@@ -45,16 +52,19 @@ def summarize(workdirs: list[str]) -> str:
     return f"{results[0]['dataset']} / {results[0]['setup']} (recall in %)\n{summary_table(results)}"
 
 
-def main(argv: list[str]) -> int:
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """None: the command reads its workdirs from the arguments."""
+    del flag_values
+
+
+@cli.command
+def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     """``argv``: what absl left after the flags (program name, then the workdirs)."""
     if len(argv) < 2:
-        raise app.UsageError("name at least one WORKDIR")
-    try:
-        print(summarize(argv[1:]))
-    except UserError as e:  # a problem the user must fix: one line, no traceback; anything else is a bug
-        return cli.report(e)
+        raise UserError("name at least one WORKDIR, e.g. python -m cvs_jax.summarize workdirs/cvs")
+    print(summarize(argv[1:]))
     return 0
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, define_flags)

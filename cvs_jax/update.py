@@ -2,6 +2,10 @@
 
     python -m cvs_jax.update --workdir W --data DIR_or_CSV [--config.data.on_corrupt=skip]
 
+Example: ``python -m cvs_jax.update --workdir workdirs/photos --data photos/2026-03`` after a run of
+``python -m cvs_jax.main --config configs/image_folder_general.py --workdir workdirs/photos
+--config.data.manual_dir=photos/first``.  The only config field it takes is ``data.on_corrupt``.
+
 ``DIR_or_CSV`` is read as ``data.name=image_folder`` reads its folder (class folders, train/ +
 test/ folders, or a CSV manifest; ``folder_inventory``).  Its classes may be new or known (matched
 by name).  The run's config applies unchanged (method, recipe, memory budget, stored size); the
@@ -27,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import ml_collections
 import numpy as np
@@ -184,9 +187,10 @@ def update(workdir: str, data: str, overrides: dict | None = None) -> int:
     return 0
 
 
+@cli.command
 def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     if len(argv) > 1:
-        return cli.report(ConfigError(f"unexpected arguments: {argv[1:]}"))
+        raise ConfigError(f"unexpected arguments: {argv[1:]}; pass --workdir and --data.")
     cli.quiet_logging()
     tfds.disable_progress_bar()
     overrides = {f: flag_values[f"config.{f}"].value for f in UPDATE_FIELDS if flag_values[f"config.{f}"].present}
@@ -194,5 +198,4 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
 
 
 if __name__ == "__main__":
-    define_flags()
-    cli.run(lambda argv: sys.exit(main(argv)))
+    cli.run(main, define_flags)

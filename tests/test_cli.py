@@ -27,8 +27,7 @@ FAKE_MAIN = textwrap.dedent(
         raise RuntimeError("a bug in the trainer")
 
     runner.run = run
-    main.define_flags()
-    cli.run(main.main)
+    cli.run(main.main, main.define_flags)
     """
 )
 

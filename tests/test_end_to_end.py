@@ -106,7 +106,7 @@ def test_streamed_records_give_the_in_memory_results(manual_dir, tmp_path):
     assert isinstance(streamed.dataset.train, records.StoreSplit)
     assert isinstance(in_ram.dataset.train, sources.Split)
     idx = np.random.default_rng(0).permutation(len(in_ram.dataset.train))[:50]
-    np.testing.assert_array_equal(streamed.train_batch(idx), in_ram.train_batch(idx))
+    np.testing.assert_array_equal(streamed.dataset.train.read(idx), in_ram.dataset.train.read(idx))
     np.testing.assert_array_equal(streamed.dataset.train.labels, in_ram.dataset.train.labels)
     tidx = np.array([99, 3, 42, 3])
     np.testing.assert_array_equal(np.asarray(streamed.test_images(tidx)), in_ram.dataset.test.images[tidx])

@@ -15,6 +15,7 @@ from PIL import Image
 from cvs_jax import export, search
 from cvs_jax.data import sources
 from cvs_jax.engine import runner
+from cvs_jax.retrieval import run_reader
 from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 
 # The README's "Export to an ANN index" snippet, run verbatim by test_faiss_answers_as_search
@@ -71,7 +72,7 @@ def _query_files(images: np.ndarray, directory) -> list[str]:
 
 def test_export_round_trip(exported_run):
     wd, out, data = exported_run
-    run = search.Run(wd)
+    run = run_reader.Run(wd)
     assert sorted(os.listdir(out)) == sorted(export.FILES)
     rows = run.rows
     emb = np.load(os.path.join(out, "embeddings.npy"))
@@ -116,14 +117,14 @@ def test_faiss_answers_as_search(exported_run, tmp_path):
     exec(FAISS_SNIPPET, scope)  # noqa: S102 -- the README's snippet, verbatim
     scores, ids = scope["scores"], scope["ids"]
     assert isinstance(scope["index"], faiss.IndexFlatIP) and ids.shape == (100, 5)
-    run = search.Run(wd)
-    hits = run.search(search.load_images(query_paths, run.image_shape), k=1)
+    run = run_reader.Run(wd)
+    hits = run.search(run_reader.load_images(query_paths, run.image_shape), k=1)
     for q, (h,) in enumerate(hits):
         assert abs(float(scores[q, 0]) - h["score"]) < 1e-5, (q, scores[q, 0], h)
         if int(ids[q, 0]) != h["row"]:  # an exact tie may be broken either way: the rows score the same
             emb = np.load(os.path.join(out, "embeddings.npy"))
             emb = emb / np.linalg.norm(emb, axis=1, keepdims=True)
-            query = run.embed(search.load_images([query_paths[q]], run.image_shape))[0]
+            query = run.embed(run_reader.load_images([query_paths[q]], run.image_shape))[0]
             query = query / np.linalg.norm(query)
             assert abs(float(emb[int(ids[q, 0])] @ query) - float(emb[h["row"]] @ query)) < 1e-5, (q, h)
 

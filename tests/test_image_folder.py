@@ -15,11 +15,12 @@ import pytest
 from PIL import Image
 
 from configs import image_folder_general
-from cvs_jax import search, update
+from cvs_jax import update
 from cvs_jax.data import records, sources
 from cvs_jax.data.builders import _resize
 from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError, DataError
+from cvs_jax.retrieval import run_reader
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMATS = (("png", "PNG"), ("jpg", "JPEG"), ("webp", "WEBP"), ("bmp", "BMP"))
@@ -132,7 +133,7 @@ def _outcome(workdir):
         res = json.load(f)
     for r in res["per_session"]:
         r.pop("seconds")
-    run = search.Run(workdir)
+    run = run_reader.Run(workdir)
     return res["per_session"], np.asarray(run.gallery.embeddings), run
 
 
@@ -157,7 +158,7 @@ def test_main_then_two_updates_equal_one_manifest_run(folders, tmp_path):
 
     # search shows the files the gallery rows came from
     hits = got[2].search(
-        search.prepare([os.path.join(folders[2], "test", "fox", "2 img 0.png")], got[2].image_shape), 3
+        run_reader.prepare([os.path.join(folders[2], "test", "fox", "2 img 0.png")], got[2].image_shape), 3
     )
     for h in hits[0]:
         assert os.path.isfile(h["source"])

@@ -21,6 +21,7 @@ from cvs_jax import cli, export, info, search, update
 from cvs_jax.data import sources, user_sessions
 from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError, DataError
+from cvs_jax.retrieval import run_reader
 from cvs_jax.rundir import workdir as workdir_lib
 from tests.test_image_folder import SESSIONS, _image, config, write_folder
 
@@ -180,8 +181,8 @@ def test_moved_folder_search_export_update(trained, run_copy, tmp_path, capsys):
     moved = first + "-moved"
     os.rename(first, moved)
     try:
-        run = search.Run(wd)
-        hits = run.search(search.load_images([str(tmp_path / "q.png")], run.image_shape), 3)
+        run = run_reader.Run(wd)
+        hits = run.search(run_reader.load_images([str(tmp_path / "q.png")], run.image_shape), 3)
         assert all(h["source"].startswith(first + os.sep) for h in hits[0]), hits  # the paths the run was given
         info = export.export(wd, str(tmp_path / "export"))
         assert info["rows"] == len(run.rows)
@@ -288,7 +289,7 @@ def test_add_refuses_bytes_already_in_the_run(trained, run_copy, tmp_path, capsy
     assert "unlabelled" in capsys.readouterr().err
     assert search.search_or_add(wd, [new], add=True, label="ant") == 2  # added once already
     assert search.search_or_add(wd, [new, known], add=True, label="ant", force=True) == 0
-    assert len(search.Run(wd).added) == 3
+    assert len(run_reader.Run(wd).added) == 3
 
 
 def test_degenerate_images_are_named_in_a_warning(tmp_path, capsys):

@@ -52,12 +52,12 @@ def tree_equal(a, b) -> bool:
 
 def test_cadence_events():
     c = cadence.Cadence(steps_per_epoch=5, log_every=2, checkpoint_every=3)
-    ev = {s: c.after(s) for s in range(1, 11)}
+    ev = {s: c.between(s - 1, s) for s in range(1, 11)}  # one step per call
     assert [s for s, e in ev.items() if e.epoch_end] == [5, 10]
     assert [s for s, e in ev.items() if e.checkpoint] == [3, 6, 9]
     assert [s for s, e in ev.items() if e.log] == [2, 4, 6, 8]  # never on an epoch end (it has its own line)
     quiet = cadence.Cadence(steps_per_epoch=4)
-    assert not any(quiet.after(s).checkpoint or quiet.after(s).log for s in range(1, 9))
+    assert not any(quiet.between(s - 1, s).checkpoint or quiet.between(s - 1, s).log for s in range(1, 9))
 
 
 # ---------------------------------------------------------------- the session's batches

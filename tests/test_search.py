@@ -14,6 +14,7 @@ from cvs_jax import search
 from cvs_jax.data import sources
 from cvs_jax.data.builders import _resize
 from cvs_jax.engine import runner
+from cvs_jax.retrieval import run_reader
 from cvs_jax.retrieval.gallery import Gallery, GalleryPart
 from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.testing.tiny_data import fake_class_image, tiny_config, write_fashion_idx
@@ -74,17 +75,17 @@ def test_to_stored_is_the_builders_rule(tmp_path):
     # search reads files (RGB photo for a grey dataset, grey picture for an RGB one) and arrays the same way
     rgb.save(tmp_path / "wide.png")
     grey.save(tmp_path / "grey.png")
-    np.testing.assert_array_equal(search.load_images([str(tmp_path / "wide.png")], (28, 28, 1))[0], got)
+    np.testing.assert_array_equal(run_reader.load_images([str(tmp_path / "wide.png")], (28, 28, 1))[0], got)
     np.testing.assert_array_equal(
-        search.load_images([str(tmp_path / "grey.png")], (32, 32, 3))[0], _resize.to_square_uint8(grey, 32)
+        run_reader.load_images([str(tmp_path / "grey.png")], (32, 32, 3))[0], _resize.to_square_uint8(grey, 32)
     )
     stored = np.asarray(grey.resize((28, 28)), np.uint8)[..., None]
-    np.testing.assert_array_equal(search.prepare([stored, np.asarray(grey)], (28, 28, 1)), np.stack([stored, got]))
+    np.testing.assert_array_equal(run_reader.prepare([stored, np.asarray(grey)], (28, 28, 1)), np.stack([stored, got]))
 
 
 def test_gallery_image_finds_its_own_row_first(finished_run, train_images, tmp_path, capsys):
     wd, _ = finished_run
-    run = search.Run(wd)
+    run = run_reader.Run(wd)
     paths, rows = [], []
     newest = np.flatnonzero(run.gallery.sessions == run.session)
     for row in (newest[0], newest[-1]):  # rows embedded by the same (newest) model as the queries
@@ -102,7 +103,7 @@ def test_gallery_image_finds_its_own_row_first(finished_run, train_images, tmp_p
     rows.append(row)
     assert _cli(["--workdir", wd, "--images", *paths, "--k", "3"]) == 0  # the README's form
     out = capsys.readouterr().out
-    hits = run.search(search.load_images(paths, run.image_shape), k=3)
+    hits = run.search(run_reader.load_images(paths, run.image_shape), k=3)
     for h, row in zip(hits, rows):
         assert _own_row_first(h, row), (row, h)
         assert h[0]["score"] > 0.999 and h[0]["label"] == run.gallery.labels[row]
@@ -111,7 +112,7 @@ def test_gallery_image_finds_its_own_row_first(finished_run, train_images, tmp_p
 
 def test_hits_show_source_class_and_sessions(finished_run, train_images, tmp_path, capsys, monkeypatch):
     wd, _ = finished_run
-    run = search.Run(wd)
+    run = run_reader.Run(wd)
     row = int(np.flatnonzero(run.gallery.sessions == run.session)[0])
     src = int(run.gallery.source_ids[row])
     path = str(tmp_path / "q.png")
@@ -135,7 +136,7 @@ def test_hits_show_source_class_and_sessions(finished_run, train_images, tmp_pat
             monkeypatch.delattr(sources, "source_names", raising=False)
         else:
             monkeypatch.setattr(sources, "source_names", fallback, raising=False)
-        top = search.Run(wd).search(search.load_images([path], run.image_shape), k=1)[0][0]
+        top = run_reader.Run(wd).search(run_reader.load_images([path], run.image_shape), k=1)[0][0]
         assert top["source"] == f"train[{int(run.gallery.source_ids[top['row']])}]"
 
 
@@ -149,10 +150,10 @@ def test_arrival_session_is_the_first_part_holding_the_image():
     for p in parts:
         gallery = gallery.with_part(p)
     log = [(p.session, p.source_ids) for p in parts]
-    np.testing.assert_array_equal(search.arrival_sessions(log, gallery), [1, 0, 0, 2])  # joint: all by model 2
+    np.testing.assert_array_equal(run_reader.arrival_sessions(log, gallery), [1, 0, 0, 2])  # joint: all by model 2
     np.testing.assert_array_equal(gallery.sessions, [2, 2, 2, 2])
     kept = Gallery.empty(2).with_part(part(0, [5, 3])).with_part(part(1, [7]))
-    np.testing.assert_array_equal(search.arrival_sessions([(0, [5, 3]), (1, [7])], kept), [0, 0, 1])
+    np.testing.assert_array_equal(run_reader.arrival_sessions([(0, [5, 3]), (1, [7])], kept), [0, 0, 1])
 
 
 # --- --add -------------------------------------------------------------------------------------------
@@ -160,7 +161,7 @@ def test_arrival_session_is_the_first_part_holding_the_image():
 
 def test_add_ingests_images_with_the_newest_model(run_copy, tmp_path, capsys):
     wd = run_copy
-    before = search.Run(wd)
+    before = run_reader.Run(wd)
     img = (np.random.default_rng(0).uniform(0, 255, (28, 28))).astype(np.uint8)
     path = str(tmp_path / "new.png")
     Image.fromarray(img).save(path)
@@ -169,11 +170,11 @@ def test_add_ingests_images_with_the_newest_model(run_copy, tmp_path, capsys):
         assert search.search_or_add(wd, [path], add=True, label=name) == 2
     assert "is in use by pid" in capsys.readouterr().err
     assert _cli(["--workdir", wd, "--images", path, "--add", "--label", name]) == 0
-    after = search.Run(wd)
+    after = run_reader.Run(wd)
     assert len(after.added) == 1 and after.added.labels[0] == 0
     assert after.added.sessions[0] == before.session
     np.testing.assert_array_equal(after.gallery.embeddings, before.gallery.embeddings)  # stored rows untouched
-    top = after.search(search.load_images([path], after.image_shape), k=1)[0][0]
+    top = after.search(run_reader.load_images([path], after.image_shape), k=1)[0][0]
     assert top["source"] == os.path.abspath(path) and top["score"] > 0.999
     assert top["row"] == len(after.gallery) and top["arrival_session"] == top["model_session"] == after.session + 1
 
@@ -182,7 +183,7 @@ def test_added_rows_keep_the_session_of_their_model(run_copy, tmp_path):
     """Rows added while the run had one session keep that model's session when the run grows."""
     wd = run_copy
     sessions = os.path.join(wd, "checkpoints", "sessions")
-    last = search.Run(wd).session
+    last = run_reader.Run(wd).session
     shutil.move(os.path.join(sessions, str(last)), tmp_path / "held")  # the run before its last session
     paths = []
     for i in range(3):
@@ -191,7 +192,7 @@ def test_added_rows_keep_the_session_of_their_model(run_copy, tmp_path):
     assert search.search_or_add(wd, paths[:2], add=True) == 0
     shutil.move(tmp_path / "held", os.path.join(sessions, str(last)))  # the last session completes
     assert search.search_or_add(wd, paths[2:], add=True, label="0") == 0
-    run = search.Run(wd)
+    run = run_reader.Run(wd)
     n = len(run.gallery)
     assert [run.describe(n + j)["model_session"] for j in range(3)] == [last, last, last + 1]
     assert [run.source(n + j) for j in range(3)] == [os.path.abspath(p) for p in paths]
@@ -210,7 +211,7 @@ def test_restore_does_not_depend_on_the_class_count(finished_run, run_copy, trai
     proto["class_names"] += ["extra class 1", "extra class 2", "extra class 3"]
     with open(proto_path, "w") as f:
         json.dump(proto, f)
-    original, grown = search.Run(finished_run[0]), search.Run(run_copy)
+    original, grown = run_reader.Run(finished_run[0]), run_reader.Run(run_copy)
     assert grown.variables["params"]["head"].shape == original.variables["params"]["head"].shape
     images = train_images[:5]
     np.testing.assert_array_equal(grown.embed(images), original.embed(images))
@@ -221,7 +222,7 @@ def test_search_reads_the_last_completed_session(run_copy, train_images):
     """A save in progress (orbax's ``<step>.orbax-checkpoint-tmp*`` folder, renamed when finalized) is
     neither read nor removed by a reader."""
     sessions = os.path.join(run_copy, "checkpoints", "sessions")
-    before = search.Run(run_copy)
+    before = run_reader.Run(run_copy)
     nxt = before.session + 1
     tmp_dirs = [
         os.path.join(sessions, f"{nxt}.orbax-checkpoint-tmp"),
@@ -230,7 +231,7 @@ def test_search_reads_the_last_completed_session(run_copy, train_images):
     shutil.copytree(os.path.join(sessions, str(before.session)), tmp_dirs[0])  # half-written: a piece missing
     shutil.rmtree(os.path.join(tmp_dirs[0], "gallery"))
     os.makedirs(tmp_dirs[1])
-    run = search.Run(run_copy)
+    run = run_reader.Run(run_copy)
     assert run.session == before.session and len(run.gallery) == len(before.gallery)
     hits = run.search(train_images[:4], 2)
     assert hits == before.search(train_images[:4], 2)

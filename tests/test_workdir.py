@@ -62,6 +62,23 @@ def test_second_writer_refused_naming_the_holder_until_it_is_killed(holder):
             assert json.load(f)["pid"] == os.getpid()  # the file names the new holder
 
 
+def test_compare_on_a_directory_another_process_holds_is_refused_naming_it(holder, monkeypatch):
+    """A run in another process holds DIR (``open_run``): ``compare`` takes DIR's lock before anything
+    else, so it starts no run and names that process."""
+    from configs import fashion_mnist_general
+    from cvs_jax.engine import comparison, runner
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a run started although DIR is held")
+
+    monkeypatch.setattr(runner, "run", no_run)
+    monkeypatch.setattr(runner, "run_population", no_run)
+    wd, proc = holder
+    with pytest.raises(WorkdirBusyError, match=rf"in use by pid {proc.pid} on \S+ "):
+        comparison.run_comparison(fashion_mnist_general.get_config(), wd, ["finetune", "cvs"], [0, 1])
+    assert not os.path.exists(os.path.join(wd, "seed0")), "compare wrote a run while DIR was held"
+
+
 def test_sequential_runs_in_one_process_and_release_after_an_exception(tmp_path):
     wd = str(tmp_path / "wd")
     with workdir_lib.open_run(_config(), wd):

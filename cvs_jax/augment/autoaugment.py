@@ -136,8 +136,6 @@ MAGNITUDES = {
     "Invert": np.zeros(10),
     "Cutout": np.round(np.linspace(0, 20, 10), 0).astype(np.int64),
 }
-#: ops whose magnitude gets ``random.choice([-1, 1])`` in the reference (Rotate does NOT there)
-SIGNED_OPS = frozenset({SHEAR_X, SHEAR_Y, TRANSLATE_X, TRANSLATE_Y, CONTRAST, COLOR, BRIGHTNESS, SHARPNESS})
 
 #: CIFAR10Policy: 25 sub-policies (p1, op1, magnitude index 1, p2, op2, magnitude index 2)
 CIFAR10_POLICY = (

@@ -397,65 +397,26 @@ def _read_manifest(csv_path: str) -> tuple[list[str], list[tuple[int, dict]]]:
     return header, out
 
 
-def _scan_manifest(csv_path: str, frac: Fraction, seed: int) -> Inventory:
-    root = os.path.dirname(csv_path)
-    root_real = os.path.realpath(root)
-    header, rows = _read_manifest(csv_path)
-    has_split, has_session = "split" in header, "session" in header
-    ignored: collections.Counter = collections.Counter()
-    first_line: dict[str, int] = {}
-    parsed = []  # (line, abs path, rel, label, split, session)
-    for line, row in rows:
-        where = f"{csv_path}:{line}"
-        written, label = row["path"], row["label"]
-        if not written:
-            raise DataError(f"{where}: empty path; every row names one image file.")
-        if not label:
-            raise DataError(f"{where}: empty label for {written!r}; every row needs its class name.")
-        split = row["split"].lower() if has_split else "train"
-        if split not in SPLITS:
-            raise DataError(f"{where}: split {row['split']!r} is not 'train' or 'test'; fix the value.")
-        session = None
-        if has_session:
-            value = row["session"]
-            if value:
-                try:
-                    session = int(value)
-                except ValueError:
-                    session = 0
-                if session < 1:
-                    raise DataError(
-                        f"{where}: session {value!r} is not a positive integer; sessions are numbered 1, 2, 3, ..."
-                    )
-                session -= 1
-            elif split == "train":
-                raise DataError(
-                    f"{where}: empty session for train image {written!r}; with a session column every train "
-                    "row needs its session (1, 2, ...)."
-                )
-        path = os.path.normpath(written if os.path.isabs(written) else os.path.join(root, written))
-        if path in first_line:
-            raise DataError(
-                f"{where}: {written!r} is listed twice (also on line {first_line[path]}); "
-                "list every image once, with one label and split."
-            )
-        first_line[path] = line
-        inside = _inside(path, root)
-        rel = _posix(os.path.relpath(path, root)) if inside else _posix(path)
-        parts = rel.split("/") if inside else [os.path.basename(path)]
-        if any(p.startswith(".") for p in parts):
-            ignored["hidden"] += 1
-            continue
-        if not _is_image(path):
-            raise DataError(
-                f"{where}: {written!r} is not an image file by its extension (expected one of "
-                f"{', '.join(IMAGE_EXTENSIONS)}); remove the row or convert the file."
-            )
-        if inside and not _inside(os.path.realpath(path), root_real):
-            ignored["symlink outside root"] += 1
-            continue
-        parsed.append((line, path, rel, label, split, session))
+def _row_session(value: str, where: str, split: str, written: str) -> int | None:
+    """A row's 0-based session from the manifest's 1-based ``session`` value (test rows may leave it empty)."""
+    if value:
+        try:
+            session = int(value)
+        except ValueError:
+            session = 0
+        if session < 1:
+            raise DataError(f"{where}: session {value!r} is not a positive integer; sessions are numbered 1, 2, 3, ...")
+        return session - 1
+    if split == "train":
+        raise DataError(
+            f"{where}: empty session for train image {written!r}; with a session column every train "
+            "row needs its session (1, 2, ...)."
+        )
+    return None
 
+
+def _manifest_splits(csv_path: str, root: str, parsed: list, has_split: bool):
+    """``(train, test, class names)`` of the parsed rows, refusing missing files and test-only labels."""
     missing = [(line, path) for line, path, *_ in parsed if not os.path.isfile(path)]
     if missing:
         named = ", ".join(f"{p!r} (line {line})" for line, p in missing[:3])
@@ -480,6 +441,52 @@ def _scan_manifest(csv_path: str, frac: Fraction, seed: int) -> Inventory:
             f"manifest {csv_path!r} has a split column but no row with split=test; add test rows, "
             "or drop the split column to have a test split drawn."
         )
+    return train, test, names
+
+
+def _scan_manifest(csv_path: str, frac: Fraction, seed: int) -> Inventory:
+    root = os.path.dirname(csv_path)
+    root_real = os.path.realpath(root)
+    header, rows = _read_manifest(csv_path)
+    has_split, has_session = "split" in header, "session" in header
+    ignored: collections.Counter = collections.Counter()
+    first_line: dict[str, int] = {}
+    parsed = []  # (line, abs path, rel, label, split, session)
+    for line, row in rows:
+        where = f"{csv_path}:{line}"
+        written, label = row["path"], row["label"]
+        if not written:
+            raise DataError(f"{where}: empty path; every row names one image file.")
+        if not label:
+            raise DataError(f"{where}: empty label for {written!r}; every row needs its class name.")
+        split = row["split"].lower() if has_split else "train"
+        if split not in SPLITS:
+            raise DataError(f"{where}: split {row['split']!r} is not 'train' or 'test'; fix the value.")
+        session = _row_session(row["session"], where, split, written) if has_session else None
+        path = os.path.normpath(written if os.path.isabs(written) else os.path.join(root, written))
+        if path in first_line:
+            raise DataError(
+                f"{where}: {written!r} is listed twice (also on line {first_line[path]}); "
+                "list every image once, with one label and split."
+            )
+        first_line[path] = line
+        inside = _inside(path, root)
+        rel = _posix(os.path.relpath(path, root)) if inside else _posix(path)
+        parts = rel.split("/") if inside else [os.path.basename(path)]
+        if any(p.startswith(".") for p in parts):
+            ignored["hidden"] += 1
+            continue
+        if not _is_image(path):
+            raise DataError(
+                f"{where}: {written!r} is not an image file by its extension (expected one of "
+                f"{', '.join(IMAGE_EXTENSIONS)}); remove the row or convert the file."
+            )
+        if inside and not _inside(os.path.realpath(path), root_real):
+            ignored["symlink outside root"] += 1
+            continue
+        parsed.append((line, path, rel, label, split, session))
+
+    train, test, names = _manifest_splits(csv_path, root, parsed, has_split)
     return _finish(root, "manifest", names, train, test, has_split, ignored, frac, seed, manifest=csv_path)
 
 

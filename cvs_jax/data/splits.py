@@ -204,6 +204,253 @@ def _general_shares(first: int, per: int, L: int, spc: int, m: Fraction) -> list
     return shares
 
 
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """The arguments of ``make_session_plan``, handed whole to the per-setup pool builders."""
+
+    setup: str
+    num_sessions: int
+    first_classes: int
+    classes_per_session: int
+    old_class_percent: float
+    samples_per_new_class: int | None
+    blurry_minor_percent: float
+    val_fraction: float
+    num_classes: int | None
+    shuffle_classes: bool
+    seed: int
+    val_per_class: int | None
+    general_shares: str
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Classes:
+    """The used classes in protocol order: each one's train images in a seeded random order."""
+
+    class_order: np.ndarray  # original label of each protocol label
+    plabels: np.ndarray  # protocol label of each train image (-1: class not used)
+    groups: list[np.ndarray]  # groups[p]: the train images of protocol label p, shuffled
+    counts: np.ndarray  # counts[p] = len(groups[p])
+    intro: np.ndarray  # intro[p]: the session that introduces protocol label p
+    L: int  # sessions
+    S: int  # classes of session 0
+    C: int  # new classes per later session (0 with one session)
+
+
+def _check_request(r: _Request) -> None:
+    """Refuse arguments that no train split could satisfy."""
+    if r.setup not in SETUPS:
+        raise SplitError(f"setup={r.setup!r} is unknown; use one of {SETUPS}")
+    if r.num_sessions < 1:
+        raise SplitError(f"num_sessions={r.num_sessions} must be >= 1")
+    if r.first_classes < 1:
+        raise SplitError(f"first_classes={r.first_classes} must be >= 1")
+    if r.num_sessions > 1 and r.classes_per_session < 1:
+        raise SplitError(f"classes_per_session={r.classes_per_session} must be >= 1 when num_sessions > 1")
+    if not 0 <= r.old_class_percent < 100:
+        raise SplitError(f"old_class_percent={r.old_class_percent} must lie in [0, 100)")
+    if not 0 <= r.val_fraction < 1:
+        raise SplitError(f"val_fraction={r.val_fraction} must lie in [0, 1)")
+    if r.general_shares not in GENERAL_SHARES:
+        raise SplitError(f"general_shares={r.general_shares!r} is unknown; use one of {GENERAL_SHARES}")
+    if r.general_shares == "proportional" and r.samples_per_new_class is not None:
+        raise SplitError("general_shares='proportional' sizes every class itself; pass samples_per_new_class=None")
+    if r.val_per_class is not None and (r.val_per_class < 1 or r.val_fraction != 0):
+        raise SplitError(
+            f"val_per_class={r.val_per_class} needs val_fraction=0 (got {r.val_fraction}) and must be >= 1"
+        )
+    if r.samples_per_new_class is not None and r.samples_per_new_class < 1:
+        raise SplitError(f"samples_per_new_class={r.samples_per_new_class} must be >= 1 or None")
+    if r.setup == "blurry":
+        if r.num_sessions > 1 and r.first_classes != r.classes_per_session:
+            raise SplitError(
+                f"blurry needs first_classes ({r.first_classes}) == classes_per_session "
+                f"({r.classes_per_session}); set them equal"
+            )
+        if not 0 < r.blurry_minor_percent < 100:
+            raise SplitError(f"blurry_minor_percent={r.blurry_minor_percent} must lie in (0, 100) for setup='blurry'")
+
+
+def _checked_labels(train_labels: np.ndarray, num_classes: int | None) -> np.ndarray:
+    labels = np.asarray(train_labels)
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"train_labels must be a 1-D integer array, got shape {labels.shape} dtype {labels.dtype}")
+    labels = labels.astype(np.int64, copy=False)
+    if labels.size and labels.min() < 0:
+        raise SplitError("train_labels must be non-negative original dataset labels")
+    if num_classes is not None and labels.size and labels.max() >= num_classes:
+        raise SplitError(
+            f"num_classes={num_classes} but train_labels contain label {int(labels.max())}; "
+            f"pass num_classes > max label or None"
+        )
+    return labels
+
+
+def _classes(labels: np.ndarray, r: _Request, ss_order, ss_sample) -> _Classes:
+    """Draw the class order and group the used classes' images (seeded streams ``ss_order``, ``ss_sample``)."""
+    present = np.unique(labels)
+    L, S, C = r.num_sessions, r.first_classes, r.classes_per_session if r.num_sessions > 1 else 0
+    needed = S + (L - 1) * C
+    if needed > present.size:
+        raise SplitError(
+            f"first_classes + (num_sessions-1)*classes_per_session = {S} + {L - 1}*{C} = {needed} "
+            f"exceeds the {present.size} classes present; lower num_sessions, first_classes "
+            f"or classes_per_session"
+        )
+    order = np.random.default_rng(ss_order).permutation(present) if r.shuffle_classes else present
+    class_order = _frozen(order[:needed])
+
+    # Protocol labels of the train images and, per used class, its images in a seeded random order.
+    lut = np.full(int(present.max()) + 1, -1, dtype=np.int64)
+    lut[class_order] = np.arange(needed)
+    plabels = lut[labels]
+    perm = np.random.default_rng(ss_sample).permutation(labels.size)
+    perm = perm[plabels[perm] >= 0]
+    perm = perm[np.argsort(plabels[perm], kind="stable")]
+    counts = np.bincount(plabels[perm], minlength=needed)
+    groups = np.split(perm, np.cumsum(counts)[:-1])
+    intro = np.concatenate([np.zeros(S, np.int64), np.repeat(np.arange(1, L), C)])  # session of each class
+    spc = r.samples_per_new_class
+    if spc is not None and spc > counts.min():
+        p = int(np.argmin(counts))
+        raise SplitError(
+            f"samples_per_new_class={spc} exceeds the {counts[p]} images of "
+            f"class {int(class_order[p])}; lower samples_per_new_class or pass None"
+        )
+    return _Classes(class_order, plabels, groups, counts, intro, L, S, C)
+
+
+Pools = list[list[np.ndarray]]  # pools[t]: the image groups that make up session t's pool
+
+
+def _disjoint_pools(k: _Classes, r: _Request, ss_ties) -> Pools:
+    """Each class only in its own session: all its images, or ``samples_per_new_class`` of them."""
+    pools: Pools = [[] for _ in range(k.L)]
+    for p in range(k.counts.size):
+        take = k.counts[p] if r.samples_per_new_class is None else r.samples_per_new_class
+        pools[k.intro[p]].append(k.groups[p][:take])
+    return pools
+
+
+def _blurry_pools(k: _Classes, r: _Request, ss_ties) -> Pools:
+    """Each class: ``k`` minor images in every session that does not own it, the rest in its own."""
+    pools: Pools = [[] for _ in range(k.L)]
+    L = k.L
+    b = _exact(r.blurry_minor_percent) / 100
+    for p in range(k.counts.size):
+        n = int(k.counts[p]) if r.samples_per_new_class is None else r.samples_per_new_class
+        if L == 1:
+            minor, major = 0, n
+        else:
+            minor = math.floor(n * b / (L - 1))
+            major = math.floor(minor * (L - 1) * (1 - b) / b + Fraction(1, 2))
+            if minor == 0:
+                raise SplitError(
+                    f"class {int(k.class_order[p])} has {n} images: too few for "
+                    f"blurry_minor_percent={r.blurry_minor_percent} over num_sessions={L} "
+                    f"(need >= {math.ceil((L - 1) / b)}); raise blurry_minor_percent or "
+                    f"samples_per_new_class, or use fewer sessions"
+                )
+        g = k.groups[p]
+        pools[k.intro[p]].append(g[:major])
+        pos = major
+        for u in range(L):
+            if u != k.intro[p]:
+                pools[u].append(g[pos : pos + minor])
+                pos += minor
+    return pools
+
+
+def _spread(k: _Classes, first: np.ndarray, share: np.ndarray) -> Pools:
+    """Class p: ``first[p]`` images in its own session, then ``share[u, p]`` in each later session u."""
+    pools: Pools = [[] for _ in range(k.L)]
+    for p in range(k.counts.size):
+        g = k.groups[p]
+        pools[k.intro[p]].append(g[: first[p]])
+        pos = int(first[p])
+        for u in range(k.intro[p] + 1, k.L):
+            pools[u].append(g[pos : pos + share[u, p]])
+            pos += int(share[u, p])
+    return pools
+
+
+def _proportional_pools(k: _Classes, r: _Request, ss_ties) -> Pools:
+    """General setup, long-tailed data: shares in proportion to each class's size."""
+    m = _exact(r.old_class_percent) / 100
+    spc_c, share = _proportional_general(k.counts, k.intro, k.L, m, ss_ties)
+    return _spread(k, spc_c, share)
+
+
+def _uniform_pools(k: _Classes, r: _Request, ss_ties) -> Pools:
+    """General setup: ``samples_per_new_class`` per new class (by default the most every class allows),
+    plus the same old-class share for every old class."""
+    L, S, C, intro, counts = k.L, k.S, k.C, k.intro, k.counts
+    m = _exact(r.old_class_percent) / 100
+
+    def need(spc: int) -> np.ndarray:
+        later = np.cumsum(_general_shares(S, C, L, spc, m)[::-1])[::-1]  # sum of shares t..L-1
+        tail = np.append(later[1:], 0)  # shares after intro
+        return spc + tail[intro]
+
+    spc = r.samples_per_new_class
+    if spc is None:
+        spc = int(counts.min())
+        while spc > 0 and np.any(need(spc) > counts):
+            spc -= 1
+        if spc == 0:
+            raise SplitError(
+                f"no samples_per_new_class >= 1 fits old_class_percent={r.old_class_percent} "
+                f"with the available images; lower old_class_percent"
+            )
+    short = np.flatnonzero(need(spc) > counts)
+    if short.size:
+        p = int(short[0])
+        raise SplitError(
+            f"class {int(k.class_order[p])} needs {int(need(spc)[p])} images (samples_per_new_class="
+            f"{spc} plus later old-class shares at old_class_percent={r.old_class_percent}) but has "
+            f"{counts[p]}; lower samples_per_new_class or old_class_percent, or pass "
+            f"samples_per_new_class=None"
+        )
+    shares = np.asarray(_general_shares(S, C, L, spc, m), np.int64)
+    return _spread(k, np.full(counts.size, spc, np.int64), np.repeat(shares[:, None], counts.size, 1))
+
+
+# (setup, general_shares) -> the builder of that setup's session pools; general_shares only splits "general"
+_POOLS = {
+    ("disjoint", None): _disjoint_pools,
+    ("blurry", None): _blurry_pools,
+    ("general", "uniform"): _uniform_pools,
+    ("general", "proportional"): _proportional_pools,
+}
+
+
+def _sessions(k: _Classes, pools: Pools, r: _Request, ss_val) -> tuple[Session, ...]:
+    """Split each session's pool into train and val queries (module docstring)."""
+    L, S, C = k.L, k.S, k.C
+    frac = _exact(r.val_fraction)
+    val_rng = np.random.default_rng(ss_val)
+    sessions = []
+    for t in range(L):
+        pool = np.concatenate(pools[t]) if pools[t] else np.empty(0, np.int64)
+        if r.val_per_class is None:
+            train, val = _stratified_split(pool, k.plabels, frac, val_rng)
+        else:
+            train, val = _per_class_split(pool, k.plabels, r.val_per_class, val_rng)
+        lo = 0 if t == 0 else S + (t - 1) * C
+        hi = S if t == 0 else lo + C
+        outputs = k.counts.size if r.setup == "blurry" else hi
+        sessions.append(
+            Session(
+                index=t,
+                train=_frozen(train),
+                val=_frozen(val),
+                new_classes=_frozen(np.arange(lo, hi)),
+                num_outputs=outputs,
+            )
+        )
+    return tuple(sessions)
+
+
 def make_session_plan(
     train_labels: np.ndarray,
     *,
@@ -232,176 +479,17 @@ def make_session_plan(
     ``val_per_class`` (Product-M: 2), that many images of every class in the pool (never its
     last image), drawn at random; ``val_fraction`` must then be 0.
     """
-    if setup not in SETUPS:
-        raise SplitError(f"setup={setup!r} is unknown; use one of {SETUPS}")
-    if num_sessions < 1:
-        raise SplitError(f"num_sessions={num_sessions} must be >= 1")
-    if first_classes < 1:
-        raise SplitError(f"first_classes={first_classes} must be >= 1")
-    if num_sessions > 1 and classes_per_session < 1:
-        raise SplitError(f"classes_per_session={classes_per_session} must be >= 1 when num_sessions > 1")
-    if not 0 <= old_class_percent < 100:
-        raise SplitError(f"old_class_percent={old_class_percent} must lie in [0, 100)")
-    if not 0 <= val_fraction < 1:
-        raise SplitError(f"val_fraction={val_fraction} must lie in [0, 1)")
-    if general_shares not in GENERAL_SHARES:
-        raise SplitError(f"general_shares={general_shares!r} is unknown; use one of {GENERAL_SHARES}")
-    if general_shares == "proportional" and samples_per_new_class is not None:
-        raise SplitError("general_shares='proportional' sizes every class itself; pass samples_per_new_class=None")
-    if val_per_class is not None and (val_per_class < 1 or val_fraction != 0):
-        raise SplitError(f"val_per_class={val_per_class} needs val_fraction=0 (got {val_fraction}) and must be >= 1")
-    if samples_per_new_class is not None and samples_per_new_class < 1:
-        raise SplitError(f"samples_per_new_class={samples_per_new_class} must be >= 1 or None")
-    if setup == "blurry":
-        if num_sessions > 1 and first_classes != classes_per_session:
-            raise SplitError(
-                f"blurry needs first_classes ({first_classes}) == classes_per_session "
-                f"({classes_per_session}); set them equal"
-            )
-        if not 0 < blurry_minor_percent < 100:
-            raise SplitError(f"blurry_minor_percent={blurry_minor_percent} must lie in (0, 100) for setup='blurry'")
-
-    labels = np.asarray(train_labels)
-    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f"train_labels must be a 1-D integer array, got shape {labels.shape} dtype {labels.dtype}")
-    labels = labels.astype(np.int64, copy=False)
-    if labels.size and labels.min() < 0:
-        raise SplitError("train_labels must be non-negative original dataset labels")
-    if num_classes is not None and labels.size and labels.max() >= num_classes:
-        raise SplitError(
-            f"num_classes={num_classes} but train_labels contain label {int(labels.max())}; "
-            f"pass num_classes > max label or None"
-        )
-
-    present = np.unique(labels)
-    L, S, C = num_sessions, first_classes, classes_per_session if num_sessions > 1 else 0
-    needed = S + (L - 1) * C
-    if needed > present.size:
-        raise SplitError(
-            f"first_classes + (num_sessions-1)*classes_per_session = {S} + {L - 1}*{C} = {needed} "
-            f"exceeds the {present.size} classes present; lower num_sessions, first_classes "
-            f"or classes_per_session"
-        )
-
+    r = _Request(
+        setup, num_sessions, first_classes, classes_per_session, old_class_percent, samples_per_new_class,
+        blurry_minor_percent, val_fraction, num_classes, shuffle_classes, seed, val_per_class, general_shares,
+    )  # fmt: skip
+    _check_request(r)
+    labels = _checked_labels(train_labels, num_classes)
     # (a fourth child leaves the first three, and so every earlier split, unchanged)
     ss_order, ss_sample, ss_val, ss_ties = np.random.SeedSequence(seed).spawn(4)
-    order = np.random.default_rng(ss_order).permutation(present) if shuffle_classes else present
-    class_order = _frozen(order[:needed])
-
-    # Protocol labels of the train images and, per used class, its images in a seeded random order.
-    lut = np.full(int(present.max()) + 1, -1, dtype=np.int64)
-    lut[class_order] = np.arange(needed)
-    plabels = lut[labels]
-    perm = np.random.default_rng(ss_sample).permutation(labels.size)
-    perm = perm[plabels[perm] >= 0]
-    perm = perm[np.argsort(plabels[perm], kind="stable")]
-    counts = np.bincount(plabels[perm], minlength=needed)
-    groups = np.split(perm, np.cumsum(counts)[:-1])
-
-    intro = np.concatenate([np.zeros(S, np.int64), np.repeat(np.arange(1, L), C)])  # session of each class
-    if samples_per_new_class is not None and samples_per_new_class > counts.min():
-        p = int(np.argmin(counts))
-        raise SplitError(
-            f"samples_per_new_class={samples_per_new_class} exceeds the {counts[p]} images of "
-            f"class {int(class_order[p])}; lower samples_per_new_class or pass None"
-        )
-
-    pools: list[list[np.ndarray]] = [[] for _ in range(L)]
-    if setup == "disjoint":
-        for p in range(needed):
-            take = counts[p] if samples_per_new_class is None else samples_per_new_class
-            pools[intro[p]].append(groups[p][:take])
-    elif setup == "blurry":
-        b = _exact(blurry_minor_percent) / 100
-        for p in range(needed):
-            n = int(counts[p]) if samples_per_new_class is None else samples_per_new_class
-            if L == 1:
-                k, major = 0, n
-            else:
-                k = math.floor(n * b / (L - 1))
-                major = math.floor(k * (L - 1) * (1 - b) / b + Fraction(1, 2))
-                if k == 0:
-                    raise SplitError(
-                        f"class {int(class_order[p])} has {n} images: too few for "
-                        f"blurry_minor_percent={blurry_minor_percent} over num_sessions={L} "
-                        f"(need >= {math.ceil((L - 1) / b)}); raise blurry_minor_percent or "
-                        f"samples_per_new_class, or use fewer sessions"
-                    )
-            g = groups[p]
-            pools[intro[p]].append(g[:major])
-            pos = major
-            for u in range(L):
-                if u != intro[p]:
-                    pools[u].append(g[pos : pos + k])
-                    pos += k
-    elif general_shares == "proportional":
-        m = _exact(old_class_percent) / 100
-        spc_c, share = _proportional_general(counts, intro, L, m, ss_ties)
-        for p in range(needed):
-            g = groups[p]
-            pools[intro[p]].append(g[: spc_c[p]])
-            pos = int(spc_c[p])
-            for u in range(intro[p] + 1, L):
-                pools[u].append(g[pos : pos + share[u, p]])
-                pos += int(share[u, p])
-    else:  # general, uniform
-        m = _exact(old_class_percent) / 100
-
-        def need(spc: int) -> np.ndarray:
-            later = np.cumsum(_general_shares(S, C, L, spc, m)[::-1])[::-1]  # sum of shares t..L-1
-            tail = np.append(later[1:], 0)  # shares after intro
-            return spc + tail[intro]
-
-        spc = samples_per_new_class
-        if spc is None:
-            spc = int(counts.min())
-            while spc > 0 and np.any(need(spc) > counts):
-                spc -= 1
-            if spc == 0:
-                raise SplitError(
-                    f"no samples_per_new_class >= 1 fits old_class_percent={old_class_percent} "
-                    f"with the available images; lower old_class_percent"
-                )
-        short = np.flatnonzero(need(spc) > counts)
-        if short.size:
-            p = int(short[0])
-            raise SplitError(
-                f"class {int(class_order[p])} needs {int(need(spc)[p])} images (samples_per_new_class="
-                f"{spc} plus later old-class shares at old_class_percent={old_class_percent}) but has "
-                f"{counts[p]}; lower samples_per_new_class or old_class_percent, or pass "
-                f"samples_per_new_class=None"
-            )
-        shares = _general_shares(S, C, L, spc, m)
-        for p in range(needed):
-            g = groups[p]
-            pools[intro[p]].append(g[:spc])
-            pos = spc
-            for u in range(intro[p] + 1, L):
-                pools[u].append(g[pos : pos + shares[u]])
-                pos += shares[u]
-
-    frac = _exact(val_fraction)
-    val_rng = np.random.default_rng(ss_val)
-    sessions = []
-    for t in range(L):
-        pool = np.concatenate(pools[t]) if pools[t] else np.empty(0, np.int64)
-        if val_per_class is None:
-            train, val = _stratified_split(pool, plabels, frac, val_rng)
-        else:
-            train, val = _per_class_split(pool, plabels, val_per_class, val_rng)
-        lo = 0 if t == 0 else S + (t - 1) * C
-        hi = S if t == 0 else lo + C
-        outputs = needed if setup == "blurry" else hi
-        sessions.append(
-            Session(
-                index=t,
-                train=_frozen(train),
-                val=_frozen(val),
-                new_classes=_frozen(np.arange(lo, hi)),
-                num_outputs=outputs,
-            )
-        )
-    return SessionPlan(setup=setup, class_order=class_order, sessions=tuple(sessions))
+    k = _classes(labels, r, ss_order, ss_sample)
+    pools = _POOLS[setup, general_shares if setup == "general" else None](k, r, ss_ties)
+    return SessionPlan(setup=setup, class_order=k.class_order, sessions=_sessions(k, pools, r, ss_val))
 
 
 def plan_from_config(train_labels: np.ndarray, config, *, num_classes: int) -> SessionPlan:

@@ -74,41 +74,8 @@ def plan_from_sessions(
     """
     labels = _int_array(train_labels, "train_labels")
     sess = _int_array(train_sessions, "train_sessions")
-    if labels.shape != sess.shape:
-        raise ValueError(f"train_labels ({labels.size}) and train_sessions ({sess.size}) differ in length")
-    if not 0 <= val_fraction < 1:
-        raise SplitError(f"val_fraction={val_fraction} must lie in [0, 1)")
-    if val_per_class is not None and (val_per_class < 1 or val_fraction != 0):
-        raise SplitError(f"val_per_class={val_per_class} needs val_fraction=0 (got {val_fraction}) and must be >= 1")
-    if labels.size == 0:
-        raise SplitError("the train split is empty; a user session plan needs train images with sessions")
-    if labels.min() < 0:
-        raise SplitError("train_labels must be non-negative original dataset labels")
-    if sess.min() < 0:
-        raise SplitError(
-            f"session {int(sess.min()) + 1} is not a positive session number; sessions are numbered 1, 2, 3, ..."
-        )
-    counts = np.bincount(sess)
-    gaps = np.flatnonzero(counts == 0)
-    if gaps.size:
-        present = ", ".join(str(int(s) + 1) for s in np.flatnonzero(counts))
-        raise SplitError(
-            f"session {int(gaps[0]) + 1} has no train image but session {counts.size} does (sessions present: "
-            f"{present}; {gaps.size} empty); number the sessions 1..S without gaps (renumber, or move images "
-            f"into session {int(gaps[0]) + 1})."
-        )
-    num_sessions = counts.size
-
-    # Protocol labels: order of first appearance (session, then original label).
-    first = np.full(int(labels.max()) + 1, num_sessions, np.int64)
-    np.minimum.at(first, labels, sess)
-    present = np.flatnonzero(first < num_sessions)
-    class_order = present[np.lexsort((present, first[present]))]
-    lut = np.full(first.size, -1, np.int64)
-    lut[class_order] = np.arange(class_order.size)
-    plabels = lut[labels]
-    intro = first[class_order]  # session introducing each protocol label (non-decreasing)
-
+    num_sessions = _checked_sessions(labels, sess, val_fraction, val_per_class)
+    class_order, plabels, intro = _first_appearance(labels, sess, num_sessions)
     frac = splits._exact(val_fraction)
     val_rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(4)[2])  # make_session_plan's val stream
     sessions = []
@@ -140,6 +107,46 @@ def plan_from_sessions(
             )
         )
     return SessionPlan(setup=USER_SETUP, class_order=splits._frozen(class_order), sessions=tuple(sessions))
+
+
+def _checked_sessions(labels: np.ndarray, sess: np.ndarray, val_fraction: float, val_per_class: int | None) -> int:
+    """Refuse what no plan can be made of; returns the number of sessions."""
+    if labels.shape != sess.shape:
+        raise ValueError(f"train_labels ({labels.size}) and train_sessions ({sess.size}) differ in length")
+    if not 0 <= val_fraction < 1:
+        raise SplitError(f"val_fraction={val_fraction} must lie in [0, 1)")
+    if val_per_class is not None and (val_per_class < 1 or val_fraction != 0):
+        raise SplitError(f"val_per_class={val_per_class} needs val_fraction=0 (got {val_fraction}) and must be >= 1")
+    if labels.size == 0:
+        raise SplitError("the train split is empty; a user session plan needs train images with sessions")
+    if labels.min() < 0:
+        raise SplitError("train_labels must be non-negative original dataset labels")
+    if sess.min() < 0:
+        raise SplitError(
+            f"session {int(sess.min()) + 1} is not a positive session number; sessions are numbered 1, 2, 3, ..."
+        )
+    counts = np.bincount(sess)
+    gaps = np.flatnonzero(counts == 0)
+    if gaps.size:
+        present = ", ".join(str(int(s) + 1) for s in np.flatnonzero(counts))
+        raise SplitError(
+            f"session {int(gaps[0]) + 1} has no train image but session {counts.size} does (sessions present: "
+            f"{present}; {gaps.size} empty); number the sessions 1..S without gaps (renumber, or move images "
+            f"into session {int(gaps[0]) + 1})."
+        )
+    return counts.size
+
+
+def _first_appearance(labels: np.ndarray, sess: np.ndarray, num_sessions: int):
+    """``(class_order, protocol labels, intro)``: protocol labels in order of first appearance (session,
+    then original label); ``intro[p]`` is the session introducing protocol label p (non-decreasing)."""
+    first = np.full(int(labels.max()) + 1, num_sessions, np.int64)
+    np.minimum.at(first, labels, sess)
+    present = np.flatnonzero(first < num_sessions)
+    class_order = present[np.lexsort((present, first[present]))]
+    lut = np.full(first.size, -1, np.int64)
+    lut[class_order] = np.arange(class_order.size)
+    return class_order, lut[labels], first[class_order]
 
 
 def replay_sizes(plan: SessionPlan, protocol_labels: np.ndarray, memory: str, budget: int) -> list[int]:

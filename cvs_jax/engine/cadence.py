@@ -30,15 +30,11 @@ class Cadence:
     log_every: int = 0  # 0: never mid-epoch
     checkpoint_every: int = 0  # 0: at epoch ends only
 
-    def after(self, step: int) -> Events:
-        """The events after ``step`` steps of the session (1-based count); mid-epoch events never
-        coincide with an epoch end, which has its own line and checkpoint."""
-        return self.between(step - 1, step)
-
     def between(self, start: int, stop: int) -> Events:
         """The events after a call that ran steps ``start + 1 .. stop`` (counts of steps done): an
         epoch end when ``stop`` ends one (a call never crosses one), a mid-epoch event when the call
-        reached or passed a multiple of its period."""
+        reached or passed a multiple of its period (never at an epoch end, which has its own line and
+        checkpoint)."""
         end = stop % self.steps_per_epoch == 0
 
         def passed(every: int) -> bool:

@@ -39,9 +39,18 @@ POPULATION_METHODS = ("finetune", "joint", "cvs", "bct", "lwf", "mmd")
 
 
 def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
-    d, t = config.data, config.train
+    """Raise ``ConfigError`` for the first problem found, section by section."""
     if config.method not in METHODS:
         raise ConfigError(f"method={config.method!r} is unknown; choose one of {sorted(METHODS)}.")
+    total = _check_data(config.data)
+    _check_train(config.train, num_devices)
+    _check_augment(config.augment)
+    _check_method(config, total)
+    _check_model(config)
+
+
+def _check_data(d: ml_collections.ConfigDict) -> int:
+    """``data.*``; returns the classes the run will see (0 with sessions from the data: checked when read)."""
     if d.setup not in splits.SETUPS:
         raise ConfigError(f"data.setup={d.setup!r} is unknown; choose one of {list(splits.SETUPS)}.")
     if d.name is None:
@@ -49,18 +58,6 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
     _check_split(d)
     if d.on_corrupt not in ("refuse", "skip"):
         raise ConfigError(f"data.on_corrupt={d.on_corrupt!r} is unknown; choose 'refuse' or 'skip'.")
-    if t.schedule not in schedules.SCHEDULES:
-        raise ConfigError(f"train.schedule={t.schedule!r} is unknown; choose one of {list(schedules.SCHEDULES)}.")
-    if config.augment.crop not in augment.CROPS:
-        raise ConfigError(f"augment.crop={config.augment.crop!r} is unknown; choose one of {list(augment.CROPS)}.")
-    if config.augment.crop == "resized" and (config.augment.size is None or config.augment.size <= 0):
-        raise ConfigError(
-            "augment.crop='resized' needs the crop side: set --config.augment.size (224 for the fine-grained recipe)."
-        )
-    if config.augment.policy not in augment.POLICIES:
-        raise ConfigError(
-            f"augment.policy={config.augment.policy!r} is unknown; choose one of {list(augment.POLICIES)}."
-        )
     if d.general_shares not in splits.GENERAL_SHARES:
         raise ConfigError(
             f"data.general_shares={d.general_shares!r} is unknown; choose one of {list(splits.GENERAL_SHARES)}."
@@ -85,6 +82,28 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
             f"{total} classes, but {d.name} has {KNOWN_NUM_CLASSES[d.name]}; lower "
             f"data.num_sessions, data.first_classes or data.classes_per_session."
         )
+    if not 0 <= d.test_fraction < 1:
+        raise ConfigError(f"data.test_fraction={d.test_fraction} must lie in [0, 1); e.g. 0.2.")
+    if d.stored_size < 8:
+        raise ConfigError(f"data.stored_size={d.stored_size} is too small; e.g. 256 (photos) or 64.")
+    if d.name == "image_folder" and d.manual_dir is None:
+        raise ConfigError(
+            "data.name=image_folder reads your images from data.manual_dir: set --config.data.manual_dir to a "
+            "folder of class folders (<class>/<image>) or a CSV manifest (path,label[,split][,session])."
+        )
+    if d.name in LOCAL_BUILDERS and d.manual_dir is not None:
+        if not os.path.isdir(os.path.expanduser(d.manual_dir)):
+            raise ConfigError(
+                f"data.manual_dir={d.manual_dir!r} does not exist; point it at the folder holding "
+                f"the {d.name} source files (see README, Data)."
+            )
+    return total
+
+
+def _check_train(t: ml_collections.ConfigDict, num_devices: int) -> None:
+    """``train.*``: the batch sizes split evenly over the devices."""
+    if t.schedule not in schedules.SCHEDULES:
+        raise ConfigError(f"train.schedule={t.schedule!r} is unknown; choose one of {list(schedules.SCHEDULES)}.")
     if t.batch_size < 1 or t.batch_size % num_devices:
         raise ConfigError(
             f"train.batch_size={t.batch_size} is not a positive multiple of the {num_devices} "
@@ -102,6 +121,22 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
     k = t.steps_per_call
     if not isinstance(k, int) or k < 1:
         raise ConfigError(f"train.steps_per_call={k!r} must be a positive integer (1: one step per call).")
+
+
+def _check_augment(a: ml_collections.ConfigDict) -> None:
+    """``augment.*``."""
+    if a.crop not in augment.CROPS:
+        raise ConfigError(f"augment.crop={a.crop!r} is unknown; choose one of {list(augment.CROPS)}.")
+    if a.crop == "resized" and (a.size is None or a.size <= 0):
+        raise ConfigError(
+            "augment.crop='resized' needs the crop side: set --config.augment.size (224 for the fine-grained recipe)."
+        )
+    if a.policy not in augment.POLICIES:
+        raise ConfigError(f"augment.policy={a.policy!r} is unknown; choose one of {list(augment.POLICIES)}.")
+
+
+def _check_method(config: ml_collections.ConfigDict, classes: int) -> None:
+    """``method``, ``population`` and ``memory.*``: what the method needs of the run (``classes`` seen)."""
     population = config.population
     if not isinstance(population, int) or population < 1:
         raise ConfigError(f"population={population!r} must be a positive integer (1: one run).")
@@ -112,39 +147,27 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
             f"{list(POPULATION_METHODS)}, or population=1 and one run per seed."
         )
     method = METHODS[config.method](config)
-    if d.name == "image_folder" and d.manual_dir is not None:
+    if config.data.name == "image_folder" and config.data.manual_dir is not None:
         _check_image_folders(config, method.uses_memory)
-    if method.uses_memory:
-        classes = total  # every setup uses the first S + (L-1)C classes of the class order
-        if config.memory.budget < classes:
-            raise ConfigError(
-                f"memory.budget={config.memory.budget} is smaller than the {classes} classes the "
-                f"run will have seen; raise memory.budget to at least {classes}."
-            )
-    head_name(config)  # model.head: one of HEAD_CHOICES
-    if config.model.head_block < 0:
-        raise ConfigError(f"model.head_block={config.model.head_block} must be >= 0 (0: one head row per class).")
-    if not 0 <= d.test_fraction < 1:
-        raise ConfigError(f"data.test_fraction={d.test_fraction} must lie in [0, 1); e.g. 0.2.")
-    if d.stored_size < 8:
-        raise ConfigError(f"data.stored_size={d.stored_size} is too small; e.g. 256 (photos) or 64.")
-    if d.name == "image_folder" and d.manual_dir is None:
+    # every setup uses the first S + (L-1)C classes of the class order
+    if method.uses_memory and config.memory.budget < classes:
         raise ConfigError(
-            "data.name=image_folder reads your images from data.manual_dir: set --config.data.manual_dir to a "
-            "folder of class folders (<class>/<image>) or a CSV manifest (path,label[,split][,session])."
+            f"memory.budget={config.memory.budget} is smaller than the {classes} classes the "
+            f"run will have seen; raise memory.budget to at least {classes}."
         )
-    if config.model.pretrained is not None and not os.path.isfile(os.path.expanduser(config.model.pretrained)):
+
+
+def _check_model(config: ml_collections.ConfigDict) -> None:
+    """``model.*``."""
+    head_name(config)  # model.head: one of HEAD_CHOICES
+    m = config.model
+    if m.head_block < 0:
+        raise ConfigError(f"model.head_block={m.head_block} must be >= 0 (0: one head row per class).")
+    if m.pretrained is not None and not os.path.isfile(os.path.expanduser(m.pretrained)):
         raise ConfigError(
-            f"model.pretrained={config.model.pretrained!r} does not exist; download torchvision's "
+            f"model.pretrained={m.pretrained!r} does not exist; download torchvision's "
             f"resnet50-0676ba61.pth and convert it: {CONVERT_ONE_LINER} (or unset model.pretrained)."
         )
-    if d.name in LOCAL_BUILDERS and d.manual_dir is not None:
-        manual = os.path.expanduser(d.manual_dir)
-        if not os.path.isdir(manual):
-            raise ConfigError(
-                f"data.manual_dir={d.manual_dir!r} does not exist; point it at the folder holding "
-                f"the {d.name} source files (see README, Data)."
-            )
 
 
 def _check_image_folders(config: ml_collections.ConfigDict, uses_memory: bool) -> None:

@@ -383,30 +383,10 @@ def run_loop(driver: Driver) -> TrainState:
     across an epoch end, ``cadence``), the NaN guard, the epoch's metric sums, progress checkpoints, and
     at each epoch end every member's validation recall@1, best-model selection and metrics.  Returns
     the device state after the last step."""
-    members = driver.members
-    lead = members[0]
+    lead = driver.members[0]
     c, view = lead.ctx.config, lead.view
-    s, n_sessions = view.s, lead.ctx.proto.plan.num_sessions
-    spe, total = view.steps_per_epoch, view.total_steps
+    s, spe, total = view.s, view.steps_per_epoch, view.total_steps
     ts, sums = driver.device_state(), driver.device_sums()
-
-    def check_finite(bad_step, member):
-        bad = int(bad_step)
-        if bad != _NO_BAD_STEP:
-            where = f" in {member.ctx.workdir}" if len(members) > 1 else ""
-            raise NonFiniteError(
-                f"the loss became NaN/inf at step {bad + 1} of session {s + 1} ({member.ctx.method.name}){where}; "
-                f"lower train.lr or check the data. Checkpoints up to the last good step are intact."
-            )
-
-    def save_progress(step):
-        for m, member in enumerate(members):
-            ctx = member.ctx
-            faults.fail_while_writing("progress_write", ctx.progress.directory)
-            meta = {"best_r1": member.best.val_recall1, "best_epoch": member.best.epoch}
-            trees = {"state": driver.member(ts, m), "best": member.best.variables, "sums": driver.member(sums, m)}
-            ctx.progress.save(member.first + step, trees, meta)
-
     cadence = Cadence(spe, c.log_every_steps, c.train.checkpoint_every_steps)
     bad_step = jnp.int32(_NO_BAD_STEP)
     step = steps_at_start = lead.start
@@ -420,21 +400,16 @@ def run_loop(driver: Driver) -> TrainState:
         batch = next(batches)
         t_call = time.time()
         if step == steps_at_start:  # the first call compiles the step: minutes for a large model on a CPU
-            members[0].ctx.log.print(f"  session {s + 1}: compiling the training step (or reading it from the cache)")
+            lead.ctx.log.print(f"  session {s + 1}: compiling the training step (or reading it from the cache)")
         ts, metrics = driver.call(ts, batch, lr, n)
         if step == steps_at_start:
-            members[0].ctx.log.print(f"  session {s + 1}: training step ready in {time.time() - t_call:.1f} s")
+            lead.ctx.log.print(f"  session {s + 1}: training step ready in {time.time() - t_call:.1f} s")
         # at most MAX_CALLS_IN_FLIGHT dispatched calls: each holds its batch, so an unbounded queue of
         # asynchronous calls would make host (CPU) or device memory grow with the epoch's length
         in_flight.append(metrics["loss"])
         if len(in_flight) > MAX_CALLS_IN_FLIGHT:
             jax.block_until_ready(in_flight.popleft())
-        if driver.stacked:
-            bad_step = jnp.minimum(bad_step, _first_bad(metrics, first_step))
-            sums = _accumulate(sums or None, metrics)  # on device, no sync
-        else:
-            bad_step = jnp.minimum(bad_step, jnp.where(jnp.isfinite(metrics["loss"]), _NO_BAD_STEP, step))
-            sums = {k: sums[k] + v if k in sums else v for k, v in metrics.items()}  # on device, no sync
+        bad_step, sums = _accumulate_call(driver, bad_step, sums, metrics, first_step, step)
         step = first_step + n
         for _ in range(n):
             faults.maybe_fail("step")
@@ -446,43 +421,83 @@ def run_loop(driver: Driver) -> TrainState:
             eta = format_eta((time.time() - t_session) / done * (1 - done))
         if events.log or slow:
             t_line = time.time()
-            for member in members:
+            for member in driver.members:
                 member.ctx.log.print(f"  session {s + 1} epoch {epoch + 1} step {step}/{total} ETA {eta}")
         if events.checkpoint:
-            for m, member in enumerate(members):
-                check_finite(driver.member(bad_step, m), member)
-            save_progress(step)
+            _check_finite(driver, bad_step)
+            _save_progress(driver, ts, sums, step)
         if not events.epoch_end:
             continue
-        # end of an epoch: each member's validation recall@1, best model, metrics; checkpoints.
-        for m, member in enumerate(members):
-            check_finite(driver.member(bad_step, m), member)
+        _check_finite(driver, bad_step)
         ips = spe * c.train.batch_size / max(time.time() - t_epoch, 1e-9)  # images trained per second, per member
-        epoch_sums, sums = sums, {}
-        for m, member in enumerate(members):
-            epoch_metrics = {k: float(driver.member(v, m)) / spe for k, v in epoch_sums.items()}
-            mts = driver.member(ts, m)
-            val_r1 = member.search({"params": mts.params, "batch_stats": mts.batch_stats}, member.val_images,
-                                   member.val_labels)[1]  # fmt: skip
-            if val_r1 > member.best.val_recall1:  # strict improvement, as the official code
-                member.best = Selection(_host_variables(mts), val_r1, epoch)
-            member.ctx.log.write(
-                global_step=member.first + step,
-                session=s + 1,
-                epoch=epoch + 1,
-                step=step,
-                val_recall1=val_r1,
-                images_per_s=ips,
-                **epoch_metrics,
-            )
-            terms = " ".join(f"{k}={v:.4f}" for k, v in epoch_metrics.items() if k.startswith("L_"))
-            member.ctx.log.print(
-                f"session {s + 1}/{n_sessions} epoch {epoch + 1}/{c.train.epochs} step {step} lr={lr:.5f} "
-                f"loss={epoch_metrics['loss']:.4f} {terms} val R@1={100 * val_r1:.2f} {ips:.0f} img/s ETA {eta}"
-            )
-        save_progress(step)
+        _end_epoch(driver, ts, sums, step=step, epoch=epoch, lr=lr, ips=ips, eta=eta)
+        sums = {}
+        _save_progress(driver, ts, sums, step)
         t_epoch = time.time()
     return ts
+
+
+def _accumulate_call(driver: Driver, bad_step, sums, metrics, first_step: int, step: int):
+    """``(bad_step, sums)`` after one call: the first non-finite step and the epoch's metric sums,
+    both kept on device (no sync)."""
+    if driver.stacked:
+        bad_step = jnp.minimum(bad_step, _first_bad(metrics, first_step))
+        return bad_step, _accumulate(sums or None, metrics)
+    bad_step = jnp.minimum(bad_step, jnp.where(jnp.isfinite(metrics["loss"]), _NO_BAD_STEP, step))
+    return bad_step, {k: sums[k] + v if k in sums else v for k, v in metrics.items()}
+
+
+def _check_finite(driver: Driver, bad_step) -> None:
+    """Stop at a member's first non-finite loss; its checkpoints up to the last good step stay."""
+    members = driver.members
+    for m, member in enumerate(members):
+        bad = int(driver.member(bad_step, m))
+        if bad != _NO_BAD_STEP:
+            where = f" in {member.ctx.workdir}" if len(members) > 1 else ""
+            raise NonFiniteError(
+                f"the loss became NaN/inf at step {bad + 1} of session {member.view.s + 1} "
+                f"({member.ctx.method.name}){where}; "
+                f"lower train.lr or check the data. Checkpoints up to the last good step are intact."
+            )
+
+
+def _save_progress(driver: Driver, ts: TrainState, sums: dict, step: int) -> None:
+    """Every member's progress checkpoint at ``step`` of the session: state, best model, metric sums."""
+    for m, member in enumerate(driver.members):
+        ctx = member.ctx
+        faults.fail_while_writing("progress_write", ctx.progress.directory)
+        meta = {"best_r1": member.best.val_recall1, "best_epoch": member.best.epoch}
+        trees = {"state": driver.member(ts, m), "best": member.best.variables, "sums": driver.member(sums, m)}
+        ctx.progress.save(member.first + step, trees, meta)
+
+
+def _end_epoch(driver: Driver, ts: TrainState, epoch_sums: dict, *, step: int, epoch: int, lr, ips, eta) -> None:
+    """End of an epoch: each member's validation recall@1, best model (strict improvement, as the
+    official code) and metrics line."""
+    lead = driver.members[0]
+    s, spe, n_sessions = lead.view.s, lead.view.steps_per_epoch, lead.ctx.proto.plan.num_sessions
+    epochs = lead.ctx.config.train.epochs
+    for m, member in enumerate(driver.members):
+        epoch_metrics = {k: float(driver.member(v, m)) / spe for k, v in epoch_sums.items()}
+        mts = driver.member(ts, m)
+        val_r1 = member.search({"params": mts.params, "batch_stats": mts.batch_stats}, member.val_images,
+                               member.val_labels)[1]  # fmt: skip
+        if val_r1 > member.best.val_recall1:
+            member.best = Selection(_host_variables(mts), val_r1, epoch)
+        member.ctx.log.write(
+            global_step=member.first + step,
+            session=s + 1,
+            epoch=epoch + 1,
+            step=step,
+            val_recall1=val_r1,
+            images_per_s=ips,
+            **epoch_metrics,
+        )
+        terms = " ".join(f"{k}={v:.4f}" for k, v in epoch_metrics.items() if k.startswith("L_"))
+        member.ctx.log.print(
+            f"session {s + 1}/{n_sessions} epoch {epoch + 1}/{epochs} step {step} lr={lr:.5f} "
+            f"loss={epoch_metrics['loss']:.4f} {terms} val R@1={100 * val_r1:.2f} {ips:.0f} img/s ETA {eta}"
+        )
 
 
 def _net_and_head(variables: dict, head) -> dict:

@@ -73,10 +73,6 @@ class Protocol:
     def test_images(self, idx: np.ndarray) -> "LazyRows":
         return LazyRows(self.dataset.test, idx)
 
-    def train_batch(self, idx: np.ndarray) -> np.ndarray:
-        """The uint8 images of one training batch."""
-        return self.dataset.train.read(idx)
-
     @property
     def image_shape(self) -> tuple[int, int, int]:
         return tuple(self.dataset.image_shape)

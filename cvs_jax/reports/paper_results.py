@@ -1,7 +1,7 @@
 """The paper's numbers that ``python -m cvs_jax.reproduce`` sets beside ours (data only).
 
-Every entry cites where in the paper it is copied from (Table 1, or the text's extra numbers;
-"§8" in a source names that list in the project's notes).  AR@K in %.  An entry is one cell:
+Every entry cites where in the paper it is copied from (Table 1, or the numbers of its ablations and
+text).  AR@K in %.  An entry is one cell:
 ``(dataset, setup, method, variant)`` is what a run must have to count for it (``method`` as in
 ``results.json``, ``variant`` as in ``configs/variants.py``; "" = the dataset config as it is),
 ``ar`` maps K to the paper's AR@K, ``std`` (3-run means only) to its spread over ``paper_runs`` runs.
@@ -15,7 +15,7 @@ DATASETS = {
         "config": "cifar100_{setup}",  # configs/<name>.py
         "num_classes": 100,
         "train_per_class": 500,
-        "recipe": "5 sessions, ResNet-18, buffer 2000",  # §8
+        "recipe": "5 sessions, ResNet-18, buffer 2000",  # the paper's recipe
     },
     "tinyimagenet": {
         "label": "Tiny-ImageNet",
@@ -23,7 +23,7 @@ DATASETS = {
         "config": "tinyimagenet_{setup}",
         "num_classes": 200,
         "train_per_class": 500,
-        "recipe": "10 sessions, ResNet-18, buffer 4000, bs 64",  # §8
+        "recipe": "10 sessions, ResNet-18, buffer 4000, bs 64",  # the paper's recipe
     },
 }
 SETUPS = ("disjoint", "blurry", "general")
@@ -63,7 +63,7 @@ def _table1(dataset: str, rows: dict) -> list[dict]:
             "variant": "",
             "label": METHOD_LABELS[method],
             "ar": _ar(cells[i]),
-            "source": f"§8, Table 1 ({table}), row {METHOD_LABELS[method]}, column {setup}",
+            "source": f"Table 1 ({table}), row {METHOD_LABELS[method]}, column {setup}",
         }
         for method, cells in rows.items()
         for i, setup in enumerate(SETUPS)
@@ -84,10 +84,10 @@ def _one(group, dataset, setup, method, variant, label, ar1, source, **extra) ->
     }
 
 
-_EXTRA = "§8, useful extra checkpoints"
+_EXTRA = "the paper's ablations and text"
 ENTRIES = (
-    # §8 Table 1, CIFAR-100 (5 sessions, ResNet-18, buffer 2000): disjoint | blurry10 | general (20,20,10,5).
-    # (§7 item 14: CVS CIFAR general AR@4 is 78.84 here and 78.74 in the paper's ablation tables.)
+    # Table 1, CIFAR-100 (5 sessions, ResNet-18, buffer 2000): disjoint | blurry10 | general (20,20,10,5).
+    # (The paper itself differs: CVS CIFAR general AR@4 is 78.84 in Table 1 and 78.74 in its ablation tables.)
     *_table1(
         "cifar100",
         {
@@ -97,7 +97,7 @@ ENTRIES = (
             "cvs": ("71.47 / 74.80 / 77.51", "47.47 / 49.86 / 52.17", "73.95 / 76.73 / 78.84"),
         },
     ),
-    # §8 Table 1, Tiny-ImageNet (10 sessions, ResNet-18, buffer 4000, bs 64): disjoint | blurry30 | general.
+    # Table 1, Tiny-ImageNet (10 sessions, ResNet-18, buffer 4000, bs 64): disjoint | blurry30 | general.
     *_table1(
         "tinyimagenet",
         {
@@ -107,14 +107,14 @@ ENTRIES = (
             "cvs": ("38.87 / 42.03 / 45.08", "26.62 / 29.19 / 31.86", "38.78 / 42.38 / 45.89"),
         },
     ),
-    # §8 extra checkpoints: "LwF CIFAR 49.33 / 36.79 / 65.53 and MMD 49.62 / 32.83 / 65.51 AR@1
+    # the paper's text: "LwF CIFAR 49.33 / 36.79 / 65.53 and MMD 49.62 / 32.83 / 65.51 AR@1
     # (disjoint / blurry / general)".
     *(
         _one(LWF_MMD, "cifar100", setup, method, "", METHOD_LABELS[method], value, f"{_EXTRA}: {label} CIFAR AR@1")
         for method, label, values in (("lwf", "LwF", (49.33, 36.79, 65.53)), ("mmd", "MMD", (49.62, 32.83, 65.51)))
         for setup, value in zip(SETUPS, values)
     ),
-    # §8 extra checkpoints, CIFAR ablation (general setup): "L_c 60.79, L_c+L_m 63.79, L_c+L_d w/o replay
+    # the paper's CIFAR ablation (general setup): "L_c 60.79, L_c+L_m 63.79, L_c+L_d w/o replay
     # 64.50, L_c+L_d 72.16, CVS w/o replay 67.61". L_c alone is Finetune (variant lc = method finetune).
     _one(ABLATIONS, "cifar100", "general", "finetune", "", "L_c (= Finetune)", 60.79, f"{_EXTRA}: CIFAR ablation L_c"),
     _one(ABLATIONS, "cifar100", "general", "cvs", "lc_lm", "L_c + L_m", 63.79, f"{_EXTRA}: CIFAR ablation L_c+L_m"),
@@ -187,5 +187,5 @@ ENTRIES = (
     ),
 )
 
-# Not taken: the classification accuracy of the CVS NormLayer after the last session (§8: CIFAR 50.62 /
+# Not taken: the classification accuracy of the CVS NormLayer after the last session (the paper: CIFAR 50.62 /
 # 54.04 / 55.49); our runs do not report a classification accuracy.

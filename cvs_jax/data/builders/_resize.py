@@ -19,8 +19,6 @@ prepared at one size is refused (SourceMismatchError) when asked at another.
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 
 STORED_SIZE = 256
@@ -76,18 +74,6 @@ def to_stored(pil_image, shape) -> np.ndarray:
     top = int(round((height - size) / 2.0))
     img = img.crop((left, top, left + size, top + size))
     return np.asarray(img, dtype=np.uint8).reshape(size, size, channels)
-
-
-def decode_to_square(data: bytes, size: int) -> np.ndarray:
-    """Encoded image bytes (JPEG, PNG, ...) -> uint8 [size, size, 3].
-
-    Raises PIL's errors (OSError, ValueError, SyntaxError...) for broken files.
-    """
-    from PIL import Image  # pylint: disable=g-import-not-at-top
-
-    with Image.open(io.BytesIO(data)) as img:
-        img.load()
-        return to_square_uint8(img, size)
 
 
 def stored_features():

@@ -231,11 +231,6 @@ def source_fingerprint(source: TinySource, index: TinyIndex) -> dict:
     }
 
 
-def decode_image(data: bytes, name: str = "") -> np.ndarray:
-    """JPEG bytes -> uint8 [64, 64, 3] (greyscale/CMYK converted to RGB)."""
-    return decode_image_keeping_source(data, name)[0]
-
-
 def decode_image_keeping_source(data: bytes, name: str = "") -> tuple[np.ndarray, bool]:
     """(uint8 [64, 64, 3], passthrough): passthrough when ``data`` is an RGB JPEG, whose bytes the
     record store keeps as they are (they decode to exactly this image)."""
