@@ -16,7 +16,7 @@ from cvs_jax.data import official_splits, splits
 from cvs_jax.engine import schedules
 from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.methods.registry import METHODS, head_name
-from cvs_jax.models.pretrained import CONVERT_ONE_LINER
+from cvs_jax.models import backbones
 
 # Classes of the datasets we know without opening them (for early S/C/L checks).
 KNOWN_NUM_CLASSES = {
@@ -133,11 +133,7 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
             "data.name=image_folder reads your images from data.manual_dir: set --config.data.manual_dir to a "
             "folder of class folders (<class>/<image>) or a CSV manifest (path,label[,split][,session])."
         )
-    if config.model.pretrained is not None and not os.path.isfile(os.path.expanduser(config.model.pretrained)):
-        raise ConfigError(
-            f"model.pretrained={config.model.pretrained!r} does not exist; download torchvision's "
-            f"resnet50-0676ba61.pth and convert it: {CONVERT_ONE_LINER} (or unset model.pretrained)."
-        )
+    backbones.check_pretrained(config)  # the file exists and holds the backbone model.name names
     if d.name in LOCAL_BUILDERS and d.manual_dir is not None:
         manual = os.path.expanduser(d.manual_dir)
         if not os.path.isdir(manual):

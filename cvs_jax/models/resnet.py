@@ -210,6 +210,7 @@ class TorchvisionResNet(nn.Module):
 
     ``block="bottleneck"`` with ``stage_sizes=(3, 4, 6, 3)`` is ResNet-50 (2048-d pooled features).
     Module names follow torchvision (``conv1``, ``bn1``, ``layer{i}_{b}``) for weight import.
+    ``embed_dim=0`` returns the pooled features (timm's pre-logits), as the fixture tests compare.
     """
 
     stage_sizes: Sequence[int] = (3, 4, 6, 3)
@@ -241,6 +242,8 @@ class TorchvisionResNet(nn.Module):
                     name=f"layer{i + 1}_{b}",
                 )(x, train)
         x = global_average_pool(x)
+        if not self.embed_dim:
+            return x
         fan_in = x.shape[-1]
         return nn.Dense(
             self.embed_dim,
