@@ -133,9 +133,10 @@ def test_vit_from_config_takes_the_file_and_resamples(tmp_path):
     """model.name='vit': the architecture from the file's keys; pos_embed resampled to the input's grid."""
     path = os.path.join(FIXTURES, "dinov2_reg_patch14.safetensors")
     config = _config("vit", path, embed_dim=16)
+    config.augment.size = 56  # crops of 56 = 4x4 patches; the file's grid is 3x3
     model = model_from_config(config)
     assert isinstance(model, VisionTransformer) and model.spec.registers == 2 and model.spec.grid is None
-    variables = init_variables(model, config, (56, 56, 3), 5, jax.random.key(0), jax.random.key(1))
+    variables = init_variables(model, config, (64, 64, 3), 5, jax.random.key(0), jax.random.key(1))
     assert variables["batch_stats"] == {}
     assert variables["params"]["net"]["pos_embed"].shape == (1, 16, 128)
     emb = model.apply({"params": variables["params"]["net"]}, jnp.zeros((2, 56, 56, 3)))
@@ -180,3 +181,29 @@ def test_refused_by_config_checks_before_any_work(tmp_path):
     config.data.manual_dir = str(tmp_path)
     with pytest.raises(ConfigError, match="holds a ViT depth 2"):
         config_checks.check(config, num_devices=1)
+
+
+def test_input_side_must_be_whole_patches():
+    config = _config("vit_small_patch14_dinov2", None)
+    config.augment.size = 64
+    with pytest.raises(ConfigError, match="augment.size=64 is not a multiple of the ViT's patch 14.*use 56 or 70"):
+        backbones.check_pretrained(config)
+    config.augment.size = 224
+    assert backbones.check_pretrained(config) is None
+
+
+def test_a_run_trains_a_pretrained_vit(tmp_path):
+    """main with model.name='vit' on a photo folder: no BatchNorm (empty batch_stats) through training,
+    checkpoints and the gallery; the pretrained weights are what the run starts from."""
+    from cvs_jax.engine import runner
+    from cvs_jax.rundir import paths
+    from tests.test_image_folder import SESSIONS, config, write_folder
+
+    folder = write_folder(tmp_path / "photos", SESSIONS[0], 2, seed=0)
+    c = config(tmp_path, folder)
+    c.model.name, c.model.pretrained = "vit", os.path.join(FIXTURES, "dinov2_patch14.safetensors")
+    c.data.stored_size, c.augment.size = 32, 28
+    workdir = str(tmp_path / "run")
+    res = runner.run(c, workdir)
+    assert json.load(open(paths.results_file(workdir))) == json.loads(json.dumps(res))
+    assert len(res["per_session"]) == 1 and 0 < res["per_session"][0]["recall"]["1"] <= 1

@@ -89,12 +89,21 @@ def init_variables(model, config, image_shape, num_classes: int, init_key, head_
     """``{"params": {"net", <head's arrays>}, "batch_stats"}`` of a fresh run: the network (ImageNet
     weights merged in when ``model.pretrained`` names a file) and the head (``models.heads``; None: the
     cosine head) with a row for every class."""
+    image_shape = input_shape(config, image_shape)
     init = model.init(init_key, jnp.zeros((1,) + tuple(image_shape), jnp.float32), train=False)
     if config.model.pretrained is not None:  # refused early by config_checks when the file is absent or unfit
         init = merge_pretrained(init, load_pretrained(model, os.path.expanduser(config.model.pretrained), image_shape))
     head = CosineHead(config.train.temperature) if head is None else head
     arrays = head.init(head_key, num_classes, config.model.embed_dim)
     return {"params": {"net": init["params"], **arrays}, "batch_stats": init.get("batch_stats", {})}
+
+
+def input_shape(config, image_shape) -> tuple[int, int, int]:
+    """The network's input: the stored images, or their ``augment.size`` crops (``augment.crop="resized"``).
+    A ViT's ``pos_embed`` is sized by it (a ResNet pools any size)."""
+    if config.augment.crop == "resized" and config.augment.size:
+        return (config.augment.size, config.augment.size, image_shape[-1])
+    return tuple(image_shape)
 
 
 def load_pretrained(model, path: str, image_shape) -> dict:
@@ -128,6 +137,7 @@ __all__ = [
     "build_model",
     "from_config",
     "init_variables",
+    "input_shape",
     "load_pretrained",
     "net_variables",
     "grow_head",

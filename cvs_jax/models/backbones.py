@@ -275,11 +275,13 @@ def check_pretrained(config) -> FileBackbone | None:
     naming what was expected and what the file holds (config_checks, before any data is read)."""
     m = config.model
     want = expected(m.name, m.width, m.layout)
+    patch = VIT_ARCHITECTURES[m.name].patch if m.name in VIT_ARCHITECTURES else None
     if m.pretrained is None:
         if m.name == "vit":
             raise ConfigError(
                 "model.name='vit' takes its architecture from model.pretrained: set it to a .safetensors."
             )
+        _check_patch_grid(config, patch)
         return None
     path = os.path.expanduser(m.pretrained)
     if not os.path.isfile(path):
@@ -298,7 +300,19 @@ def check_pretrained(config) -> FileBackbone | None:
             f"model.pretrained={m.pretrained!r} holds a {found.describe()}, but model.name={m.name!r} expects "
             f"{want}; {fix}."
         )
+    _check_patch_grid(config, found.vit.patch if found.family == "vit" else None)
     return found
+
+
+def _check_patch_grid(config, patch: int | None) -> None:
+    """A ViT's input side (``augment.size`` crops, else the stored images) is a whole number of patches."""
+    side = config.augment.size if config.augment.crop == "resized" else config.data.stored_size
+    if patch and side and side % patch:
+        field = "augment.size" if config.augment.crop == "resized" else "data.stored_size"
+        raise ConfigError(
+            f"{field}={side} is not a multiple of the ViT's patch {patch}: the last {side % patch} pixels would be "
+            f"dropped; use {side - side % patch or patch} or {side - side % patch + patch} (224 suits patch 16 and 14)."
+        )
 
 
 # ---------------------------------------------------------------- conversion
