@@ -8,17 +8,9 @@ import jax.numpy as jnp
 from cvs_jax.errors import ConfigError
 from cvs_jax.models.heads import CosineHead, grow_head, init_head
 from cvs_jax.models.pretrained import merge_pretrained
-from cvs_jax.models.resnet import Bottleneck, ResNetEmbedding, TorchvisionResNet
+from cvs_jax.models.resnet import ARCHITECTURES, Bottleneck, ResNetEmbedding, TorchvisionResNet
 from cvs_jax.models.vit import VIT_ARCHITECTURES, VisionTransformer
 
-# Named architectures. ``tiny`` is the test/demo model: same code path, 1 block per stage.
-# ``resnet50`` (bottleneck blocks) exists only in the torchvision layout.
-ARCHITECTURES = {
-    "resnet18": dict(stage_sizes=(2, 2, 2, 2)),
-    "resnet34": dict(stage_sizes=(3, 4, 6, 3)),
-    "resnet50": dict(stage_sizes=(3, 4, 6, 3), block="bottleneck"),
-    "tiny": dict(stage_sizes=(1, 1, 1)),
-}
 LAYOUTS = ("cifar", "imagenet", "torchvision")
 
 

@@ -19,8 +19,8 @@ from typing import Mapping
 import numpy as np
 
 from cvs_jax.errors import ConfigError
-from cvs_jax.models import ARCHITECTURES
 from cvs_jax.models.pretrained import PretrainedWeightsError, read_state_dict
+from cvs_jax.models.resnet import ARCHITECTURES
 from cvs_jax.models.vit import VIT_ARCHITECTURES, ViTSpec
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

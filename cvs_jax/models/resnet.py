@@ -30,6 +30,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+# Named architectures (``model.name``). ``tiny`` is the test/demo model: same code path, 1 block per stage.
+# ``resnet50`` (bottleneck blocks) exists only in the torchvision layout.
+ARCHITECTURES = {
+    "resnet18": dict(stage_sizes=(2, 2, 2, 2)),
+    "resnet34": dict(stage_sizes=(3, 4, 6, 3)),
+    "resnet50": dict(stage_sizes=(3, 4, 6, 3), block="bottleneck"),
+    "tiny": dict(stage_sizes=(1, 1, 1)),
+}
+
 # PyTorch's kaiming_normal_(mode='fan_out', nonlinearity='relu').
 _conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 
