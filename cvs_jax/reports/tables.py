@@ -210,10 +210,11 @@ def comparison_json(config, methods: list[str], seeds: list[int], split_seed, ru
 
     ``runs``: one entry per (seed, method) with ``status`` "ok" or "diverged" (then ``message``),
     ``workdir`` (relative to DIR; each holds config.json, and results.json when finished),
-    ``average_recall`` {K: AR@K} and ``recall1_per_session``.  ``summary``: per method, ``seeds``
+    ``average_recall`` {K: AR@K}, ``recall1_per_session`` and BC, AC, AM, NFR.  ``summary``: per method, ``seeds``
     (finished), ``diverged`` {seed: message}, ``average_recall`` {K: {mean, std, per_seed}},
-    ``recall1_per_session`` (mean), ``BC`` {mean, std, per_seed} and ``vs_cvs`` {K or "BC": {n, per_seed,
-    mean, std, ci95, t_quantile, significant}} (paired differences, method minus cvs, same seed).
+    ``recall1_per_session`` (mean), ``BC``/``AC``/``AM``/``NFR`` {mean, std, per_seed} and ``vs_cvs``
+    {K or a COMPAT key: {n, per_seed, mean, std, ci95, t_quantile, significant}} (paired differences,
+    method minus cvs, same seed).
     ``pairs``: ``summarize_pairs`` (head effects, entries against cvs under the same head).
     """
     return {
