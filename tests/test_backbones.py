@@ -183,6 +183,14 @@ def test_refused_by_config_checks_before_any_work(tmp_path):
         config_checks.check(config, num_devices=1)
 
 
+def test_a_named_vit_needs_no_file():
+    """search and export rebuild a trained run's network from its config, after the weight file may be gone."""
+    model = model_from_config(_config("vit_small_patch14_reg4_dinov2", None))
+    assert (model.spec.registers, model.spec.no_embed_class, model.spec.patch, model.spec.width) == (4, True, 14, 384)
+    with pytest.raises(ConfigError, match="model.name='vit' takes its architecture from model.pretrained"):
+        backbones.check_pretrained(_config("vit", None))
+
+
 def test_input_side_must_be_whole_patches():
     config = _config("vit_small_patch14_dinov2", None)
     config.augment.size = 64

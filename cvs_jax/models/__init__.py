@@ -64,10 +64,11 @@ def build_model(
 
 
 def from_config(config):
-    """The run's embedding network, from ``config.model`` (one place for every entry point). A ViT takes
-    its register tokens and position layout (and, for ``model.name='vit'``, everything) from the file."""
+    """The run's embedding network, from ``config.model`` (one place for every entry point). A named
+    architecture needs no weight file; ``model.name='vit'`` reads the whole ViT from ``model.pretrained``
+    (every time the network is built, search and export included)."""
     m = config.model
-    if m.name == "vit" or (m.name in VIT_ARCHITECTURES and m.pretrained is not None):
+    if m.name == "vit":
         from cvs_jax.models.backbones import check_pretrained  # pylint: disable=g-import-not-at-top
 
         spec = dataclasses.replace(check_pretrained(config).vit, grid=None)

@@ -56,6 +56,8 @@ PREPROCESSING = {
     # make_classification_eval_transform uses Resize 256 / CenterCrop 224 with the same mean/std)
     "vit_small_patch14_dinov2": _timm(518, 1.0, IMAGENET_MEAN, IMAGENET_STD, 14),
     "vit_base_patch14_dinov2": _timm(518, 1.0, IMAGENET_MEAN, IMAGENET_STD, 14),
+    "vit_small_patch14_reg4_dinov2": _timm(518, 1.0, IMAGENET_MEAN, IMAGENET_STD, 14),
+    "vit_base_patch14_reg4_dinov2": _timm(518, 1.0, IMAGENET_MEAN, IMAGENET_STD, 14),
     # torchvision ResNet50_Weights.IMAGENET1K_V1.transforms(): Resize 256 (bilinear), CenterCrop 224
     "resnet50": Preprocessing(224, 256, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
 }
@@ -258,13 +260,7 @@ def fits(name: str, found: FileBackbone, width: int = 64, layout: str = "torchvi
         return found.family == "vit"
     if name in VIT_ARCHITECTURES:
         want, got = VIT_ARCHITECTURES[name], found.vit
-        return found.family == "vit" and (want.width, want.depth, want.patch, want.mlp_dim, want.layer_scale) == (
-            got.width,
-            got.depth,
-            got.patch,
-            got.mlp_dim,
-            got.layer_scale,
-        )
+        return found.family == "vit" and dataclasses.replace(got, grid=None, eps=want.eps) == want
     if name in ARCHITECTURES and layout == "torchvision":
         return found.family == "resnet" and found.resnet == _resnet_wanted(name, width)
     return False

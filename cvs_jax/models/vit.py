@@ -12,6 +12,8 @@ The forward pass is timm's ``VisionTransformer`` (timm/models/vision_transformer
   * a final LayerNorm ``norm``; the image's feature is the class token (timm's ``global_pool="token"``,
     ``forward_head(pre_logits=True)``), which a new ``embedding`` Dense projects to ``embed_dim``.
 Head dim is 64 in every ViT-S/B and DINOv2 model, so the head count is width / 64 (it is not in the keys).
+LayerNorm eps is timm's 1e-6 for the named architectures, also for transformers' ViTModel files (which use
+1e-12: 3e-5 apart on the fixture, tests/test_backbones.py); ``model.name='vit'`` takes the file's.
 Module names mirror the keys (``blocks.3.attn.qkv.weight`` -> ``blocks_3/attn/qkv/kernel``) so that
 ``pretrained.convert_vit_state_dict`` is a rename plus a transpose. No dropout or stochastic depth:
 the pretrained backbone is used for embeddings and fine-tuned gently.
@@ -51,13 +53,18 @@ class ViTSpec:
         return f"ViT depth {self.depth}, width {self.width}, patch {self.patch}{reg}{ls}"
 
 
-# Named architectures (timm's model names without the pretraining tag). Registers and the stored grid
-# come from the file; a file whose depth/width/patch/LayerScale differ is refused.
+# Named architectures (timm's model names without the pretraining tag): the name fixes the network, so
+# a trained run is rebuilt (search, export, update) without the weight file; a file that differs is
+# refused. The stored pos_embed grid comes from the file (resampled at load).
+_S, _B = dict(width=384, mlp_dim=1536), dict(width=768, mlp_dim=3072)
+_REG4 = dict(registers=4, no_embed_class=True)  # timm's *_reg4_dinov2 (Darcet et al. 2024)
 VIT_ARCHITECTURES = {
-    "vit_small_patch16": ViTSpec(width=384, depth=12, patch=16, mlp_dim=1536),
-    "vit_base_patch16": ViTSpec(width=768, depth=12, patch=16, mlp_dim=3072),
-    "vit_small_patch14_dinov2": ViTSpec(width=384, depth=12, patch=14, mlp_dim=1536, layer_scale=True),
-    "vit_base_patch14_dinov2": ViTSpec(width=768, depth=12, patch=14, mlp_dim=3072, layer_scale=True),
+    "vit_small_patch16": ViTSpec(depth=12, patch=16, **_S),
+    "vit_base_patch16": ViTSpec(depth=12, patch=16, **_B),
+    "vit_small_patch14_dinov2": ViTSpec(depth=12, patch=14, layer_scale=True, **_S),
+    "vit_base_patch14_dinov2": ViTSpec(depth=12, patch=14, layer_scale=True, **_B),
+    "vit_small_patch14_reg4_dinov2": ViTSpec(depth=12, patch=14, layer_scale=True, **_S, **_REG4),
+    "vit_base_patch14_reg4_dinov2": ViTSpec(depth=12, patch=14, layer_scale=True, **_B, **_REG4),
 }
 
 
