@@ -64,7 +64,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.layout = "cifar"
     c.model.embed_dim = 128
     c.model.frozen_bn = False  # fine-grained recipe: BatchNorm frozen on its ImageNet statistics
-    c.model.pretrained = config_dict.placeholder(str)  # torchvision ResNet-50 weights (.npz or .pth)
+    # weight file: timm / Hugging Face .safetensors (ViT, DINOv2, ResNet-50) or torchvision ResNet-50 .npz/.pth;
+    # model.name names the architecture ("vit": read from the file). README "Pretrained backbones"
+    c.model.pretrained = config_dict.placeholder(str)
     # head rows: the classes rounded up to a multiple of head_block (0: exactly the classes). Live runs
     # (`update`) grow their head; a multiple means one recompile per head_block new classes, not per session.
     c.model.head_block = 0

@@ -32,8 +32,9 @@ official code does (fixed split files, only the run varies); ``--split_seed=N`` 
 
 Writes, in DIR:
 
-* ``comparison.md`` / ``comparison.csv``: AR@K and the backward-compatibility drop (BC,
-  ``compatibility.mean_drop``: recall@1 newer models lose on older gallery parts, in points)
+* ``comparison.md`` / ``comparison.csv``: AR@K, the backward-compatibility drop (BC,
+  ``compatibility.mean_drop``: recall@1 newer models lose on older gallery parts, in points), AC and
+  AM of the compatibility matrix and the negative-flip rate NFR (README, Compatibility metrics)
   mean ± std over seeds; per entry the paired difference to ``cvs`` (the entry minus cvs on the
   same seed): its mean and 95 % Student-t interval over the seeds both finished, "significant"
   when the interval excludes 0, "n/a" with fewer than two seeds; the same paired differences for

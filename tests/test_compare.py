@@ -45,13 +45,18 @@ def test_runner_table_and_shared_first_session(tmp_path, capsys):
     heads = {r["method"]: r["head"] for r in out["runs"]}
     assert heads["ewc"] == heads["rainbow"] == heads["finetune@linear_reset"] == "linear_reset"
     assert heads["finetune"] == heads["cvs"] == heads["bct"] == "cosine"
+    assert "| method | AR@1 | AR@2 | AR@4 | BC | AC | AM | NFR |" in table
     for r in out["runs"]:  # the BC summary is compatibility.mean_drop of the run's own matrix, in points
         with open(os.path.join(wd, r["workdir"], "results.json")) as f:
-            matrix = json.load(f)["compatibility_recall1"]
+            results = json.load(f)
+        matrix = results["compatibility_recall1"]
         if r["method"] == "joint":  # re-embeds its gallery: no old part left to measure
-            assert r["BC"] is None and matrix[1][0] is None
+            assert r["BC"] is None and r["AC"] is None and r["NFR"] is None and matrix[1][0] is None
         else:
             assert r["BC"] == pytest.approx(100 * (matrix[1][0] - matrix[0][0]))
+            assert r["AC"] == (100.0 if matrix[1][0] > matrix[0][0] else 0.0)  # one update: one pair
+            assert r["NFR"] == pytest.approx(100 * results["negative_flip_rate"][0])
+        assert r["AM"] == pytest.approx(100 * np.nanmean([v for row in matrix for v in row if v is not None]))
     assert os.path.getsize(os.path.join(wd, "comparison.png")) > 0
     with open(os.path.join(wd, "comparison.html")) as f:  # the same on one page (tests/test_report_pages.py)
         page = f.read()

@@ -12,6 +12,8 @@ import os
 import shutil
 import time
 
+import numpy as np
+
 from cvs_jax import distributed
 from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError, NonFiniteError
@@ -21,6 +23,7 @@ from cvs_jax.reports import compare_page, plots
 from cvs_jax.reports import html as html_lib
 from cvs_jax.reports.tables import (
     BC,
+    COMPAT,
     REFERENCE,
     _write_csv,
     comparison_json,
@@ -124,7 +127,7 @@ def recorded_run(config, workdir: str, entry: str, seed: int, split_seed) -> dic
 
 def run_record(seed: int, method: str, c, run_dir: str, workdir: str, results: dict | None, error=None) -> dict:
     """One run of the comparison (``method``: the ``--methods`` entry, ``c``: its config): what
-    ``comparison.json`` lists (recalls and the BC drop in points)."""
+    ``comparison.json`` lists (recalls and the compatibility summaries BC, AC, AM, NFR, in % / points)."""
     record = {
         "seed": seed,
         "method": method,
@@ -134,13 +137,20 @@ def run_record(seed: int, method: str, c, run_dir: str, workdir: str, results: d
         "message": None if error is None else str(error),
         "average_recall": None,
         "recall1_per_session": None,
-        BC: None,
+        **{key: None for key in COMPAT},
     }
     if results is not None:
         record["average_recall"] = {k: 100 * v for k, v in results["average_recall"].items()}
         record["recall1_per_session"] = [100 * s["recall"]["1"] for s in results["per_session"]]
-        drop = compatibility.mean_drop(results["compatibility_recall1"])
-        record[BC] = None if drop is None else 100 * drop
+        matrix = results["compatibility_recall1"]
+        flips = [v for v in results.get("negative_flip_rate") or () if v is not None]  # absent before it existed
+        summaries = {
+            BC: compatibility.mean_drop(matrix),
+            "AC": compatibility.average_compatibility(matrix),
+            "AM": compatibility.average_multimodel_accuracy(matrix),
+            "NFR": float(np.mean(flips)) if flips else None,
+        }
+        record.update({k: None if v is None else 100 * v for k, v in summaries.items()})
     return record
 
 

@@ -16,7 +16,7 @@ from cvs_jax.data import official_splits, splits
 from cvs_jax.engine import schedules
 from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.methods.registry import METHODS, head_name
-from cvs_jax.models.pretrained import CONVERT_ONE_LINER
+from cvs_jax.models import backbones
 
 # Classes of the datasets we know without opening them (for early S/C/L checks).
 KNOWN_NUM_CLASSES = {
@@ -160,14 +160,9 @@ def _check_method(config: ml_collections.ConfigDict, classes: int) -> None:
 def _check_model(config: ml_collections.ConfigDict) -> None:
     """``model.*``."""
     head_name(config)  # model.head: one of HEAD_CHOICES
-    m = config.model
-    if m.head_block < 0:
-        raise ConfigError(f"model.head_block={m.head_block} must be >= 0 (0: one head row per class).")
-    if m.pretrained is not None and not os.path.isfile(os.path.expanduser(m.pretrained)):
-        raise ConfigError(
-            f"model.pretrained={m.pretrained!r} does not exist; download torchvision's "
-            f"resnet50-0676ba61.pth and convert it: {CONVERT_ONE_LINER} (or unset model.pretrained)."
-        )
+    if config.model.head_block < 0:
+        raise ConfigError(f"model.head_block={config.model.head_block} must be >= 0 (0: one head row per class).")
+    backbones.check_pretrained(config)  # the file exists and holds the backbone model.name names
 
 
 def _check_image_folders(config: ml_collections.ConfigDict, uses_memory: bool) -> None:

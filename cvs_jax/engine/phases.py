@@ -378,6 +378,17 @@ def train(ctx: RunContext, state: RunState, view: SessionView, consts: dict) -> 
     return member.selection(ts)
 
 
+def untrained(ctx: RunContext, state: RunState, view: SessionView) -> Selection:
+    """A method that does not train (``frozen``): the session's model is the one it starts from (the
+    head still gains the session's rows); its validation recall@1 is measured and reported."""
+    member = MemberSession.fresh(ctx, state, view)
+    member.open()
+    variables = _net_and_head(_host_variables(member.ts), ctx.head)
+    r1 = member.search(variables, member.val_images, member.val_labels)[1] if len(view.val_idx) else -1.0
+    ctx.log.print(f"session {view.s + 1}: method {ctx.method.name} trains nothing (val R@1={100 * r1:.2f})")
+    return Selection(variables, float(r1), -1, last=variables, tracked=jax.device_get(member.ts.tracked))
+
+
 def run_loop(driver: Driver) -> TrainState:
     """The training loop shared by a plain run and a population: calls of ``driver.k`` steps (never
     across an epoch end, ``cadence``), the NaN guard, the epoch's metric sums, progress checkpoints, and

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -13,7 +14,14 @@ from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.run_state import RunState
 from cvs_jax.reports import plots, run_page
 from cvs_jax.retrieval import topk
-from cvs_jax.retrieval.compatibility import compatibility_matrix, format_matrix, mean_drop
+from cvs_jax.retrieval.compatibility import (
+    average_compatibility,
+    average_multimodel_accuracy,
+    compatibility_matrix,
+    format_matrix,
+    mean_drop,
+    negative_flips,
+)
 from cvs_jax.retrieval.run_reader import Rows
 from cvs_jax.rundir import paths
 
@@ -75,6 +83,7 @@ def finish(ctx: RunContext, state: RunState) -> dict:
     }
     last_test = ctx.proto.test_queries(plan.num_sessions - 1)
 
+    @functools.cache  # the matrix and the flips read each model's queries: embedded once (T x Q x D floats)
     def embed_queries(i):
         variables = ctx.sessions.restore(i, {"variables": state.variables})["variables"]
         return ctx.embed(variables, ctx.proto.test_images(last_test))
@@ -82,7 +91,16 @@ def finish(ctx: RunContext, state: RunState) -> dict:
     compat = compatibility_matrix(plan.num_sessions, state.gallery, embed_queries, ctx.proto.test_labels[last_test])
     results["compatibility_recall1"] = [[None if np.isnan(v) else float(v) for v in row] for row in compat]
     results["compatibility_mean_drop"] = mean_drop(results["compatibility_recall1"])
+    results["compatibility_ac"] = average_compatibility(results["compatibility_recall1"])
+    results["compatibility_am"] = average_multimodel_accuracy(results["compatibility_recall1"])
+    # entry i-1: the update from model i-1 to model i (top-1 of the same queries on the rows before session i)
+    results["negative_flip_rate"] = negative_flips(
+        plan.num_sessions, state.gallery, embed_queries, ctx.proto.test_labels[last_test]
+    )
     ctx.log.print(format_matrix(results["compatibility_recall1"]))  # where forgetting shows
+    flips = [f"{100 * v:.1f}" if v is not None else "-" for v in results["negative_flip_rate"]]
+    if flips:
+        ctx.log.print(f"negative flips (% of queries right before an update and wrong after): {', '.join(flips)}")
     if jax.process_index() == 0:
         tmp = paths.results_file(ctx.workdir) + ".tmp"
         with open(tmp, "w") as f:

@@ -124,6 +124,8 @@ def run_sessions(ctxs: list[RunContext]) -> list[dict]:
 def _train(size: int, ctxs, states, views, consts) -> list[phases.Selection]:
     """The active members' training phase: a plain run's loop, or the population's vmapped one (also
     when a kill left one member of a population to finish the session)."""
+    if not ctxs[0].method.trains:
+        return [phases.untrained(c, st, v) for c, st, v in zip(ctxs, states, views)]
     if size == 1:
         return [phases.train(ctxs[0], states[0], views[0], consts[0])]
     return population.train(ctxs, states, views, consts)

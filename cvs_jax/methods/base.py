@@ -61,6 +61,7 @@ class Method:
     # (frozen previous parameters, their head's arrays) -> extras
     extra_params: Callable[[Mapping[str, Any], Mapping[str, Any]], dict] = no_extra_params
     extra_terms: TermFn | None = None  # added to L_c from session 2 on
+    trains: bool = True  # False (``frozen``): each session keeps the model it starts from, no step runs
 
     def __post_init__(self):
         if self.official_head not in HEADS:
@@ -85,5 +86,5 @@ class Method:
     def shares_first_session(self) -> bool:
         """Whether another method's session-1 checkpoint can stand for this method's (``compare``, for
         runs with the same head): session 1 is plain L_c training, unless a policy keeps statistics of
-        it (fork EWC/RWalk)."""
-        return self.importance.shares_first_session
+        it (fork EWC/RWalk) or the method does not train."""
+        return self.trains and self.importance.shares_first_session

@@ -1,21 +1,16 @@
-"""Model zoo: ResNet embedding networks and the growing cosine head."""
+"""Model zoo: ResNet and ViT embedding networks and the growing cosine head."""
 
+import dataclasses
 import os
 
 import jax.numpy as jnp
 
 from cvs_jax.errors import ConfigError
 from cvs_jax.models.heads import CosineHead, grow_head, init_head
-from cvs_jax.models.resnet import Bottleneck, ResNetEmbedding, TorchvisionResNet
+from cvs_jax.models.pretrained import merge_pretrained
+from cvs_jax.models.resnet import ARCHITECTURES, Bottleneck, ResNetEmbedding, TorchvisionResNet
+from cvs_jax.models.vit import VIT_ARCHITECTURES, VisionTransformer
 
-# Named architectures. ``tiny`` is the test/demo model: same code path, 1 block per stage.
-# ``resnet50`` (bottleneck blocks) exists only in the torchvision layout.
-ARCHITECTURES = {
-    "resnet18": dict(stage_sizes=(2, 2, 2, 2)),
-    "resnet34": dict(stage_sizes=(3, 4, 6, 3)),
-    "resnet50": dict(stage_sizes=(3, 4, 6, 3), block="bottleneck"),
-    "tiny": dict(stage_sizes=(1, 1, 1)),
-}
 LAYOUTS = ("cifar", "imagenet", "torchvision")
 
 
@@ -37,8 +32,13 @@ def build_model(
       the layout that ImageNet-pretrained weights (``models.pretrained``) load into.
     ``frozen_bn``: every BN uses its running statistics, also when ``train=True``.
     """
+    if name in VIT_ARCHITECTURES:
+        return VisionTransformer(VIT_ARCHITECTURES[name], embed_dim=embed_dim, dtype=dtype)
     if name not in ARCHITECTURES:
-        raise ConfigError(f"model.name={name!r} is unknown; choose one of {sorted(ARCHITECTURES)}.")
+        raise ConfigError(
+            f"model.name={name!r} is unknown; choose one of {sorted(ARCHITECTURES) + sorted(VIT_ARCHITECTURES)}, "
+            "or 'vit' (the ViT model.pretrained holds)."
+        )
     if layout not in LAYOUTS:
         raise ConfigError(f"model.layout={layout!r}: use one of {LAYOUTS}.")
     arch = dict(ARCHITECTURES[name])
@@ -64,8 +64,15 @@ def build_model(
 
 
 def from_config(config):
-    """The run's embedding network, from ``config.model`` (one place for every entry point)."""
+    """The run's embedding network, from ``config.model`` (one place for every entry point). A named
+    architecture needs no weight file; ``model.name='vit'`` reads the whole ViT from ``model.pretrained``
+    (every time the network is built, search and export included)."""
     m = config.model
+    if m.name == "vit":
+        from cvs_jax.models.backbones import check_pretrained  # pylint: disable=g-import-not-at-top
+
+        spec = dataclasses.replace(check_pretrained(config).vit, grid=None)
+        return VisionTransformer(spec, embed_dim=m.embed_dim, dtype=m.dtype)
     return build_model(
         m.name, width=m.width, layout=m.layout, embed_dim=m.embed_dim, dtype=m.dtype, frozen_bn=m.frozen_bn
     )
@@ -75,14 +82,36 @@ def init_variables(model, config, image_shape, num_classes: int, init_key, head_
     """``{"params": {"net", <head's arrays>}, "batch_stats"}`` of a fresh run: the network (ImageNet
     weights merged in when ``model.pretrained`` names a file) and the head (``models.heads``; None: the
     cosine head) with a row for every class."""
+    image_shape = input_shape(config, image_shape)
     init = model.init(init_key, jnp.zeros((1,) + tuple(image_shape), jnp.float32), train=False)
-    if config.model.pretrained is not None:  # refused early by config_checks when the file is absent
-        from cvs_jax.models.pretrained import load_torchvision_resnet50, merge_pretrained
-
-        init = merge_pretrained(init, load_torchvision_resnet50(os.path.expanduser(config.model.pretrained)))
+    if config.model.pretrained is not None:  # refused early by config_checks when the file is absent or unfit
+        init = merge_pretrained(init, load_pretrained(model, os.path.expanduser(config.model.pretrained), image_shape))
     head = CosineHead(config.train.temperature) if head is None else head
     arrays = head.init(head_key, num_classes, config.model.embed_dim)
-    return {"params": {"net": init["params"], **arrays}, "batch_stats": init["batch_stats"]}
+    return {"params": {"net": init["params"], **arrays}, "batch_stats": init.get("batch_stats", {})}
+
+
+def input_shape(config, image_shape) -> tuple[int, int, int]:
+    """The network's input: the stored images, or their ``augment.size`` crops (``augment.crop="resized"``).
+    A ViT's ``pos_embed`` is sized by it (a ResNet pools any size)."""
+    if config.augment.crop == "resized" and config.augment.size:
+        return (config.augment.size, config.augment.size, image_shape[-1])
+    return tuple(image_shape)
+
+
+def load_pretrained(model, path: str, image_shape) -> dict:
+    """The variables a weight file gives ``model`` (all but its new ``embedding``): a ViT's, with
+    ``pos_embed`` resampled to the input's patch grid, or a torchvision/timm ResNet's."""
+    from cvs_jax.models import backbones  # pylint: disable=g-import-not-at-top
+    from cvs_jax.models.pretrained import load_torchvision_resnet  # pylint: disable=g-import-not-at-top
+
+    if isinstance(model, VisionTransformer):
+        spec, variables = backbones.load_vit(path)
+        grid = image_shape[0] // spec.patch
+        pos = variables["params"]["pos_embed"]
+        variables["params"]["pos_embed"] = backbones.resample_pos_embed(pos, spec, grid)
+        return variables
+    return load_torchvision_resnet(path, stage_sizes=model.stage_sizes, block=model.block, width=model.width)
 
 
 def net_variables(params, batch_stats) -> dict:
@@ -96,9 +125,13 @@ __all__ = [
     "LAYOUTS",
     "ResNetEmbedding",
     "TorchvisionResNet",
+    "VIT_ARCHITECTURES",
+    "VisionTransformer",
     "build_model",
     "from_config",
     "init_variables",
+    "input_shape",
+    "load_pretrained",
     "net_variables",
     "grow_head",
     "init_head",

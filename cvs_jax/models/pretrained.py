@@ -13,7 +13,8 @@ Usage (the trainer)::
 Inputs must then be RGB, NHWC, scaled to [0, 1] and normalised with the ImageNet statistics
 (mean 0.485, 0.456, 0.406; std 0.229, 0.224, 0.225), as for the torchvision weights.
 
-The weights are read from a ``.npz`` of the torchvision state dict (keys ``conv1.weight``,
+The weights are read from a ``.safetensors`` file (timm's and Hugging Face's format, read with
+``safetensors.numpy``: no torch), a ``.npz`` of the torchvision state dict (keys ``conv1.weight``,
 ``bn1.running_mean``, ``layer1.0.conv1.weight``, ``layer1.0.downsample.0.weight``, ...; the
 classifier ``fc.*`` / ``last_linear.*`` and ``num_batches_tracked`` are ignored), or from a ``.pth``
 when ``torch`` is importable. Conv kernels are transposed OIHW -> HWIO; BN ``weight``/``bias``/
@@ -118,14 +119,24 @@ def _flax_location(key: str, ndim: int) -> tuple[str, tuple[str, ...]]:
 
 # ---------------------------------------------------------------- reading
 def read_state_dict(path: str) -> dict[str, np.ndarray]:
-    """A torchvision state dict as numpy arrays, from ``.npz`` or (with torch installed) ``.pth``."""
+    """A state dict as numpy arrays, from ``.safetensors``, ``.npz`` or (with torch installed) ``.pth``."""
     path = os.path.expanduser(str(path))
     if not os.path.isfile(path):
         raise PretrainedWeightsError(
             f"pretrained weights {path!r} not found. Fix: on a machine with internet download {_WHERE}, "
             f"convert it to .npz with\n  {CONVERT_ONE_LINER}\nand pass the .npz path."
         )
-    if path.endswith(".npz"):
+    if path.endswith(".safetensors"):
+        import safetensors.numpy  # pylint: disable=g-import-not-at-top
+
+        try:
+            sd = safetensors.numpy.load_file(path)
+        except Exception as e:  # a truncated or foreign file, or bfloat16 (which numpy cannot hold)
+            raise PretrainedWeightsError(
+                f"cannot read {path!r} as safetensors of float32/float16 tensors ({type(e).__name__}: {e}). Fix: "
+                "pass the model.safetensors of a timm or Hugging Face checkpoint, re-downloaded if it is truncated."
+            ) from e
+    elif path.endswith(".npz"):
         with np.load(path, allow_pickle=False) as z:
             sd = {k: np.asarray(z[k]) for k in z.files}
     elif path.endswith((".pth", ".pt")):
@@ -149,7 +160,8 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
         sd = {k: v.detach().cpu().numpy() for k, v in obj.items() if hasattr(v, "detach")}
     else:
         raise PretrainedWeightsError(
-            f"{path!r}: use a .npz (or, with torch installed, a .pth) state dict. Convert with\n  {CONVERT_ONE_LINER}"
+            f"{path!r} is not a weight file: use a .safetensors (timm, Hugging Face), a .npz state dict, or with "
+            f"torch installed a .pth (to .npz: {CONVERT_ONE_LINER})"
         )
     return {(k[len("module.") :] if k.startswith("module.") else k): v for k, v in sd.items()}
 

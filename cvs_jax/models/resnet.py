@@ -30,6 +30,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+# Named architectures (``model.name``). ``tiny`` is the test/demo model: same code path, 1 block per stage.
+# ``resnet50`` (bottleneck blocks) exists only in the torchvision layout.
+ARCHITECTURES = {
+    "resnet18": dict(stage_sizes=(2, 2, 2, 2)),
+    "resnet34": dict(stage_sizes=(3, 4, 6, 3)),
+    "resnet50": dict(stage_sizes=(3, 4, 6, 3), block="bottleneck"),
+    "tiny": dict(stage_sizes=(1, 1, 1)),
+}
+
 # PyTorch's kaiming_normal_(mode='fan_out', nonlinearity='relu').
 _conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 
@@ -210,6 +219,7 @@ class TorchvisionResNet(nn.Module):
 
     ``block="bottleneck"`` with ``stage_sizes=(3, 4, 6, 3)`` is ResNet-50 (2048-d pooled features).
     Module names follow torchvision (``conv1``, ``bn1``, ``layer{i}_{b}``) for weight import.
+    ``embed_dim=0`` returns the pooled features (timm's pre-logits), as the fixture tests compare.
     """
 
     stage_sizes: Sequence[int] = (3, 4, 6, 3)
@@ -241,6 +251,8 @@ class TorchvisionResNet(nn.Module):
                     name=f"layer{i + 1}_{b}",
                 )(x, train)
         x = global_average_pool(x)
+        if not self.embed_dim:
+            return x
         fan_in = x.shape[-1]
         return nn.Dense(
             self.embed_dim,

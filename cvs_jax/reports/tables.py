@@ -1,4 +1,5 @@
-"""``compare``'s tables: per-method AR@K and BC over seeds, paired differences to ``cvs``, and the
+"""``compare``'s tables: per-method AR@K and the compatibility summaries (BC, AC, AM, NFR) over seeds,
+paired differences to ``cvs``, and the
 ``comparison.md`` / ``.csv`` / ``.json`` they are written as.
 """
 
@@ -17,16 +18,19 @@ from cvs_jax.reports.statistics import (
 
 REFERENCE = "cvs"  # paired differences are taken against this method
 BC = "BC"  # the backward-compatibility summary's key beside the K of AR@K (compatibility.mean_drop, points)
+# the compatibility summaries of a run record, in %: BC; AC and AM (compatibility.average_compatibility,
+# average_multimodel_accuracy); NFR, the mean negative-flip rate of the run's updates (compatibility.negative_flips)
+COMPAT = (BC, "AC", "AM", "NFR")
 JSON_FORMAT = "cvs_jax.comparison/1"
 
 
 def _metric(r: dict, k: str) -> float | None:
-    """AR@k of a finished run record, or its BC drop for ``k == BC``."""
-    return r[BC] if k == BC else r["average_recall"][k]
+    """AR@k of a finished run record, or its compatibility summary ``k`` (None in records made before it)."""
+    return r.get(k) if k in COMPAT else r["average_recall"][k]
 
 
 def _paired(ok_a: dict, ok_b: dict, keys: list[str]) -> dict:
-    """Paired differences a - b per key (AR@K and BC) over the seeds both finished."""
+    """Paired differences a - b per key (AR@K and COMPAT) over the seeds both finished."""
     out = {}
     for k in keys:
         a = {s: _metric(r, k) for s, r in ok_a.items() if _metric(r, k) is not None}
@@ -36,7 +40,7 @@ def _paired(ok_a: dict, ok_b: dict, keys: list[str]) -> dict:
 
 
 def summarize_runs(runs: list[dict], methods: list[str]) -> list[dict]:
-    """Per method (in ``methods`` order): AR@K and BC mean/std/per-seed over its finished seeds, the
+    """Per method (in ``methods`` order): AR@K and COMPAT mean/std/per-seed over its finished seeds, the
     seeds that diverged, the mean recall@1 per session and the paired difference to ``cvs`` (None for
     cvs itself, and when cvs is not compared)."""
     ks = next((list(r["average_recall"]) for r in runs if r["status"] == "ok"), [])
@@ -49,14 +53,15 @@ def summarize_runs(runs: list[dict], methods: list[str]) -> list[dict]:
             "seeds": sorted(ok[m]),
             "diverged": {str(r["seed"]): r["message"] for r in by_method[m] if r["status"] == "diverged"},
             "average_recall": {},
-            BC: None,
+            **{key: None for key in COMPAT},
             "recall1_per_session": None,
             "vs_" + REFERENCE: None,
         }
-        drops = {s: r[BC] for s, r in ok[m].items() if r[BC] is not None}
-        if drops:
-            mean, std = mean_std(list(drops.values()))
-            entry[BC] = {"mean": mean, "std": std, "per_seed": {str(s): v for s, v in drops.items()}}
+        for key in COMPAT:
+            values = {s: _metric(r, key) for s, r in ok[m].items() if _metric(r, key) is not None}
+            if values:
+                mean, std = mean_std(list(values.values()))
+                entry[key] = {"mean": mean, "std": std, "per_seed": {str(s): v for s, v in values.items()}}
         for k in ks:
             per_seed = {s: r["average_recall"][k] for s, r in ok[m].items()}
             mean, std = mean_std(list(per_seed.values()))
@@ -68,20 +73,20 @@ def summarize_runs(runs: list[dict], methods: list[str]) -> list[dict]:
         if ok[m]:
             entry["recall1_per_session"] = np.mean([r["recall1_per_session"] for r in ok[m].values()], 0).tolist()
         if m != REFERENCE and REFERENCE in ok:
-            entry["vs_" + REFERENCE] = _paired(ok[m], ok[REFERENCE], ks + [BC])
+            entry["vs_" + REFERENCE] = _paired(ok[m], ok[REFERENCE], ks + list(COMPAT))
         summary.append(entry)
     return summary
 
 
 def summarize_pairs(runs: list[dict], pairs: list[tuple[str, str, str]]) -> list[dict]:
-    """``entry_pairs``' comparisons: ``{a, b, why, difference: {K or BC: paired_difference}}``."""
+    """``entry_pairs``' comparisons: ``{a, b, why, difference: {K or COMPAT key: paired_difference}}``."""
     ks = next((list(r["average_recall"]) for r in runs if r["status"] == "ok"), [])
     ok = {}
     for r in runs:
         if r["status"] == "ok":
             ok.setdefault(r["method"], {})[r["seed"]] = r
     return [
-        {"a": a, "b": b, "why": why, "difference": _paired(ok.get(a, {}), ok.get(b, {}), ks + [BC])}
+        {"a": a, "b": b, "why": why, "difference": _paired(ok.get(a, {}), ok.get(b, {}), ks + list(COMPAT))}
         for a, b, why in pairs
     ]
 
@@ -93,10 +98,11 @@ def rows_from_summary(summary: list[dict]) -> list[dict]:
         row = {"method": e["method"], "seeds": len(e["seeds"]), "diverged": len(e["diverged"])}
         for k, a in e["average_recall"].items():
             row[f"AR@{k}"], row[f"AR@{k} std"] = a["mean"], a["std"]
-        row[BC], row[f"{BC} std"] = (e[BC]["mean"], e[BC]["std"]) if e[BC] else (None, None)
+        for key in COMPAT:
+            row[key], row[f"{key} std"] = (e[key]["mean"], e[key]["std"]) if e.get(key) else (None, None)
         vs = e["vs_" + REFERENCE]
-        for k in list(e["average_recall"]) + [BC]:
-            name = BC if k == BC else f"AR@{k}"
+        for k in list(e["average_recall"]) + list(COMPAT):
+            name = k if k in COMPAT else f"AR@{k}"
             d = vs[k] if vs else None
             ci = d["ci95"] if d and d["ci95"] else (None, None)
             row[f"{name} - {REFERENCE}"] = d["mean"] if d else None
@@ -128,13 +134,13 @@ def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str,
     ks = next((list(e["average_recall"]) for e in summary if e["average_recall"]), [])
     n_seeds = len({r["seed"] for r in runs})
     heads = {r["method"]: r["head"] for r in runs}
-    cols = [f"AR@{k}" for k in ks] + [BC]
+    cols = [f"AR@{k}" for k in ks] + list(COMPAT)
     lines = [f"### {title}", "", "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for e in summary:
         if not e["seeds"]:
             cells = [_no_seed(e)] * len(cols)
         else:
-            cells = [_mean_std_cell(e["average_recall"][k]) for k in ks] + [_mean_std_cell(e[BC])]
+            cells = [_mean_std_cell(e["average_recall"][k]) for k in ks] + [_mean_std_cell(e.get(c)) for c in COMPAT]
             cells[0] += _status(e)
         lines.append(f"| {e['method']} | " + " | ".join(cells) + " |")
     lines += [
@@ -142,7 +148,10 @@ def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str,
         f"AR@K in %, mean ± std over the finished seeds ({n_seeds} seed(s) run); {split_note}. {BC}: the "
         "backward-compatibility drop, mean over old gallery parts j of (recall@1 of the newer models on "
         "part j) − (recall@1 of part j's own model), in points (0: compatible; more negative: more of the "
-        "old rows lost). Heads: " + ", ".join(f"{m} {h}" for m, h in heads.items() if h) + ".",
+        "old rows lost). AC: % of (later model, earlier gallery part) pairs where the later model beats the "
+        "part's own model; AM: mean recall@1 of every model on every part it searches; NFR: % of queries "
+        "an update turns from right to wrong at top-1, mean over updates (README, Compatibility metrics). "
+        "Heads: " + ", ".join(f"{m} {h}" for m, h in heads.items() if h) + ".",
     ]
     if any(e["vs_" + REFERENCE] for e in summary):
         lines += [
@@ -161,7 +170,7 @@ def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str,
                 lines.append(f"| {e['method']} | 0 | " + " | ".join([_no_seed(e)] * len(cols)) + " |")
                 continue
             n = vs[ks[0]]["n"] if vs else 0
-            cells = [format_difference(vs and vs[k]) for k in ks + [BC]]
+            cells = [format_difference(vs and vs[k]) for k in ks + list(COMPAT)]
             lines.append(f"| {e['method']} | {n} | " + " | ".join(cells) + " |")
     if pairs:
         lines += [
@@ -173,7 +182,7 @@ def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str,
         ]
         for p in pairs:
             d = p["difference"]
-            cells = [format_difference(d[k]) for k in ks + [BC]]
+            cells = [format_difference(d[k]) for k in ks + list(COMPAT)]
             n = d[ks[0]]["n"] if ks else 0
             lines.append(f"| {p['a']} - {p['b']} | {p['why']} | {n} | " + " | ".join(cells) + " |")
     seeds = sorted({r["seed"] for r in runs})
@@ -201,10 +210,11 @@ def comparison_json(config, methods: list[str], seeds: list[int], split_seed, ru
 
     ``runs``: one entry per (seed, method) with ``status`` "ok" or "diverged" (then ``message``),
     ``workdir`` (relative to DIR; each holds config.json, and results.json when finished),
-    ``average_recall`` {K: AR@K} and ``recall1_per_session``.  ``summary``: per method, ``seeds``
+    ``average_recall`` {K: AR@K}, ``recall1_per_session`` and BC, AC, AM, NFR.  ``summary``: per method, ``seeds``
     (finished), ``diverged`` {seed: message}, ``average_recall`` {K: {mean, std, per_seed}},
-    ``recall1_per_session`` (mean), ``BC`` {mean, std, per_seed} and ``vs_cvs`` {K or "BC": {n, per_seed,
-    mean, std, ci95, t_quantile, significant}} (paired differences, method minus cvs, same seed).
+    ``recall1_per_session`` (mean), ``BC``/``AC``/``AM``/``NFR`` {mean, std, per_seed} and ``vs_cvs``
+    {K or a COMPAT key: {n, per_seed, mean, std, ci95, t_quantile, significant}} (paired differences,
+    method minus cvs, same seed).
     ``pairs``: ``summarize_pairs`` (head effects, entries against cvs under the same head).
     """
     return {

@@ -55,6 +55,62 @@ def mean_drop(matrix) -> float | None:
     return float(np.mean(per_part)) if per_part else None
 
 
+def _lower(matrix) -> np.ndarray:
+    return np.asarray([[np.nan if v is None else v for v in row] for row in matrix], np.float64)
+
+
+def average_compatibility(matrix) -> float | None:
+    """AC, the share of model updates that are empirically compatible (Biondi et al., "CL2R: Compatible
+    Lifelong Learning Representations", ACM TOMM 2023, after Shen et al., "Towards Backward-Compatible
+    Representation Learning", CVPR 2020): over the pairs j < i, the mean of 1[M[i, j] > M[j, j]] (model i
+    searches part j's rows better than part j's own model did). 1: every later model is compatible with
+    every earlier gallery. Pairs with a missing entry (no query of the part's classes) are left out
+    (the paper divides by all T(T-1)/2 pairs); None when no pair is left."""
+    m = _lower(matrix)
+    wins = [m[i, j] > m[j, j] for i in range(m.shape[0]) for j in range(i) if not np.isnan(m[i, j] + m[j, j])]
+    return float(np.mean(wins)) if wins else None
+
+
+def average_multimodel_accuracy(matrix) -> float | None:
+    """AM (CL2R, as above): the mean of M[i, j] over j <= i, every model on every gallery it searches
+    (the paper's 2 / (T(T+1)) sum; missing entries left out). None when the matrix is empty."""
+    m = _lower(matrix)
+    vals = [m[i, j] for i in range(m.shape[0]) for j in range(i + 1) if not np.isnan(m[i, j])]
+    return float(np.mean(vals)) if vals else None
+
+
+def negative_flip_rate(old_correct, new_correct) -> float:
+    """The share of queries the old model answered right and the new model wrong (Yan et al.,
+    "Positive-Congruent Training: Towards Regression-Free Model Updates", CVPR 2021, Eq. 1)."""
+    old, new = np.asarray(old_correct, bool), np.asarray(new_correct, bool)
+    return float(np.mean(old & ~new))
+
+
+def negative_flips(
+    num_sessions: int, gallery: Gallery, embed_queries: Callable[[int], np.ndarray], query_labels: np.ndarray
+) -> list[float | None]:
+    """NFR of each update, entry i-1 for models i-1 -> i: top-1 correctness of the queries whose class has
+    rows in the gallery as it stood before session i (parts of sessions < i, each embedded by its own
+    model), searched by model i-1 and then by model i against those same rows. None: no such query."""
+    out: list[float | None] = []
+    for i in range(1, num_sessions):
+        parts = [p for p in gallery.parts if p.session < i]
+        if not parts:
+            out.append(None)
+            continue
+        labels = np.concatenate([p.labels for p in parts])
+        keep = np.isin(query_labels, np.unique(labels))
+        if not keep.any():
+            out.append(None)
+            continue
+        rows = RowConcat([p.embeddings for p in parts])
+        correct = [
+            topk.topk_labels(embed_queries(s)[keep], rows, labels, 1)[:, 0] == query_labels[keep] for s in (i - 1, i)
+        ]
+        out.append(negative_flip_rate(*correct))
+    return out
+
+
 def format_matrix(matrix) -> str:
     """The compatibility matrix as a table in % (row i: model of session i; column j: gallery rows of
     session j; ``-``: no entry)."""
@@ -66,4 +122,7 @@ def format_matrix(matrix) -> str:
     for i, row in enumerate(matrix):
         cells = "".join(f"{'-' if v is None else f'{100 * v:.1f}':>10}" for v in row)
         lines.append(f"{'model S' + str(i + 1):<8}{cells}")
+    ac, am = average_compatibility(matrix), average_multimodel_accuracy(matrix)
+    if ac is not None:
+        lines.append(f"AC {ac:.2f} (share of later models beating a part's own model on its rows), AM {100 * am:.1f} %")
     return "\n".join(lines)
