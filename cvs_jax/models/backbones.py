@@ -19,7 +19,7 @@ from typing import Mapping
 import numpy as np
 
 from cvs_jax.errors import ConfigError
-from cvs_jax.models.pretrained import PretrainedWeightsError, read_state_dict
+from cvs_jax.models.pretrained import PretrainedWeightsError, module_path, read_state_dict
 from cvs_jax.models.resnet import ARCHITECTURES
 from cvs_jax.models.vit import VIT_ARCHITECTURES, ViTSpec
 
@@ -317,12 +317,7 @@ def _vit_location(key: str) -> tuple[str, ...]:
     if key.startswith("patch_embed.proj."):
         return ("patch_embed_proj", "kernel" if key.endswith("weight") else "bias")
     *mods, leaf = key.split(".")
-    path: list[str] = []
-    for m in mods:
-        if m.isdigit() and path:
-            path[-1] = f"{path[-1]}_{m}"
-        else:
-            path.append(m)
+    path = module_path(mods)
     if leaf == "weight":
         leaf = "scale" if path[-1].startswith("norm") else "kernel"
     return (*path, leaf)

@@ -97,15 +97,21 @@ def torchvision_resnet_shapes(
     return shapes
 
 
-def _flax_location(key: str, ndim: int) -> tuple[str, tuple[str, ...]]:
-    """``layer1.0.downsample.1.running_mean`` -> ``("batch_stats", ("layer1_0", "downsample_1", "mean"))``."""
-    *mods, leaf = key.split(".")
+def module_path(mods: list[str]) -> list[str]:
+    """PyTorch module names -> Flax's: a list index joins its parent (``layer1``, ``0`` -> ``layer1_0``)."""
     path: list[str] = []
     for m in mods:
         if m.isdigit() and path:
             path[-1] = f"{path[-1]}_{m}"
         else:
             path.append(m)
+    return path
+
+
+def _flax_location(key: str, ndim: int) -> tuple[str, tuple[str, ...]]:
+    """``layer1.0.downsample.1.running_mean`` -> ``("batch_stats", ("layer1_0", "downsample_1", "mean"))``."""
+    *mods, leaf = key.split(".")
+    path = module_path(mods)
     if leaf == "weight":
         return "params", (*path, "kernel" if ndim == 4 else "scale")
     if leaf == "bias":
