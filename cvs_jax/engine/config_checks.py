@@ -162,7 +162,29 @@ def _check_model(config: ml_collections.ConfigDict) -> None:
     head_name(config)  # model.head: one of HEAD_CHOICES
     if config.model.head_block < 0:
         raise ConfigError(f"model.head_block={config.model.head_block} must be >= 0 (0: one head row per class).")
-    backbones.check_pretrained(config)  # the file exists and holds the backbone model.name names
+    found = backbones.check_pretrained(config)  # the file exists and holds the backbone model.name names
+    _check_train_blocks(config, found)
+
+
+def _check_train_blocks(config: ml_collections.ConfigDict, found) -> None:
+    """``model.train_blocks`` ("all" or 0..depth of a pretrained ViT) and ``model.cache_views`` (0 or 1)."""
+    m = config.model
+    k = str(m.get("train_blocks", "all"))
+    if k == "all":
+        return
+    depth = found.vit.depth if found is not None and found.family == "vit" else None
+    if depth is None:
+        raise ConfigError(
+            f"model.train_blocks={k} freezes part of a pretrained ViT: set model.pretrained to a ViT weight file "
+            "(README, Pretrained backbones), or use model.train_blocks=all."
+        )
+    if not k.isdigit() or int(k) > depth:
+        raise ConfigError(f"model.train_blocks={k!r}: use 'all' or a number of blocks from 0 to {depth}.")
+    if int(m.get("cache_views", 1)) not in (0, 1):
+        raise ConfigError(
+            f"model.cache_views={m.cache_views}: use 1 (cache the evaluation view, no augmentation) or 0 (no "
+            "cache: the frozen trunk runs at every step, augmentation kept); several cached views are not built."
+        )
 
 
 def _check_image_folders(config: ml_collections.ConfigDict, uses_memory: bool) -> None:

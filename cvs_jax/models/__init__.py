@@ -3,13 +3,14 @@
 import dataclasses
 import os
 
+import jax
 import jax.numpy as jnp
 
 from cvs_jax.errors import ConfigError
 from cvs_jax.models.heads import CosineHead, grow_head, init_head
 from cvs_jax.models.pretrained import merge_pretrained
 from cvs_jax.models.resnet import ARCHITECTURES, Bottleneck, ResNetEmbedding, TorchvisionResNet
-from cvs_jax.models.vit import VIT_ARCHITECTURES, VisionTransformer
+from cvs_jax.models.vit import VIT_ARCHITECTURES, VisionTransformer, frozen_names
 
 LAYOUTS = ("cifar", "imagenet", "torchvision")
 
@@ -63,19 +64,44 @@ def build_model(
     return ResNetEmbedding(width=width, layout=layout, embed_dim=embed_dim, dtype=dtype, frozen_bn=frozen_bn, **arch)
 
 
-def from_config(config):
+def from_config(config, part: str = "full"):
     """The run's embedding network, from ``config.model`` (one place for every entry point). A named
     architecture needs no weight file; ``model.name='vit'`` reads the whole ViT from ``model.pretrained``
-    (every time the network is built, search and export included)."""
+    (every time the network is built, search and export included). ``part``: the frozen ``"trunk"`` or
+    the trained ``"top"`` of a ViT with ``model.train_blocks`` set (``VisionTransformer``)."""
     m = config.model
-    if m.name == "vit":
-        from cvs_jax.models.backbones import check_pretrained  # pylint: disable=g-import-not-at-top
+    k = train_blocks(config)
+    if m.name in VIT_ARCHITECTURES or m.name == "vit":
+        if m.name == "vit":
+            from cvs_jax.models.backbones import check_pretrained  # pylint: disable=g-import-not-at-top
 
-        spec = dataclasses.replace(check_pretrained(config).vit, grid=None)
-        return VisionTransformer(spec, embed_dim=m.embed_dim, dtype=m.dtype)
+            spec = dataclasses.replace(check_pretrained(config).vit, grid=None)
+        else:
+            spec = VIT_ARCHITECTURES[m.name]
+        return VisionTransformer(spec, embed_dim=m.embed_dim, dtype=m.dtype, train_blocks=k, part=part)
+    if part != "full":
+        raise ConfigError(f"model.name={m.name!r} has no frozen trunk; model.train_blocks applies to ViTs.")
     return build_model(
         m.name, width=m.width, layout=m.layout, embed_dim=m.embed_dim, dtype=m.dtype, frozen_bn=m.frozen_bn
     )
+
+
+def train_blocks(config) -> int | None:
+    """``model.train_blocks`` as the network takes it: None for "all", else the trained blocks k."""
+    k = config.model.get("train_blocks", "all")
+    return None if k == "all" else int(k)
+
+
+def frozen_mask(model, params) -> dict:
+    """``"frozen"`` / ``"train"`` for every leaf of the run's ``params`` (``{"net", head, extras}``): the
+    labels of the optimizer that leaves the trunk untouched (``train_step.make_optimizer``)."""
+    frozen = frozen_names(model.spec, model.train_blocks) if getattr(model, "train_blocks", None) is not None else ()
+
+    def label(path, _):
+        top = path[1].key if len(path) > 1 and path[0].key == "net" else None
+        return "frozen" if top in frozen else "train"
+
+    return jax.tree_util.tree_map_with_path(label, params)
 
 
 def init_variables(model, config, image_shape, num_classes: int, init_key, head_key, head=None) -> dict:
@@ -129,6 +155,8 @@ __all__ = [
     "VisionTransformer",
     "build_model",
     "from_config",
+    "frozen_mask",
+    "train_blocks",
     "init_variables",
     "input_shape",
     "load_pretrained",
