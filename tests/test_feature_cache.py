@@ -135,7 +135,7 @@ def test_frozen_vit_caches_resumes_exactly_and_updates(folders, tmp_path):
 
 def test_cache_gives_the_results_of_recomputing(folders, tmp_path):
     """model.cache_views=0 runs the frozen trunk in every step; with no augmentation (pad 0, no flip) it
-    sees what the cache holds, so both runs give the same gallery and recalls."""
+    sees what the cache holds, so both runs give the same recalls and, within float noise, the same gallery."""
     plain = {"augment.crop": "pad", "augment.crop_padding": 0, "augment.flip": False, "model.train_blocks": "0"}
     cached = vit_config(tmp_path, folders[0], **plain)
     recomputed = vit_config(tmp_path, folders[0], **plain, **{"model.cache_views": 0})
@@ -146,7 +146,8 @@ def test_cache_gives_the_results_of_recomputing(folders, tmp_path):
     (a, _), (b, _) = mr.outcome(str(tmp_path / "cached")), mr.outcome(str(tmp_path / "recomputed"))
     assert [r["recall"] for r in a["per_session"]] == [r["recall"] for r in b["per_session"]]
     ga, gb = run_reader.Run(str(tmp_path / "cached")), run_reader.Run(str(tmp_path / "recomputed"))
-    np.testing.assert_allclose(ga.gallery.embeddings, gb.gallery.embeddings, atol=1e-5)
+    # float noise only: the trunk compiled for a training batch vs for an eval chunk, then 16 steps (5e-6 relative)
+    np.testing.assert_allclose(ga.gallery.embeddings, gb.gallery.embeddings, rtol=1e-4, atol=1e-4)
     assert_trunk_unchanged_top_trained(cached, gb.variables["params"]["net"])  # the optimizer's mask alone
 
 
