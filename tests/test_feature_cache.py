@@ -37,8 +37,8 @@ OVERRIDES = {  # on top of tests.test_image_folder.config: the frozen fixture Vi
 def vit_config(tmp_path, folder, **more):
     c = config(tmp_path, folder)
     for field, value in {**OVERRIDES, **more}.items():
-        section, name = field.split(".")
-        c[section][name] = value
+        *section, name = field.split(".")
+        (c[section[0]] if section else c)[name] = value
     return c
 
 
@@ -171,6 +171,7 @@ def test_a_changed_weight_file_or_preprocessing_is_a_new_cache(tmp_path):
         ({"model.train_blocks": "3"}, "from 0 to 2"),
         ({"model.train_blocks": "last"}, "from 0 to 2"),
         ({"model.cache_views": 2}, "model.cache_views=2"),
+        ({"method": "rainbow"}, "model.cache_views=0"),
     ],
 )
 def test_train_blocks_refusals(tmp_path, fields, match):

@@ -185,6 +185,11 @@ def _check_train_blocks(config: ml_collections.ConfigDict, found) -> None:
             f"model.cache_views={m.cache_views}: use 1 (cache the evaluation view, no augmentation) or 0 (no "
             "cache: the frozen trunk runs at every step, augmentation kept); several cached views are not built."
         )
+    if config.method == "rainbow" and int(m.get("cache_views", 1)) == 1:
+        raise ConfigError(
+            "method rainbow draws its memory by perturbing images, which cached trunk features no longer are; "
+            "set model.cache_views=0 (the frozen trunk runs at every step)."
+        )
 
 
 def _check_image_folders(config: ml_collections.ConfigDict, uses_memory: bool) -> None:
