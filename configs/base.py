@@ -67,8 +67,8 @@ def get_config() -> ml_collections.ConfigDict:
     # weight file: timm / Hugging Face .safetensors (ViT, DINOv2, ResNet-50) or torchvision ResNet-50 .npz/.pth;
     # model.name names the architecture ("vit": read from the file). README "Pretrained backbones"
     c.model.pretrained = config_dict.placeholder(str)
-    # a ViT's blocks that train (models/vit.py): "all", or k: the last k blocks (+ final norm when k >= 1),
-    # the projection and head train on a frozen trunk; 0: only the projection and head. Needs model.pretrained.
+    # what trains of a pretrained backbone: "all", or k: the last k ViT blocks (+ final norm) or ResNet stages,
+    # the projection and head, on a frozen trunk (models/vit.py, resnet.py); 0: only the projection and head.
     c.model.train_blocks = "all"
     # with train_blocks set: 1 = the frozen trunk's outputs are computed once per image, of the evaluation
     # view (no train-time crops/flips/policy), and cached in data.data_dir/cvs_features (engine/features.py);

@@ -18,6 +18,7 @@ import pytest
 from cvs_jax import models, update
 from cvs_jax.engine import config_checks, features, runner
 from cvs_jax.errors import ConfigError
+from cvs_jax.models.resnet import TorchvisionResNet
 from cvs_jax.models.vit import frozen_names
 from cvs_jax.retrieval import run_reader
 from cvs_jax.testing import methods_runs as mr
@@ -96,6 +97,27 @@ def test_top_of_trunk_is_the_whole_network(tmp_path):
             "frozen" if k != "2" else "train"
         )
         assert labels["net"]["norm"]["scale"] == ("frozen" if k == "0" else "train")
+
+
+def test_resnet_trunk_is_its_first_stages_with_running_statistics():
+    """A ResNet's train_blocks counts stages: ``top(trunk(x)) == full(x)``, and in train mode the frozen
+    trunk's BatchNorms keep their running statistics while the trained stages update theirs."""
+    kw = dict(stage_sizes=(1, 1, 1, 1), block="bottleneck", width=8, embed_dim=4)
+    x = jax.random.uniform(jax.random.key(0), (2, 32, 32, 3))
+    v = TorchvisionResNet(**kw).init(jax.random.key(1), x, train=False)
+    v = jax.tree.map(lambda a: a + 0.1, v)  # running statistics that differ from a batch's
+    want = TorchvisionResNet(**kw).apply(v, x, train=False)
+    for k in (0, 1, 4):
+        trunk, top = (
+            TorchvisionResNet(**kw, train_blocks=k, part="trunk"),
+            TorchvisionResNet(**kw, train_blocks=k, part="top"),
+        )
+        np.testing.assert_array_equal(top.apply(v, trunk.apply(v, x, train=False), train=False), want)
+        net = TorchvisionResNet(**kw, train_blocks=k)
+        _, new = net.apply(v, x, train=True, mutable=["batch_stats"])
+        for name, stats in new["batch_stats"].items():
+            same = jax.tree.all(jax.tree.map(np.array_equal, stats, v["batch_stats"][name]))
+            assert same == (name in net.frozen_names()), (k, name)
 
 
 @pytest.fixture(scope="module")
@@ -180,8 +202,8 @@ def test_train_blocks_refusals(tmp_path, fields, match):
         config_checks.check(c, num_devices=1)
 
 
-def test_resnet_train_blocks_refused(tmp_path):
+def test_train_blocks_without_weights_refused(tmp_path):
     c = config(tmp_path, tmp_path)
     c.model.train_blocks = "0"
-    with pytest.raises(ConfigError, match="set model.pretrained to a ViT"):
+    with pytest.raises(ConfigError, match="set model.pretrained to a weight file"):
         config_checks.check(c, num_devices=1)

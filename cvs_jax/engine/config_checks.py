@@ -167,19 +167,20 @@ def _check_model(config: ml_collections.ConfigDict) -> None:
 
 
 def _check_train_blocks(config: ml_collections.ConfigDict, found) -> None:
-    """``model.train_blocks`` ("all" or 0..depth of a pretrained ViT) and ``model.cache_views`` (0 or 1)."""
+    """``model.train_blocks`` ("all", or 0..depth blocks of a pretrained ViT, 0..4 stages of a pretrained
+    ResNet) and ``model.cache_views`` (0 or 1)."""
     m = config.model
     k = str(m.get("train_blocks", "all"))
     if k == "all":
         return
-    depth = found.vit.depth if found is not None and found.family == "vit" else None
-    if depth is None:
+    if found is None:
         raise ConfigError(
-            f"model.train_blocks={k} freezes part of a pretrained ViT: set model.pretrained to a ViT weight file "
+            f"model.train_blocks={k} freezes part of a pretrained backbone: set model.pretrained to a weight file "
             "(README, Pretrained backbones), or use model.train_blocks=all."
         )
+    depth, what = (found.vit.depth, "blocks") if found.family == "vit" else (len(found.resnet[0]), "stages")
     if not k.isdigit() or int(k) > depth:
-        raise ConfigError(f"model.train_blocks={k!r}: use 'all' or a number of blocks from 0 to {depth}.")
+        raise ConfigError(f"model.train_blocks={k!r}: use 'all' or a number of {what} from 0 to {depth}.")
     if int(m.get("cache_views", 1)) not in (0, 1):
         raise ConfigError(
             f"model.cache_views={m.cache_views}: use 1 (cache the evaluation view, no augmentation) or 0 (no "

@@ -10,7 +10,7 @@ from cvs_jax.errors import ConfigError
 from cvs_jax.models.heads import CosineHead, grow_head, init_head
 from cvs_jax.models.pretrained import merge_pretrained
 from cvs_jax.models.resnet import ARCHITECTURES, Bottleneck, ResNetEmbedding, TorchvisionResNet
-from cvs_jax.models.vit import VIT_ARCHITECTURES, VisionTransformer, frozen_names
+from cvs_jax.models.vit import VIT_ARCHITECTURES, VisionTransformer
 
 LAYOUTS = ("cifar", "imagenet", "torchvision")
 
@@ -24,6 +24,8 @@ def build_model(
     dtype="float32",
     frozen_bn: bool = False,
     bn_eps: float | None = None,
+    train_blocks: int | None = None,
+    part: str = "full",
 ):
     """The embedding network ``name`` in ``layout``.
 
@@ -32,9 +34,12 @@ def build_model(
     * ``torchvision``: ``TorchvisionResNet`` (torchvision block layout, BN eps ``bn_eps`` or 1e-5),
       the layout that ImageNet-pretrained weights (``models.pretrained``) load into.
     ``frozen_bn``: every BN uses its running statistics, also when ``train=True``.
+    ``train_blocks`` / ``part``: a frozen trunk and its cut (``TorchvisionResNet``, ``VisionTransformer``).
     """
     if name in VIT_ARCHITECTURES:
-        return VisionTransformer(VIT_ARCHITECTURES[name], embed_dim=embed_dim, dtype=dtype)
+        return VisionTransformer(
+            VIT_ARCHITECTURES[name], embed_dim=embed_dim, dtype=dtype, train_blocks=train_blocks, part=part
+        )
     if name not in ARCHITECTURES:
         raise ConfigError(
             f"model.name={name!r} is unknown; choose one of {sorted(ARCHITECTURES) + sorted(VIT_ARCHITECTURES)}, "
@@ -52,7 +57,13 @@ def build_model(
             dtype=dtype,
             frozen_bn=frozen_bn,
             bn_eps=1e-5 if bn_eps is None else bn_eps,
+            train_blocks=train_blocks,
+            part=part,
             **arch,
+        )
+    if train_blocks is not None:
+        raise ConfigError(
+            f"model.train_blocks freezes pretrained stages: use model.layout='torchvision', not {layout!r}."
         )
     if block != "basic":
         raise ConfigError(f"model.name={name!r} has {block} blocks, which exist only in model.layout='torchvision'.")
@@ -68,21 +79,23 @@ def from_config(config, part: str = "full"):
     """The run's embedding network, from ``config.model`` (one place for every entry point). A named
     architecture needs no weight file; ``model.name='vit'`` reads the whole ViT from ``model.pretrained``
     (every time the network is built, search and export included). ``part``: the frozen ``"trunk"`` or
-    the trained ``"top"`` of a ViT with ``model.train_blocks`` set (``VisionTransformer``)."""
+    the trained ``"top"`` of a network with ``model.train_blocks`` set."""
     m = config.model
     k = train_blocks(config)
-    if m.name in VIT_ARCHITECTURES or m.name == "vit":
-        if m.name == "vit":
-            from cvs_jax.models.backbones import check_pretrained  # pylint: disable=g-import-not-at-top
+    if m.name == "vit":
+        from cvs_jax.models.backbones import check_pretrained  # pylint: disable=g-import-not-at-top
 
-            spec = dataclasses.replace(check_pretrained(config).vit, grid=None)
-        else:
-            spec = VIT_ARCHITECTURES[m.name]
+        spec = dataclasses.replace(check_pretrained(config).vit, grid=None)
         return VisionTransformer(spec, embed_dim=m.embed_dim, dtype=m.dtype, train_blocks=k, part=part)
-    if part != "full":
-        raise ConfigError(f"model.name={m.name!r} has no frozen trunk; model.train_blocks applies to ViTs.")
     return build_model(
-        m.name, width=m.width, layout=m.layout, embed_dim=m.embed_dim, dtype=m.dtype, frozen_bn=m.frozen_bn
+        m.name,
+        width=m.width,
+        layout=m.layout,
+        embed_dim=m.embed_dim,
+        dtype=m.dtype,
+        frozen_bn=m.frozen_bn,
+        train_blocks=k,
+        part=part,
     )
 
 
@@ -95,7 +108,7 @@ def train_blocks(config) -> int | None:
 def frozen_mask(model, params) -> dict:
     """``"frozen"`` / ``"train"`` for every leaf of the run's ``params`` (``{"net", head, extras}``): the
     labels of the optimizer that leaves the trunk untouched (``train_step.make_optimizer``)."""
-    frozen = frozen_names(model.spec, model.train_blocks) if getattr(model, "train_blocks", None) is not None else ()
+    frozen = model.frozen_names() if getattr(model, "train_blocks", None) is not None else ()
 
     def label(path, _):
         top = path[1].key if len(path) > 1 and path[0].key == "net" else None

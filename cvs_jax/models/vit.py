@@ -167,6 +167,10 @@ class VisionTransformer(nn.Module):
             name="embedding",
         )(feat)
 
+    def frozen_names(self) -> set[str]:
+        """The top-level parameter names of the frozen trunk (``train_blocks`` set)."""
+        return frozen_names(self.spec, self.train_blocks)
+
     def _embed_tokens(self, x):
         """Patch embedding, class (and register) tokens, positions: [B, H, W, C] -> [B, tokens, width]."""
         s = self.spec
