@@ -207,3 +207,19 @@ def test_train_blocks_without_weights_refused(tmp_path):
     c.model.train_blocks = "0"
     with pytest.raises(ConfigError, match="set model.pretrained to a weight file"):
         config_checks.check(c, num_devices=1)
+
+
+def test_cpu_pretrained_variant(folders, tmp_path):
+    """``image_folder_general.py:cpu_pretrained`` asks for its weight file first, and trains on cached class
+    tokens (here with the fixture ViT in place of ViT-S/16 and 32x32 photos)."""
+    from configs import image_folder_general
+
+    c = image_folder_general.get_config("cpu_pretrained")
+    c.data.manual_dir, c.data.data_dir = folders[0], str(tmp_path / "data")
+    with pytest.raises(ConfigError, match="set model.pretrained"):
+        config_checks.check(c, num_devices=1)
+    c.model.name, c.model.pretrained = "vit", VIT
+    c.data.stored_size, c.augment.size, c.train.epochs, c.train.batch_size = 32, 32, 2, 8
+    before = trunk_images()
+    res = runner.run(c, str(tmp_path / "run"))
+    assert trunk_images() - before == 78 and 0 < res["per_session"][0]["recall"]["1"] <= 1
