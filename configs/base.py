@@ -72,7 +72,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.train_blocks = "all"
     # with train_blocks set: 1 = the frozen trunk's outputs are computed once per image, of the evaluation
     # view (no train-time crops/flips/policy), and cached in data.data_dir/cvs_features (engine/features.py);
-    # 0 = no cache: the trunk runs at every step, so the augmentation still applies. README "Pretrained backbones"
+    # V > 1 = V - 1 augmented views cached beside it, each step picks one per image; 0 = no cache: the trunk
+    # runs at every step, so the augmentation applies in full. README "Pretrained backbones"
     c.model.cache_views = 1
     # head rows: the classes rounded up to a multiple of head_block (0: exactly the classes). Live runs
     # (`update`) grow their head; a multiple means one recompile per head_block new classes, not per session.

@@ -46,10 +46,17 @@ def vit_config(tmp_path, folder, **more):
 def main_cmd(c, workdir) -> list[str]:
     """``python -m cvs_jax.main`` with the fields of ``c`` that the tests set (as the run stores them)."""
     fields = dict(OVERRIDES)
-    for f in ("data.manual_dir", "data.data_dir", "model.width", "model.embed_dim", "train.batch_size"):
+    for f in (
+        "data.manual_dir",
+        "data.data_dir",
+        "model.width",
+        "model.embed_dim",
+        "train.batch_size",
+        "model.cache_views",
+    ):
         fields[f] = c[f.split(".")[0]][f.split(".")[1]]
     fields.update({"train.eval_batch_size": 64, "train.checkpoint_every_steps": 2, "memory.budget": 24})
-    fields["data.stored_size"], fields["augment.size"] = 32, 32
+    fields["data.stored_size"] = 32
     main = [sys.executable, "-m", "cvs_jax.main", "--config=configs/image_folder_general.py:cpu"]
     return main + [f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in fields.items()]
 
@@ -126,16 +133,25 @@ def folders(tmp_path_factory):
     return [write_folder(root / f"s{i + 1}", classes, 2, seed=i) for i, classes in enumerate(SESSIONS[:2])]
 
 
-def test_frozen_vit_caches_resumes_exactly_and_updates(folders, tmp_path):
-    """The issue's Done-when: the trunk sees each image once (the first run computes the cache; a killed
-    and rerun run, and the uninterrupted one, read it); the rerun equals the uninterrupted run; an
-    ``update`` puts only the new folder's images through the trunk; the trunk never changes."""
-    c = vit_config(tmp_path, folders[0])
+@pytest.mark.parametrize("views", [1, 3])
+def test_frozen_vit_caches_resumes_exactly_and_updates(folders, tmp_path, views):
+    """The issue's Done-when: the trunk sees each image once per view (the first run computes the cache; a
+    killed and rerun run, and the uninterrupted one, read it); the rerun equals the uninterrupted run; an
+    ``update`` puts only the new folder's images through the trunk; the trunk never changes. With 3 views
+    (the evaluation view and 2 random-resized crops) each step picks a view per image with its key."""
+    c = vit_config(tmp_path, folders[0], **{"model.cache_views": views})
     live, ref = str(tmp_path / "live"), str(tmp_path / "ref")
     killed = mr.run(main_cmd(c, live), fault="step:3")  # computes the cache, then dies in epoch 1
     assert killed.returncode == -9, killed.stderr[-2000:]
-    # SESSIONS[0]: 72 train images and 2 test images of each of 3 classes
-    assert "78 images through the frozen trunk" in killed.stderr + killed.stdout
+    # SESSIONS[0]: 72 train images (each in every view) and 2 test images (evaluation view) of 3 classes
+    assert f"{72 * views + 6} images through the frozen trunk" in killed.stderr + killed.stdout
+    cache = features.Trunk(c, (32, 32, 3)).cache_dir
+    train = [np.load(os.path.join(cache, f)) for f in os.listdir(cache) if f.endswith(".npy")]
+    train = [f for f in train if len(f) == 72]
+    tokens = (5, 128)  # train_blocks=1 of 2: the trunk gives every token (class + 2x2 patches) after block 0
+    assert len(train) == 1 and train[0].shape == ((72, *tokens) if views == 1 else (72, views, *tokens))
+    if views > 1:  # each augmented view differs from the evaluation view (view 0)
+        assert all(not np.allclose(train[0][:, v], train[0][:, 0]) for v in range(1, views))
     before = trunk_images()
     runner.run(c, live)  # resumes from step 2
     runner.run(c, ref)  # uninterrupted
@@ -145,13 +161,14 @@ def test_frozen_vit_caches_resumes_exactly_and_updates(folders, tmp_path):
     got, want = run_reader.Run(live), run_reader.Run(ref)
     np.testing.assert_array_equal(got.gallery.embeddings, want.gallery.embeddings)
     assert_trunk_unchanged_top_trained(c, got.variables["params"]["net"])
-    # search embeds photos with the whole network: the same rows as the top on cached features
-    image = run_reader.prepare([os.path.join(folders[0], "test", "ant", "0 img 0.png")], got.image_shape)
-    assert got.embed(image).shape == (1, 8)
+    # search embeds photos with the whole network: a gallery photo finds its own row (top on cached features)
+    path = os.path.join(folders[0], "train", "ant", "0 img 0.png")
+    top = got.search(run_reader.prepare([path], got.image_shape), 1)[0][0]
+    assert top["source"] == path and top["score"] > 0.99, top  # the store keeps a JPEG re-encode of the PNG
 
     before = trunk_images()
     assert update.update(live, folders[1]) == 0
-    assert trunk_images() - before == 32 + 2 * 2  # SESSIONS[1]'s 32 train images and 4 test images
+    assert trunk_images() - before == 32 * views + 2 * 2  # SESSIONS[1]'s 32 train images and 4 test images
     assert_trunk_unchanged_top_trained(c, run_reader.Run(live).variables["params"]["net"])
 
 
@@ -192,7 +209,7 @@ def test_a_changed_weight_file_or_preprocessing_is_a_new_cache(tmp_path):
         ({"model.pretrained": None, "model.name": "vit_small_patch16"}, "set model.pretrained"),
         ({"model.train_blocks": "3"}, "from 0 to 2"),
         ({"model.train_blocks": "last"}, "from 0 to 2"),
-        ({"model.cache_views": 2}, "model.cache_views=2"),
+        ({"model.cache_views": -1}, "model.cache_views=-1"),
         ({"method": "rainbow"}, "model.cache_views=0"),
     ],
 )

@@ -168,7 +168,7 @@ def _check_model(config: ml_collections.ConfigDict) -> None:
 
 def _check_train_blocks(config: ml_collections.ConfigDict, found) -> None:
     """``model.train_blocks`` ("all", or 0..depth blocks of a pretrained ViT, 0..4 stages of a pretrained
-    ResNet) and ``model.cache_views`` (0 or 1)."""
+    ResNet) and ``model.cache_views`` (>= 0)."""
     m = config.model
     k = str(m.get("train_blocks", "all"))
     if k == "all":
@@ -181,12 +181,12 @@ def _check_train_blocks(config: ml_collections.ConfigDict, found) -> None:
     depth, what = (found.vit.depth, "blocks") if found.family == "vit" else (len(found.resnet[0]), "stages")
     if not k.isdigit() or int(k) > depth:
         raise ConfigError(f"model.train_blocks={k!r}: use 'all' or a number of {what} from 0 to {depth}.")
-    if int(m.get("cache_views", 1)) not in (0, 1):
+    if int(m.get("cache_views", 1)) < 0:
         raise ConfigError(
-            f"model.cache_views={m.cache_views}: use 1 (cache the evaluation view, no augmentation) or 0 (no "
-            "cache: the frozen trunk runs at every step, augmentation kept); several cached views are not built."
+            f"model.cache_views={m.cache_views}: use 1 (cache the evaluation view, no augmentation), V > 1 (V - 1 "
+            "augmented views beside it) or 0 (no cache: the frozen trunk runs at every step, augmentation kept)."
         )
-    if config.method == "rainbow" and int(m.get("cache_views", 1)) == 1:
+    if config.method == "rainbow" and int(m.get("cache_views", 1)) >= 1:
         raise ConfigError(
             "method rainbow draws its memory by perturbing images, which cached trunk features no longer are; "
             "set model.cache_views=0 (the frozen trunk runs at every step)."

@@ -101,7 +101,7 @@ class RunContext:
             pipeline = augment.Pipeline.from_config(config)  # train-time augmentation and eval preprocessing
             if features.cached(config):  # the trunk's outputs replace the images; the top trains on them
                 proto = features.with_features(config, proto, log.print)
-                model, pipeline = models.from_config(config, part="top"), augment.Identity()
+                model, pipeline = models.from_config(config, part="top"), augment.CachedViews(features.views(config))
             step_args = dict(head=head, loss_weights=dict(config.loss_weights), pipeline=pipeline)
             step_fn = make_train_step(model, tx, method, **step_args)
             steps_fn = make_train_step(model, tx, method, steps_per_call=k, **step_args)

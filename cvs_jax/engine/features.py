@@ -1,20 +1,24 @@
 """The frozen trunk's outputs, computed once per image and kept in the run's data directory.
 
-With ``model.train_blocks`` = k (not ``"all"``) and ``model.cache_views=1``, a ViT's frozen trunk
-(``models.vit.VisionTransformer``, ``part="trunk"``) sees every train and test image once, after the
-evaluation transform (``augment.Pipeline.eval``: normalisation, centre crop). Its outputs replace the
-images of the run's splits (``FeatureSplit``), the network becomes the trained ``top`` and the pipeline
-``augment.Identity``: every epoch, session, validation, gallery embedding and ``update`` reads them.
+With ``model.train_blocks`` = k (not ``"all"``) and ``model.cache_views`` = V >= 1, the frozen trunk
+(``part="trunk"`` of ``models.vit.VisionTransformer`` or ``models.resnet.TorchvisionResNet``) sees
+every train and test image once per view. Its outputs replace the images of the run's splits
+(``FeatureSplit``), the network becomes the trained ``top`` and the pipeline ``augment.CachedViews``:
+every epoch, session, validation, gallery embedding and ``update`` reads them.
 
-The trade-off (README, Pretrained backbones): cached features are of the one evaluation view, so
-training sees no crops, flips or ``augment.policy`` at all. ``model.cache_views=0`` keeps the
-augmentation and recomputes the frozen trunk at every step (no backward pass through it).
+Where augmentation still applies (README, Pretrained backbones): V = 1 caches the evaluation view
+(``augment.Pipeline.eval``: normalisation, centre crop) only, so training sees no crops, flips or
+``augment.policy``. V > 1 caches V - 1 training-augmented views of each train image beside it (drawn
+once, the same on every run) and each step picks one per image; test images keep the evaluation view.
+``model.cache_views=0`` keeps the full augmentation and runs the frozen trunk at every step instead
+(no backward pass through it).
 
 A cache file holds one split of one record store (an ``update`` adds a file for its folder; the earlier
 ones are read as they are) under ``<data.data_dir>/cvs_features/<key>.npy``. ``key`` is a digest of
 the weight file's bytes, the trunk (architecture, k, dtype), the preprocessing (stored image shape,
-crop, size, mean, std) and the store's ``store.json`` (its source fingerprint and counts), so a
-changed file, store or preprocessing never reads a stale cache. Files are written whole, then renamed.
+crop, size, mean, std; with V > 1 the training augmentation too), V and the store's ``store.json``
+(its source fingerprint and counts), so a changed file, store or preprocessing never reads a stale
+cache. Files are written whole, then renamed.
 """
 
 from __future__ import annotations
@@ -40,9 +44,14 @@ SUBDIR = "cvs_features"
 TRUNK_IMAGES: collections.Counter = collections.Counter()
 
 
+def views(config) -> int:
+    """``model.cache_views``: the views cached per image (0: no cache)."""
+    return int(config.model.get("cache_views", 1))
+
+
 def cached(config) -> bool:
-    """Whether the run trains on cached trunk features (``model.train_blocks`` set, ``cache_views=1``)."""
-    return models.train_blocks(config) is not None and int(config.model.get("cache_views", 1)) == 1
+    """Whether the run trains on cached trunk features (``model.train_blocks`` set, ``cache_views`` >= 1)."""
+    return models.train_blocks(config) is not None and views(config) >= 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +111,7 @@ class Trunk:
         path = os.path.join(self.cache_dir, f"{key}.npy")
         if os.path.exists(path):
             return np.load(path)
-        feats = self.compute(leaf, key)
+        feats = self.compute(leaf, key, views(self.config) if name == "train" else 1)
         os.makedirs(self.cache_dir, exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "wb") as f:
@@ -112,18 +121,23 @@ class Trunk:
             json.dump({"trunk": self._what, "split": name, "rows": len(feats)}, f, indent=1)
         return feats
 
-    def compute(self, leaf, key: str = "") -> np.ndarray:
-        """The trunk's outputs for every row of ``leaf`` (in eval-batch chunks; one compile)."""
+    def compute(self, leaf, key: str = "", v: int = 1) -> np.ndarray:
+        """The trunk's outputs for every row of ``leaf`` (in eval-batch chunks; one compile): ``[N, ...]``
+        of the evaluation view, or, when the run caches several views, ``[N, v, ...]`` (view 0 the
+        evaluation view; view i >= 1 the training augmentation drawn with key (0, chunk start, i))."""
         if self._fn is None:
             self._variables, self._fn = self._build()
         rows = LazyRows(leaf, np.arange(len(leaf)))
-        out = []
-        for _, chunk, n in iter_chunks(rows, int(self.config.train.eval_batch_size)):
-            out.append(np.asarray(self._fn(self._variables, chunk))[:n])
-            TRUNK_IMAGES[key] += n
+        stacked, out = views(self.config) > 1, []
+        for start, chunk, n in iter_chunks(rows, int(self.config.train.eval_batch_size)):
+            keys = jax.random.split(jax.random.fold_in(jax.random.key(0), start), v)
+            feats = np.stack([np.asarray(self._fn(self._variables, chunk, keys[i], i > 0)) for i in range(v)], 1)
+            out.append(feats[:n] if stacked else feats[:n, 0])
+            TRUNK_IMAGES[key] += n * v
         if not out:
-            shape = jax.eval_shape(self._fn, self._variables, jax.ShapeDtypeStruct((1, *self.image_shape), np.uint8))
-            return np.zeros((0, *shape.shape[1:]), np.float32)
+            struct = jax.ShapeDtypeStruct((1, *self.image_shape), np.uint8)
+            shape = jax.eval_shape(lambda x: self._fn(self._variables, x, jax.random.key(0), False), struct).shape
+            return np.zeros((0, *([v] if stacked else []), *shape[1:]), np.float32)
         return np.concatenate(out).astype(np.float32)
 
     def _build(self):
@@ -132,13 +146,17 @@ class Trunk:
         net = models.init_variables(full, self.config, self.image_shape, 1, k0, k1)["params"]["net"]
         trunk = models.from_config(self.config, part="trunk")
         pipeline = self.pipeline
-        return {"params": net}, jax.jit(lambda v, x: trunk.apply(v, pipeline.eval(x)))
+
+        def fn(variables, images, key, augmented: bool):
+            return trunk.apply(variables, pipeline.train(key, images) if augmented else pipeline.eval(images))
+
+        return {"params": net}, jax.jit(fn, static_argnums=3)
 
 
 def _trunk_identity(config, image_shape, pipeline) -> dict:
     """What the trunk's outputs depend on, besides the images."""
     m = config.model
-    return {
+    what = {
         "format": FORMAT,
         "weights": _file_digest(os.path.expanduser(m.pretrained)),
         "name": m.name,
@@ -146,7 +164,12 @@ def _trunk_identity(config, image_shape, pipeline) -> dict:
         "dtype": m.dtype,
         "image_shape": list(image_shape),
         "preprocessing": {"crop": pipeline.crop, "size": pipeline.size, "mean": pipeline.mean, "std": pipeline.std},
+        "views": views(config),
     }
+    if views(config) > 1:  # the augmented views: the training transform, drawn chunk by chunk
+        what["augmentation"] = dataclasses.asdict(pipeline)
+        what["chunk"] = int(config.train.eval_batch_size)
+    return what
 
 
 _FILE_DIGESTS: dict = {}
