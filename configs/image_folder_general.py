@@ -24,6 +24,14 @@ Defaults and why:
   step once per 256 new classes, not once per session.
 * ``:cpu`` (variant below): a width-8 ResNet-18 at 64x64, 4 epochs, for trying the commands on a
   CPU (the README walkthrough); not a recipe for results.
+* ``:cpu_pretrained``: a frozen pretrained ViT-S/16 whose class tokens are computed once per photo and
+  cached; only the projection and the head train, so a CPU trains a session in seconds. The weight
+  file is timm's ``vit_small_patch16_224.augreg_in21k_ft_in1k`` (README, Pretrained backbones)::
+
+      curl -L -o vit_s16.safetensors \
+          https://huggingface.co/timm/vit_small_patch16_224.augreg_in21k_ft_in1k/resolve/main/model.safetensors
+      python -m cvs_jax.main --config configs/image_folder_general.py:cpu_pretrained --workdir W \
+          --config.data.manual_dir=PHOTOS --config.model.pretrained=vit_s16.safetensors
 """
 
 from configs import finegrained, variants
@@ -43,6 +51,9 @@ def get_config(variant: str = ""):
     if "cpu" in names:
         names.remove("cpu")
         cpu(c)
+    if "cpu_pretrained" in names:
+        names.remove("cpu_pretrained")
+        cpu_pretrained(c)
     return variants.apply(c, ",".join(names))
 
 
@@ -55,5 +66,19 @@ def cpu(c):
     c.train.epochs, c.train.batch_size, c.train.lr, c.train.schedule = 4, 32, 0.05, "official"
     c.augment.size = 56
     c.memory.budget = 200
+    c.model.head_block = 64
+    return c
+
+
+def cpu_pretrained(c):
+    """A frozen ViT-S/16 with cached class tokens (``model.train_blocks=0``): the photo recipe for a CPU.
+    Stored at 248 and centre-cropped to 224 with mean = std = 0.5: timm's evaluation transform for these
+    weights. Training sees the cached evaluation view only (no crops or flips: README, Pretrained backbones)."""
+    c.data.stored_size = 248
+    c.augment.size = 224
+    c.data.mean, c.data.std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+    c.model.name, c.model.frozen_bn, c.model.embed_dim = "vit_small_patch16", False, 128
+    c.model.train_blocks, c.model.cache_views = "0", 1
+    c.train.epochs, c.train.batch_size, c.train.lr, c.train.schedule = 30, 32, 0.05, "official"
     c.model.head_block = 64
     return c

@@ -185,3 +185,22 @@ class Pipeline:
         if self.crop == "resized":
             images_u8 = center_crop(images_u8, self.size)
         return normalize(images_u8, self.mean, self.std)
+
+
+@dataclasses.dataclass(frozen=True)
+class CachedViews:
+    """The pipeline of cached trunk features (``engine.features``): the transforms ran before the trunk,
+    once per image. ``views=1``: a row is the evaluation view, used as it is. ``views=V>1``: a row holds
+    V views, [V, ...]: view 0 is the evaluation view (``eval``), and ``train`` picks one per image with
+    the step's key, so a resumed run picks the same views."""
+
+    views: int = 1
+
+    def train(self, key, x):
+        if self.views == 1:
+            return x
+        pick = jax.random.randint(key, (x.shape[0],), 0, self.views)
+        return x[jnp.arange(x.shape[0]), pick]
+
+    def eval(self, x):
+        return x if self.views == 1 else x[:, 0]

@@ -162,7 +162,35 @@ def _check_model(config: ml_collections.ConfigDict) -> None:
     head_name(config)  # model.head: one of HEAD_CHOICES
     if config.model.head_block < 0:
         raise ConfigError(f"model.head_block={config.model.head_block} must be >= 0 (0: one head row per class).")
-    backbones.check_pretrained(config)  # the file exists and holds the backbone model.name names
+    found = backbones.check_pretrained(config)  # the file exists and holds the backbone model.name names
+    _check_train_blocks(config, found)
+
+
+def _check_train_blocks(config: ml_collections.ConfigDict, found) -> None:
+    """``model.train_blocks`` ("all", or 0..depth blocks of a pretrained ViT, 0..4 stages of a pretrained
+    ResNet) and ``model.cache_views`` (>= 0)."""
+    m = config.model
+    k = str(m.get("train_blocks", "all"))
+    if k == "all":
+        return
+    if found is None:
+        raise ConfigError(
+            f"model.train_blocks={k} freezes part of a pretrained backbone: set model.pretrained to a weight file "
+            "(README, Pretrained backbones), or use model.train_blocks=all."
+        )
+    depth, what = (found.vit.depth, "blocks") if found.family == "vit" else (len(found.resnet[0]), "stages")
+    if not k.isdigit() or int(k) > depth:
+        raise ConfigError(f"model.train_blocks={k!r}: use 'all' or a number of {what} from 0 to {depth}.")
+    if int(m.get("cache_views", 1)) < 0:
+        raise ConfigError(
+            f"model.cache_views={m.cache_views}: use 1 (cache the evaluation view, no augmentation), V > 1 (V - 1 "
+            "augmented views beside it) or 0 (no cache: the frozen trunk runs at every step, augmentation kept)."
+        )
+    if config.method == "rainbow" and int(m.get("cache_views", 1)) >= 1:
+        raise ConfigError(
+            "method rainbow draws its memory by perturbing images, which cached trunk features no longer are; "
+            "set model.cache_views=0 (the frozen trunk runs at every step)."
+        )
 
 
 def _check_image_folders(config: ml_collections.ConfigDict, uses_memory: bool) -> None:

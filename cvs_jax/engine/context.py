@@ -16,6 +16,7 @@ import jax
 import ml_collections
 
 from cvs_jax import augment, distributed, models
+from cvs_jax.engine import features
 from cvs_jax.engine.protocol import Protocol
 from cvs_jax.engine.train_step import make_optimizer, make_train_step
 from cvs_jax.methods.base import Method
@@ -90,10 +91,17 @@ class RunContext:
                 json.dump(proto.description(), f, indent=1)
         if share is None:
             model = models.from_config(config)
+            frozen = models.train_blocks(config) is not None  # a frozen trunk: its leaves get no update
             tx = make_optimizer(
-                momentum=config.train.momentum, nesterov=config.train.nesterov, weight_decay=config.train.weight_decay
+                momentum=config.train.momentum,
+                nesterov=config.train.nesterov,
+                weight_decay=config.train.weight_decay,
+                labels=functools.partial(models.frozen_mask, model) if frozen else None,
             )
             pipeline = augment.Pipeline.from_config(config)  # train-time augmentation and eval preprocessing
+            if features.cached(config):  # the trunk's outputs replace the images; the top trains on them
+                proto = features.with_features(config, proto, log.print)
+                model, pipeline = models.from_config(config, part="top"), augment.CachedViews(features.views(config))
             step_args = dict(head=head, loss_weights=dict(config.loss_weights), pipeline=pipeline)
             step_fn = make_train_step(model, tx, method, **step_args)
             steps_fn = make_train_step(model, tx, method, steps_per_call=k, **step_args)
@@ -128,8 +136,9 @@ class RunContext:
         )
 
     def initial_variables(self) -> dict:
+        """The whole network's (``self.model`` may be the top of a cached trunk, which takes features)."""
         return models.init_variables(
-            self.model,
+            models.from_config(self.config),
             self.config,
             self.proto.image_shape,
             self.proto.num_classes,

@@ -224,14 +224,14 @@ def check_user_plan(config: ml_collections.ConfigDict, plan: splits.SessionPlan,
 
 
 class LazyRows:
-    """Rows ``idx`` of a split, read when sliced (``rows[a:b]`` is a uint8 array): what the chunked
+    """Rows ``idx`` of a split, read when sliced (``rows[a:b]`` is a uint8 array, or features): what the chunked
     consumers (``chunks.iter_chunks``) take instead of a copied array."""
 
     def __init__(self, split, idx: np.ndarray):
         self._split = split
         self._idx = np.asarray(idx, np.int64)
-        self.shape = (len(self._idx), *split.image_shape)
-        self.dtype = np.dtype(np.uint8)
+        self.shape = (len(self._idx), *getattr(split, "row_shape", split.image_shape))
+        self.dtype = np.dtype(getattr(split, "dtype", np.uint8))  # float32 for cached trunk features
 
     def __len__(self) -> int:
         return self.shape[0]

@@ -33,13 +33,20 @@ class TrainState:
     tracked: Any  # what the method's importance policy tracks over the steps (RWalk: running Fisher); {} if none
 
 
-def make_optimizer(*, momentum: float, nesterov: bool, weight_decay: float) -> optax.GradientTransformation:
+def make_optimizer(
+    *, momentum: float, nesterov: bool, weight_decay: float, labels=None
+) -> optax.GradientTransformation:
     """Coupled L2 decay + SGD(Nesterov) with unit LR; the step scales by the epoch's LR.
 
     Passing the LR as an argument keeps one compiled step for every epoch and session.
     Adding ``wd * param`` to the gradient before momentum is PyTorch's SGD weight decay.
+    ``labels`` (``params -> "train" | "frozen"`` per leaf, ``models.frozen_mask``): frozen leaves get a
+    zero update (no decay, no momentum), so a frozen trunk stays bit-identical whatever its gradient.
     """
-    return optax.chain(optax.add_decayed_weights(weight_decay), optax.sgd(1.0, momentum=momentum, nesterov=nesterov))
+    tx = optax.chain(optax.add_decayed_weights(weight_decay), optax.sgd(1.0, momentum=momentum, nesterov=nesterov))
+    if labels is None:
+        return tx
+    return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
 
 
 def make_train_step(

@@ -3,6 +3,7 @@
 import dataclasses
 import os
 
+import jax
 import jax.numpy as jnp
 
 from cvs_jax.errors import ConfigError
@@ -23,6 +24,8 @@ def build_model(
     dtype="float32",
     frozen_bn: bool = False,
     bn_eps: float | None = None,
+    train_blocks: int | None = None,
+    part: str = "full",
 ):
     """The embedding network ``name`` in ``layout``.
 
@@ -31,9 +34,12 @@ def build_model(
     * ``torchvision``: ``TorchvisionResNet`` (torchvision block layout, BN eps ``bn_eps`` or 1e-5),
       the layout that ImageNet-pretrained weights (``models.pretrained``) load into.
     ``frozen_bn``: every BN uses its running statistics, also when ``train=True``.
+    ``train_blocks`` / ``part``: a frozen trunk and its cut (``TorchvisionResNet``, ``VisionTransformer``).
     """
     if name in VIT_ARCHITECTURES:
-        return VisionTransformer(VIT_ARCHITECTURES[name], embed_dim=embed_dim, dtype=dtype)
+        return VisionTransformer(
+            VIT_ARCHITECTURES[name], embed_dim=embed_dim, dtype=dtype, train_blocks=train_blocks, part=part
+        )
     if name not in ARCHITECTURES:
         raise ConfigError(
             f"model.name={name!r} is unknown; choose one of {sorted(ARCHITECTURES) + sorted(VIT_ARCHITECTURES)}, "
@@ -51,7 +57,13 @@ def build_model(
             dtype=dtype,
             frozen_bn=frozen_bn,
             bn_eps=1e-5 if bn_eps is None else bn_eps,
+            train_blocks=train_blocks,
+            part=part,
             **arch,
+        )
+    if train_blocks is not None:
+        raise ConfigError(
+            f"model.train_blocks freezes pretrained stages: use model.layout='torchvision', not {layout!r}."
         )
     if block != "basic":
         raise ConfigError(f"model.name={name!r} has {block} blocks, which exist only in model.layout='torchvision'.")
@@ -63,19 +75,46 @@ def build_model(
     return ResNetEmbedding(width=width, layout=layout, embed_dim=embed_dim, dtype=dtype, frozen_bn=frozen_bn, **arch)
 
 
-def from_config(config):
+def from_config(config, part: str = "full"):
     """The run's embedding network, from ``config.model`` (one place for every entry point). A named
     architecture needs no weight file; ``model.name='vit'`` reads the whole ViT from ``model.pretrained``
-    (every time the network is built, search and export included)."""
+    (every time the network is built, search and export included). ``part``: the frozen ``"trunk"`` or
+    the trained ``"top"`` of a network with ``model.train_blocks`` set."""
     m = config.model
+    k = train_blocks(config)
     if m.name == "vit":
         from cvs_jax.models.backbones import check_pretrained  # pylint: disable=g-import-not-at-top
 
         spec = dataclasses.replace(check_pretrained(config).vit, grid=None)
-        return VisionTransformer(spec, embed_dim=m.embed_dim, dtype=m.dtype)
+        return VisionTransformer(spec, embed_dim=m.embed_dim, dtype=m.dtype, train_blocks=k, part=part)
     return build_model(
-        m.name, width=m.width, layout=m.layout, embed_dim=m.embed_dim, dtype=m.dtype, frozen_bn=m.frozen_bn
+        m.name,
+        width=m.width,
+        layout=m.layout,
+        embed_dim=m.embed_dim,
+        dtype=m.dtype,
+        frozen_bn=m.frozen_bn,
+        train_blocks=k,
+        part=part,
     )
+
+
+def train_blocks(config) -> int | None:
+    """``model.train_blocks`` as the network takes it: None for "all", else the trained blocks k."""
+    k = config.model.get("train_blocks", "all")
+    return None if k == "all" else int(k)
+
+
+def frozen_mask(model, params) -> dict:
+    """``"frozen"`` / ``"train"`` for every leaf of the run's ``params`` (``{"net", head, extras}``): the
+    labels of the optimizer that leaves the trunk untouched (``train_step.make_optimizer``)."""
+    frozen = model.frozen_names() if getattr(model, "train_blocks", None) is not None else ()
+
+    def label(path, _):
+        top = path[1].key if len(path) > 1 and path[0].key == "net" else None
+        return "frozen" if top in frozen else "train"
+
+    return jax.tree_util.tree_map_with_path(label, params)
 
 
 def init_variables(model, config, image_shape, num_classes: int, init_key, head_key, head=None) -> dict:
@@ -129,6 +168,8 @@ __all__ = [
     "VisionTransformer",
     "build_model",
     "from_config",
+    "frozen_mask",
+    "train_blocks",
     "init_variables",
     "input_shape",
     "load_pretrained",

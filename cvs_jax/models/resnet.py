@@ -220,6 +220,12 @@ class TorchvisionResNet(nn.Module):
     ``block="bottleneck"`` with ``stage_sizes=(3, 4, 6, 3)`` is ResNet-50 (2048-d pooled features).
     Module names follow torchvision (``conv1``, ``bn1``, ``layer{i}_{b}``) for weight import.
     ``embed_dim=0`` returns the pooled features (timm's pre-logits), as the fixture tests compare.
+
+    ``train_blocks`` = k (``model.train_blocks``; None: all) counts *stages* (torchvision's ``layer1`` to
+    ``layer4``): the last k stages, ``embedding`` and the head train; the stem and the first stages are
+    the frozen trunk, whose BatchNorms always use their running statistics (they are part of what is
+    frozen). ``part`` cuts the network there, as ``VisionTransformer``'s: the trunk gives the feature map
+    after stage 4 - k (k = 0: the pooled features).
     """
 
     stage_sizes: Sequence[int] = (3, 4, 6, 3)
@@ -229,28 +235,31 @@ class TorchvisionResNet(nn.Module):
     bn_eps: float = 1e-5
     frozen_bn: bool = False
     dtype: jnp.dtype = jnp.float32
+    train_blocks: int | None = None
+    part: str = "full"  # "full" | "trunk" | "top"
 
     @nn.compact
     def __call__(self, x, train: bool):
         if self.block not in ("bottleneck", "basic"):
             raise ValueError(f"block={self.block!r}: use 'bottleneck' or 'basic'.")
-        x = x.astype(self.dtype)
-        x = _tv_conv(self.width, 7, 2, "conv1", self.dtype)(x)
-        x = nn.relu(_tv_bn("bn1", train, self.frozen_bn, self.bn_eps, self.dtype)(x))
-        x = nn.max_pool(x, (3, 3), (2, 2), padding=[(1, 1), (1, 1)])
-        cls = Bottleneck if self.block == "bottleneck" else TorchvisionBasicBlock
-        for i, blocks in enumerate(self.stage_sizes):
-            for b in range(blocks):
-                stride = 2 if (i > 0 and b == 0) else 1
-                x = cls(
-                    self.width * 2**i,
-                    stride,
-                    bn_eps=self.bn_eps,
-                    frozen_bn=self.frozen_bn,
-                    dtype=self.dtype,
-                    name=f"layer{i + 1}_{b}",
-                )(x, train)
-        x = global_average_pool(x)
+        stages = len(self.stage_sizes)
+        k = stages if self.train_blocks is None else self.train_blocks
+        trunk_train = train and self.train_blocks is None  # a frozen trunk's BatchNorms: running statistics
+        if self.part != "top":
+            x = x.astype(self.dtype)
+            x = _tv_conv(self.width, 7, 2, "conv1", self.dtype)(x)
+            x = nn.relu(_tv_bn("bn1", trunk_train, self.frozen_bn, self.bn_eps, self.dtype)(x))
+            x = nn.max_pool(x, (3, 3), (2, 2), padding=[(1, 1), (1, 1)])
+            x = self._stages(x, range(stages - k), trunk_train)
+            if k == 0:
+                x = global_average_pool(x)
+            if self.part == "trunk":
+                return x
+            if self.train_blocks is not None:
+                x = jax.lax.stop_gradient(x)
+        x = self._stages(x, range(stages - k, stages), train)
+        if k:
+            x = global_average_pool(x)
         if not self.embed_dim:
             return x
         fan_in = x.shape[-1]
@@ -260,3 +269,23 @@ class TorchvisionResNet(nn.Module):
             bias_init=_torch_linear_init(fan_in),
             name="embedding",
         )(x)
+
+    def _stages(self, x, stages, train: bool):
+        cls = Bottleneck if self.block == "bottleneck" else TorchvisionBasicBlock
+        for i in stages:
+            for b in range(self.stage_sizes[i]):
+                stride = 2 if (i > 0 and b == 0) else 1
+                x = cls(
+                    self.width * 2**i,
+                    stride,
+                    bn_eps=self.bn_eps,
+                    frozen_bn=self.frozen_bn,
+                    dtype=self.dtype,
+                    name=f"layer{i + 1}_{b}",
+                )(x, train)
+        return x
+
+    def frozen_names(self) -> set[str]:
+        """The top-level parameter names of the frozen trunk (``train_blocks`` set)."""
+        stages = len(self.stage_sizes) - self.train_blocks
+        return {"conv1", "bn1"} | {f"layer{i + 1}_{b}" for i in range(stages) for b in range(self.stage_sizes[i])}

@@ -126,14 +126,53 @@ class VisionTransformer(nn.Module):
 
     ``embed_dim=0`` returns the class-token feature itself (timm's pre-logits), as the fixture tests compare.
     ``train`` is accepted for the trainer's interface; nothing depends on it (no BatchNorm, no dropout).
+
+    ``train_blocks`` (``model.train_blocks``; None: all): only the last k transformer blocks, the final
+    norm (k >= 1) and ``embedding`` train; the patch embedding, tokens, ``pos_embed`` and the first
+    depth - k blocks are the frozen *trunk* (``frozen_names``). The gradient stops at the split, so the
+    trunk costs no backward pass. ``part`` cuts the network there with the same parameter names:
+    ``"trunk"`` gives what the feature cache stores (the tokens after block depth - k, or the normed
+    class token when k = 0), ``"top"`` takes that and gives the embedding; ``top(trunk(x)) == full(x)``.
     """
 
     spec: ViTSpec
     embed_dim: int = 128
     dtype: jnp.dtype = jnp.float32
+    train_blocks: int | None = None
+    part: str = "full"  # "full" | "trunk" | "top"
 
     @nn.compact
     def __call__(self, x, train: bool = False):
+        s = self.spec
+        k = s.depth if self.train_blocks is None else self.train_blocks
+        if self.part != "top":
+            x = self._embed_tokens(x)
+            for i in range(s.depth - k):
+                x = Block(s, self.dtype, name=f"blocks_{i}")(x)
+            if k == 0:
+                x = nn.LayerNorm(s.eps, dtype=jnp.float32, name="norm")(x)[:, 0]
+            if self.part == "trunk":
+                return x
+            if self.train_blocks is not None:
+                x = jax.lax.stop_gradient(x)
+        for i in range(s.depth - k, s.depth):
+            x = Block(s, self.dtype, name=f"blocks_{i}")(x)
+        feat = nn.LayerNorm(s.eps, dtype=jnp.float32, name="norm")(x)[:, 0] if k else x
+        if not self.embed_dim:
+            return feat
+        return nn.Dense(
+            self.embed_dim,
+            kernel_init=_torch_linear_init(s.width),
+            bias_init=_torch_linear_init(s.width),
+            name="embedding",
+        )(feat)
+
+    def frozen_names(self) -> set[str]:
+        """The top-level parameter names of the frozen trunk (``train_blocks`` set)."""
+        return frozen_names(self.spec, self.train_blocks)
+
+    def _embed_tokens(self, x):
+        """Patch embedding, class (and register) tokens, positions: [B, H, W, C] -> [B, tokens, width]."""
         s = self.spec
         x = nn.Conv(
             s.width, (s.patch, s.patch), (s.patch, s.patch), padding="VALID", dtype=self.dtype, name="patch_embed_proj"
@@ -149,18 +188,12 @@ class VisionTransformer(nn.Module):
         n_pos = gh * gw + (0 if s.no_embed_class else 1 + s.registers)
         pos = self.param("pos_embed", init, (1, n_pos, s.width))
         if s.no_embed_class:
-            x = jnp.concatenate(prefix + [x + pos], axis=1)
-        else:
-            x = jnp.concatenate(prefix + [x], axis=1) + pos
-        for i in range(s.depth):
-            x = Block(s, self.dtype, name=f"blocks_{i}")(x)
-        x = nn.LayerNorm(s.eps, dtype=jnp.float32, name="norm")(x)
-        feat = x[:, 0]
-        if not self.embed_dim:
-            return feat
-        return nn.Dense(
-            self.embed_dim,
-            kernel_init=_torch_linear_init(s.width),
-            bias_init=_torch_linear_init(s.width),
-            name="embedding",
-        )(feat)
+            return jnp.concatenate(prefix + [x + pos], axis=1)
+        return jnp.concatenate(prefix + [x], axis=1) + pos
+
+
+def frozen_names(spec: ViTSpec, train_blocks: int) -> set[str]:
+    """The top-level parameter names of ``VisionTransformer``'s frozen trunk at ``train_blocks`` = k."""
+    names = {"patch_embed_proj", "cls_token", "reg_token", "pos_embed"}
+    names |= {f"blocks_{i}" for i in range(spec.depth - train_blocks)}
+    return names | ({"norm"} if train_blocks == 0 else set())

@@ -1,0 +1,203 @@
+"""The frozen trunk's outputs, computed once per image and kept in the run's data directory.
+
+With ``model.train_blocks`` = k (not ``"all"``) and ``model.cache_views`` = V >= 1, the frozen trunk
+(``part="trunk"`` of ``models.vit.VisionTransformer`` or ``models.resnet.TorchvisionResNet``) sees
+every train and test image once per view. Its outputs replace the images of the run's splits
+(``FeatureSplit``), the network becomes the trained ``top`` and the pipeline ``augment.CachedViews``:
+every epoch, session, validation, gallery embedding and ``update`` reads them.
+
+Where augmentation still applies (README, Pretrained backbones): V = 1 caches the evaluation view
+(``augment.Pipeline.eval``: normalisation, centre crop) only, so training sees no crops, flips or
+``augment.policy``. V > 1 caches V - 1 training-augmented views of each train image beside it (drawn
+once, the same on every run) and each step picks one per image; test images keep the evaluation view.
+``model.cache_views=0`` keeps the full augmentation and runs the frozen trunk at every step instead
+(no backward pass through it).
+
+A cache file holds one split of one record store (an ``update`` adds a file for its folder; the earlier
+ones are read as they are) under ``<data.data_dir>/cvs_features/<key>.npy``. ``key`` is a digest of
+the weight file's bytes, the trunk (architecture, k, dtype), the preprocessing (stored image shape,
+crop, size, mean, std; with V > 1 the training augmentation too), V and the store's ``store.json``
+(its source fingerprint and counts), so a changed file, store or preprocessing never reads a stale
+cache. Files are written whole, then renamed.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import os
+import time
+
+import jax
+import numpy as np
+
+from cvs_jax import augment, models
+from cvs_jax.data import parts, records
+from cvs_jax.engine.protocol import LazyRows, Protocol
+from cvs_jax.retrieval.chunks import iter_chunks
+
+FORMAT = 1
+SUBDIR = "cvs_features"
+# Images this process passed through a trunk, by split key: what tests count to see the cache used.
+TRUNK_IMAGES: collections.Counter = collections.Counter()
+
+
+def views(config) -> int:
+    """``model.cache_views``: the views cached per image (0: no cache)."""
+    return int(config.model.get("cache_views", 1))
+
+
+def cached(config) -> bool:
+    """Whether the run trains on cached trunk features (``model.train_blocks`` set, ``cache_views`` >= 1)."""
+    return models.train_blocks(config) is not None and views(config) >= 1
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSplit:
+    """A split whose rows are trunk features: ``read`` gives float32 ``[n, *row_shape]``; ``image_shape``
+    stays the images' (``protocol.json``, the network's init), ``labels`` the split's."""
+
+    images: np.ndarray  # the features; named as ``sources.Split``'s rows, so no loader worker copies them
+    labels: np.ndarray
+    image_shape: tuple
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def row_shape(self) -> tuple:
+        return tuple(self.images.shape[1:])
+
+    @property
+    def dtype(self):
+        return self.images.dtype
+
+    def read(self, idx: np.ndarray) -> np.ndarray:
+        return self.images[np.asarray(idx, np.int64)]
+
+
+def with_features(config, proto: Protocol, log=print) -> Protocol:
+    """``proto`` with its train and test splits replaced by their trunk features (read or computed)."""
+    trunk = Trunk(config, proto.image_shape)
+    t0, before = time.time(), sum(TRUNK_IMAGES.values())
+    ds = proto.dataset
+    ds = dataclasses.replace(ds, train=trunk.split(ds.train, "train"), test=trunk.split(ds.test, "test"))
+    computed = sum(TRUNK_IMAGES.values()) - before
+    log(f"features: {trunk.cache_dir} ({computed} images through the frozen trunk, {time.time() - t0:.1f}s)")
+    return dataclasses.replace(proto, dataset=ds)
+
+
+class Trunk:
+    """The frozen trunk of ``config``'s network with its pretrained weights, and its cache files."""
+
+    def __init__(self, config, image_shape):
+        self.config, self.image_shape = config, tuple(image_shape)
+        self.cache_dir = os.path.join(os.path.expanduser(config.data.data_dir), SUBDIR)
+        self.pipeline = augment.Pipeline.from_config(config)
+        self._what = _trunk_identity(config, self.image_shape, self.pipeline)
+        self._variables = None
+        self._fn = None
+
+    def split(self, split, name: str) -> FeatureSplit:
+        """``split``'s features: one cache file per part (record store) of it."""
+        leaves = split.parts if isinstance(split, parts.ConcatSplit) else [split]
+        feats = [self._features(leaf, name) for leaf in leaves]
+        return FeatureSplit(np.concatenate(feats), np.asarray(split.labels), self.image_shape)
+
+    def _features(self, leaf, name: str) -> np.ndarray:
+        key = _digest({"trunk": self._what, "split": _split_identity(leaf, name)})
+        path = os.path.join(self.cache_dir, f"{key}.npy")
+        if os.path.exists(path):
+            return np.load(path)
+        feats = self.compute(leaf, key, views(self.config) if name == "train" else 1)
+        os.makedirs(self.cache_dir, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            np.save(f, feats)
+        os.replace(tmp, path)
+        with open(os.path.join(self.cache_dir, f"{key}.json"), "w") as f:
+            json.dump({"trunk": self._what, "split": name, "rows": len(feats)}, f, indent=1)
+        return feats
+
+    def compute(self, leaf, key: str = "", v: int = 1) -> np.ndarray:
+        """The trunk's outputs for every row of ``leaf`` (in eval-batch chunks; one compile): ``[N, ...]``
+        of the evaluation view, or, when the run caches several views, ``[N, v, ...]`` (view 0 the
+        evaluation view; view i >= 1 the training augmentation drawn with key (0, chunk start, i))."""
+        if self._fn is None:
+            self._variables, self._fn = self._build()
+        rows = LazyRows(leaf, np.arange(len(leaf)))
+        stacked, out = views(self.config) > 1, []
+        for start, chunk, n in iter_chunks(rows, int(self.config.train.eval_batch_size)):
+            keys = jax.random.split(jax.random.fold_in(jax.random.key(0), start), v)
+            feats = np.stack([np.asarray(self._fn(self._variables, chunk, keys[i], i > 0)) for i in range(v)], 1)
+            out.append(feats[:n] if stacked else feats[:n, 0])
+            TRUNK_IMAGES[key] += n * v
+        if not out:
+            struct = jax.ShapeDtypeStruct((1, *self.image_shape), np.uint8)
+            shape = jax.eval_shape(lambda x: self._fn(self._variables, x, jax.random.key(0), False), struct).shape
+            return np.zeros((0, *([v] if stacked else []), *shape[1:]), np.float32)
+        return np.concatenate(out).astype(np.float32)
+
+    def _build(self):
+        full = models.from_config(self.config)
+        k0, k1 = jax.random.split(jax.random.key(0))
+        net = models.init_variables(full, self.config, self.image_shape, 1, k0, k1)["params"]["net"]
+        trunk = models.from_config(self.config, part="trunk")
+        pipeline = self.pipeline
+
+        def fn(variables, images, key, augmented: bool):
+            return trunk.apply(variables, pipeline.train(key, images) if augmented else pipeline.eval(images))
+
+        return {"params": net}, jax.jit(fn, static_argnums=3)
+
+
+def _trunk_identity(config, image_shape, pipeline) -> dict:
+    """What the trunk's outputs depend on, besides the images."""
+    m = config.model
+    what = {
+        "format": FORMAT,
+        "weights": _file_digest(os.path.expanduser(m.pretrained)),
+        "name": m.name,
+        "train_blocks": models.train_blocks(config),
+        "dtype": m.dtype,
+        "image_shape": list(image_shape),
+        "preprocessing": {"crop": pipeline.crop, "size": pipeline.size, "mean": pipeline.mean, "std": pipeline.std},
+        "views": views(config),
+    }
+    if views(config) > 1:  # the augmented views: the training transform, drawn chunk by chunk
+        what["augmentation"] = dataclasses.asdict(pipeline)
+        what["chunk"] = int(config.train.eval_batch_size)
+    return what
+
+
+_FILE_DIGESTS: dict = {}
+
+
+def _file_digest(path: str) -> str:
+    """sha256 of a weight file's bytes (once per process for a path, size and mtime)."""
+    st = os.stat(path)
+    at = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+    if at not in _FILE_DIGESTS:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+        _FILE_DIGESTS[at] = h.hexdigest()
+    return _FILE_DIGESTS[at]
+
+
+def _split_identity(leaf, name: str) -> str:
+    """A record store's split by its ``store.json`` (source fingerprint, counts, shape); a split held
+    only in memory (a TFDS dataset) by its pixels."""
+    store = leaf if isinstance(leaf, records.StoreSplit) else getattr(leaf, "store", None)
+    if store is not None:
+        with open(os.path.join(store.directory, records.STORE_FILE), "rb") as f:
+            return hashlib.sha256(f.read() + f"|{store.split}".encode()).hexdigest()
+    images = np.ascontiguousarray(leaf.read(np.arange(len(leaf))))
+    return hashlib.sha256(images.tobytes() + f"|{name}|{images.shape}".encode()).hexdigest()
+
+
+def _digest(what: dict) -> str:
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
