@@ -140,13 +140,16 @@ class ResNetEmbedding(nn.Module):
                     x, train
                 )
         x = global_average_pool(x)
-        fan_in = x.shape[-1]
-        return nn.Dense(
-            self.embed_dim,
-            kernel_init=_torch_linear_init(fan_in),
-            bias_init=_torch_linear_init(fan_in),
-            name="embedding",
-        )(x)
+        return embedding(x, self.embed_dim)
+
+
+def embedding(x: jax.Array, embed_dim: int) -> jax.Array:
+    """The ``embedding`` layer both ResNet layouts end in (called inside their ``nn.compact``): the
+    official ``Linear(features, D)`` with bias and PyTorch's default init."""
+    fan_in = x.shape[-1]
+    return nn.Dense(
+        embed_dim, kernel_init=_torch_linear_init(fan_in), bias_init=_torch_linear_init(fan_in), name="embedding"
+    )(x)
 
 
 # ------------------------------------------------------------------ torchvision layout
@@ -262,13 +265,7 @@ class TorchvisionResNet(nn.Module):
             x = global_average_pool(x)
         if not self.embed_dim:
             return x
-        fan_in = x.shape[-1]
-        return nn.Dense(
-            self.embed_dim,
-            kernel_init=_torch_linear_init(fan_in),
-            bias_init=_torch_linear_init(fan_in),
-            name="embedding",
-        )(x)
+        return embedding(x, self.embed_dim)
 
     def _stages(self, x, stages, train: bool):
         cls = Bottleneck if self.block == "bottleneck" else TorchvisionBasicBlock
