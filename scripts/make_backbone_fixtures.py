@@ -195,23 +195,7 @@ def main(out):
     )
     _save(out, "vit_patch16_small", vit_hf, _images(2, 32, 16), hf_registers=0, timm_file=False)
     # DINOv2 ViT-S/B/14 with registers (timm vit_*_patch14_reg4_dinov2): LayerScale, no_embed_class
-    dino = _randomise(
-        VisionTransformer(
-            img_size=42,
-            patch_size=14,
-            embed_dim=128,
-            depth=2,
-            num_heads=2,
-            mlp_ratio=1.0,
-            init_values=1e-5,
-            reg_tokens=2,
-            no_embed_class=True,
-            num_classes=0,
-        ),
-        2,
-    )
-    # the same weights on a 56x56 input (grid 4 instead of 3): timm resamples pos_embed itself
-    dyn = VisionTransformer(
+    dino_args = dict(
         img_size=42,
         patch_size=14,
         embed_dim=128,
@@ -222,8 +206,10 @@ def main(out):
         reg_tokens=2,
         no_embed_class=True,
         num_classes=0,
-        dynamic_img_size=True,
     )
+    dino = _randomise(VisionTransformer(**dino_args), 2)
+    # the same weights on a 56x56 input (grid 4 instead of 3): timm resamples pos_embed itself
+    dyn = VisionTransformer(**dino_args, dynamic_img_size=True)
     dyn.load_state_dict(dino.state_dict())
     dyn.eval()
     x56 = _images(2, 56, 13)
