@@ -5,8 +5,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from configs.variants import VARIANTS
+from cvs_jax.errors import UserError
 from cvs_jax.methods.registry import METHODS
+from cvs_jax.rundir import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -98,3 +102,20 @@ def test_unknown_config_variant_is_one_error_line():
     assert proc.stderr.strip().splitlines() == [
         f"error: config variant 'nope' is unknown; choose from {sorted(VARIANTS)}."
     ]
+
+
+def test_workdir_that_is_a_file_is_one_error_line_and_the_file_is_kept(tmp_path):
+    """A mistyped --workdir naming a file: one line and exit 2 (it was a FileExistsError traceback in
+    ``compare``), and the file is left as it was."""
+    not_a_folder = tmp_path / "notes.txt"
+    not_a_folder.write_text("mine")
+    message = f"--workdir {not_a_folder} is a file (or lies under one), not a folder; pass a new or existing folder."
+    args = ["--config", "configs/fashion_mnist_general.py", "--workdir", str(not_a_folder), "--methods", "finetune"]
+    proc = _run([sys.executable, "-m", "cvs_jax.compare", *args])
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"error: {message}"]
+    for workdir in (not_a_folder, not_a_folder / "run"):  # main's runs take the same lock (open_run)
+        with pytest.raises(UserError, match="is a file"):
+            with workdir_lib.hold(str(workdir)):
+                pass
+    assert not_a_folder.read_text() == "mine"

@@ -225,9 +225,24 @@ def _busy(workdir: str, fd: int) -> WorkdirBusyError:
     )
 
 
+def _make_folder(workdir: str) -> None:
+    """Creates the workdir, or says in one line why it cannot be one (a file there, no permission): a
+    mistyped path is the user's to fix, not a traceback."""
+    try:
+        os.makedirs(workdir, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UserError(
+            f"--workdir {workdir} is a file (or lies under one), not a folder; pass a new or existing folder."
+        ) from None
+    except PermissionError:
+        raise UserError(
+            f"--workdir {workdir} cannot be created: permission denied; pass a folder you can write."
+        ) from None
+
+
 def _lock(workdir: str) -> int:
     """Takes ``<workdir>/.lock`` (never waits); returns its descriptor, or raises ``WorkdirBusyError``."""
-    os.makedirs(workdir, exist_ok=True)
+    _make_folder(workdir)
     fd = os.open(os.path.join(workdir, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
