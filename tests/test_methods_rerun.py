@@ -17,7 +17,9 @@ def compared(tmp_path_factory):
     root = tmp_path_factory.mktemp("rerun")
     manual = write_fashion_idx(str(root / "idx"), train_per_class=40, test_per_class=6)
     workdir = str(root / "cmp")
-    cmd = mr.compare_cmd(manual, str(root / "tfds"), workdir, mr.ALL_METHODS)
+    # one epoch per session (the overrides' last --config.train.epochs wins): a finished session is what
+    # the rerun must leave alone, however many epochs trained it
+    cmd = mr.compare_cmd(manual, str(root / "tfds"), workdir, mr.ALL_METHODS) + ["--config.train.epochs=1"]
     proc = mr.run(cmd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return cmd, workdir

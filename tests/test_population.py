@@ -13,7 +13,8 @@ from), asserts every count, size and step exactly, every loss within ``RTOL`` an
 one query.  A wrong seed, split, memory or a member reading another's state moves losses by percents
 (the two members' first losses differ by ~8 %), far outside ``RTOL``.  Selection per member is checked
 against its own definition (first epoch of highest validation recall), and resume against the
-uninterrupted population exactly (one program, one machine).
+uninterrupted population exactly (one program, one machine): killed mid-session, then killed again in
+its rerun between the members' writes of one checkpoint, then rerun to the end.
 """
 
 import json
@@ -98,34 +99,29 @@ def test_population_selects_per_member_and_resumes_exactly(manual, tmp_path):
             epoch, val = _selected(metrics, s + 1)
             assert (entry["best_epoch"], entry["val_recall1"]) == (epoch, val), s
 
-    # killed mid-session (session 1, epoch 2, before its checkpoint at step 9), rerun: the same outcome
-    cmd = mr.main_cmd(manual, str(tmp_path / "tfds"), str(tmp_path / "killed"), "cvs") + [
+    # killed mid-session (session 1, epoch 2, before its checkpoint at step 9), rerun: both members resume
+    # at the epoch-end checkpoint 6 ...
+    killed = str(tmp_path / "killed")
+    cmd = mr.main_cmd(manual, str(tmp_path / "tfds"), killed, "cvs") + [
         "--config.population=2",
         f"--config.train.lr={LR}",
     ]
     assert mr.run(cmd, "step:8").returncode == -9
-    resumed = mr.run(cmd)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [max(_steps(paths.progress_dir(os.path.join(killed, f"member{m}")))) for m in range(2)] == [6, 6]
+    # ... and that rerun is killed between the two members' writes of its second progress checkpoint
+    # (step 12, session 1's end: member 0 holds it, member 1 holds step 9, mid-epoch)
+    resumed = mr.run(cmd, "progress_write:4")
+    assert resumed.returncode == -9, resumed.stderr[-3000:]
     assert resumed.stdout.count("resumed session 1 at step 6/") == 2
-    for m in range(2):
-        assert mr.outcome(str(tmp_path / "killed" / f"member{m}")) == members[m]
-
-    # killed between the two members' writes of one progress checkpoint (member 0 holds the newer step,
-    # member 1 does not): both resume at the newest step they all hold, and the outcome is the same
-    between = str(tmp_path / "between")
-    cmd = mr.main_cmd(manual, str(tmp_path / "tfds"), between, "cvs") + [
-        "--config.population=2",
-        f"--config.train.lr={LR}",
-    ]
-    assert mr.run(cmd, "progress_write:4").returncode == -9
-    newest = [max(_steps(paths.progress_dir(os.path.join(between, f"member{m}")))) for m in range(2)]
+    newest = [max(_steps(paths.progress_dir(os.path.join(killed, f"member{m}")))) for m in range(2)]
     assert newest[0] > newest[1], newest  # the kill fell between the members' writes
+    # rerun: both resume at the newest step they all hold, and the outcome is the uninterrupted one
     resumed = mr.run(cmd)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     at = re.findall(r"resumed session 1 at step (\d+)/", resumed.stdout)
     assert at == [str(newest[1])] * 2, (at, newest)  # session 1 starts at run step 0
     for m in range(2):
-        assert mr.outcome(os.path.join(between, f"member{m}")) == members[m]
+        assert mr.outcome(os.path.join(killed, f"member{m}")) == members[m]
 
 
 def _steps(directory: str) -> list[int]:

@@ -5,8 +5,10 @@ the live one.
 
 ``as_written`` runs them verbatim (about 6 1/2 minutes on 2 cores): marked ``slow``, outside the default
 suite (``pytest -m slow tests/test_readme_walkthrough.py``).  ``one_epoch`` runs the same commands with
-``--config.train.epochs=1`` appended to the two ``cvs_jax.main`` commands (``update`` keeps the run's
-recipe), so CI checks every command, path and promise at a fraction of the training."""
+``--config.train.epochs=1`` and 32-pixel images (``--config.data.stored_size=32
+--config.augment.size=28``, a quarter of ``:cpu``'s pixels) appended to the two ``cvs_jax.main``
+commands (``update``, ``search`` and ``export`` keep the run's recipe and stored size), so CI checks
+every command, path and promise at a fraction of the training."""
 
 from __future__ import annotations
 
@@ -47,7 +49,9 @@ def _results(path: str) -> list[dict]:
     "extra",
     [
         pytest.param([], id="as_written", marks=pytest.mark.slow),
-        pytest.param(["--config.train.epochs=1"], id="one_epoch"),
+        pytest.param(
+            ["--config.train.epochs=1", "--config.data.stored_size=32", "--config.augment.size=28"], id="one_epoch"
+        ),
     ],
 )
 def test_readme_walkthrough_runs(tmp_path, extra):

@@ -43,8 +43,8 @@ def test_calls_never_cross_an_epoch_end():
     assert [k for k, e in ev.items() if e.log] == [(3, 6), (7, 10), (10, 13)]  # 4 -> 6, 8 -> 10, 12 -> 13
 
 
-def _run(manual, tmp_path, k, name, *, epochs, every):
-    c = tiny_config(manual, tmp_path, method="finetune", sessions=2)
+def _run(manual, tmp_path, k, name, *, epochs, every, method="finetune"):
+    c = tiny_config(manual, tmp_path, method=method, sessions=2)
     c.data.samples_per_new_class = 30
     c.memory.budget = 20
     c.train.epochs = epochs
@@ -71,14 +71,14 @@ def test_k_steps_per_call_match_single_steps(manual, tmp_path, capsys):
 def test_kill_mid_session_and_rerun_with_k3(manual, tmp_path):
     """Killed at step 8 (after the call of steps 7-9, before its checkpoint at 9; 6 steps per epoch) and
     rerun from the epoch-end checkpoint at 6: the uninterrupted k=3 run's results and metrics, exactly."""
-    tfds = str(tmp_path / "tfds")
-    cmd = lambda wd: mr.main_cmd(manual, tfds, wd, "cvs") + ["--config.train.steps_per_call=3"]  # noqa: E731
-    ref = str(tmp_path / "ref")
-    proc = mr.run(cmd(ref))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    killed = str(tmp_path / "killed")
-    assert mr.run(cmd(killed), "step:8").returncode == -9
-    resumed = mr.run(cmd(killed))
+    # the uninterrupted run in this process: the command's config (tests/test_population.py compares the two
+    # ways of running the same way)
+    ref = _run(manual, tmp_path, 3, "ref", epochs=2, every=3, method="cvs")
+    cmd = mr.main_cmd(manual, str(tmp_path / "tfds"), str(tmp_path / "killed"), "cvs") + [
+        "--config.train.steps_per_call=3"
+    ]
+    assert mr.run(cmd, "step:8").returncode == -9
+    resumed = mr.run(cmd)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed session 1 at step 6/" in resumed.stdout
-    assert mr.outcome(killed) == mr.outcome(ref)
+    assert mr.outcome(str(tmp_path / "killed")) == ref
