@@ -18,7 +18,7 @@ from cvs_jax.engine import runner
 from cvs_jax.retrieval import run_reader
 from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 
-# The README's "Export to an ANN index" snippet, run verbatim by test_faiss_answers_as_search
+# The "Export to an ANN index" snippet of docs/your-images.md, run verbatim by test_faiss_answers_as_search
 # (given ``export_dir`` and ``query_paths``).
 FAISS_SNIPPET = """\
 import faiss
@@ -109,12 +109,19 @@ def test_export_round_trip(exported_run):
     assert loaded.rows() == table
 
 
+def test_faiss_snippet_is_the_docs_one():
+    """The snippet run below is the one docs/your-images.md shows, character for character."""
+    page = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "your-images.md")
+    with open(page, encoding="utf-8") as f:
+        assert FAISS_SNIPPET in f.read()
+
+
 def test_faiss_answers_as_search(exported_run, tmp_path):
     faiss = pytest.importorskip("faiss")
     wd, out, data = exported_run
     query_paths = _query_files(data.test.images[:100], tmp_path / "queries")
     scope = {"export_dir": out, "query_paths": query_paths}
-    exec(FAISS_SNIPPET, scope)  # noqa: S102 -- the README's snippet, verbatim
+    exec(FAISS_SNIPPET, scope)  # noqa: S102 -- the docs page's snippet, verbatim
     scores, ids = scope["scores"], scope["ids"]
     assert isinstance(scope["index"], faiss.IndexFlatIP) and ids.shape == (100, 5)
     run = run_reader.Run(wd)

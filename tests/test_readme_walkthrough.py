@@ -1,4 +1,4 @@
-"""README "Your own images": every command of the walkthrough, run as written (from a folder laid out
+"""docs/your-images.md ("Your own images"): every command of the walkthrough, run as written (from a folder laid out
 like the repository root beside ../shared/data), and its promises checked: three sessions from main +
 two updates, search hits that are files, an export that faiss searches, and the manifest run equal to
 the live one.
@@ -24,15 +24,15 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO), "shared")
 MINI_ZIP = os.path.join(SHARED, "data", "tiny-imagenet-200-mini.zip")
+DOC_PAGE = os.path.join("docs", "your-images.md")
 
 
 def walkthrough_blocks() -> tuple[list[str], str]:
-    """The section's bash commands (one per line) and its python snippet."""
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
-        readme = f.read()
-    section = readme.split("## Your own images", 1)[1].split("\n## ", 1)[0]
-    bash = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
-    python = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    """The page's bash commands (one per line) and its python snippet (the export to faiss)."""
+    with open(os.path.join(REPO, DOC_PAGE), encoding="utf-8") as f:
+        page = f.read()
+    bash = re.search(r"```bash\n(.*?)```", page, re.S).group(1)
+    python = re.search(r"```python\n(.*?)```", page, re.S).group(1)
     return [line for line in bash.splitlines() if line.strip()], python
 
 
@@ -87,7 +87,7 @@ def test_readme_walkthrough_runs(tmp_path, extra):
     cwd = os.getcwd()
     os.chdir(root)
     try:
-        exec(compile(snippet, "README.md", "exec"), namespace)  # noqa: S102 -- the README's own code
+        exec(compile(snippet, DOC_PAGE, "exec"), namespace)  # noqa: S102 -- the page's own code
     finally:
         os.chdir(cwd)
     assert namespace["ids"].shape == (1, 5)
