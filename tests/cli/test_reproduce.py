@@ -11,7 +11,7 @@ from configs import cifar100_general
 from cvs_jax import reproduce
 from cvs_jax.reports import paper_results
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _run(*args):

@@ -17,7 +17,7 @@ import pytest
 from cvs_jax.data import official_splits as osp
 from cvs_jax.errors import ConfigError, SplitError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPLIT_DIR = os.path.join(ROOT, "..", "shared", "data", "cvs-official-splits", "cifar100")
 HAVE_JSON = os.path.isdir(SPLIT_DIR)
 needs_json = pytest.mark.skipif(not HAVE_JSON, reason="official JSON split files not available")

@@ -20,7 +20,7 @@ from cvs_jax.data import records, sources
 from cvs_jax.data.builders import FashionMnistLocal, TinyImagenetZip, fashion_mnist_local, tiny_imagenet
 from cvs_jax.errors import DataError
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEBIAN_FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 MINI_ZIP = REPO_ROOT.parent / "shared" / "data" / "tiny-imagenet-200-mini.zip"
 

@@ -12,7 +12,7 @@ from cvs_jax.data.sources import ImageDataset, Split
 from cvs_jax.data.splits import plan_from_config
 from cvs_jax.engine import config_checks
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
 NOT_RUNNABLE = {"__init__", "base", "variants", "finegrained"}
 RUNNABLE = sorted(f[:-3] for f in os.listdir(CONFIG_DIR) if f.endswith(".py") and f[:-3] not in NOT_RUNNABLE)
 # Table 1 of the paper: every dataset x setup

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from cvs_jax.engine import cadence, phases, runner
-from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.run_state import RunState
 from cvs_jax.methods import losses, policies
 from cvs_jax.methods.policies import ImportanceState, ReplayMemory
@@ -24,28 +23,8 @@ from cvs_jax.methods.registry import get_method
 from cvs_jax.retrieval import topk
 from cvs_jax.retrieval.gallery import Gallery, GalleryPart
 from cvs_jax.rundir.checkpoint import Checkpoints
-from cvs_jax.rundir.run_log import RunLog
-from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
-
-
-@pytest.fixture(scope="module")
-def manual_dir(tmp_path_factory):
-    return write_fashion_idx(str(tmp_path_factory.mktemp("idx")), train_per_class=60, test_per_class=10)
-
-
-def build_ctx(manual_dir, tmp_path, method="cvs", sessions=2, **train):
-    c = tiny_config(manual_dir, tmp_path, method=method, sessions=sessions)
-    for k, v in train.items():
-        setattr(c.train, k, v)
-    wd = str(tmp_path / f"wd-{method}")
-    os.makedirs(wd, exist_ok=True)
-    return RunContext.build(c, wd, RunLog(wd))
-
-
-def tree_equal(a, b) -> bool:
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return jax.tree.structure(a) == jax.tree.structure(b) and all(np.array_equal(x, y) for x, y in zip(la, lb))
-
+from cvs_jax.testing.run_contexts import build_ctx, tree_equal
+from cvs_jax.testing.tiny_data import tiny_config
 
 # ---------------------------------------------------------------- cadence
 

@@ -30,13 +30,8 @@ from cvs_jax.methods.registry import get_head, get_method, head_name
 from cvs_jax.models.heads import CosineHead, LinearResetHead, head_params
 from cvs_jax.retrieval import compatibility
 from cvs_jax.rundir import workdir as workdir_lib
-from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
-from tests.test_phases import build_ctx
-
-
-@pytest.fixture(scope="module")
-def manual_dir(tmp_path_factory):
-    return write_fashion_idx(str(tmp_path_factory.mktemp("idx")), train_per_class=60, test_per_class=10)
+from cvs_jax.testing.run_contexts import build_ctx
+from cvs_jax.testing.tiny_data import tiny_config
 
 
 def numpy_cross_entropy(logits: np.ndarray, labels: np.ndarray, valid: int) -> float:

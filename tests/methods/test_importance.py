@@ -22,8 +22,8 @@ from cvs_jax.methods import baselines, policies, regularizers
 from cvs_jax.methods.importance_policies import ForkFisher
 from cvs_jax.methods.seams import ImportanceState
 from cvs_jax.models.heads import LinearResetHead
-from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
-from tests.test_phases import build_ctx, tree_equal
+from cvs_jax.testing.run_contexts import build_ctx, tree_equal
+from cvs_jax.testing.tiny_data import tiny_config
 
 
 def linear_ce(emb, params, labels, valid: int):
@@ -33,11 +33,6 @@ def linear_ce(emb, params, labels, valid: int):
 
 
 PIPE = augment.Pipeline(mean=(0.5,), std=(0.5,), crop="pad", padding=0, flip=False, policy="none")
-
-
-@pytest.fixture(scope="module")
-def manual_dir(tmp_path_factory):
-    return write_fashion_idx(str(tmp_path_factory.mktemp("idx")), train_per_class=60, test_per_class=10)
 
 
 def tiny_setup(tmp_path, kind="rwalk"):

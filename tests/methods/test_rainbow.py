@@ -18,7 +18,7 @@ from cvs_jax.methods import baselines, policies, replay
 from cvs_jax.methods.policies import ReplayMemory
 from cvs_jax.methods.seams import PolicyView
 from cvs_jax.rundir.checkpoint import Checkpoints
-from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.testing.tiny_data import tiny_config
 
 # ---------------------------------------------------------------- transcriptions of the fork's rules
 
@@ -281,11 +281,6 @@ def test_make_rainbow_reads_config_rainbow(manual_dir, tmp_path):
     c.rainbow.selection, c.rainbow.memory_batches = "spread", "with_replacement"
     m = baselines.make_rainbow(c)
     assert m.memory.selection == "spread" and m.batches.memory_batches == "with_replacement"
-
-
-@pytest.fixture(scope="module")
-def manual_dir(tmp_path_factory):
-    return write_fashion_idx(str(tmp_path_factory.mktemp("idx")), train_per_class=60, test_per_class=10)
 
 
 def _memory_after_session(workdir, s):

@@ -23,7 +23,7 @@ from cvs_jax.models.pretrained import load_torchvision_resnet
 from cvs_jax.models.resnet import TorchvisionResNet
 from cvs_jax.models.vit import VisionTransformer
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "backbones")
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "backbones")
 TOL = 1e-4
 
 
@@ -205,10 +205,10 @@ def test_a_run_trains_a_pretrained_vit(tmp_path):
     checkpoints and the gallery; the pretrained weights are what the run starts from."""
     from cvs_jax.engine import runner
     from cvs_jax.rundir import paths
-    from tests.test_image_folder import SESSIONS, config, write_folder
+    from cvs_jax.testing.image_folders import SESSIONS, folder_config, write_folder
 
     folder = write_folder(tmp_path / "photos", SESSIONS[0], 2, seed=0)
-    c = config(tmp_path, folder)
+    c = folder_config(tmp_path, folder)
     c.model.name, c.model.pretrained = "vit", os.path.join(FIXTURES, "dinov2_patch14.safetensors")
     c.data.stored_size, c.augment.size = 32, 28
     workdir = str(tmp_path / "run")

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RACE = os.path.join(REPO, "benchmarks", "race.py")
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 

@@ -12,7 +12,7 @@ from cvs_jax.errors import UserError
 from cvs_jax.methods.registry import METHODS
 from cvs_jax.rundir import workdir as workdir_lib
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # `python -m cvs_jax.main` with runner.run replaced: it reports the log verbosity, then fails as asked.
 FAKE_MAIN = textwrap.dedent(

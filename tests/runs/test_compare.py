@@ -314,7 +314,7 @@ def test_compare_on_a_held_directory_is_refused_naming_the_holder(tmp_path, monk
     monkeypatch.setattr(runner, "run", no_run)
     monkeypatch.setattr(runner, "run_population", no_run)
     wd = str(tmp_path / "cmp")
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with workdir.hold(wd):
         with pytest.raises(WorkdirBusyError, match=f"in use by pid {os.getpid()} on "):
             comparison.run_comparison(fashion_mnist_general.get_config(), wd, ["finetune"], [0])

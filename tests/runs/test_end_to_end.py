@@ -9,12 +9,7 @@ import pytest
 
 from cvs_jax.engine import phases, runner
 from cvs_jax.rundir.checkpoint import Checkpoints
-from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
-
-
-@pytest.fixture(scope="module")
-def manual_dir(tmp_path_factory):
-    return write_fashion_idx(str(tmp_path_factory.mktemp("idx")), train_per_class=60, test_per_class=10)
+from cvs_jax.testing.tiny_data import tiny_config
 
 
 def read_jsonl(path):

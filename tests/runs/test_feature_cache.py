@@ -22,10 +22,10 @@ from cvs_jax.models.resnet import TorchvisionResNet
 from cvs_jax.models.vit import frozen_names
 from cvs_jax.retrieval import run_reader
 from cvs_jax.testing import methods_runs as mr
-from tests.test_image_folder import SESSIONS, config, write_folder
+from cvs_jax.testing.image_folders import SESSIONS, folder_config, write_folder
 
-VIT = os.path.join(os.path.dirname(__file__), "fixtures", "backbones", "vit_patch16.safetensors")
-OVERRIDES = {  # on top of tests.test_image_folder.config: the frozen fixture ViT, 2 epochs
+VIT = os.path.join(os.path.dirname(__file__), "..", "fixtures", "backbones", "vit_patch16.safetensors")
+OVERRIDES = {  # on top of cvs_jax.testing.image_folders.folder_config: the frozen fixture ViT, 2 epochs
     "model.name": "vit",
     "model.pretrained": VIT,
     "model.train_blocks": "1",
@@ -36,7 +36,7 @@ OVERRIDES = {  # on top of tests.test_image_folder.config: the frozen fixture Vi
 
 
 def vit_config(tmp_path, folder, **more):
-    c = config(tmp_path, folder)
+    c = folder_config(tmp_path, folder)
     for field, value in {**OVERRIDES, **more}.items():
         *section, name = field.split(".")
         (c[section[0]] if section else c)[name] = value
@@ -220,7 +220,7 @@ def test_train_blocks_refusals(tmp_path, fields, match):
 
 
 def test_train_blocks_without_weights_refused(tmp_path):
-    c = config(tmp_path, tmp_path)
+    c = folder_config(tmp_path, tmp_path)
     c.model.train_blocks = "0"
     with pytest.raises(ConfigError, match="set model.pretrained to a weight file"):
         config_checks.check(c, num_devices=1)

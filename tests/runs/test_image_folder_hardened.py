@@ -23,9 +23,9 @@ from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.retrieval import run_reader
 from cvs_jax.rundir import workdir as workdir_lib
-from tests.test_image_folder import SESSIONS, _image, config, write_folder
+from cvs_jax.testing.image_folders import SESSIONS, folder_config, folder_image, write_folder
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def checksums(workdir) -> dict[str, str]:
@@ -46,7 +46,7 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("hardened")
     first = write_folder(root / "day1", SESSIONS[0], 4, seed=0)
     second = write_folder(root / "day2", SESSIONS[1], 4, seed=1)
-    c = config(root, first)
+    c = folder_config(root, first)
     c.method = "finetune"
     wd = str(root / "run")
     runner.run(c, wd)
@@ -71,7 +71,7 @@ def class_folders(root, classes: dict[str, int], seed: int) -> str:
     for name, n in classes.items():
         os.makedirs(os.path.join(root, name))
         for i in range(n):
-            _image(sum(map(ord, name)) % 97, rng).save(os.path.join(root, name, f"{i}.png"))
+            folder_image(sum(map(ord, name)) % 97, rng).save(os.path.join(root, name, f"{i}.png"))
     return str(root)
 
 
@@ -133,7 +133,7 @@ def test_update_duplicates_compare_content_not_names(trained, run_copy, tmp_path
 
 
 def test_stored_updates_must_be_a_prefix(trained, tmp_path):
-    c = config(tmp_path, trained[1])
+    c = folder_config(tmp_path, trained[1])
     wd = str(tmp_path / "wd")
     os.makedirs(os.path.join(wd, "checkpoints", "sessions", "1"))  # a run that trained
     c.data.updates = ["/photos/a"]
@@ -165,7 +165,7 @@ def test_size_rule_counts_replay_and_says_how_many_photos():
 
 
 def test_budget_of_user_sessions_checked_before_any_data(trained, tmp_path):
-    c = config(tmp_path, trained[1])
+    c = folder_config(tmp_path, trained[1])
     c.method, c.memory.budget = "cvs", 2  # the folder holds 3 classes
     with pytest.raises(ConfigError, match="memory.budget=2 is smaller than the 3 classes"):
         runner.run(c, str(tmp_path / "wd"))
@@ -195,7 +195,7 @@ def test_moved_folder_search_export_update(trained, run_copy, tmp_path, capsys):
 
 
 def test_missing_folder_is_refused_before_the_workdir(tmp_path):
-    c = config(tmp_path, tmp_path / "nowhere")
+    c = folder_config(tmp_path, tmp_path / "nowhere")
     with pytest.raises(ConfigError, match="data.manual_dir: .* does not exist"):
         runner.run(c, str(tmp_path / "wd"))
     assert not os.path.exists(tmp_path / "wd")  # no config.json left behind
@@ -203,11 +203,11 @@ def test_missing_folder_is_refused_before_the_workdir(tmp_path):
 
 def test_paths_shown_are_the_folder_the_run_was_given(trained, tmp_path):
     copy = shutil.copytree(trained[1], tmp_path / "copy")  # the same files: the same record store
-    c = config(trained[3], str(copy))
+    c = folder_config(trained[3], str(copy))
     ds = sources.load_dataset(
         "image_folder", data_dir=c.data.data_dir, manual_dir=str(copy), options=sources.builder_options(c.data)
     )
-    assert ds.stores == tuple(sources.store_dirs(config(trained[3], trained[1]).data))  # shared
+    assert ds.stores == tuple(sources.store_dirs(folder_config(trained[3], trained[1]).data))  # shared
     names = sources.source_names(c.data, "train")
     assert names and all(n.startswith(str(copy) + os.sep) for n in names)
 
@@ -313,7 +313,7 @@ def test_degenerate_images_are_named_in_a_warning(tmp_path, capsys):
 
 
 def test_update_continues_a_generator_run(trained, tmp_path):
-    c = config(tmp_path, trained[1])
+    c = folder_config(tmp_path, trained[1])
     c.method = "finetune"
     c.data.split, c.data.setup = "generator", "general"
     c.data.num_sessions, c.data.first_classes, c.data.classes_per_session = 2, 2, 1

@@ -22,7 +22,7 @@ import time
 import numpy as np
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CACHE = os.environ.get("CVS_JAX_TEST_CACHE", "/tmp/cvs_jax_xla_cache")
 
 
@@ -210,7 +210,8 @@ def _run_worker(n_devices: int, *args: str, timeout: int = 600) -> dict:
 def manual_dir(tmp_path_factory):
     from cvs_jax.testing.tiny_data import write_fashion_idx
 
-    # 50 test images per class: 200 / 300 test queries in sessions 1 / 2 (recall in steps of <= 0.5%)
+    # tests/conftest.py's data with 50 test images per class, not 10: 200 / 300 test queries in sessions
+    # 1 / 2 (recall in steps of <= 0.5%)
     return write_fashion_idx(str(tmp_path_factory.mktemp("idx")), train_per_class=60, test_per_class=50)
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from cvs_jax.testing.tiny_data import write_fake_product10k
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLASSES = 10
 SMALL, LARGE = 20, 200  # images per class (80% train): N = 200 and 10N = 2000
 IMAGE_BYTES = 256 * 256 * 3  # a decoded stored image

@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED = os.path.join(os.path.dirname(REPO), "shared")
 MINI_ZIP = os.path.join(SHARED, "data", "tiny-imagenet-200-mini.zip")
 

@@ -14,7 +14,7 @@ import pytest
 from cvs_jax.errors import ConfigError, UserError, WorkdirBusyError
 from cvs_jax.rundir import workdir as workdir_lib
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _config(lr=0.1, overwrite=False, eval_batch_size=64):
