@@ -1,70 +1,15 @@
 """reproduce: the paper's tables beside fake result directories, and the plan of every cell (no training)."""
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from configs import cifar100_general
 from cvs_jax import reproduce
 from cvs_jax.reports import paper_results
+from cvs_jax.testing.result_dirs import fake_results
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _run(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "cvs_jax.reproduce", *args], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
-
-
-def _write_run(run_dir, config, ar=None, seed=0):
-    """A run directory as trainer.run leaves it: config.json, and results.json when ``ar`` (AR@K in %) is given."""
-    os.makedirs(run_dir, exist_ok=True)
-    config.seed = seed
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump(config.to_dict(), f)
-    if ar is not None:
-        results = {
-            "method": config.method,
-            "dataset": config.data.name,
-            "setup": config.data.setup,
-            "seed": seed,
-            "per_session": [{"session": 0, "recall": {k: v / 100 for k, v in ar.items()}}],
-            "average_recall": {k: v / 100 for k, v in ar.items()},
-        }
-        with open(os.path.join(run_dir, "results.json"), "w") as f:
-            json.dump(results, f)
-
-
-def _fake_results(tmp_path):
-    """A compare directory (CIFAR-100 general: cvs on two seeds, bct diverged) and a lone lc_lm run with 1 epoch."""
-    top = tmp_path / "cmp"
-    runs = []
-    for seed, ar in ((0, {"1": 70.0, "2": 75.0, "4": 78.0}), (1, {"1": 72.0, "2": 76.0, "4": 79.0})):
-        c = cifar100_general.get_config()
-        _write_run(str(top / f"seed{seed}" / "cvs"), c, ar, seed)
-        runs.append({"seed": seed, "method": "cvs", "workdir": f"seed{seed}/cvs", "status": "ok", "average_recall": ar})
-    c = cifar100_general.get_config()
-    c.method = "bct"
-    _write_run(str(top / "seed0" / "bct"), c)
-    runs.append(
-        {
-            "seed": 0,
-            "method": "bct",
-            "workdir": "seed0/bct",
-            "status": "diverged",
-            "message": "loss is NaN at session 3",
-        }
-    )
-    with open(top / "comparison.json", "w") as f:
-        json.dump({"dataset": "cifar100", "setup": "general", "runs": runs}, f)
-    c = cifar100_general.get_config("lc_lm")
-    c.train.epochs = 1
-    _write_run(str(tmp_path / "lone"), c, {"1": 60.0, "2": 65.0, "4": 70.0})
-    return [str(top), str(tmp_path / "lone")]
 
 
 def _row(text, title, setup_label, method_label):
@@ -87,7 +32,7 @@ def test_paper_entries_cite_the_spec_and_cover_table1():
 
 
 def test_report_marks_cells_not_run_and_gives_ours_and_delta(tmp_path):
-    dirs = _fake_results(tmp_path)
+    dirs = fake_results(tmp_path)
     runs = reproduce.find_runs(dirs)
     assert sorted((r.method, r.variant, r.status) for r in runs) == [
         ("bct", "", "diverged"),
@@ -170,22 +115,3 @@ def test_plan_lists_every_table1_cell_with_a_command_and_hours():
     est = [c for c in data["cells"] if c["group"] == paper_results.TABLE1 and c["command"].count("general.py ")]
     cvs = [c["estimate"] for c in est if c["dataset"] == "cifar100" and c["method"] == "cvs"][0]
     assert cvs["hours"] == pytest.approx((1.25 * cvs["trained_images"] / 4676 + 5 * 120) / 3600)
-
-
-def test_command_line_help_plan_results_and_errors(tmp_path):
-    proc = _run("--help")
-    assert proc.returncode == 0, proc.stderr
-    assert "--plan" in proc.stdout and "python -m cvs_jax.reproduce DIR" in proc.stdout
-    proc = _run("--plan", "--plan_seeds", "0", "--output_json", str(tmp_path / "plan.json"))
-    assert proc.returncode == 0, proc.stderr
-    assert sum(line.startswith("Table 1 | ") for line in proc.stdout.splitlines()) == 24
-    assert len(json.load(open(tmp_path / "plan.json"))["cells"]) == len(paper_results.ENTRIES)
-    dirs = _fake_results(tmp_path)
-    proc = _run(*dirs)
-    assert proc.returncode == 0, proc.stderr
-    assert "not run" in proc.stdout and "-2.95 / -1.23 / -0.34" in proc.stdout
-    proc = _run("/nonexistent/results")
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
-        "error: /nonexistent/results is not a directory; name the --workdir of a compare or main run."
-    ]

@@ -1,7 +1,5 @@
 """The compatibility summaries beside AR@K (AC, AM, negative flips) against hand-computed values."""
 
-import os
-
 import numpy as np
 import pytest
 
@@ -53,25 +51,3 @@ def test_negative_flips_of_each_update():
     queries = {0: e[[0, 1, 0]], 1: np.array([[1, 0], [1, 0.1], [1, 0]], np.float32)}
     flips = compatibility.negative_flips(2, gallery, lambda i: queries[i], labels)
     assert flips == [pytest.approx(0.5)]
-
-
-def test_frozen_method_trains_nothing_and_loses_nothing(tmp_path):
-    """``frozen``: every session keeps the initial network, so each update flips no query and model i
-    searches part j's rows exactly as part j's own model did (BC 0, NFR 0; AC 0: never strictly better)."""
-    import jax
-
-    from cvs_jax.engine import runner
-    from cvs_jax.rundir.checkpoint import Checkpoints
-    from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
-
-    manual = write_fashion_idx(str(tmp_path / "idx"), train_per_class=60, test_per_class=10)
-    c = tiny_config(manual, tmp_path, sessions=2)
-    c.method = "frozen"
-    wd = str(tmp_path / "frozen")
-    res = runner.run(c, wd)
-    m = res["compatibility_recall1"]
-    assert m[1][0] == m[0][0] and res["compatibility_mean_drop"] == 0.0
-    assert res["negative_flip_rate"] == [0.0] and res["compatibility_ac"] == 0.0
-    ck = Checkpoints(os.path.join(wd, "checkpoints", "sessions"), max_to_keep=None)
-    nets = [ck.restore(s, {"variables": None})["variables"]["params"]["net"] for s in (0, 1)]
-    jax.tree.map(np.testing.assert_array_equal, nets[0], nets[1])
