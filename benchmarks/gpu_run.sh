@@ -21,8 +21,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm 
 "${PYTHON:-python3}" -c "import jax, flax, optax, orbax.checkpoint as o; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())" | tee -a "$OUT/env_$1.txt"
 case "$1" in
   a)
-    timeout 240 python3 -m pytest -q -p no:cacheprovider -x --timeout 200 tests/test_losses.py tests/test_evaluate.py \
-      tests/test_distillation.py tests/test_regularizers.py tests/test_augment.py tests/test_models.py \
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -x --timeout 200 tests/methods/test_losses.py tests/retrieval/test_evaluate.py \
+      tests/methods/test_distillation.py tests/methods/test_regularizers.py tests/augment/test_augment.py tests/models/test_models.py \
       2>&1 | tail -25 | tee "$OUT/tests.txt"
     python3 benchmarks/train_step.py 2>&1 | tee "$OUT/train_step.txt"
     python3 benchmarks/train_step_torch.py 2>&1 | tee "$OUT/train_step_torch.txt"
@@ -39,8 +39,8 @@ case "$1" in
 esac
 case "$1" in
   c)  # after the loss-precision fix: the GPU test subset again, and the methods the first comparison did not reach
-    timeout 240 python3 -m pytest -q -p no:cacheprovider --timeout 200 tests/test_losses.py tests/test_evaluate.py \
-      tests/test_distillation.py tests/test_regularizers.py tests/test_augment.py tests/test_models.py \
+    timeout 240 python3 -m pytest -q -p no:cacheprovider --timeout 200 tests/methods/test_losses.py tests/retrieval/test_evaluate.py \
+      tests/methods/test_distillation.py tests/methods/test_regularizers.py tests/augment/test_augment.py tests/models/test_models.py \
       2>&1 | tail -25 | tee "$OUT/tests.txt"
     python3 -m cvs_jax.compare --config configs/fashion_mnist_general.py --workdir /tmp/cmp_gpu \
       --methods finetune,joint,cvs,rwalk,rainbow,ewc --seeds 0 \
@@ -51,8 +51,8 @@ case "$1" in
 esac
 case "$1" in
   d)  # determinism: two identical runs with and without config.deterministic; its cost on the step
-    timeout 200 python3 -m pytest -q -p no:cacheprovider --timeout 150 tests/test_evaluate.py tests/test_losses.py \
-      tests/test_regularizers.py 2>&1 | tail -5 | tee "$OUT/tests.txt"
+    timeout 200 python3 -m pytest -q -p no:cacheprovider --timeout 150 tests/retrieval/test_evaluate.py tests/methods/test_losses.py \
+      tests/methods/test_regularizers.py 2>&1 | tail -5 | tee "$OUT/tests.txt"
     for det in False True; do
       for rep in 1 2; do
         python3 -m cvs_jax.main --config configs/fashion_mnist_general.py --workdir /tmp/det_${det}_$rep \

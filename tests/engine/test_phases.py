@@ -121,7 +121,7 @@ def test_carry_over_builds_memory_once(manual_dir, tmp_path):
 
 def test_carry_over_importance(manual_dir, tmp_path):
     """The online importance is computed at carry-over from the previous selected model (the fork's
-    slots are made at the end of each session: tests/test_importance.py)."""
+    slots are made at the end of each session: tests/methods/test_importance.py)."""
     ctx = build_ctx(manual_dir, tmp_path, method="ewc")
     ctx.config.unlock()
     ctx.config.importance.mode, ctx.config.importance.normalize = "online", True

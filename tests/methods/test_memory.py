@@ -178,8 +178,8 @@ def test_uncertainty_select_spreads_over_the_ranking():
 
 
 def test_uncertainty_select_stride_is_the_fork_default():
-    """Per class (25 candidates, quota 5): ranks 0, 5, 10, 15, 20 of the ascending ranking (tests/test_rainbow.py
-    pins the rule against a transcription of the fork)."""
+    """Per class (25 candidates, quota 5): ranks 0, 5, 10, 15, 20 of the ascending ranking
+    (tests/methods/test_rainbow.py pins the rule against a transcription of the fork)."""
     rng = np.random.default_rng(1)
     labels = np.repeat(np.arange(4), 25)
     unc = rng.uniform(size=100)

@@ -58,7 +58,7 @@ def test_runner_table_and_shared_first_session(tmp_path, capsys):
             assert r["NFR"] == pytest.approx(100 * results["negative_flip_rate"][0])
         assert r["AM"] == pytest.approx(100 * np.nanmean([v for row in matrix for v in row if v is not None]))
     assert os.path.getsize(os.path.join(wd, "comparison.png")) > 0
-    with open(os.path.join(wd, "comparison.html")) as f:  # the same on one page (tests/test_report_pages.py)
+    with open(os.path.join(wd, "comparison.html")) as f:  # the same on one page (tests/runs/test_report_pages.py)
         page = f.read()
     for e in out["summary"]:
         assert f'data-ar="{e["method"]}:1">{e["average_recall"]["1"]["mean"]:.2f}' in page

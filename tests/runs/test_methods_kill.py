@@ -14,7 +14,7 @@ from cvs_jax.engine.comparison import share_first_session
 from cvs_jax.testing import methods_runs as mr
 from cvs_jax.testing.tiny_data import write_fashion_idx
 
-KILLED = ["lwf", "ewc", "rainbow"]  # cvs: tests/test_resume.py kills it at five points, session 2 included
+KILLED = ["lwf", "ewc", "rainbow"]  # cvs: tests/runs/test_resume.py kills it at five points, session 2 included
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 Each check that needs N devices runs in a fresh Python process started with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` (the CPU backend then has
 N devices; the flag must be set before JAX starts, hence the subprocess).  The
-worker half of this file (``python tests/test_multidevice.py --worker ...``)
+worker half of this file (``python tests/runs/test_multidevice.py --worker ...``)
 trains the tiny CVS config with ``cvs_jax.engine.runner.run``, runs the sharded search,
 or acts as one of two ``jax.distributed`` processes, and prints a JSON summary.
 Runtime on 2 shared CPU cores: ~1.5-2 min with a warm XLA cache, ~4 min cold.

@@ -4,7 +4,7 @@ two updates, search hits that are files, an export that faiss searches, and the 
 the live one.
 
 ``as_written`` runs them verbatim (about 6 1/2 minutes on 2 cores): marked ``slow``, outside the default
-suite (``pytest -m slow tests/test_readme_walkthrough.py``).  ``one_epoch`` runs the same commands with
+suite (``pytest -m slow tests/runs/test_readme_walkthrough.py``).  ``one_epoch`` runs the same commands with
 ``--config.train.epochs=1`` and 32-pixel images (``--config.data.stored_size=32
 --config.augment.size=28``, a quarter of ``:cpu``'s pixels) appended to the two ``cvs_jax.main``
 commands (``update``, ``search`` and ``export`` keep the run's recipe and stored size), so CI checks

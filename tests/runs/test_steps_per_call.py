@@ -71,7 +71,7 @@ def test_k_steps_per_call_match_single_steps(manual, tmp_path, capsys):
 def test_kill_mid_session_and_rerun_with_k3(manual, tmp_path):
     """Killed at step 8 (after the call of steps 7-9, before its checkpoint at 9; 6 steps per epoch) and
     rerun from the epoch-end checkpoint at 6: the uninterrupted k=3 run's results and metrics, exactly."""
-    # the uninterrupted run in this process: the command's config (tests/test_population.py compares the two
+    # the uninterrupted run in this process: the command's config (tests/runs/test_population.py compares the two
     # ways of running the same way)
     ref = _run(manual, tmp_path, 3, "ref", epochs=2, every=3, method="cvs")
     cmd = mr.main_cmd(manual, str(tmp_path / "tfds"), str(tmp_path / "killed"), "cvs") + [
