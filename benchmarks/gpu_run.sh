@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu_run.sh a    # GPU test subset, JAX train-step benchmark, PyTorch mirror
 #   bash benchmarks/gpu_run.sh b    # search benchmark, the demo comparison (9 methods) on the GPU
 #   c / d / e / f: see each section below
-#   bash benchmarks/gpu_run.sh race # issue 16: benchmarks/race.py at its three configs (f32 and bf16) + the loader
+#   bash benchmarks/gpu_run.sh race # benchmarks/race.py at its three configs (f32 and bf16) + the loader
 #                                   # benchmark, into $OUT/race/; resumable: run it again until it prints "race: done"
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -94,7 +94,7 @@ case "$1" in
     ;;
 esac
 case "$1" in
-  race)  # issue 16: our step / k-step / population vs PyTorch eager / torch.compile, one part per process
+  race)  # our step / k-step / population vs PyTorch eager / torch.compile, one part per process
     # Each part (config x side x rows) writes $R/<part>.json; a part whose JSON exists is skipped, so the
     # same command resumes after a call's time limit.  A call stops starting parts when fewer than
     # MIN_PART_S of its RACE_CALL_S are left; a part that runs out of a full call's time gets a row

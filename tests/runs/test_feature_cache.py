@@ -135,7 +135,7 @@ def folders(tmp_path_factory):
 
 @pytest.mark.parametrize("views", [1, 3])
 def test_frozen_vit_caches_resumes_exactly_and_updates(folders, tmp_path, views):
-    """The issue's Done-when: the trunk sees each image once per view (the first run computes the cache; a
+    """What the cache promises: the trunk sees each image once per view (the first run computes the cache; a
     killed and rerun run, and the uninterrupted one, read it); the rerun equals the uninterrupted run; an
     ``update`` puts only the new folder's images through the trunk; the trunk never changes. With 3 views
     (the evaluation view and 2 random-resized crops) each step picks a view per image with its key."""

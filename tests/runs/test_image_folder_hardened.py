@@ -1,4 +1,4 @@
-"""Your own images, hardened (issue 23): refusals leave the workdir as it was, a run needs only its
+"""Your own images, hardened: refusals leave the workdir as it was, a run needs only its
 workdir and record stores (not the folders it was made from), one ``error:`` line for every input
 mistake, the same duplicate rules for ``update`` and ``search --add``."""
 

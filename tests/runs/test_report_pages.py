@@ -1,4 +1,4 @@
-"""The HTML pages (issue 27): ``report.html`` of a run, ``search --html`` and a comparison's page.
+"""The HTML pages: ``report.html`` of a run, ``search --html`` and a comparison's page.
 
 Each page is parsed (``html.parser``): every picture it shows is an existing file or a decodable data
 URI, and the numbers it shows are those of ``results.json`` / the search results.  A slow test renders
