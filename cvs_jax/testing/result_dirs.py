@@ -5,13 +5,14 @@ import json
 import os
 
 from configs import cifar100_general
+from cvs_jax.rundir import paths
 
 
 def write_run_dir(run_dir, config, ar=None, seed=0):
     """A run directory as trainer.run leaves it: config.json, and results.json when ``ar`` (AR@K in %) is given."""
     os.makedirs(run_dir, exist_ok=True)
     config.seed = seed
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
+    with open(paths.config_file(run_dir), "w") as f:
         json.dump(config.to_dict(), f)
     if ar is not None:
         results = {
@@ -22,7 +23,7 @@ def write_run_dir(run_dir, config, ar=None, seed=0):
             "per_session": [{"session": 0, "recall": {k: v / 100 for k, v in ar.items()}}],
             "average_recall": {k: v / 100 for k, v in ar.items()},
         }
-        with open(os.path.join(run_dir, "results.json"), "w") as f:
+        with open(paths.results_file(run_dir), "w") as f:
             json.dump(results, f)
 
 
@@ -46,7 +47,7 @@ def fake_results(tmp_path):
             "message": "loss is NaN at session 3",
         }
     )
-    with open(top / "comparison.json", "w") as f:
+    with open(top / paths.COMPARISON, "w") as f:
         json.dump({"dataset": "cifar100", "setup": "general", "runs": runs}, f)
     c = cifar100_general.get_config("lc_lm")
     c.train.epochs = 1
