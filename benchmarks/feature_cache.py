@@ -1,4 +1,4 @@
-"""Issue 26's feature cache: images/s of preparing it, and of the CVS training step with it and without it.
+"""The frozen-backbone feature cache: images/s of preparing it, and of the CVS training step with it and without it.
 
   python benchmarks/feature_cache.py            # ViT-S/16 at 224 (configs/image_folder_general.py:cpu_pretrained)
   python benchmarks/feature_cache.py --quick    # a depth-2, width-128 ViT at 32x32, for a check in seconds

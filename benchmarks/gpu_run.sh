@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu_run.sh a    # GPU test subset, JAX train-step benchmark, PyTorch mirror
 #   bash benchmarks/gpu_run.sh b    # search benchmark, the demo comparison (9 methods) on the GPU
 #   c / d / e / f: see each section below
-#   bash benchmarks/gpu_run.sh race # issue 16: benchmarks/race.py at its three configs (f32 and bf16) + the loader
+#   bash benchmarks/gpu_run.sh race # benchmarks/race.py at its three configs (f32 and bf16) + the loader
 #                                   # benchmark, into $OUT/race/; resumable: run it again until it prints "race: done"
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,8 +21,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm 
 "${PYTHON:-python3}" -c "import jax, flax, optax, orbax.checkpoint as o; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())" | tee -a "$OUT/env_$1.txt"
 case "$1" in
   a)
-    timeout 240 python3 -m pytest -q -p no:cacheprovider -x --timeout 200 tests/test_losses.py tests/test_evaluate.py \
-      tests/test_distillation.py tests/test_regularizers.py tests/test_augment.py tests/test_models.py \
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -x --timeout 200 tests/methods/test_losses.py tests/retrieval/test_evaluate.py \
+      tests/methods/test_distillation.py tests/methods/test_regularizers.py tests/augment/test_augment.py tests/models/test_models.py \
       2>&1 | tail -25 | tee "$OUT/tests.txt"
     python3 benchmarks/train_step.py 2>&1 | tee "$OUT/train_step.txt"
     python3 benchmarks/train_step_torch.py 2>&1 | tee "$OUT/train_step_torch.txt"
@@ -39,8 +39,8 @@ case "$1" in
 esac
 case "$1" in
   c)  # after the loss-precision fix: the GPU test subset again, and the methods the first comparison did not reach
-    timeout 240 python3 -m pytest -q -p no:cacheprovider --timeout 200 tests/test_losses.py tests/test_evaluate.py \
-      tests/test_distillation.py tests/test_regularizers.py tests/test_augment.py tests/test_models.py \
+    timeout 240 python3 -m pytest -q -p no:cacheprovider --timeout 200 tests/methods/test_losses.py tests/retrieval/test_evaluate.py \
+      tests/methods/test_distillation.py tests/methods/test_regularizers.py tests/augment/test_augment.py tests/models/test_models.py \
       2>&1 | tail -25 | tee "$OUT/tests.txt"
     python3 -m cvs_jax.compare --config configs/fashion_mnist_general.py --workdir /tmp/cmp_gpu \
       --methods finetune,joint,cvs,rwalk,rainbow,ewc --seeds 0 \
@@ -51,8 +51,8 @@ case "$1" in
 esac
 case "$1" in
   d)  # determinism: two identical runs with and without config.deterministic; its cost on the step
-    timeout 200 python3 -m pytest -q -p no:cacheprovider --timeout 150 tests/test_evaluate.py tests/test_losses.py \
-      tests/test_regularizers.py 2>&1 | tail -5 | tee "$OUT/tests.txt"
+    timeout 200 python3 -m pytest -q -p no:cacheprovider --timeout 150 tests/retrieval/test_evaluate.py tests/methods/test_losses.py \
+      tests/methods/test_regularizers.py 2>&1 | tail -5 | tee "$OUT/tests.txt"
     for det in False True; do
       for rep in 1 2; do
         python3 -m cvs_jax.main --config configs/fashion_mnist_general.py --workdir /tmp/det_${det}_$rep \
@@ -94,7 +94,7 @@ case "$1" in
     ;;
 esac
 case "$1" in
-  race)  # issue 16: our step / k-step / population vs PyTorch eager / torch.compile, one part per process
+  race)  # our step / k-step / population vs PyTorch eager / torch.compile, one part per process
     # Each part (config x side x rows) writes $R/<part>.json; a part whose JSON exists is skipped, so the
     # same command resumes after a call's time limit.  A call stops starting parts when fewer than
     # MIN_PART_S of its RACE_CALL_S are left; a part that runs out of a full call's time gets a row

@@ -1,4 +1,4 @@
-"""How far a population member drifts from its separate run: the numbers behind tests/test_population.py.
+"""How far a population member drifts from its separate run: the numbers behind tests/runs/test_population.py.
 
 Trains the tiny CVS test setup (cvs_jax/testing/tiny_data.py: width-4 ResNet, 8-d embedding, batch 16) as a
 2-member population (``population=2``, seeds s and s+1 on the plan of s) and as the two separate runs,

@@ -10,7 +10,7 @@ Reproduces the PIL-based training augmentations of the official code (ivclab/CVS
 
 Images are uint8 ``[H, W, C]`` (C = 1 or 3), batches ``[B, H, W, C]``.  Each op follows the Pillow C
 code path that the reference's call ends up in; agreement with Pillow 13 measured by
-``tests/test_autoaugment.py`` (CPU, inside jit + vmap):
+``tests/augment/test_autoaugment.py`` (CPU, inside jit + vmap):
 
 =============  =========================================================================  ==========
 op             reference call / what is reproduced                                        agreement

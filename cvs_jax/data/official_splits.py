@@ -7,7 +7,7 @@ Two sources, one plan (``data.split="official"``, the default of ``configs/cifar
 * the official JSON files themselves, when ``data.official_split_dir`` points at them (they then
   win over the packaged file) -- :func:`load_official_plan`.
 
-Both give the same plan, index for index (``tests/test_official_splits.py`` checks it whenever the
+Both give the same plan, index for index (``tests/data/test_official_splits.py`` checks it whenever the
 JSON files are at ``../shared/data/cvs-official-splits/cifar100``).
 
 The JSON files

@@ -9,7 +9,7 @@ member's: ``population=1``, its seed, the shared ``split_seed``), so ``search``,
 reports read it as any run; ``<workdir>/population.json`` lists the members, their seeds and folders.
 A member's results equal those of a plain run with its config up to the float differences of the
 batched program, which a stable training regime keeps small; a near-tie query can still flip, and
-chaotic training amplifies them (tests/test_population.py says how far, and what it asserts).
+chaotic training amplifies them (tests/runs/test_population.py says how far, and what it asserts).
 
 Per session the phases run per member as in ``runner.run_sessions`` (carry-over, session view and
 constants, test, append-and-save); training is one loop (``phases.run_loop``, shared with plain runs)

@@ -19,7 +19,7 @@ JOINT = Method(
     scope=policies.AllSeenData(),
     description="upper bound: trains on all data seen so far (warm start) and re-embeds the gallery",
 )
-# the baseline every method must beat on photos (issue 26): what the (pretrained) backbone and a fixed,
+# the baseline every method must beat on photos: what the (pretrained) backbone and a fixed,
 # seeded random projection to model.embed_dim give without any training; its gallery rows are all made
 # by one model, so it never needs re-extraction and nothing is lost between sessions (BC 0, NFR 0).
 FROZEN = Method(

@@ -13,7 +13,7 @@ The forward pass is timm's ``VisionTransformer`` (timm/models/vision_transformer
     ``forward_head(pre_logits=True)``), which a new ``embedding`` Dense projects to ``embed_dim``.
 Head dim is 64 in every ViT-S/B and DINOv2 model, so the head count is width / 64 (it is not in the keys).
 LayerNorm eps is timm's 1e-6 for the named architectures, also for transformers' ViTModel files (which use
-1e-12: 3e-5 apart on the fixture, tests/test_backbones.py); ``model.name='vit'`` takes the file's.
+1e-12: 3e-5 apart on the fixture, tests/models/test_backbones.py); ``model.name='vit'`` takes the file's.
 Module names mirror the keys (``blocks.3.attn.qkv.weight`` -> ``blocks_3/attn/qkv/kernel``) so that
 ``pretrained.convert_vit_state_dict`` is a rename plus a transpose. No dropout or stochastic depth:
 the pretrained backbone is used for embeddings and fine-tuned gently.

@@ -1,0 +1,121 @@
+"""The entry points' one error boundary, their --help and --verbosity (subprocesses, no training)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from configs.variants import VARIANTS
+from cvs_jax.errors import UserError
+from cvs_jax.methods.registry import METHODS
+from cvs_jax.rundir import workdir as workdir_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# `python -m cvs_jax.main` with runner.run replaced: it reports the log verbosity, then fails as asked.
+FAKE_MAIN = textwrap.dedent(
+    """
+    import sys
+    from absl import logging
+    from cvs_jax import cli, errors, main
+    from cvs_jax.engine import runner
+
+    failure = sys.argv.pop(1)
+
+    def run(config, workdir):
+        print("verbosity", logging.get_verbosity(), flush=True)
+        if failure == "user":
+            raise errors.DataError("the dataset files are missing; put them in data.manual_dir")
+        raise RuntimeError("a bug in the trainer")
+
+    runner.run = run
+    cli.run(main.main, main.define_flags)
+    """
+)
+
+
+def _run(args, **kw):
+    return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300, **kw)
+
+
+def _main(failure, *flags):
+    args = ["--config", "configs/fashion_mnist_general.py", "--workdir", "/nonexistent/wd", *flags]
+    return _run([sys.executable, "-c", FAKE_MAIN, failure, *args])
+
+
+def test_summarize_help_prints_usage_and_exits_0():
+    proc = _run([sys.executable, "-m", "cvs_jax.summarize", "--help"])
+    assert proc.returncode == 0, proc.stderr
+    assert "python -m cvs_jax.summarize WORKDIR" in proc.stdout
+    assert "error" not in proc.stdout + proc.stderr
+
+
+def test_summarize_missing_results_is_one_error_line():
+    proc = _run([sys.executable, "-m", "cvs_jax.summarize", "/nonexistent/run"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: /nonexistent/run/results.json does not exist; run the experiment first "
+        "(python -m cvs_jax.main --workdir /nonexistent/run)."
+    ]
+
+
+def test_main_help_lists_methods_and_config_variants():
+    proc = _run([sys.executable, "-m", "cvs_jax.main", "--help"])
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())  # absl wraps the help text
+    for name in list(METHODS) + list(VARIANTS):
+        assert name in text
+    assert "--workdir" in text and ":<variant>" in text
+
+
+def test_user_error_is_one_line_exit_2_and_logging_is_quiet():
+    proc = _main("user")
+    assert proc.returncode == 2
+    assert "verbosity -1" in proc.stdout  # WARNING: orbax's per-file INFO lines stay out
+    assert proc.stderr.strip().splitlines()[-1] == ("error: the dataset files are missing; put them in data.manual_dir")
+    assert "Traceback" not in proc.stderr
+
+
+def test_other_exceptions_keep_their_traceback_and_verbosity_is_respected():
+    proc = _main("bug", "--verbosity=1")
+    assert proc.returncode == 1
+    assert "verbosity 1" in proc.stdout  # --verbosity is not overridden
+    assert "Traceback" in proc.stderr and "RuntimeError: a bug in the trainer" in proc.stderr
+    assert "error: a bug" not in proc.stderr
+
+
+def test_unknown_config_variant_is_one_error_line():
+    proc = _run(
+        [
+            sys.executable,
+            "-m",
+            "cvs_jax.main",
+            "--config",
+            "configs/fashion_mnist_general.py:nope",
+            "--workdir",
+            "/nonexistent/wd",
+        ]
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: config variant 'nope' is unknown; choose from {sorted(VARIANTS)}."
+    ]
+
+
+def test_workdir_that_is_a_file_is_one_error_line_and_the_file_is_kept(tmp_path):
+    """A mistyped --workdir naming a file: one line and exit 2 (it was a FileExistsError traceback in
+    ``compare``), and the file is left as it was."""
+    not_a_folder = tmp_path / "notes.txt"
+    not_a_folder.write_text("mine")
+    message = f"--workdir {not_a_folder} is a file (or lies under one), not a folder; pass a new or existing folder."
+    args = ["--config", "configs/fashion_mnist_general.py", "--workdir", str(not_a_folder), "--methods", "finetune"]
+    proc = _run([sys.executable, "-m", "cvs_jax.compare", *args])
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"error: {message}"]
+    for workdir in (not_a_folder, not_a_folder / "run"):  # main's runs take the same lock (open_run)
+        with pytest.raises(UserError, match="is a file"):
+            with workdir_lib.hold(str(workdir)):
+                pass
+    assert not_a_folder.read_text() == "mine"

@@ -1,0 +1,167 @@
+"""Bad input stops early with one message that names the problem and the fix."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cvs_jax.data.sources import DatasetNotFoundError
+from cvs_jax.engine import config_checks, runner
+from cvs_jax.errors import ConfigError, DataError, NonFiniteError, UserError
+from cvs_jax.retrieval import embedder
+from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def manual_dir(tmp_path_factory):
+    """tests/conftest.py's data with 6 test images per class instead of 10."""
+    return write_fashion_idx(str(tmp_path_factory.mktemp("idx")), train_per_class=60, test_per_class=6)
+
+
+@pytest.fixture
+def config(manual_dir, tmp_path):
+    c = tiny_config(manual_dir, tmp_path, sessions=2)
+    c.train.epochs = 1
+    return c
+
+
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("method", "sgd", "method='sgd' is unknown"),
+        ("data.setup", "mixed", "data.setup='mixed' is unknown"),
+        ("data.num_sessions", 9, "S + (L-1)*C"),  # 4 + 8*2 = 20 classes > 10
+        ("data.old_class_percent", 100.0, "must be in [0, 100)"),
+        ("data.old_class_percent", -5.0, "must be in [0, 100)"),
+        ("train.schedule", "step", "train.schedule='step' is unknown"),
+        ("data.manual_dir", "/nonexistent/fashion", "data.manual_dir='/nonexistent/fashion' does not exist"),
+        (
+            "model.pretrained",
+            "/nonexistent/resnet50.npz",
+            "model.pretrained='/nonexistent/resnet50.npz' does not exist",
+        ),
+        (
+            "data.official_split_dir",
+            "/nonexistent/splits",
+            "data.official_split_dir='/nonexistent/splits' does not exist",
+        ),
+        ("data.on_corrupt", "ignore", "data.on_corrupt='ignore' is unknown"),
+        ("augment.policy", "autoaug", "augment.policy='autoaug' is unknown"),
+    ],
+)
+def test_config_refused_before_any_work(config, tmp_path, field, value, message):
+    group, _, key = field.rpartition(".")
+    setattr(config[group] if group else config, key, value)
+    with pytest.raises(
+        config_checks.ConfigError,
+        match=message.replace("(", r"\(")
+        .replace("[", r"\[")
+        .replace(")", r"\)")
+        .replace("*", r"\*")
+        .replace("+", r"\+"),
+    ):
+        runner.run(config, str(tmp_path / "wd"))
+    assert not os.path.exists(str(tmp_path / "tfds"))  # refused before the dataset was even built
+
+
+def test_budget_smaller_than_classes(config, tmp_path):
+    config.method = "cvs"
+    config.memory.budget = 5  # the run sees 6 classes
+    with pytest.raises(config_checks.ConfigError, match="memory.budget=5 is smaller than the 6 classes"):
+        runner.run(config, str(tmp_path / "wd"))
+
+
+def test_batch_not_divisible_by_devices(config):
+    config.train.batch_size = 15
+    with pytest.raises(config_checks.ConfigError, match="train.batch_size=15 .* multiple of the 2 devices"):
+        config_checks.check(config, num_devices=2)
+
+
+def test_refusals_are_user_errors():
+    """The one error boundary: what the entry points print as one line (and nothing else)."""
+    assert config_checks.ConfigError is ConfigError and issubclass(DatasetNotFoundError, DataError)
+    assert not issubclass(UserError, (ValueError, OSError, FloatingPointError))
+
+
+def test_missing_dataset_files(config, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    config.data.manual_dir = str(empty)
+    with pytest.raises(DatasetNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        runner.run(config, str(tmp_path / "wd"))
+    assert os.path.exists(tmp_path / "wd" / "config.json")
+    config.train.lr = 0.01  # the next command may differ in anything: that start wrote no checkpoint
+    with pytest.raises(DatasetNotFoundError):  # (not "holds a run with a different config")
+        runner.run(config, str(tmp_path / "wd"))
+
+
+def test_unknown_dataset(config, tmp_path):
+    config.data.name = "not_a_dataset"
+    with pytest.raises(DatasetNotFoundError, match="not_a_dataset"):
+        runner.run(config, str(tmp_path / "wd"))
+
+
+def test_workdir_with_other_config_refused_then_moved_aside(config, tmp_path):
+    wd = str(tmp_path / "wd")
+    runner.run(config, wd)
+    with open(os.path.join(wd, "results.json")) as f:
+        first = json.load(f)
+    config.train.lr = 0.01
+    with pytest.raises(config_checks.ConfigError, match=r"different config \(train.lr: 0.03 -> 0.01\).*overwrite=True"):
+        runner.run(config, wd)
+    config.overwrite = True
+    runner.run(config, wd)
+    moved = [d for d in os.listdir(wd) if d.startswith("previous-")]
+    assert len(moved) == 1  # the old run is kept, not deleted
+    with open(os.path.join(wd, moved[0], "results.json")) as f:
+        assert json.load(f) == first
+
+
+def test_nan_loss_stops_with_step_and_session(config, tmp_path):
+    wd = str(tmp_path / "wd")
+    config.train.lr = 1e38
+    with pytest.raises(NonFiniteError, match=r"NaN/inf at step \d+ of session 1"):
+        runner.run(config, wd)
+    assert not os.path.exists(os.path.join(wd, "results.json"))
+
+
+def test_nan_embeddings_stop_the_run_with_a_clear_message(config, tmp_path, monkeypatch):
+    """Finite losses but NaN eval-mode embeddings (seen with bf16 on jax 0.12's CPU compiler)."""
+    import jax.numpy as jnp
+
+    original = embedder.make_embed_fn
+
+    def one_nan_row(model, pipeline):
+        fn = original(model, pipeline)
+        return lambda params, batch_stats, images: fn(params, batch_stats, images).at[0].set(jnp.nan)
+
+    monkeypatch.setattr(embedder, "make_embed_fn", one_nan_row)
+    wd = str(tmp_path / "wd")
+    with pytest.raises(NonFiniteError, match=r"embeddings are NaN/inf \(model.dtype=float32\)"):
+        runner.run(config, wd)
+    assert not os.path.exists(os.path.join(wd, "results.json"))
+
+
+def test_cli_prints_one_line_and_exits_2(manual_dir, tmp_path):
+    def main(override):
+        cmd = [
+            sys.executable,
+            "-m",
+            "cvs_jax.main",
+            "--config",
+            "configs/fashion_mnist_general.py",
+            "--workdir",
+            str(tmp_path / "wd"),
+            override,
+        ]
+        return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+    proc = main("--config.method=nope")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: method='nope' is unknown")
+    proc = main("--config.trian.lr=1")
+    assert proc.returncode != 0 and "trian" in proc.stderr
