@@ -1,7 +1,6 @@
 """No tracker references in the repository: a clone has no issue tracker, so a comment, docstring or
 message that says "see issue <number>" points nowhere. Each such line says in words what it means (the
-behaviour, the finding) instead. The user-facing pages (README.md, RESULTS.md, BENCHMARKS.md, docs/) are
-being rewritten apart from the code and are checked once they are clean."""
+behaviour, the finding) instead. The user-facing pages (README.md, RESULTS.md, BENCHMARKS.md, docs/) are checked too."""
 
 import os
 import re
@@ -9,7 +8,7 @@ import subprocess
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRACKER_REF = re.compile(r"\bissues?[\s#-]*\d+", re.IGNORECASE)
-NOT_YET = ("README.md", "RESULTS.md", "BENCHMARKS.md", "docs/")
+NOT_YET = ("tests/test_docs_links.py",)  # its own checker of the pages, whose examples are tracker references
 
 
 def repository_files() -> list[str]:
