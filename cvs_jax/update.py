@@ -110,6 +110,7 @@ def plan_update(workdir: str, data: str, overrides: dict | None = None) -> ml_co
     newest update and its session is unfinished: a resume) and ``overrides`` (``UPDATE_FIELDS``)
     applied; refuses duplicates and unfinished runs."""
     config = run_config(workdir)
+    workdir_lib.check_not_busy(workdir)  # a live main/update there: say so, not "finish it first"
     for field, value in (overrides or {}).items():
         if field not in UPDATE_FIELDS:
             raise ConfigError(f"--config.{field} cannot change between sessions; update takes {UPDATE_FIELDS}.")
@@ -123,6 +124,13 @@ def plan_update(workdir: str, data: str, overrides: dict | None = None) -> ml_co
         )
     data = os.path.abspath(os.path.expanduser(data))
     updates = list(d.updates)
+    if data == os.path.abspath(os.path.expanduser(d.manual_dir)):
+        before = _sessions_before(config)
+        held = "session 1" if before == 1 else f"sessions 1-{before}"
+        raise DataError(
+            f"{data} is the folder {workdir} started with ({held}); its images are in the gallery. Put newly "
+            f"arrived images in a new folder."
+        )
     if data not in updates:
         _check_folder(data)
     done = completed_sessions(workdir)
@@ -131,7 +139,8 @@ def plan_update(workdir: str, data: str, overrides: dict | None = None) -> ml_co
             print(f"resuming the update with {data} (session {done + 1})")
             return config
         raise DataError(
-            f"{data} was already added to {workdir} (update {updates.index(data) + 1}); its images are in the "
+            f"{data} was already added to {workdir} (update {updates.index(data) + 1}: session "
+            f"{_sessions_before(config) + updates.index(data) + 1}); its images are in the "
             f"gallery. Put newly arrived images in a new folder."
         )
     expected = _sessions_before(config) + len(updates)

@@ -10,6 +10,7 @@ workdir's lock).  A query is prepared as the gallery images were stored (``prepa
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import hashlib
 import json
@@ -46,7 +47,12 @@ def prepare(images: Iterable[Any], shape: tuple[int, int, int]) -> np.ndarray:
             try:
                 with Image.open(item) as im:
                     out.append(_resize.to_stored(im, shape))
-            except image_errors() as e:  # a decompression bomb too (not an OSError)
+            except Image.DecompressionBombError as e:  # a readable file, too many pixels to decode safely
+                raise SearchError(
+                    f"image {os.fspath(item)!r} is too large to decode safely ({e}); pass a downscaled copy (e.g. "
+                    f"at most {Image.MAX_IMAGE_PIXELS:,} pixels)."
+                ) from e
+            except image_errors() as e:
                 raise SearchError(f"cannot read image {os.fspath(item)!r} ({e}); pass PNG/JPEG files.") from e
             continue
         if isinstance(item, Image.Image):
@@ -451,8 +457,12 @@ class Run:
             return names.index(name)
         if name.lstrip("-").isdigit() and -1 <= int(name) < len(names):
             return int(name)
+        close = difflib.get_close_matches(name, names, n=1) or difflib.get_close_matches(
+            name.lower(), [n.lower() for n in names], n=1
+        )
+        hint = f"did you mean {names[[n.lower() for n in names].index(close[0].lower())]!r}? " if close else ""
         raise SearchError(
-            f"--label {name!r} is neither a class name nor a label; known classes: "
+            f"--label {name!r} is neither a class name nor a label; {hint}known classes: "
             f"{', '.join(names[:10])}{', ...' if len(names) > 10 else ''}."
         )
 
