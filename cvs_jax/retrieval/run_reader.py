@@ -35,6 +35,12 @@ from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.rundir.checkpoint import Checkpoints
 
 
+def trained_on(record: dict) -> int | None:
+    """The images a session trained on (its new images plus replay, or all so far for ``joint``) from its
+    ``results.json`` record (named ``train_images`` in runs written before ``new_images`` was recorded)."""
+    return record["trained_on_images"] if "trained_on_images" in record else record.get("train_images")
+
+
 def prepare(images: Iterable[Any], shape: tuple[int, int, int]) -> np.ndarray:
     """Image files, PIL images or uint8 arrays -> uint8 [N, H, W, C] as the gallery images were stored.
 
