@@ -97,6 +97,9 @@ def _digests(stores, folders=None) -> dict[bytes, str]:
     return out
 
 
+FEW_PHOTOS = 5  # a new class with fewer train photos than this gets a warning
+
+
 def _check_folder(data: str) -> None:
     if not os.path.exists(data):
         raise DataError(
@@ -168,8 +171,24 @@ def plan_update(workdir: str, data: str, overrides: dict | None = None) -> ml_co
             f"{len(dup)} image(s) of {data} are already in the run (same bytes), e.g. {dup[0][0]} = {dup[0][1]}; "
             f"remove them from the new folder so that no gallery row is duplicated."
         )
+    _warn_few_photos(workdir, data, new)
     config.data.updates = updates + [data]
     return config
+
+
+def _warn_few_photos(workdir: str, data: str, new) -> None:
+    """One warning line per class that first arrives with fewer than ``FEW_PHOTOS`` train photos: it enters
+    the classifier and the gallery nearly empty, so its queries seldom find it (the session's R@1 drops)."""
+    with open(paths.protocol_file(workdir)) as f:
+        known = set(json.load(f)["class_names"])
+    counts = np.bincount(np.asarray(new.train.labels, np.int64), minlength=len(new.class_names))
+    for name, n in zip(new.class_names, counts):
+        if name not in known and n < FEW_PHOTOS:
+            print(
+                f"warning: new class {name!r} has only {n} train photo(s) in {data}; with so few, its queries "
+                f"seldom find it. Add {FEW_PHOTOS} or more photos of it to the folder (or leave it for a later "
+                f"update)."
+            )
 
 
 def _sessions_before(config: ml_collections.ConfigDict) -> int:
