@@ -14,59 +14,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from configs import image_folder_general
 from cvs_jax import update
 from cvs_jax.data import records, sources
 from cvs_jax.data.builders import _resize
 from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.retrieval import run_reader
+from cvs_jax.testing import photo_folders as pf
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FORMATS = (("png", "PNG"), ("jpg", "JPEG"), ("webp", "WEBP"), ("bmp", "BMP"))
-
-
-def _image(label: int, rng: np.random.Generator) -> Image.Image:
-    """A learnable picture: a class colour pattern, noise, a random non-square size."""
-    base = np.random.default_rng(100 + label).uniform(0, 255, (4, 4, 3))
-    w, h = rng.integers(18, 40, size=2)
-    arr = np.kron(base, np.ones((10, 10, 1)))[:h, :w]
-    arr = np.clip(arr + rng.normal(0, 20, arr.shape), 0, 255).astype(np.uint8)
-    return Image.fromarray(arr)
-
-
-def write_folder(root, classes: dict[str, int], test_per_class: int, seed: int, names: list[str] | None = None):
-    """``root/train/<class>/`` and ``root/test/<class>/`` with images in every format."""
-    rng = np.random.default_rng(seed)
-    for name, n in classes.items():
-        label = sum(map(ord, name)) % 97
-        for split, count in (("train", n), ("test", test_per_class)):
-            folder = os.path.join(root, split, name)
-            os.makedirs(folder, exist_ok=True)
-            for i in range(count):
-                ext, fmt = FORMATS[i % len(FORMATS)]
-                _image(label, rng).save(os.path.join(folder, f"{seed} img {i}.{ext}"), format=fmt)
-    return str(root)
-
-
-SESSIONS = [  # the classes (train images) each session brings: new ones and a known one
-    {"ant": 24, "bee": 24, "cat": 24},
-    {"dog": 24, "ant": 8},
-    {"eel": 24, "fox": 24},
-]
-
-
-def config(tmp_path, manual_dir):
-    c = image_folder_general.get_config("cpu")
-    c.data.manual_dir = str(manual_dir)
-    c.data.data_dir = str(tmp_path / "data")
-    c.data.stored_size = 16
-    c.augment.size = 12
-    c.model.width, c.model.embed_dim = 4, 8
-    c.train.epochs, c.train.batch_size, c.train.eval_batch_size = 1, 8, 64
-    c.train.checkpoint_every_steps = 2
-    c.memory.budget = 24
-    return c
+# the generated folders and the tiny config, shared with the other tests of your own images
+_image, write_folder, SESSIONS, FORMATS, config = pf.image, pf.write_folder, pf.SESSIONS, pf.FORMATS, pf.config
 
 
 @pytest.fixture(scope="module")
