@@ -24,7 +24,9 @@ that no gallery row is duplicated.  Everything about the new folder (readable im
 duplicates, the session's size against the batch, the memory budget) is checked before anything in
 the workdir changes: a refused folder leaves the run as it was.  Runs whose first folder was cut into
 sessions by the generator (``data.split=generator``, not ``blurry``) continue the same way.  A
-problem to fix ends with one ``error: ...`` line and exit status 2.
+problem to fix ends with one ``error: ...`` line and exit status 2; a workdir that a live ``main`` or
+``update`` holds is refused naming that process.  A new class with fewer than ``FEW_PHOTOS`` train photos
+is accepted with one ``warning:`` line naming it: its queries seldom find it until more photos arrive.
 """
 
 from __future__ import annotations
