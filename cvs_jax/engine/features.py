@@ -122,7 +122,6 @@ class Trunk:
             + (f" ({v} views each)" if v > 1 else "")
             + f", once; cached in {self.cache_dir}"
         )
-        self._started = self._shown = time.time()
         feats = self.compute(leaf, key, v)
         os.makedirs(self.cache_dir, exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
@@ -140,6 +139,7 @@ class Trunk:
         if self._fn is None:
             self._variables, self._fn = self._build()
         rows = LazyRows(leaf, np.arange(len(leaf)))
+        self._started = self._shown = time.time()  # progress lines count from here
         stacked, out = views(self.config) > 1, []
         for start, chunk, n in iter_chunks(rows, int(self.config.train.eval_batch_size)):
             keys = jax.random.split(jax.random.fold_in(jax.random.key(0), start), v)

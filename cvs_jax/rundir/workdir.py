@@ -267,10 +267,10 @@ def _remove_created(created: list[str]) -> None:
 def check_not_busy(workdir: str) -> None:
     """Raises ``WorkdirBusyError`` (naming the holder) when a live process holds ``workdir``'s lock; takes
     nothing (a free lock is released at once).  For commands that check a run before they lock it."""
-    path = os.path.join(workdir, LOCK_NAME)
-    if not os.path.exists(path):
+    try:
+        fd = os.open(os.path.join(workdir, LOCK_NAME), os.O_RDONLY)
+    except OSError:  # no lock file (never started) or not readable here: the lock itself decides later
         return
-    fd = os.open(path, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError as e:
