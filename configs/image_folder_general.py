@@ -60,7 +60,7 @@ def get_config(variant: str = ""):
     if "cpu_pretrained" in names:
         names.remove("cpu_pretrained")
         cpu_pretrained(c)
-    return variants.apply(c, ",".join(names))
+    return variants.apply(c, ",".join(names), own=variants.OWN_VARIANTS["image_folder_general.py"])
 
 
 def cpu(c):

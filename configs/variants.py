@@ -17,6 +17,16 @@ ABLATIONS = {
     "half_budget": {"memory.budget": 0.5},  # memory budget x0.5
 }
 VARIANTS = tuple(ABLATIONS) + ("gpu", "smoke")
+# Variants one config file defines for itself (applied by its get_config before ``apply``).
+OWN_VARIANTS = {"image_folder_general.py": ("cpu", "cpu_pretrained")}
+
+
+def listed(own: tuple = ()) -> str:
+    """The variants to name in help and refusals: the config's own first, then every config's."""
+    text = ", ".join(own + VARIANTS)
+    others = [f"{', '.join(v)} ({name})" for name, v in OWN_VARIANTS.items() if tuple(v) != tuple(own)]
+    return text + (f"; and for one config: {'; '.join(others)}" if others else "")
+
 
 # Epochs per session of ``:gpu``: finetune + cvs + joint + rainbow on Tiny-ImageNet mini sum to about
 # 160k image-steps per epoch (session 1 shared, memory and old-model passes, joint's growing data,
@@ -57,7 +67,8 @@ def smoke(config):
     return config
 
 
-def apply(config, spec: str | None):
+def apply(config, spec: str | None, own: tuple = ()):
+    """Applies the variants of ``spec``; ``own``: the config's own variant names (already applied)."""
     for name in (spec or "").split(","):
         name = name.strip()
         if not name:
@@ -66,7 +77,7 @@ def apply(config, spec: str | None):
             {"gpu": gpu, "smoke": smoke}[name](config)
             continue
         if name not in ABLATIONS:
-            raise ConfigError(f"config variant {name!r} is unknown; choose from {sorted(VARIANTS)}.")
+            raise ConfigError(f"config variant {name!r} is unknown; choose from {listed(own)}.")
         for key, value in ABLATIONS[name].items():
             if key == "method":
                 config.method = value

@@ -134,12 +134,12 @@ def config_help() -> str:
     from cvs_jax.methods.registry import METHODS  # pylint: disable=g-import-not-at-top
 
     try:
-        from configs.variants import VARIANTS  # pylint: disable=g-import-not-at-top
+        from configs import variants  # pylint: disable=g-import-not-at-top
     except ImportError:  # run from outside the repository: the config files are not importable either
-        VARIANTS = ()
+        variants = None
     text = "Path to a configs/<name>.py file, optionally with variants: configs/<name>.py:<variant>[,<variant>...]"
-    if VARIANTS:
-        text += f" (variants: {', '.join(VARIANTS)})"
+    if variants is not None:
+        text += f" (variants: {variants.listed()})"
     return text + f". Override any field with --config.<key>=<value>; --config.method is one of {', '.join(METHODS)}."
 
 

@@ -6,9 +6,11 @@ Reads the workdir only (``config.json``, ``protocol.json``, ``results.json`` and
 newest completed session, as ``search`` reads it; no dataset, no photo folder):
 
 * the classes, with their gallery rows and the session each first arrived in;
-* the sessions: training images, new classes, the gallery rows its model embedded, recall@1;
+* the sessions: new training images and the images trained on (replay included), new classes, the
+  gallery rows its model embedded, recall@1;
 * the compatibility matrix (recall@1 of the model of session i on the gallery rows of session j: where
-  forgetting shows) and the AR@K so far;
+  forgetting shows; its queries differ from the sessions' R@1), its summaries BC (points), AC, AM and
+  NFR, and the AR@K so far;
 * the record stores its images are read from (what to keep when cleaning ``<data_dir>/cvs_records``).
 
 Sessions are numbered from 1.  A problem to fix ends with one ``error: ...`` line and exit status 2.
@@ -74,7 +76,8 @@ def describe(workdir: str) -> dict:
             {
                 "session": s + 1,
                 "completed": bool(done),
-                "train_images": sess["train"],
+                "new_images": sess["train"],
+                "trained_on_images": run_reader.trained_on(r) if r else None,
                 "val_queries": sess["val"],
                 "new_classes": [names[c] for c in sess["new_classes"] if c < len(names)],
                 "classes_seen": sess["num_outputs"],
@@ -94,6 +97,8 @@ def describe(workdir: str) -> dict:
         "sessions": sessions,
         "record_stores": _stores(run),
         "compatibility_recall1": results.get("compatibility_recall1"),
+        "negative_flip_rate": results.get("negative_flip_rate"),
+        "compatibility_bc_points": compatibility.bc_points(results),
         "average_recall": results.get("average_recall"),
     }
 
@@ -114,14 +119,15 @@ def format_info(info: dict) -> str:
         recall = s["recall"] or {}
         r1 = f"R@1 {100 * recall['1']:.1f}%" if "1" in recall else "not completed"
         new = ", ".join(s["new_classes"][:8]) + (", ..." if len(s["new_classes"]) > 8 else "")
+        seen = "" if s["trained_on_images"] is None else f" ({s['trained_on_images']} trained on, replay included)"
         lines.append(
-            f"  session {s['session']}: {s['train_images']} training images, new classes: {new or '-'}; "
+            f"  session {s['session']}: {s['new_images']} new training images{seen}, new classes: {new or '-'}; "
             f"{s['gallery_rows_by_its_model']} gallery rows embedded by its model; {r1}"
         )
     if info["record_stores"]:
         lines += ["", "record stores (the images, prepared once; the folders are no longer needed):"]
         lines += [f"  {store}" for store in info["record_stores"]]
-    lines += ["", compatibility.format_matrix(info["compatibility_recall1"])]
+    lines += ["", compatibility.format_matrix(info["compatibility_recall1"], info["negative_flip_rate"])]
     if info["average_recall"]:
         lines.append("AR@K: " + ", ".join(f"AR@{k} {100 * v:.2f}%" for k, v in info["average_recall"].items()))
     return "\n".join(lines)

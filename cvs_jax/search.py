@@ -5,7 +5,8 @@
     python -m cvs_jax.search --workdir DIR --images a.png b.jpg --html hits.html [--label CLASS]
 
 Example: ``python -m cvs_jax.search --workdir workdirs/demo --images query.png --k 3``.
-(``--images`` takes the files after it, or repeat it: ``--images a.png --images b.jpg``.)
+(``--images`` takes the files after it, or repeat it: ``--images a.png --images b.jpg``; a folder
+stands for every image file below it, in name order: ``--images photos/day3/test``.)
 
 Queries are embedded by the newest session's selected model (the run's last
 completed session checkpoint) and searched by cosine similarity against the whole
@@ -27,7 +28,9 @@ that way and the other queries are answered.
 ``--html OUT.html`` also writes the hits as pictures: one self-contained page (thumbnails embedded),
 a row per query (the query, then its hits, with class, score, arrival and model session under each;
 a hit of the query's class marked when that class is known: ``--label``, else the query's folder
-name); an unreadable query gets its row with the reason (``cvs_jax/reports/search_page.py``).
+name); an unreadable query gets its row with the reason (``cvs_jax/reports/search_page.py``).  When
+queries' classes are known, the page and the command's last line give how many found their class at
+top-1 ("top-1 of the query's class: 14 of 84").
 
 The run reader (``Run``, ``Network``, ``prepare``) is ``cvs_jax.retrieval.run_reader``, shared with
 ``cvs_jax.export``.
@@ -90,14 +93,18 @@ def write_html(path: str, run: Run, queries, images: dict, found: dict, failed: 
         html_lib.write(path, page)
     except OSError as e:
         raise SearchError(f"--html {path}: cannot write it ({e.strerror}); choose another path.") from e
-    print(f"wrote {path}", file=sys.stderr)
+    summary = search_page.summary(out)
+    print(f"wrote {path}" + (f" ({summary})" if summary else ""), file=sys.stderr)
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """The command's flags (defined when it runs, so that tests can import every entry point together)."""
     flags.DEFINE_string("workdir", None, "The --workdir of a run of python -m cvs_jax.main.", flag_values=flag_values)
     flags.DEFINE_multi_string(
-        "images", [], "Image files (PNG/JPEG): --images a.png b.jpg, or repeat the flag.", flag_values=flag_values
+        "images",
+        [],
+        "Image files (PNG/JPEG): --images a.png b.jpg, or repeat the flag; a folder: every image file below it.",
+        flag_values=flag_values,
     )
     flags.DEFINE_integer("k", 5, "Gallery rows to print per query.", flag_values=flag_values)
     flags.DEFINE_boolean("add", False, "Add the images to the gallery instead of searching.", flag_values=flag_values)
@@ -148,6 +155,33 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     )
 
 
+def expand_folders(paths: list[str]) -> list[str]:
+    """``paths`` with each folder replaced by the image files below it (``IMAGE_EXTENSIONS``, hidden
+    files left out), in name order; a folder without any is refused."""
+    from cvs_jax.data.folder_inventory import IMAGE_EXTENSIONS  # pylint: disable=g-import-not-at-top
+
+    out = []
+    for p in paths:
+        if not os.path.isdir(p):
+            out.append(p)
+            continue
+        found = sorted(
+            os.path.join(folder, name)
+            for folder, dirs, names in os.walk(p)
+            for name in names
+            if name.lower().endswith(IMAGE_EXTENSIONS)
+            and not name.startswith(".")
+            and not any(part.startswith(".") for part in os.path.relpath(folder, p).split(os.sep) if part != ".")
+        )
+        if not found:
+            raise SearchError(
+                f"--images {p} is a folder without image files ({', '.join(IMAGE_EXTENSIONS)}); pass image files "
+                f"or a folder that holds some."
+            )
+        out += found
+    return out
+
+
 def search_or_add(
     workdir: str,
     paths: list[str],
@@ -162,6 +196,7 @@ def search_or_add(
     """The command: prints the hits (or adds the images); returns the exit status.  An unreadable query
     is reported (``error: ...``, exit status 2) and the others are answered; ``--add`` adds all or none."""
     try:
+        paths = expand_folders(paths)
         if not paths:
             raise SearchError("no images given; pass image files with --images a.png b.jpg.")
         if k < 1:

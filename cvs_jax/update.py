@@ -24,7 +24,9 @@ that no gallery row is duplicated.  Everything about the new folder (readable im
 duplicates, the session's size against the batch, the memory budget) is checked before anything in
 the workdir changes: a refused folder leaves the run as it was.  Runs whose first folder was cut into
 sessions by the generator (``data.split=generator``, not ``blurry``) continue the same way.  A
-problem to fix ends with one ``error: ...`` line and exit status 2.
+problem to fix ends with one ``error: ...`` line and exit status 2; a workdir that a live ``main`` or
+``update`` holds is refused naming that process.  A new class with fewer than ``FEW_PHOTOS`` train photos
+is accepted with one ``warning:`` line naming it: its queries seldom find it until more photos arrive.
 """
 
 from __future__ import annotations
@@ -97,6 +99,9 @@ def _digests(stores, folders=None) -> dict[bytes, str]:
     return out
 
 
+FEW_PHOTOS = 5  # a new class with fewer train photos than this gets a warning
+
+
 def _check_folder(data: str) -> None:
     if not os.path.exists(data):
         raise DataError(
@@ -110,6 +115,7 @@ def plan_update(workdir: str, data: str, overrides: dict | None = None) -> ml_co
     newest update and its session is unfinished: a resume) and ``overrides`` (``UPDATE_FIELDS``)
     applied; refuses duplicates and unfinished runs."""
     config = run_config(workdir)
+    workdir_lib.check_not_busy(workdir)  # a live main/update there: say so, not "finish it first"
     for field, value in (overrides or {}).items():
         if field not in UPDATE_FIELDS:
             raise ConfigError(f"--config.{field} cannot change between sessions; update takes {UPDATE_FIELDS}.")
@@ -123,6 +129,13 @@ def plan_update(workdir: str, data: str, overrides: dict | None = None) -> ml_co
         )
     data = os.path.abspath(os.path.expanduser(data))
     updates = list(d.updates)
+    if data == os.path.abspath(os.path.expanduser(d.manual_dir)):
+        before = _sessions_before(config)
+        held = "session 1" if before == 1 else f"sessions 1-{before}"
+        raise DataError(
+            f"{data} is the folder {workdir} started with ({held}); its images are in the gallery. Put newly "
+            f"arrived images in a new folder."
+        )
     if data not in updates:
         _check_folder(data)
     done = completed_sessions(workdir)
@@ -131,7 +144,8 @@ def plan_update(workdir: str, data: str, overrides: dict | None = None) -> ml_co
             print(f"resuming the update with {data} (session {done + 1})")
             return config
         raise DataError(
-            f"{data} was already added to {workdir} (update {updates.index(data) + 1}); its images are in the "
+            f"{data} was already added to {workdir} (update {updates.index(data) + 1}: session "
+            f"{_sessions_before(config) + updates.index(data) + 1}); its images are in the "
             f"gallery. Put newly arrived images in a new folder."
         )
     expected = _sessions_before(config) + len(updates)
@@ -159,8 +173,24 @@ def plan_update(workdir: str, data: str, overrides: dict | None = None) -> ml_co
             f"{len(dup)} image(s) of {data} are already in the run (same bytes), e.g. {dup[0][0]} = {dup[0][1]}; "
             f"remove them from the new folder so that no gallery row is duplicated."
         )
+    _warn_few_photos(workdir, data, new)
     config.data.updates = updates + [data]
     return config
+
+
+def _warn_few_photos(workdir: str, data: str, new) -> None:
+    """One warning line per class that first arrives with fewer than ``FEW_PHOTOS`` train photos: it enters
+    the classifier and the gallery nearly empty, so its queries seldom find it (the session's R@1 drops)."""
+    with open(paths.protocol_file(workdir)) as f:
+        known = set(json.load(f)["class_names"])
+    counts = np.bincount(np.asarray(new.train.labels, np.int64), minlength=len(new.class_names))
+    for name, n in zip(new.class_names, counts):
+        if name not in known and n < FEW_PHOTOS:
+            print(
+                f"warning: new class {name!r} has only {n} train photo(s) in {data}; with so few, its queries "
+                f"seldom find it. Add {FEW_PHOTOS} or more photos of it to the folder (or leave it for a later "
+                f"update)."
+            )
 
 
 def _sessions_before(config: ml_collections.ConfigDict) -> int:

@@ -19,7 +19,20 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import sys
 import zipfile
+
+WHERE = (
+    "the Tiny-ImageNet mini zip is part of the project's shared data (../shared/data beside the repository "
+    "checkout), not of the repository; pass its path with --zip, or, with photos of your own, skip this "
+    "command and pass your folder as --config.data.manual_dir"
+)
+
+
+def fail(message: str) -> None:
+    """One line and exit 2, as every cvs-jax command refuses."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def main() -> None:
@@ -30,9 +43,14 @@ def main() -> None:
     p.add_argument("--days", type=int, default=3)
     p.add_argument("--keep", type=int, default=70, help="train images of a class on its first day")
     a = p.parse_args()
+    if not os.path.isfile(a.zip):
+        fail(f"--zip {a.zip} does not exist; {WHERE}.")
     if os.path.exists(a.out):
-        raise SystemExit(f"error: {a.out} exists; choose a new --out folder.")
-    z = zipfile.ZipFile(a.zip)
+        fail(f"{a.out} exists; choose a new --out folder.")
+    try:
+        z = zipfile.ZipFile(a.zip)
+    except (zipfile.BadZipFile, OSError) as e:
+        fail(f"--zip {a.zip} cannot be read as a zip ({e}); {WHERE}.")
     top = z.namelist()[0].split("/")[0]
     wnids = z.read(f"{top}/wnids.txt").decode().split()[: a.classes]
     words = dict(line.split("\t", 1) for line in z.read(f"{top}/words.txt").decode().splitlines() if "\t" in line)

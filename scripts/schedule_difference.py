@@ -18,6 +18,7 @@ import os
 import sys
 
 from cvs_jax.reports.statistics import format_difference, paired_difference
+from cvs_jax.retrieval import compatibility
 
 KEYS = ("AR@1", "AR@2", "AR@4", "BC")
 
@@ -37,9 +38,8 @@ def load(workdir: str, method: str, seeds: list[int]) -> dict[int, dict[str, flo
             fail(f"{path} does not exist; finish that run (python -m cvs_jax.compare ...) first.")
         with open(path) as f:
             r = json.load(f)
-        ar, drop = r["average_recall"], r.get("compatibility_mean_drop")
-        out[seed] = {f"AR@{k}": 100 * ar[k] for k in ("1", "2", "4")}
-        out[seed]["BC"] = None if drop is None else 100 * drop
+        out[seed] = {f"AR@{k}": 100 * r["average_recall"][k] for k in ("1", "2", "4")}
+        out[seed]["BC"] = compatibility.bc_points(r)
     return out
 
 

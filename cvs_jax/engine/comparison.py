@@ -12,8 +12,6 @@ import os
 import shutil
 import time
 
-import numpy as np
-
 from cvs_jax import distributed
 from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError, NonFiniteError
@@ -143,12 +141,11 @@ def run_record(seed: int, method: str, c, run_dir: str, workdir: str, results: d
         record["average_recall"] = {k: 100 * v for k, v in results["average_recall"].items()}
         record["recall1_per_session"] = [100 * s["recall"]["1"] for s in results["per_session"]]
         matrix = results["compatibility_recall1"]
-        flips = [v for v in results.get("negative_flip_rate") or () if v is not None]  # absent before it existed
         summaries = {
             BC: compatibility.mean_drop(matrix),
             "AC": compatibility.average_compatibility(matrix),
             "AM": compatibility.average_multimodel_accuracy(matrix),
-            "NFR": float(np.mean(flips)) if flips else None,
+            "NFR": compatibility.mean_flips(results.get("negative_flip_rate")),  # absent before it existed
         }
         record.update({k: None if v is None else 100 * v for k, v in summaries.items()})
     return record

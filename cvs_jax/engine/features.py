@@ -19,6 +19,9 @@ the weight file's bytes, the trunk (architecture, k, dtype), the preprocessing (
 crop, size, mean, std; with V > 1 the training augmentation too), V and the store's ``store.json``
 (its source fingerprint and counts), so a changed file, store or preprocessing never reads a stale
 cache. Files are written whole, then renamed.
+
+Computing a file says so first (images, views) and then every ``PROGRESS_SECONDS`` how far it got:
+on a CPU a ViT-S/16 takes minutes for a few hundred photos.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from cvs_jax.retrieval.chunks import iter_chunks
 
 FORMAT = 1
 SUBDIR = "cvs_features"
+PROGRESS_SECONDS = 10.0  # at most one progress line this often while a cache file is computed
 # Images this process passed through a trunk, by split key: what tests count to see the cache used.
 TRUNK_IMAGES: collections.Counter = collections.Counter()
 
@@ -80,7 +84,7 @@ class FeatureSplit:
 
 def with_features(config, proto: Protocol, log=print) -> Protocol:
     """``proto`` with its train and test splits replaced by their trunk features (read or computed)."""
-    trunk = Trunk(config, proto.image_shape)
+    trunk = Trunk(config, proto.image_shape, log)
     t0, before = time.time(), sum(TRUNK_IMAGES.values())
     ds = proto.dataset
     ds = dataclasses.replace(ds, train=trunk.split(ds.train, "train"), test=trunk.split(ds.test, "test"))
@@ -92,8 +96,9 @@ def with_features(config, proto: Protocol, log=print) -> Protocol:
 class Trunk:
     """The frozen trunk of ``config``'s network with its pretrained weights, and its cache files."""
 
-    def __init__(self, config, image_shape):
-        self.config, self.image_shape = config, tuple(image_shape)
+    def __init__(self, config, image_shape, log=print):
+        self.config, self.image_shape, self.log = config, tuple(image_shape), log
+        self._started = self._shown = 0.0
         self.cache_dir = os.path.join(os.path.expanduser(config.data.data_dir), SUBDIR)
         self.pipeline = augment.Pipeline.from_config(config)
         self._what = _trunk_identity(config, self.image_shape, self.pipeline)
@@ -111,7 +116,13 @@ class Trunk:
         path = os.path.join(self.cache_dir, f"{key}.npy")
         if os.path.exists(path):
             return np.load(path)
-        feats = self.compute(leaf, key, views(self.config) if name == "train" else 1)
+        v = views(self.config) if name == "train" else 1
+        self.log(
+            f"features: {len(leaf)} {name} images through the frozen trunk"
+            + (f" ({v} views each)" if v > 1 else "")
+            + f", once; cached in {self.cache_dir}"
+        )
+        feats = self.compute(leaf, key, v)
         os.makedirs(self.cache_dir, exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "wb") as f:
@@ -128,17 +139,28 @@ class Trunk:
         if self._fn is None:
             self._variables, self._fn = self._build()
         rows = LazyRows(leaf, np.arange(len(leaf)))
+        self._started = self._shown = time.time()  # progress lines count from here
         stacked, out = views(self.config) > 1, []
         for start, chunk, n in iter_chunks(rows, int(self.config.train.eval_batch_size)):
             keys = jax.random.split(jax.random.fold_in(jax.random.key(0), start), v)
             feats = np.stack([np.asarray(self._fn(self._variables, chunk, keys[i], i > 0)) for i in range(v)], 1)
             out.append(feats[:n] if stacked else feats[:n, 0])
             TRUNK_IMAGES[key] += n * v
+            self.progress(start + n, len(rows))
         if not out:
             struct = jax.ShapeDtypeStruct((1, *self.image_shape), np.uint8)
             shape = jax.eval_shape(lambda x: self._fn(self._variables, x, jax.random.key(0), False), struct).shape
             return np.zeros((0, *([v] if stacked else []), *shape[1:]), np.float32)
         return np.concatenate(out).astype(np.float32)
+
+    def progress(self, done: int, total: int) -> None:
+        """One line every ``PROGRESS_SECONDS`` while a cache file is computed (images done, rate, time left)."""
+        now = time.time()
+        if done >= total or now - self._shown < PROGRESS_SECONDS:
+            return
+        self._shown = now
+        rate = done / max(now - self._started, 1e-9)
+        self.log(f"features: {done} of {total} images ({rate:.1f}/s, about {(total - done) / rate:.0f} s left)")
 
     def _build(self):
         full = models.from_config(self.config)

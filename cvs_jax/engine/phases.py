@@ -558,7 +558,8 @@ def append_and_save(
         "recall": {str(k): v for k, v in recall.items()},
         "best_epoch": selection.epoch + 1,
         "val_recall1": selection.val_recall1,
-        "train_images": int(len(view.batches.indices)),
+        "new_images": int(len(ctx.proto.plan.sessions[s].train)),  # protocol.json's "train" of the session
+        "trained_on_images": int(len(view.batches.indices)),  # the new images plus replay (joint: all so far)
         "gallery_rows": len(gallery),
         "test_queries": int(len(view.test_idx)),
         "steps": view.total_steps,

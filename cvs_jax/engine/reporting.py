@@ -15,6 +15,7 @@ from cvs_jax.engine.run_state import RunState
 from cvs_jax.reports import plots, run_page
 from cvs_jax.retrieval import topk
 from cvs_jax.retrieval.compatibility import (
+    BC_KEY,
     average_compatibility,
     average_multimodel_accuracy,
     compatibility_matrix,
@@ -90,14 +91,16 @@ def finish(ctx: RunContext, state: RunState) -> dict:
 
     compat = compatibility_matrix(plan.num_sessions, state.gallery, embed_queries, ctx.proto.test_labels[last_test])
     results["compatibility_recall1"] = [[None if np.isnan(v) else float(v) for v in row] for row in compat]
-    results["compatibility_mean_drop"] = mean_drop(results["compatibility_recall1"])
+    drop = mean_drop(results["compatibility_recall1"])
+    results[BC_KEY] = None if drop is None else 100 * drop  # points, as shown
     results["compatibility_ac"] = average_compatibility(results["compatibility_recall1"])
     results["compatibility_am"] = average_multimodel_accuracy(results["compatibility_recall1"])
     # entry i-1: the update from model i-1 to model i (top-1 of the same queries on the rows before session i)
     results["negative_flip_rate"] = negative_flips(
         plan.num_sessions, state.gallery, embed_queries, ctx.proto.test_labels[last_test]
     )
-    ctx.log.print(format_matrix(results["compatibility_recall1"]))  # where forgetting shows
+    # where forgetting shows
+    ctx.log.print(format_matrix(results["compatibility_recall1"], results["negative_flip_rate"]))
     flips = [f"{100 * v:.1f}" if v is not None else "-" for v in results["negative_flip_rate"]]
     if flips:
         ctx.log.print(f"negative flips (% of queries right before an update and wrong after): {', '.join(flips)}")

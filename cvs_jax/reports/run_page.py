@@ -18,7 +18,7 @@ import numpy as np
 
 from cvs_jax.reports import html
 from cvs_jax.reports.html import plt
-from cvs_jax.retrieval import run_reader, topk
+from cvs_jax.retrieval import compatibility, run_reader, topk
 from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
 
@@ -145,10 +145,16 @@ def _compat_section(results: dict | None) -> str:
             text = f'<span data-compat="{i + 1}:{j + 1}">{html.pct(v)}</span>'
             cells.append((text, "lost" if (i, j) in lost else ("na" if v is None else "")))
         rows.append(cells)
-    drop = results.get("compatibility_mean_drop")
+    drop = compatibility.bc_points(results)
+    ac, am = compatibility.average_compatibility(matrix), compatibility.average_multimodel_accuracy(matrix)
+    nfr = compatibility.mean_flips(results.get("negative_flip_rate"))
     note = (
-        f"Mean change on old rows (newer models minus the rows' own model): "
-        f"<b>{'-' if drop is None else f'{100 * drop:+.2f}'}</b> points. "
+        f"BC, the mean change on old rows (newer models minus the rows' own model): "
+        f'<b><span data-summary="BC">{"-" if drop is None else f"{drop:+.2f}"}</span></b> points; '
+        f'AC (share of later models beating a part\'s own model on its rows): <b><span data-summary="AC">'
+        f"{'-' if ac is None else f'{ac:.2f}'}</span></b>; AM (every model on every part it searches): "
+        f'<b><span data-summary="AM">{html.pct(am)}</span></b> %; NFR (queries right before an update and '
+        f'wrong after, mean over updates): <b><span data-summary="NFR">{html.pct(nfr)}</span></b> %. '
         if drop is not None or n > 1
         else ""
     )
@@ -162,7 +168,8 @@ def _compat_section(results: dict | None) -> str:
         "<h2>Compatibility</h2>"
         '<p class="legend">Recall@1 (%) of the last session\'s test queries embedded by the model of session i '
         "(row) against only the gallery rows of session j (column). The diagonal is same-model search; below "
-        f"it, old rows searched by newer models. {note}{lost_text}</p>"
+        f'it, old rows searched by newer models. Different queries from "Recall per session": '
+        f"{compatibility.QUERIES_NOTE}. {note}{lost_text}</p>"
         '<div style="display:flex;gap:24px;align-items:flex-start;flex-wrap:wrap">'
         + html.img(html.figure_uri(heatmap(matrix, lost)), "compatibility heatmap", "plot")
         + html.table(head, rows)
@@ -176,27 +183,38 @@ def _names(labels_counts: list[tuple[str, int]]) -> str:
     return (shown + (f", +{more} more" if more > 0 else "")) or "-"
 
 
-def _sessions_section(protocol: dict, stored) -> str:
+def _sessions_section(protocol: dict, stored, results: dict | None = None) -> str:
     names = protocol["class_names"]
     last, rows = stored if stored is not None else (-1, None)
-    head = ["session", "training images", "new classes (images)", "returning classes (images)", "gallery rows"]
+    per = {r["session"] - 1: r for r in (results or {}).get("per_session") or []}
+    head = [
+        "session",
+        "new training images",
+        "trained on (replay incl.)",
+        "new classes (images)",
+        "returning classes (images)",
+        "gallery rows",
+    ]
     out = []
     for s, sess in enumerate(protocol["sessions"]):
         new = [int(c) for c in sess["new_classes"]]
+        seen = run_reader.trained_on(per[s]) if s in per else None
+        counts_cells = [str(s + 1), str(sess["train"]), "-" if seen is None else str(seen)]
         if rows is not None and s <= last:
             counts = np.bincount(rows.labels[(rows.arrival == s) & (rows.labels >= 0)], minlength=len(names))
             new_cells = [(names[c], int(counts[c])) for c in new if c < len(names)]
             back = [(names[c], int(counts[c])) for c in np.flatnonzero(counts) if c not in new]
-            gallery = str(int(np.sum(rows.model == s)))
-            out.append([str(s + 1), str(sess["train"]), _names(new_cells), _names(back), gallery])
+            gallery = f'<span data-gallery-rows="{s + 1}">{int(np.sum(rows.model == s))}</span>'
+            out.append(counts_cells + [_names(new_cells), _names(back), gallery])
         else:
             listed = ", ".join(html.esc(names[c]) for c in new[:_LIST] if c < len(names)) or "-"
-            out.append([str(s + 1), str(sess["train"]), listed, "not completed", "-"])
+            out.append(counts_cells + [listed, "not completed", "-"])
     return (
         "<h2>Sessions</h2>"
-        '<p class="legend">What each session brought: its classes first seen there and the known classes that '
-        "came back, with the images each added to the gallery; gallery rows: the rows its model embedded.</p>"
-        + html.table(head, out, left=(0, 2, 3))
+        '<p class="legend">What each session brought: its new training images, the images it trained on (the '
+        "new ones plus the method's replayed memory, or every image so far for joint), its classes first seen "
+        "there and the known classes that came back, with the images each added to the gallery; gallery rows: "
+        "the rows its model embedded.</p>" + html.table(head, out, left=(0, 3, 4))
     )
 
 
@@ -280,7 +298,7 @@ def render(workdir: str, *, results: dict | None = None, stored=None, read_train
         [
             _recall_section(results),
             _compat_section(results),
-            _sessions_section(protocol, stored),
+            _sessions_section(protocol, stored, results),
             _curves_section(_read_metrics(paths.metrics_file(workdir))),
             _samples(rows, read_train, protocol["class_names"], last),
         ]

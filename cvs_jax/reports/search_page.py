@@ -26,6 +26,17 @@ def query_class(path: str, label: str | None, class_names: list[str]) -> str | N
     return folder if folder in class_names else None
 
 
+def summary(queries: list[dict]) -> str | None:
+    """ "top-1 of the query's class: 14 of 84" over the answered queries whose class is known (None: none)."""
+    known = [q for q in queries if q["error"] is None and q["class_name"] is not None]
+    if not known:
+        return None
+    top1 = sum(bool(q["hits"]) and q["hits"][0]["class_name"] == q["class_name"] for q in known)
+    text = f"top-1 of the query's class: {top1} of {len(known)}"
+    unknown = sum(q["error"] is None for q in queries) - len(known)
+    return text + (f" ({unknown} queries of unknown class left out)" if unknown else "")
+
+
 def _hit_cell(hit: dict, image, known: str | None) -> str:
     match = known is not None and hit["class_name"] == known
     mark = ' <span class="ok">&#10003;</span>' if match else ""
@@ -72,10 +83,12 @@ def render(queries: list[dict], *, workdir: str, model_session: int, gallery_row
         f"{workdir}: {answered} of {len(queries)} queries answered by the model of session {model_session}, "
         f"top {k} of {gallery_rows} gallery rows (exact cosine)"
     )
+    found = summary(queries)
+    head = "" if found is None else f'<p class="summary"><b>{html.esc(found)}</b></p>'
     legend = (
         '<p class="legend">Blue frame: the query (as the model sees it: resized, centre crop). Green frame and '
         "&#10003;: a hit of the query's class (its folder name or --label). Under each hit: class, cosine "
         "score, the session its image arrived in and the session whose model embedded it (rows are never "
         "re-embedded).</p>"
     )
-    return html.page("search results", subtitle, legend + "\n".join(rows))
+    return html.page("search results", subtitle, head + legend + "\n".join(rows))

@@ -55,6 +55,34 @@ def mean_drop(matrix) -> float | None:
     return float(np.mean(per_part)) if per_part else None
 
 
+# results.json's key of BC (``mean_drop`` in recall@1 points, as shown everywhere); runs written before it
+# held the fraction under ``compatibility_mean_drop``, which ``bc_points`` still reads.
+BC_KEY = "compatibility_bc_points"
+_OLD_BC_KEY = "compatibility_mean_drop"
+
+
+def bc_points(results: dict) -> float | None:
+    """BC of a ``results.json`` in recall@1 points (an older file's fraction converted)."""
+    if BC_KEY in results:
+        return results[BC_KEY]
+    old = results.get(_OLD_BC_KEY)
+    return None if old is None else 100 * old
+
+
+def mean_flips(flips) -> float | None:
+    """The mean negative-flip rate over a run's updates (``negative_flips``; updates without a query left out)."""
+    values = [v for v in flips or () if v is not None]
+    return float(np.mean(values)) if values else None
+
+
+# What the matrix's queries are, said wherever its diagonal is shown beside a session's R@1.
+QUERIES_NOTE = (
+    "its queries are the last session's test queries of part j's classes, searched against part j's rows alone; "
+    "a session's R@1 searches that session's test queries against the whole gallery of the time, so the "
+    "diagonal can differ from it"
+)
+
+
 def _lower(matrix) -> np.ndarray:
     return np.asarray([[np.nan if v is None else v for v in row] for row in matrix], np.float64)
 
@@ -111,9 +139,10 @@ def negative_flips(
     return out
 
 
-def format_matrix(matrix) -> str:
+def format_matrix(matrix, flips=None) -> str:
     """The compatibility matrix as a table in % (row i: model of session i; column j: gallery rows of
-    session j; ``-``: no entry)."""
+    session j; ``-``: no entry), then its summaries BC, AC, AM and (``flips``: the run's
+    ``negative_flip_rate``) NFR."""
     if not matrix:
         return "compatibility: not computed yet (written when a run or update finishes)"
     n = len(matrix)
@@ -122,7 +151,16 @@ def format_matrix(matrix) -> str:
     for i, row in enumerate(matrix):
         cells = "".join(f"{'-' if v is None else f'{100 * v:.1f}':>10}" for v in row)
         lines.append(f"{'model S' + str(i + 1):<8}{cells}")
-    ac, am = average_compatibility(matrix), average_multimodel_accuracy(matrix)
+    lines.append(f"({QUERIES_NOTE})")
+    bc, ac, am = mean_drop(matrix), average_compatibility(matrix), average_multimodel_accuracy(matrix)
+    nfr = mean_flips(flips)
+    summary = [] if bc is None else [f"BC {100 * bc:+.2f} points (newer models on old rows minus the rows' own model)"]
     if ac is not None:
-        lines.append(f"AC {ac:.2f} (share of later models beating a part's own model on its rows), AM {100 * am:.1f} %")
+        summary.append(f"AC {ac:.2f} (share of later models beating a part's own model on its rows)")
+    if am is not None and n > 1:
+        summary.append(f"AM {100 * am:.1f} % (every model on every part it searches)")
+    if nfr is not None:
+        summary.append(f"NFR {100 * nfr:.1f} % (queries right before an update and wrong after, mean over updates)")
+    if summary:
+        lines.append(", ".join(summary))
     return "\n".join(lines)

@@ -10,6 +10,7 @@ workdir's lock).  A query is prepared as the gallery images were stored (``prepa
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import hashlib
 import json
@@ -34,6 +35,12 @@ from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.rundir.checkpoint import Checkpoints
 
 
+def trained_on(record: dict) -> int | None:
+    """The images a session trained on (its new images plus replay, or all so far for ``joint``) from its
+    ``results.json`` record (named ``train_images`` in runs written before ``new_images`` was recorded)."""
+    return record["trained_on_images"] if "trained_on_images" in record else record.get("train_images")
+
+
 def prepare(images: Iterable[Any], shape: tuple[int, int, int]) -> np.ndarray:
     """Image files, PIL images or uint8 arrays -> uint8 [N, H, W, C] as the gallery images were stored.
 
@@ -46,7 +53,12 @@ def prepare(images: Iterable[Any], shape: tuple[int, int, int]) -> np.ndarray:
             try:
                 with Image.open(item) as im:
                     out.append(_resize.to_stored(im, shape))
-            except image_errors() as e:  # a decompression bomb too (not an OSError)
+            except Image.DecompressionBombError as e:  # a readable file, too many pixels to decode safely
+                raise SearchError(
+                    f"image {os.fspath(item)!r} is too large to decode safely ({e}); pass a downscaled copy (e.g. "
+                    f"at most {Image.MAX_IMAGE_PIXELS:,} pixels)."
+                ) from e
+            except image_errors() as e:
                 raise SearchError(f"cannot read image {os.fspath(item)!r} ({e}); pass PNG/JPEG files.") from e
             continue
         if isinstance(item, Image.Image):
@@ -451,8 +463,12 @@ class Run:
             return names.index(name)
         if name.lstrip("-").isdigit() and -1 <= int(name) < len(names):
             return int(name)
+        close = difflib.get_close_matches(name, names, n=1) or difflib.get_close_matches(
+            name.lower(), [n.lower() for n in names], n=1
+        )
+        hint = f"did you mean {names[[n.lower() for n in names].index(close[0].lower())]!r}? " if close else ""
         raise SearchError(
-            f"--label {name!r} is neither a class name nor a label; known classes: "
+            f"--label {name!r} is neither a class name nor a label; {hint}known classes: "
             f"{', '.join(names[:10])}{', ...' if len(names) > 10 else ''}."
         )
 

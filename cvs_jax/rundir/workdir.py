@@ -16,7 +16,8 @@
   takes the new config.
 
 ``hold(workdir)`` is the lock alone (``compare`` over its whole directory, ``search --add``).
-Reading a run (plain ``search``) needs no lock.
+Reading a run (plain ``search``) needs no lock; ``check_not_busy`` asks whether a live process holds it.
+A refused start leaves the file system as it was: a workdir folder created for the lock is removed again.
 """
 
 from __future__ import annotations
@@ -240,6 +241,46 @@ def _make_folder(workdir: str) -> None:
         ) from None
 
 
+def _missing_folders(workdir: str) -> list[str]:
+    """The folders ``_make_folder`` would create, deepest first (what a refused start removes again)."""
+    out, path = [], os.path.abspath(workdir)
+    while path and not os.path.exists(path):
+        out.append(path)
+        parent = os.path.dirname(path)
+        path = parent if parent != path else ""
+    return out
+
+
+def _remove_created(created: list[str]) -> None:
+    """Removes the lock file and the folders a refused start created, where nothing else was written."""
+    if not created:
+        return
+    with contextlib.suppress(OSError):
+        os.remove(os.path.join(created[0], LOCK_NAME))
+    for folder in created:
+        try:
+            os.rmdir(folder)
+        except OSError:  # something else is there now: leave it
+            return
+
+
+def check_not_busy(workdir: str) -> None:
+    """Raises ``WorkdirBusyError`` (naming the holder) when a live process holds ``workdir``'s lock; takes
+    nothing (a free lock is released at once).  For commands that check a run before they lock it."""
+    try:
+        fd = os.open(os.path.join(workdir, LOCK_NAME), os.O_RDONLY)
+    except OSError:  # no lock file (never started) or not readable here: the lock itself decides later
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise _busy(workdir, fd) from None
+        raise
+    finally:
+        os.close(fd)  # releases a shared lock taken here
+
+
 def _lock(workdir: str) -> int:
     """Takes ``<workdir>/.lock`` (never waits); returns its descriptor, or raises ``WorkdirBusyError``."""
     _make_folder(workdir)
@@ -297,12 +338,17 @@ def _agree(workdir: str, error: BaseException | None) -> None:
 def _held(workdir: str, then: Callable[[], None] | None = None) -> Iterator[None]:
     fd, error = None, None
     if jax.process_index() == 0:
+        created = _missing_folders(workdir)
         try:
             fd = _lock(workdir)
             if then is not None:
                 then()
         except Exception as e:  # reported to the other processes before it is raised here
             error = e
+            if fd is not None:
+                _unlock(fd)
+                fd = None
+            _remove_created(created)
     try:
         _agree(workdir, error)
         if error is not None:

@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+from configs import variants
 from configs.variants import VARIANTS
 from cvs_jax.errors import UserError
 from cvs_jax.methods.registry import METHODS
@@ -67,6 +68,7 @@ def test_main_help_lists_methods_and_config_variants():
     text = " ".join(proc.stdout.split())  # absl wraps the help text
     for name in list(METHODS) + list(VARIANTS):
         assert name in text
+    assert "cpu, cpu_pretrained (image_folder_general.py)" in text  # the variants the README gives CPU users
     assert "--workdir" in text and ":<variant>" in text
 
 
@@ -100,8 +102,9 @@ def test_unknown_config_variant_is_one_error_line():
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"error: config variant 'nope' is unknown; choose from {sorted(VARIANTS)}."
+        f"error: config variant 'nope' is unknown; choose from {variants.listed()}."
     ]
+    assert "cpu, cpu_pretrained" in proc.stderr
 
 
 def test_workdir_that_is_a_file_is_one_error_line_and_the_file_is_kept(tmp_path):

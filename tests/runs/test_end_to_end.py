@@ -56,8 +56,8 @@ def test_joint_reextracts_gallery(manual_dir, tmp_path):
     wd = str(tmp_path / "jt")
     res = runner.run(c, wd)
     # joint trains on everything seen so far, and its gallery is the same union re-embedded
-    assert res["per_session"][1]["train_images"] == res["per_session"][1]["gallery_rows"]
-    assert res["per_session"][1]["train_images"] > res["per_session"][0]["train_images"]
+    assert res["per_session"][1]["trained_on_images"] == res["per_session"][1]["gallery_rows"]
+    assert res["per_session"][1]["trained_on_images"] > res["per_session"][0]["trained_on_images"]
 
 
 def test_resume_after_completed_session_reproduces_results(manual_dir, tmp_path):

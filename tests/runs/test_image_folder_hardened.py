@@ -267,7 +267,8 @@ def test_bad_queries_are_reported_and_the_rest_answered(trained, tmp_path, capsy
     assert search.search_or_add(wd, [bomb, good, missing], k=2) == 2
     out = capsys.readouterr()
     err = out.err.strip().splitlines()
-    assert len(err) == 2 and all(e.startswith("error: cannot read image") for e in err), err
+    assert len(err) == 2 and err[1].startswith("error: cannot read image"), err
+    assert err[0].startswith("error: image") and "too large to decode safely" in err[0], err  # not "pass PNG/JPEG"
     assert "bomb.png" in err[0] and "missing.png" in err[1] and "good.png" in out.out
     assert search.search_or_add(wd, [bomb, good], k=2, as_json=True) == 2
     answers = json.loads(capsys.readouterr().out)

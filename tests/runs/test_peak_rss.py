@@ -50,7 +50,7 @@ _RUN = textwrap.dedent(
     c.train.epochs, c.train.batch_size, c.train.eval_batch_size = int(epochs), 32, 64
     res = runner.run(c, workdir)
     print("RESULT " + json.dumps({
-        "train_images": res["per_session"][0]["train_images"],
+        "train_images": res["per_session"][0]["trained_on_images"],
         "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         "children_maxrss_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
     }))
