@@ -59,16 +59,32 @@ def _lower(matrix) -> np.ndarray:
     return np.asarray([[np.nan if v is None else v for v in row] for row in matrix], np.float64)
 
 
-def average_compatibility(matrix) -> float | None:
+AC_TIE_RULES = ("fail", "pass")  # a tie M[i, j] == M[j, j]: iamcl2r fails the pair, CoReS and CL2R pass it
+
+
+def average_compatibility(matrix, ties: str = "fail") -> float | None:
     """AC, the share of model updates that are empirically compatible (Biondi et al., "CL2R: Compatible
     Lifelong Learning Representations", ACM TOMM 2023, after Shen et al., "Towards Backward-Compatible
     Representation Learning", CVPR 2020): over the pairs j < i, the mean of 1[M[i, j] > M[j, j]] (model i
     searches part j's rows better than part j's own model did). 1: every later model is compatible with
     every earlier gallery. Pairs with a missing entry (no query of the part's classes) are left out
-    (the paper divides by all T(T-1)/2 pairs); None when no pair is left."""
+    (the paper divides by all T(T-1)/2 pairs); None when no pair is left.
+
+    ``ties``: what a pair with M[i, j] == M[j, j] counts as.  ``"fail"`` is miccunifi/iamcl2r
+    (``compatibility_metrics.py`` 8: a pair fails on ``<=``); ``"pass"`` is NiccoBiondi/cores-compatibility
+    ``src/cores/metrics.py`` 9 and CompatibleLifelongRepresentation ``src/cl2r/metrics.py`` 9 (fails on ``<``)."""
+    if ties not in AC_TIE_RULES:
+        raise ValueError(f"ties={ties!r}; choose one of {list(AC_TIE_RULES)}")
     m = _lower(matrix)
-    wins = [m[i, j] > m[j, j] for i in range(m.shape[0]) for j in range(i) if not np.isnan(m[i, j] + m[j, j])]
+    beats = np.greater if ties == "fail" else np.greater_equal
+    wins = [beats(m[i, j], m[j, j]) for i in range(m.shape[0]) for j in range(i) if not np.isnan(m[i, j] + m[j, j])]
     return float(np.mean(wins)) if wins else None
+
+
+def average_compatibility_rules(matrix) -> dict[str, float | None]:
+    """AC under both tie rules: ``{"ties_fail": iamcl2r's, "ties_pass": CoReS/CL2R's}``; they differ only
+    when an entry equals its diagonal (recall@1 on small parts ties often)."""
+    return {f"ties_{rule}": average_compatibility(matrix, rule) for rule in AC_TIE_RULES}
 
 
 def average_multimodel_accuracy(matrix) -> float | None:
