@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cvs_jax.methods.base import StepInputs
 from cvs_jax.methods.losses import _np_l2_normalize, _row_mean, l2_normalize
 from cvs_jax.methods.seams import PolicyView
 from cvs_jax.retrieval.gallery import Gallery
@@ -103,3 +104,14 @@ def lce_boundary_loss(
     sel = jnp.take(jnp.asarray(mask, bool), labels, mode="clip")
     cos = jnp.clip(jnp.sum(f * c, axis=-1), -1.0, 1.0)
     return _row_mean(jnp.maximum(theta - cos, 0.0), sel, jnp.sum(sel))
+
+
+def lce_terms(x: StepInputs, *, normalize_features: bool = False):
+    """``extra_terms`` of an ``lce`` method (constants from :class:`ClassBoundaries`, no old model):
+    ``{"L_align", "L_bound"}``, weights ``LAMBDA_ALIGN`` and ``LAMBDA_BOUND``.  L_align reads the head's
+    ``"head"`` rows (the cosine head's class weights)."""
+    c, theta, mask = x.consts["lce_centres"], x.consts["lce_boundaries"], x.consts["lce_mask"]
+    return {
+        "L_align": lce_align_loss(x.head["head"], c, mask),
+        "L_bound": lce_boundary_loss(x.new_emb, x.labels, c, theta, mask, normalize_features=normalize_features),
+    }

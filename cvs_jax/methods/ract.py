@@ -22,6 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from cvs_jax.methods.base import StepInputs
 from cvs_jax.methods.losses import l2_normalize
 
 TEMPERATURE = 0.01  # config.json comp_loss.temperature
@@ -71,3 +72,12 @@ def ract_loss(
     """L_comp: cross-entropy of :func:`ract_logits` with target 0, mean over the batch."""
     logits = ract_logits(new_emb, old_emb, labels, temperature=temperature, topk_neg=topk_neg, new_to_new=new_to_new)
     return -jnp.mean(jax.nn.log_softmax(logits, axis=-1)[:, 0])
+
+
+def ract_terms(x: StepInputs, *, temperature: float = TEMPERATURE, topk_neg: int = TOPK_NEG, new_to_new: bool = True):
+    """``extra_terms`` of a ``ract`` method (needs the old model): ``{"L_ract": L_comp}``, weight 1.0."""
+    return {
+        "L_ract": ract_loss(
+            x.new_emb, x.old_emb, x.labels, temperature=temperature, topk_neg=topk_neg, new_to_new=new_to_new
+        )
+    }

@@ -35,6 +35,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from cvs_jax.methods.base import StepInputs
 from cvs_jax.methods.losses import _row_mean, l2_normalize
 from cvs_jax.methods.policies import half_memory_split
 
@@ -80,3 +81,18 @@ def hoc_loss(new_emb: jax.Array, old_emb: jax.Array, labels: jax.Array, mu: floa
     positive = -jnp.diagonal(sim)
     negative = jax.nn.logsumexp(sim * other, axis=1)
     return jnp.mean(positive + negative)
+
+
+def cl2r_terms(x: StepInputs, *, memory_batches: str = "cycle"):
+    """``extra_terms`` of a ``cl2r`` method (old model, half-memory batches): ``{"L_fd": sqrt(new / old) L_fd}``
+    with the weight ``CL2R_BASE``, so that weight x term = lambda L_fd; the class counts come from the
+    step's constants (classes introduced this session = valid_classes - old_classes)."""
+    mask = memory_half_mask(x.new_emb.shape[0], memory_batches)
+    scale = cl2r_weight_scale(x.consts["valid_classes"] - x.consts["old_classes"], x.consts["old_classes"])
+    return {"L_fd": scale * cl2r_distillation_loss(x.new_emb, x.old_emb, mask)}
+
+
+def hoc_terms(x: StepInputs, *, mu: float = HOC_MU):
+    """``extra_terms`` of a ``hoc`` method (old model): ``{"L_hoc": L_HOC}``; its weight is 1 - lambda and
+    L_c's lambda from the second session on (the step must be able to weight L_c)."""
+    return {"L_hoc": hoc_loss(x.new_emb, x.old_emb, x.labels, mu)}

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from cvs_jax.methods import lce, ract, simplex
+from cvs_jax.methods.base import StepInputs
+from cvs_jax.models.heads import CosineHead
 
 
 def _norm(x):
@@ -233,3 +235,37 @@ def test_lce_boundary_clamps_the_raw_dot_product_and_hinges_on_theta():
     assert normalised == pytest.approx(reference(_norm(np.float64(feats))), rel=1e-5)
     none = np.zeros(6, bool)
     assert float(lce.lce_boundary_loss(feats, labels, centres, theta, none)) == 0.0
+
+
+# ------------------------------------------------------------------ the term functions a Method wraps
+
+
+def _inputs(new, old, labels, head_rows, consts):
+    head = {"head": jnp.asarray(head_rows)}
+    return StepInputs(
+        params={}, new_emb=jnp.asarray(new), old_emb=jnp.asarray(old), labels=jnp.asarray(labels),
+        classifier=CosineHead(0.05), head=head, old_head=head, consts=consts,
+    )  # fmt: skip
+
+
+def test_term_functions_read_the_step_inputs():
+    new, old, labels = _batch(11, b=16, classes=6)
+    rng = np.random.default_rng(11)
+    rows = rng.normal(size=(6, 6)).astype(np.float32)
+    centres, bounds, mask = lce.centres_and_boundaries(old, labels, 6)
+    consts = {
+        "valid_classes": jnp.int32(30),
+        "old_classes": jnp.int32(20),
+        "lce_centres": jnp.asarray(centres),
+        "lce_boundaries": jnp.asarray(bounds),
+        "lce_mask": jnp.asarray(mask),
+    }
+    x = _inputs(new, old, labels, rows, consts)
+    assert float(ract.ract_terms(x)["L_ract"]) == pytest.approx(_ract_reference(new, old, labels, 0.01, 10)[1], 1e-4)
+    fd = float(simplex.cl2r_distillation_loss(new, old, simplex.memory_half_mask(16)))
+    assert float(simplex.cl2r_terms(x)["L_fd"]) == pytest.approx(np.sqrt(10 / 20) * fd, rel=1e-5)  # 10 new, 20 old
+    assert float(simplex.hoc_terms(x)["L_hoc"]) == pytest.approx(_hoc_reference(new, old, labels, 10.0), rel=1e-5)
+    terms = lce.lce_terms(x)
+    assert float(terms["L_align"]) == pytest.approx(float(lce.lce_align_loss(rows, centres, mask)), rel=1e-6)
+    want = float(lce.lce_boundary_loss(new, labels, centres, bounds, mask))
+    assert float(terms["L_bound"]) == pytest.approx(want, rel=1e-6)
