@@ -241,10 +241,10 @@ def test_lce_boundary_clamps_the_raw_dot_product_and_hinges_on_theta():
 
 
 def _inputs(new, old, labels, head_rows, consts):
-    head = {"head": jnp.asarray(head_rows)}
+    head, old_head = {"head": jnp.asarray(head_rows)}, {"head": jnp.asarray(head_rows[::-1])}
     return StepInputs(
         params={}, new_emb=jnp.asarray(new), old_emb=jnp.asarray(old), labels=jnp.asarray(labels),
-        classifier=CosineHead(0.05), head=head, old_head=head, consts=consts,
+        classifier=CosineHead(0.05), head=head, old_head=old_head, consts=consts,
     )  # fmt: skip
 
 
