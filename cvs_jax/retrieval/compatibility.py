@@ -9,18 +9,24 @@ CVS is built for.  Entries i < j (a model searching a future gallery) are NaN.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
-from cvs_jax.retrieval import topk
+from cvs_jax.retrieval import query_maps, topk
 from cvs_jax.retrieval.gallery import Gallery, RowConcat
+from cvs_jax.retrieval.query_maps import QueryMap
 
 
 def compatibility_matrix(
-    num_sessions: int, gallery: Gallery, embed_queries: Callable[[int], np.ndarray], query_labels: np.ndarray
+    num_sessions: int,
+    gallery: Gallery,
+    embed_queries: Callable[[int], np.ndarray],
+    query_labels: np.ndarray,
+    maps: Mapping[int, QueryMap] | None = None,
 ) -> np.ndarray:
-    """``embed_queries(i)`` embeds all ``query_labels``' images with the model of session i."""
+    """``embed_queries(i)`` embeds all ``query_labels``' images with the model of session i.  ``maps``
+    (``query_maps``, by session): model i's queries reach part j through the chain i -> ... -> j."""
     m = np.full((num_sessions, num_sessions), np.nan)
     for i in range(num_sessions):
         q = None
@@ -33,8 +39,9 @@ def compatibility_matrix(
             if not keep.any():
                 continue
             q = embed_queries(i) if q is None else q
+            qj = q if maps is None else query_maps.map_queries(maps, q, i, [j])[j]
             m[i, j] = topk.recall_at_k(
-                q[keep], query_labels[keep], RowConcat([p.embeddings for p in parts]), labels, ks=(1,)
+                qj[keep], query_labels[keep], RowConcat([p.embeddings for p in parts]), labels, ks=(1,)
             )[1]
     return m
 

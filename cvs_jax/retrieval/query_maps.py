@@ -27,6 +27,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from cvs_jax.retrieval import topk
+from cvs_jax.retrieval.gallery import Gallery
+
 KINDS = ("none", "procrustes", "affine", "mean_shift")
 
 
@@ -124,3 +127,33 @@ def map_queries(
     q = _normalize(queries)
     d = q.shape[1]
     return {j: chain(maps, model_session, j, d).apply(q).astype(np.float32) for j in sorted(set(part_sessions))}
+
+
+def mapped_topk_labels(query_emb, gallery: Gallery, maps: Mapping[int, QueryMap], model_session: int, k: int):
+    """Labels ``[Q, k]`` of the nearest rows of the whole gallery (-1: no row) for queries of
+    ``model_session``'s model, each part searched with the queries mapped down to its session; the
+    parts' top-k merged by score, ties by the lowest row index of the gallery (as one search)."""
+    if len(gallery) == 0:
+        raise ValueError("the gallery is empty: nothing to search")
+    per_part = map_queries(maps, query_emb, model_session, [p.session for p in gallery.parts])
+    scores, rows, base = [], [], 0
+    for part in gallery.parts:
+        s, idx = topk.topk_indices(per_part[part.session], part.embeddings, k)
+        scores.append(np.asarray(s, np.float64))
+        rows.append(np.asarray(idx, np.int64) + base)
+        base += len(part)
+    scores, rows = np.concatenate(scores, axis=1), np.concatenate(rows, axis=1)
+    order = np.lexsort((rows, -scores), axis=1)[:, :k]  # best score first, then the lowest row
+    labels = np.asarray(gallery.labels)[np.take_along_axis(rows, order, axis=1)]
+    if labels.shape[1] < k:
+        labels = np.concatenate([labels, np.full((labels.shape[0], k - labels.shape[1]), -1, labels.dtype)], 1)
+    return labels
+
+
+def mapped_recall_at_k(
+    query_emb, query_labels, gallery: Gallery, maps: Mapping[int, QueryMap], model_session: int, ks=(1, 2, 4)
+) -> dict[int, float]:
+    """recall@K of :func:`mapped_topk_labels` (``topk.recall_at_k`` with the maps applied per part)."""
+    nearest = mapped_topk_labels(query_emb, gallery, maps, model_session, max(ks))
+    hits = nearest == np.asarray(query_labels)[:, None]
+    return {int(k): float(np.mean(np.any(hits[:, :k], axis=1))) for k in ks}

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from cvs_jax.retrieval import query_maps
+from cvs_jax.retrieval import compatibility, query_maps, topk
+from cvs_jax.retrieval.gallery import Gallery, GalleryPart
 from cvs_jax.retrieval.query_maps import QueryMap, chain, fit_query_map, map_queries
 
 
@@ -111,3 +112,51 @@ def test_a_map_round_trips_through_npz(tmp_path):
     np.testing.assert_array_equal(back.matrix, m.matrix)
     np.testing.assert_array_equal(back.bias, m.bias)
     assert back.kind == m.kind == "affine"
+
+
+def _two_models(seed=9, d=8, classes=6):
+    """Session 0's model embeds in a rotated space, session 1's in the plain one; classes 0-2 are stored
+    by session 0, classes 3-5 by session 1.  Returns the gallery, the queries per model and their labels."""
+    rng = np.random.default_rng(seed)
+    centres = _unit(rng.normal(size=(classes, d))) * 3
+    rot = _rotation(d, seed + 1)
+    g_labels = np.repeat(np.arange(classes), 5)
+    g = centres[g_labels] + rng.normal(size=(len(g_labels), d))
+    old_part = g_labels < 3
+    parts = [
+        GalleryPart((g[old_part] @ rot).astype(np.float32), g_labels[old_part], np.arange(15), 0),
+        GalleryPart(g[~old_part].astype(np.float32), g_labels[~old_part], np.arange(15, 30), 1),
+    ]
+    q_labels = np.repeat(np.arange(classes), 4)
+    q = centres[q_labels] + rng.normal(size=(len(q_labels), d))
+    pairs = _unit(rng.normal(size=(40, d)))  # images both models embed
+    maps = {1: fit_query_map("procrustes", pairs, pairs @ rot)}
+    return Gallery(parts, d), {0: q @ rot, 1: q}, q_labels, maps, rot
+
+
+def test_mapped_search_without_maps_is_the_plain_search():
+    gallery, queries, q_labels, _, _ = _two_models()
+    identity = {1: fit_query_map("none", queries[1], queries[1])}
+    got = query_maps.mapped_topk_labels(queries[1], gallery, identity, 1, 4)
+    want = topk.topk_labels(queries[1], gallery.embeddings, gallery.labels, 4)
+    np.testing.assert_array_equal(got, want)
+    small = Gallery([gallery.parts[0]], gallery.embed_dim)  # fewer rows than k: -1 past the rows
+    assert (query_maps.mapped_topk_labels(queries[1], small, identity, 1, 20)[:, 15:] == -1).all()
+
+
+def test_maps_change_recall_only_where_they_apply():
+    gallery, queries, q_labels, maps, rot = _two_models()
+    plain = compatibility.compatibility_matrix(2, gallery, queries.__getitem__, q_labels)
+    mapped = compatibility.compatibility_matrix(2, gallery, queries.__getitem__, q_labels, maps=maps)
+    assert mapped[0, 0] == plain[0, 0] and mapped[1, 1] == plain[1, 1]  # each model on its own rows
+    assert plain[1, 0] < 0.7 and mapped[1, 0] == pytest.approx(plain[0, 0])  # the rotation undone
+    # the whole gallery: with the map, the search is the one of a gallery stored in the new space
+    old = gallery.parts[0]
+    back = GalleryPart((old.embeddings @ rot.T).astype(np.float32), old.labels, old.source_ids, old.session)
+    unrotated = Gallery([back, gallery.parts[1]], 8)
+    oracle = topk.topk_labels(queries[1], unrotated.embeddings, unrotated.labels, 4)
+    np.testing.assert_array_equal(query_maps.mapped_topk_labels(queries[1], gallery, maps, 1, 4), oracle)
+    identity = {1: query_maps.identity(8)}
+    with_maps = query_maps.mapped_recall_at_k(queries[1], q_labels, gallery, maps, 1, ks=(1, 4))
+    without = query_maps.mapped_recall_at_k(queries[1], q_labels, gallery, identity, 1, ks=(1, 4))
+    assert with_maps[1] > without[1]
