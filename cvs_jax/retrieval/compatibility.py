@@ -9,18 +9,24 @@ CVS is built for.  Entries i < j (a model searching a future gallery) are NaN.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
-from cvs_jax.retrieval import topk
+from cvs_jax.retrieval import query_maps, topk
 from cvs_jax.retrieval.gallery import Gallery, RowConcat
+from cvs_jax.retrieval.query_maps import QueryMap
 
 
 def compatibility_matrix(
-    num_sessions: int, gallery: Gallery, embed_queries: Callable[[int], np.ndarray], query_labels: np.ndarray
+    num_sessions: int,
+    gallery: Gallery,
+    embed_queries: Callable[[int], np.ndarray],
+    query_labels: np.ndarray,
+    maps: Mapping[int, QueryMap] | None = None,
 ) -> np.ndarray:
-    """``embed_queries(i)`` embeds all ``query_labels``' images with the model of session i."""
+    """``embed_queries(i)`` embeds all ``query_labels``' images with the model of session i.  ``maps``
+    (``query_maps``, by session): model i's queries reach part j through the chain i -> ... -> j."""
     m = np.full((num_sessions, num_sessions), np.nan)
     for i in range(num_sessions):
         q = None
@@ -33,8 +39,9 @@ def compatibility_matrix(
             if not keep.any():
                 continue
             q = embed_queries(i) if q is None else q
+            qj = q if maps is None else query_maps.map_queries(maps, q, i, [j])[j]
             m[i, j] = topk.recall_at_k(
-                q[keep], query_labels[keep], RowConcat([p.embeddings for p in parts]), labels, ks=(1,)
+                qj[keep], query_labels[keep], RowConcat([p.embeddings for p in parts]), labels, ks=(1,)
             )[1]
     return m
 
@@ -87,16 +94,32 @@ def _lower(matrix) -> np.ndarray:
     return np.asarray([[np.nan if v is None else v for v in row] for row in matrix], np.float64)
 
 
-def average_compatibility(matrix) -> float | None:
+AC_TIE_RULES = ("fail", "pass")  # a tie M[i, j] == M[j, j]: iamcl2r fails the pair, CoReS and CL2R pass it
+
+
+def average_compatibility(matrix, ties: str = "fail") -> float | None:
     """AC, the share of model updates that are empirically compatible (Biondi et al., "CL2R: Compatible
     Lifelong Learning Representations", ACM TOMM 2023, after Shen et al., "Towards Backward-Compatible
     Representation Learning", CVPR 2020): over the pairs j < i, the mean of 1[M[i, j] > M[j, j]] (model i
     searches part j's rows better than part j's own model did). 1: every later model is compatible with
     every earlier gallery. Pairs with a missing entry (no query of the part's classes) are left out
-    (the paper divides by all T(T-1)/2 pairs); None when no pair is left."""
+    (the paper divides by all T(T-1)/2 pairs); None when no pair is left.
+
+    ``ties``: what a pair with M[i, j] == M[j, j] counts as.  ``"fail"`` is miccunifi/iamcl2r
+    (``compatibility_metrics.py`` 8: a pair fails on ``<=``); ``"pass"`` is NiccoBiondi/cores-compatibility
+    ``src/cores/metrics.py`` 9 and CompatibleLifelongRepresentation ``src/cl2r/metrics.py`` 9 (fails on ``<``)."""
+    if ties not in AC_TIE_RULES:
+        raise ValueError(f"ties={ties!r}; choose one of {list(AC_TIE_RULES)}")
     m = _lower(matrix)
-    wins = [m[i, j] > m[j, j] for i in range(m.shape[0]) for j in range(i) if not np.isnan(m[i, j] + m[j, j])]
+    beats = np.greater if ties == "fail" else np.greater_equal
+    wins = [beats(m[i, j], m[j, j]) for i in range(m.shape[0]) for j in range(i) if not np.isnan(m[i, j] + m[j, j])]
     return float(np.mean(wins)) if wins else None
+
+
+def average_compatibility_rules(matrix) -> dict[str, float | None]:
+    """AC under both tie rules: ``{"ties_fail": iamcl2r's, "ties_pass": CoReS/CL2R's}``; they differ only
+    when an entry equals its diagonal (recall@1 on small parts ties often)."""
+    return {f"ties_{rule}": average_compatibility(matrix, rule) for rule in AC_TIE_RULES}
 
 
 def average_multimodel_accuracy(matrix) -> float | None:

@@ -1,0 +1,159 @@
+"""Training-free query maps: carry a newer model's query into an older model's space before it scores
+the gallery rows that older model made.
+
+A map is fitted when session s completes, on images both the model of session s and the model of
+session s - 1 embed (the replay memory, or the session's own training images), and sends model s's
+space to model s - 1's: q -> q A + b.  Kinds (``retrieval.query_map``):
+
+* ``none``: the identity;
+* ``procrustes``: A = U V^T from the SVD of X_new^T X_old (orthogonal Procrustes), b = 0;
+* ``affine``: least squares [X_new, 1] [A; b] = X_old (the minimum-norm solution when underdetermined);
+* ``mean_shift``: A = I, b = -mean(X_new - X_old) (QDC, dipamgoswami/QDC ``trainers/base.py`` 543-556:
+  the drift is the mean of new - old over the task's training queries; ``eval/eval_retrieval.py`` 84:
+  q' = q - sum of the drifts).
+
+Maps are fitted and applied on L2-normalised rows (retrieval is cosine search): :func:`fit_query_map`
+normalises both sides, :func:`map_queries` normalises the query once and then applies the composed
+chain as one affine map (no renormalisation between steps; the search normalises the result).
+
+When the model of session i queries the rows of session j < i, the query goes through
+i -> i-1 -> ... -> j (:func:`chain`); rows of session i itself take the query as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from cvs_jax.retrieval import topk
+from cvs_jax.retrieval.gallery import Gallery
+
+KINDS = ("none", "procrustes", "affine", "mean_shift")
+
+
+def _normalize(x) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueryMap:
+    """q -> q @ matrix + bias, [D, D] and [D] float64; ``kind`` names how it was made."""
+
+    matrix: np.ndarray
+    bias: np.ndarray
+    kind: str
+
+    def __post_init__(self):
+        d = self.matrix.shape[0]
+        if self.matrix.shape != (d, d) or self.bias.shape != (d,):
+            shapes = f"{self.matrix.shape} and {self.bias.shape}"
+            raise ValueError(f"a query map needs a [D, D] matrix and a [D] bias, not {shapes}")
+
+    @property
+    def dim(self) -> int:
+        return int(self.matrix.shape[0])
+
+    def apply(self, queries) -> np.ndarray:
+        """The rows mapped as they are (no normalisation)."""
+        return np.asarray(queries, np.float64) @ self.matrix + self.bias
+
+    def then(self, other: "QueryMap") -> "QueryMap":
+        """This map followed by ``other``: q A1 A2 + (b1 A2 + b2)."""
+        return QueryMap(self.matrix @ other.matrix, self.bias @ other.matrix + other.bias, "chain")
+
+    def as_dict(self) -> dict[str, np.ndarray]:
+        return {"matrix": self.matrix, "bias": self.bias, "kind": np.asarray(self.kind)}
+
+    @classmethod
+    def from_dict(cls, d) -> "QueryMap":
+        return cls(np.asarray(d["matrix"], np.float64), np.asarray(d["bias"], np.float64), str(d["kind"]))
+
+    def save(self, path: str) -> None:
+        """An ``.npz`` beside the session checkpoint."""
+        with open(path, "wb") as f:
+            np.savez(f, **self.as_dict())
+
+    @classmethod
+    def load(cls, path: str) -> "QueryMap":
+        with np.load(path) as d:
+            return cls.from_dict(d)
+
+
+def identity(dim: int) -> QueryMap:
+    return QueryMap(np.eye(dim), np.zeros(dim), "none")
+
+
+def fit_query_map(kind: str, new_emb, old_emb) -> QueryMap:
+    """The map of ``kind`` from the new model's embeddings to the old model's, row i of both being the
+    same image."""
+    if kind not in KINDS:
+        raise ValueError(f"query map {kind!r} is unknown; choose one of {list(KINDS)}")
+    x, y = _normalize(new_emb), _normalize(old_emb)
+    if x.shape != y.shape or x.ndim != 2 or x.shape[0] == 0:
+        raise ValueError(f"a query map is fitted on [N, D] pairs of the same shape, not {x.shape} and {y.shape}")
+    d = x.shape[1]
+    if kind == "none":
+        return identity(d)
+    if kind == "procrustes":
+        u, _, vt = np.linalg.svd(x.T @ y)
+        return QueryMap(u @ vt, np.zeros(d), kind)
+    if kind == "affine":
+        solution = np.linalg.lstsq(np.concatenate([x, np.ones((x.shape[0], 1))], axis=1), y, rcond=None)[0]
+        return QueryMap(solution[:d], solution[d], kind)
+    return QueryMap(np.eye(d), np.mean(y - x, axis=0), kind)  # mean_shift
+
+
+def chain(maps: Mapping[int, QueryMap], model_session: int, part_session: int, dim: int) -> QueryMap:
+    """The composed map from the space of ``model_session``'s model to ``part_session``'s:
+    ``maps[s]`` (model s -> model s - 1) for s = model_session, ..., part_session + 1."""
+    if part_session > model_session:
+        raise ValueError(f"the model of session {model_session} cannot map to a later session {part_session}")
+    out = identity(dim)
+    for s in range(model_session, part_session, -1):
+        if s not in maps:
+            raise KeyError(f"no query map stored for session {s}")
+        out = out.then(maps[s])
+    return out
+
+
+def map_queries(
+    maps: Mapping[int, QueryMap], queries, model_session: int, part_sessions: Sequence[int]
+) -> dict[int, np.ndarray]:
+    """``{j: queries of model_session mapped into part j's space}`` (float32), one per gallery part
+    session j; the queries are L2-normalised first."""
+    q = _normalize(queries)
+    d = q.shape[1]
+    return {j: chain(maps, model_session, j, d).apply(q).astype(np.float32) for j in sorted(set(part_sessions))}
+
+
+def mapped_topk_labels(query_emb, gallery: Gallery, maps: Mapping[int, QueryMap], model_session: int, k: int):
+    """Labels ``[Q, k]`` of the nearest rows of the whole gallery (-1: no row) for queries of
+    ``model_session``'s model, each part searched with the queries mapped down to its session; the
+    parts' top-k merged by score, ties by the lowest row index of the gallery (as one search)."""
+    if len(gallery) == 0:
+        raise ValueError("the gallery is empty: nothing to search")
+    per_part = map_queries(maps, query_emb, model_session, [p.session for p in gallery.parts])
+    scores, rows, base = [], [], 0
+    for part in gallery.parts:
+        s, idx = topk.topk_indices(per_part[part.session], part.embeddings, k)
+        scores.append(np.asarray(s, np.float64))
+        rows.append(np.asarray(idx, np.int64) + base)
+        base += len(part)
+    scores, rows = np.concatenate(scores, axis=1), np.concatenate(rows, axis=1)
+    order = np.lexsort((rows, -scores), axis=1)[:, :k]  # best score first, then the lowest row
+    labels = np.asarray(gallery.labels)[np.take_along_axis(rows, order, axis=1)]
+    if labels.shape[1] < k:
+        labels = np.concatenate([labels, np.full((labels.shape[0], k - labels.shape[1]), -1, labels.dtype)], 1)
+    return labels
+
+
+def mapped_recall_at_k(
+    query_emb, query_labels, gallery: Gallery, maps: Mapping[int, QueryMap], model_session: int, ks=(1, 2, 4)
+) -> dict[int, float]:
+    """recall@K of :func:`mapped_topk_labels` (``topk.recall_at_k`` with the maps applied per part)."""
+    nearest = mapped_topk_labels(query_emb, gallery, maps, model_session, max(ks))
+    hits = nearest == np.asarray(query_labels)[:, None]
+    return {int(k): float(np.mean(np.any(hits[:, :k], axis=1))) for k in ks}
