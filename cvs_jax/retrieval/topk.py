@@ -18,7 +18,8 @@ device mesh (all devices by default):
   (``chunk x D x gallery_block``) does not depend on the device count, so for a
   given ``chunk`` and ``gallery_block`` the scores and indices are bitwise the same
   on any number of devices (and processes), and equal a stable sort of the scores;
-* queries are processed in chunks of ``chunk`` rows (zero-padded: one compile).
+* queries are processed in chunks of ``chunk`` rows, the last one zero-padded to its bucket
+  (``chunks.bucket``: a lone query scores one row, with a compile per bucket shape).
 
 ``recall_at_k_blocked`` streams a gallery that lives on disk (a memory-mapped
 ``.npy``, or any array-like read by row slices, e.g. a TensorStore/zarr array)
@@ -40,6 +41,7 @@ from jax.sharding import PartitionSpec as P
 
 from cvs_jax import distributed
 from cvs_jax.errors import NonFiniteError
+from cvs_jax.retrieval.chunks import bucket
 
 _SENTINEL = np.iinfo(np.int32).max  # index of "no candidate yet"; sorts after every real row on ties
 DEFAULT_PRECISION = jax.lax.Precision.HIGHEST  # exact f32 scores (no TF32 on GPUs), as faiss
@@ -272,14 +274,14 @@ class _Chunk:
 
 
 def _query_chunks(query_emb, chunk: int, mesh: Mesh):
-    """Normalised, zero-padded, replicated query chunks of ``chunk`` rows (one compile per shape)."""
+    """Normalised, replicated query chunks of ``chunk`` rows, the last zero-padded to its bucket."""
     query_emb = np.asarray(query_emb, np.float32)
     replicated = NamedSharding(mesh, P())
     norm = _normalize_replicated_fn(mesh)
     for start in range(0, query_emb.shape[0], chunk):
         q = query_emb[start : start + chunk]
-        qp = _pad_rows(q, chunk) if q.shape[0] < chunk else q
-        yield _Chunk(norm(_host_to_mesh(qp, replicated, chunk)), q.shape[0])
+        rows = bucket(q.shape[0], chunk) if q.shape[0] < chunk else chunk
+        yield _Chunk(norm(_host_to_mesh(_pad_rows(q, rows), replicated, rows)), q.shape[0])
 
 
 def _checked(idx: np.ndarray, n: int) -> np.ndarray:
