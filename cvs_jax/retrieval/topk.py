@@ -240,11 +240,11 @@ class ShardedGallery:
         """``(scores [Q, k'], indices [Q, k'])`` of the ``k' = min(k, N)`` nearest rows (cosine)."""
         k_eff = min(k, self.n)
         # dispatch every chunk before fetching any result: host transfers overlap device work
-        results = [(self.search_chunk(qn.array, k_eff), qn.rows) for qn in _query_chunks(query_emb, chunk, self.mesh)]
+        results = [(self.search_chunk(qn.array, k_eff), qn.rows) for qn in query_chunks(query_emb, chunk, self.mesh)]
         if not results:
             return np.zeros((0, k_eff), np.float32), np.zeros((0, k_eff), np.int32)
         idx = np.concatenate([np.asarray(i)[:rows] for (_, i), rows in results])
-        return np.concatenate([np.asarray(v)[:rows] for (v, _), rows in results]), _checked(idx, self.n)
+        return np.concatenate([np.asarray(v)[:rows] for (v, _), rows in results]), checked_indices(idx, self.n)
 
 
 class _AsFloat32:
@@ -273,7 +273,7 @@ class _Chunk:
         self.array, self.rows = array, rows
 
 
-def _query_chunks(query_emb, chunk: int, mesh: Mesh):
+def query_chunks(query_emb, chunk: int, mesh: Mesh):
     """Normalised, replicated query chunks of ``chunk`` rows, the last zero-padded to its bucket."""
     query_emb = np.asarray(query_emb, np.float32)
     replicated = NamedSharding(mesh, P())
@@ -284,7 +284,7 @@ def _query_chunks(query_emb, chunk: int, mesh: Mesh):
         yield _Chunk(norm(_host_to_mesh(_pad_rows(q, rows), replicated, rows)), q.shape[0])
 
 
-def _checked(idx: np.ndarray, n: int) -> np.ndarray:
+def checked_indices(idx: np.ndarray, n: int) -> np.ndarray:
     """Indices past the gallery: only NaN/inf scores lose to the -inf padding, so say that."""
     if idx.size and int(idx.max()) >= n:
         raise NonFiniteError(
@@ -417,7 +417,7 @@ def topk_indices_blocked(
     n_dev = _n_dev(mesh)
     # every block (the last, shorter one too) has the same per-device layout: one compile.
     block_rows = _ceil_to(min(block_rows, n), n_dev * gallery_block)
-    chunks = list(_query_chunks(query_emb, chunk, mesh))
+    chunks = list(query_chunks(query_emb, chunk, mesh))
     if not chunks:
         return np.zeros((0, k_eff), np.float32), np.zeros((0, k_eff), np.int32)
     running: list[tuple[Any, Any]] = [(None, None)] * len(chunks)
@@ -449,7 +449,7 @@ def topk_indices_blocked(
             jax.block_until_ready(previous)
     vals = np.concatenate([np.asarray(v)[: qn.rows] for (v, _), qn in zip(running, chunks)])
     idx = np.concatenate([np.asarray(i)[: qn.rows] for (_, i), qn in zip(running, chunks)])
-    return vals, _checked(idx, n)
+    return vals, checked_indices(idx, n)
 
 
 def recall_at_k_blocked(
