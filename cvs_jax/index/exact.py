@@ -56,4 +56,3 @@ class ExactIndex:
             idx.append(np.asarray(ids)[: chunk.rows])
         idx = topk.checked_indices(np.concatenate(idx), self._rows.size)
         return padded(np.concatenate(scores), self._rows[idx], int(k))
-
