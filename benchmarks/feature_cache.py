@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import _common  # noqa: F401  (puts the repo root on sys.path)
@@ -84,10 +85,15 @@ class Photos:
 def torch_rate(c, quick: bool, batch: int, calls: int):
     """images/s of timm's ViT of the same size (PyTorch, CPU, inference mode), or None without torch."""
     try:
-        import timm
         import torch
     except ImportError:
         return None
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    from make_backbone_fixtures import _stub_torchvision
+
+    _stub_torchvision()  # timm imports torchvision for names a ViT does not use; none may be installed
+    import timm
+
     if quick:
         spec = models.backbones.check_pretrained(c).vit
         net = timm.models.vision_transformer.VisionTransformer(
@@ -95,7 +101,7 @@ def torch_rate(c, quick: bool, batch: int, calls: int):
             patch_size=spec.patch,
             embed_dim=spec.width,
             depth=spec.depth,
-            num_heads=spec.heads,
+            num_heads=spec.width // spec.head_dim,
             mlp_ratio=spec.mlp_dim / spec.width,
             num_classes=0,
         )
