@@ -109,12 +109,17 @@ class MilvusIndex:
         if not q.shape[0] or not limit:
             return empty_results(q.shape[0], k)
         hits = self._client.search(
-            self._name, data=normalized(q).tolist(), limit=limit, anns_field=VECTOR, search_params=self._search_params
+            self._name,
+            data=normalized(q).tolist(),
+            limit=limit,
+            anns_field=VECTOR,
+            search_params=self._search_params,
+            output_fields=[ROW],  # the row as an output field: read the same way by pymilvus 2.5 and 3
         )
         scores, rows = empty_results(q.shape[0], limit)
         for i, found in enumerate(hits):
             for j, hit in enumerate(found):
-                scores[i, j], rows[i, j] = hit["distance"], hit[ROW]
+                scores[i, j], rows[i, j] = hit["distance"], hit["entity"][ROW]
         return padded(scores, rows, int(k))
 
     def close(self) -> None:
