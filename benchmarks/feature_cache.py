@@ -13,7 +13,8 @@ Rows (random weights: the speed does not depend on them; batch ``train.batch_siz
   cache (chunks of ``train.eval_batch_size``, the last one padded to its bucket), and ``old``: the last
   chunk padded to the whole eval batch, as before buckets. ``first`` includes the compiles.
 * ``search``: one photo through the run's network (``run_reader.Network``, as ``search`` embeds a
-  query) and an exact top-10 over 1,000 gallery rows; new (a bucket of 1) and old (a chunk of 256).
+  query) and an exact top-10 over 1,000 gallery rows; new (a bucket of 1) and old (a chunk of 256;
+  the top-10 is the same code in both).
 * ``step, cached``: the CVS step (current + frozen previous model, L_c + L_m + L_d) on cached class tokens
   (``model.cache_views=1``): the top alone, what every epoch costs with the cache.
 * ``step, no cache``: the same step with ``model.cache_views=0``: random-resized crops, the trunk forward
