@@ -1,11 +1,20 @@
-"""The frozen-backbone feature cache: images/s of preparing it, and of the CVS training step with it and without it.
+"""The feature cache: images/s of preparing it (against the trunk's own forward rate, and PyTorch + timm
+where installed), of the CVS training step with it and without it, and a one-image search, old vs new.
 
   python benchmarks/feature_cache.py            # ViT-S/16 at 224 (configs/image_folder_general.py:cpu_pretrained)
-  python benchmarks/feature_cache.py --quick    # a depth-2, width-128 ViT at 32x32, for a check in seconds
+  python benchmarks/feature_cache.py --quick    # the fixture ViT (depth 2, width 128) at 32x32, in seconds
+  python benchmarks/feature_cache.py --only prepare,search --photos 100,326   # the rows of the bucketed chunks
 
 Rows (random weights: the speed does not depend on them; batch ``train.batch_size``):
-* ``cache``: the frozen trunk (``model.train_blocks=0``) on stored uint8 photos, eval chunks of 64, the
-  evaluation transform included: what preparing the cache costs per image, once.
+* ``trunk``: the frozen trunk (``model.train_blocks=0``) on stored uint8 photos, a batch of 64, the
+  evaluation transform included: the trunk's own forward rate.
+* ``torch``: PyTorch + timm's ViT of the same size on a batch of 64 (where torch and timm import).
+* ``prepare N``: ``features.Trunk.compute`` on a folder of N photos, as ``main``/``update`` prepare the
+  cache (chunks of ``train.eval_batch_size``, the last one padded to its bucket), and ``old``: the last
+  chunk padded to the whole eval batch, as before buckets. ``first`` includes the compiles.
+* ``search``: one photo through the run's network (``run_reader.Network``, as ``search`` embeds a
+  query) and an exact top-10 over 1,000 gallery rows; new (a bucket of 1) and old (a chunk of 256;
+  the top-10 is the same code in both).
 * ``step, cached``: the CVS step (current + frozen previous model, L_c + L_m + L_d) on cached class tokens
   (``model.cache_views=1``): the top alone, what every epoch costs with the cache.
 * ``step, no cache``: the same step with ``model.cache_views=0``: random-resized crops, the trunk forward
@@ -15,7 +24,10 @@ Rows (random weights: the speed does not depend on them; batch ``train.batch_siz
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
+from unittest import mock
 
 import _common  # noqa: F401  (puts the repo root on sys.path)
 import jax
@@ -24,70 +36,194 @@ import numpy as np
 
 from configs import image_folder_general
 from cvs_jax import augment, models
+from cvs_jax.engine import features
 from cvs_jax.engine.train_step import TrainState, make_optimizer, make_train_step
 from cvs_jax.methods.registry import get_head, get_method
-from cvs_jax.models.vit import VisionTransformer, ViTSpec
+from cvs_jax.retrieval import run_reader, topk
 
 CLASSES = 64
+FIXTURE = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "backbones", "vit_patch16.safetensors")
 
 
 def config(quick: bool):
+    """``:cpu_pretrained`` (random ViT-S/16 weights), or with ``quick`` the fixture ViT at 40 -> 32."""
     c = image_folder_general.get_config("cpu_pretrained")
     if quick:
         c.data.stored_size, c.augment.size = 40, 32
+        c.model.name, c.model.pretrained = "vit", os.path.abspath(FIXTURE)
     return c
 
 
-def network(c, quick: bool, part: str = "full", cached: bool = True):
-    spec = ViTSpec(width=128, depth=2, patch=16, mlp_dim=512) if quick else None
-    if spec is None:
-        c = c.copy_and_resolve_references()
-        c.model.cache_views = 1 if cached else 0
-        return models.from_config(c, part=part)
-    return VisionTransformer(spec, c.model.embed_dim, train_blocks=0, part=part)
+def network(c, part: str = "full", cached: bool = True):
+    c = c.copy_and_resolve_references()
+    c.model.cache_views = 1 if cached else 0
+    return models.from_config(c, part=part)
 
 
 def time_calls(fn, n: int) -> tuple[float, float]:
-    """(first call incl. compile, seconds per later call)."""
+    """(first call incl. compile, seconds per later call; the first call's without later calls)."""
     t0 = time.perf_counter()
     jax.block_until_ready(fn())
     first = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(n):
         jax.block_until_ready(fn())
-    return first, (time.perf_counter() - t0) / n
+    return first, (time.perf_counter() - t0) / n if n else first
+
+
+class Photos:
+    """A split of N stored photos held in memory (what ``Trunk.compute`` reads from a record store)."""
+
+    def __init__(self, photos: np.ndarray):
+        self.photos, self.image_shape = photos, photos.shape[1:]
+
+    def __len__(self) -> int:
+        return len(self.photos)
+
+    def read(self, idx):
+        return self.photos[np.asarray(idx)]
+
+
+def torch_rate(c, quick: bool, batch: int, calls: int):
+    """images/s of timm's ViT of the same size (PyTorch, CPU, inference mode), or None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    from make_backbone_fixtures import _stub_torchvision
+
+    _stub_torchvision()  # timm imports torchvision for names a ViT does not use; none may be installed
+    import timm
+
+    if quick:
+        spec = models.backbones.check_pretrained(c).vit
+        net = timm.models.vision_transformer.VisionTransformer(
+            img_size=c.augment.size,
+            patch_size=spec.patch,
+            embed_dim=spec.width,
+            depth=spec.depth,
+            num_heads=spec.width // spec.head_dim,
+            mlp_ratio=spec.mlp_dim / spec.width,
+            num_classes=0,
+        )
+    else:
+        net = timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=0)
+    net.eval()
+    x = torch.randn(batch, 3, c.augment.size, c.augment.size)
+    with torch.inference_mode():
+        net(x)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            net(x)
+    return batch * calls / (time.perf_counter() - t0), f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def make_trunk(c, shape) -> features.Trunk:
+    """``features.Trunk`` of ``c``; without a weight file (ViT-S/16 with random weights: the speed does
+    not depend on them) its cache key names none and its network is initialised at random."""
+    if c.model.pretrained is not None:
+        return features.Trunk(c, shape)
+    named = c.copy_and_resolve_references()
+    named.model.pretrained = "random weights"
+    with mock.patch.object(features, "_file_digest", lambda path: path):
+        trunk = features.Trunk(named, shape)
+    trunk.config = c  # what the network is built from
+    return trunk
+
+
+def prepare_rows(c, side: int, sizes, rng, calls: int) -> list:
+    """images/s of preparing the cache of a folder: of a second call (compiled) when ``calls`` > 0,
+    else of the first (compiles included, what a user waits for)."""
+    rows = []
+    for n in sizes:
+        split = Photos(rng.integers(0, 256, (n, side, side, 3), np.uint8))
+        for name, bucketed in (("new", True), ("old", False)):
+            trunk = make_trunk(c, (side, side, 3))
+            trunk.bucketed = bucketed
+            before = sum(features.TRUNK_ROWS.values())
+            t0 = time.perf_counter()
+            trunk.compute(split)
+            first = took = time.perf_counter() - t0
+            ran = sum(features.TRUNK_ROWS.values()) - before
+            if calls:
+                t0 = time.perf_counter()
+                trunk.compute(split)
+                took = time.perf_counter() - t0
+            how = "compiled" if calls else "first call"
+            rows.append((f"prepare {n} photos, {name} ({ran} forward rows; {how})", n / took, first))
+    return rows
+
+
+def search_rows(c, variables, side: int, calls: int, rng) -> list:
+    net = run_reader.Network(c, variables, (side, side, 3))
+    gallery = rng.normal(size=(1000, c.model.embed_dim)).astype(np.float32)
+    photo = rng.integers(0, 256, (1, side, side, 3), np.uint8)
+    rows = []
+    for name, bucketed in (("new", True), ("old", False)):
+        net._embedder.bucketed = bucketed
+        first, per = time_calls(lambda: topk.topk_indices(net.embed(photo), gallery, 10)[0], calls)
+        rows.append((f"search 1 photo, {name}", per, first))
+    return rows
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--calls", type=int, default=3, help="timed calls per row after the first")
+    p.add_argument("--photos", default="100,326,1000", help="folder sizes for the prepare rows")
+    p.add_argument("--only", default="trunk,torch,prepare,search,step", help="the row groups to run")
     a = p.parse_args()
+    only = set(a.only.split(","))
     c = config(a.quick)
     side, crop, batch = c.data.stored_size, c.augment.size, c.train.batch_size
-    full = network(c, a.quick)
+    full = network(c)
     k0, k1 = jax.random.split(jax.random.key(0))
-    c.model.pretrained = None
-    variables = jax.device_get(models.init_variables(full, c, (side, side, 3), CLASSES, k0, k1))
+    init_config = c.copy_and_resolve_references()
+    if not a.quick:
+        c.model.pretrained = None  # random ViT-S/16 weights (no file needed)
+        init_config.model.pretrained = None
+    variables = jax.device_get(models.init_variables(full, init_config, (side, side, 3), CLASSES, k0, k1))
     rng = np.random.default_rng(0)
     photos = rng.integers(0, 256, (64, side, side, 3), np.uint8)
     pipeline = augment.Pipeline.from_config(c)
-    trunk = network(c, a.quick, "trunk")
+    trunk = network(c, "trunk")
     cache_fn = jax.jit(lambda v, x: trunk.apply(v, pipeline.eval(x)))
     net = {"params": variables["params"]["net"]}
+    rows, speeds = [], []  # speeds: (row, seconds per call, first call) for the search rows
     first, per = time_calls(lambda: cache_fn(net, photos), a.calls)
-    rows = [("cache (trunk, eval transform)", 64 / per, first)]
+    trunk_rate = 64 / per
+    if "trunk" in only:
+        rows.append(("trunk forward, batch 64 (eval transform)", trunk_rate, first))
+    if "torch" in only:
+        got = torch_rate(c, a.quick, 64, a.calls)
+        if got is None:
+            print("torch: not installed (pip install torch timm): no PyTorch row")
+        else:
+            rows.append((f"PyTorch + timm forward, batch 64 ({got[1]})", got[0], float("nan")))
+    if "prepare" in only:
+        rows += prepare_rows(c, side, [int(n) for n in a.photos.split(",")], rng, a.calls)
+    if "search" in only:
+        speeds = search_rows(c, variables, side, a.calls, rng)
     feats = np.asarray(cache_fn(net, photos))[:batch]
     labels = rng.integers(0, CLASSES, batch).astype(np.int32)
-    for name, model, pipe, x in (
-        ("step, cached (top only)", network(c, a.quick, "top"), augment.CachedViews(1), feats),
+    steps = (
+        ("step, cached (top only)", network(c, "top"), augment.CachedViews(1), feats),
         ("step, no cache (trunk every step)", full, pipeline, photos[:batch]),
-    ):
+    )
+    for name, model, pipe, x in steps if "step" in only else ():
         rows.append((name, *step_speed(c, model, pipe, variables, x, labels, a.calls)))
-    print(f"ViT {'depth 2 width 128 (quick)' if a.quick else 'S/16'} at {crop}, batch {batch}, {jax.devices()[0]}")
-    print("| row | images/s | first call (s, with compile) |\n|---|---|---|")
+    model = "fixture ViT depth 2 width 128 (quick)" if a.quick else "ViT-S/16"
+    print(f"{model} at {crop}, batch {batch}, eval batch {c.train.eval_batch_size}, {jax.devices()[0]}")
+    print("| row | images/s | x trunk | first call (s, with compile) |\n|---|---|---|---|")
     for name, ips, first in rows:
-        print(f"| {name} | {ips:.1f} | {first:.1f} |")
+        print(f"| {name} | {ips:.1f} | {ips / trunk_rate:.2f} | {first:.1f} |")
+    if speeds:
+        print("\n| search | seconds per call | first call (s, with compile) |\n|---|---|---|")
+        for name, per, first in speeds:
+            print(f"| {name} | {per:.3f} | {first:.2f} |")
+        (_, new, new_first), (_, old, old_first) = speeds
+        print(f"one-photo search: new is {old / new:.1f}x faster warm, {old_first / new_first:.1f}x on the first call")
 
 
 def step_speed(c, model, pipe, variables, x, labels, calls: int) -> tuple[float, float]:

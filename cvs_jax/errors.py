@@ -41,5 +41,9 @@ class CheckpointError(UserError):
     """A checkpoint cannot be used as it is (structure mismatch, permissions, I/O); nothing was moved."""
 
 
+class IndexBackendError(UserError):
+    """An index backend is unknown or not installed, or is given rows that do not fit it."""
+
+
 class WorkdirBusyError(UserError):
     """Another live process is writing the workdir."""

@@ -44,8 +44,10 @@ from cvs_jax.retrieval.chunks import iter_chunks
 FORMAT = 1
 SUBDIR = "cvs_features"
 PROGRESS_SECONDS = 10.0  # at most one progress line this often while a cache file is computed
-# Images this process passed through a trunk, by split key: what tests count to see the cache used.
+# Images this process passed through a trunk, by split key: what tests count to see the cache used;
+# and the rows the trunk ran for them (the last chunk's padding included): what padding costs.
 TRUNK_IMAGES: collections.Counter = collections.Counter()
+TRUNK_ROWS: collections.Counter = collections.Counter()
 
 
 def views(config) -> int:
@@ -104,6 +106,7 @@ class Trunk:
         self._what = _trunk_identity(config, self.image_shape, self.pipeline)
         self._variables = None
         self._fn = None
+        self.bucketed = True  # False: the last chunk padded to the whole eval batch (what benchmarks compare)
 
     def split(self, split, name: str) -> FeatureSplit:
         """``split``'s features: one cache file per part (record store) of it."""
@@ -133,7 +136,8 @@ class Trunk:
         return feats
 
     def compute(self, leaf, key: str = "", v: int = 1) -> np.ndarray:
-        """The trunk's outputs for every row of ``leaf`` (in eval-batch chunks; one compile): ``[N, ...]``
+        """The trunk's outputs for every row of ``leaf`` (in eval-batch chunks, the last one padded to its
+        bucket only: ``chunks.iter_chunks``; a compile per chunk shape): ``[N, ...]``
         of the evaluation view, or, when the run caches several views, ``[N, v, ...]`` (view 0 the
         evaluation view; view i >= 1 the training augmentation drawn with key (0, chunk start, i))."""
         if self._fn is None:
@@ -141,11 +145,12 @@ class Trunk:
         rows = LazyRows(leaf, np.arange(len(leaf)))
         self._started = self._shown = time.time()  # progress lines count from here
         stacked, out = views(self.config) > 1, []
-        for start, chunk, n in iter_chunks(rows, int(self.config.train.eval_batch_size)):
+        for start, chunk, n in iter_chunks(rows, int(self.config.train.eval_batch_size), bucketed=self.bucketed):
             keys = jax.random.split(jax.random.fold_in(jax.random.key(0), start), v)
             feats = np.stack([np.asarray(self._fn(self._variables, chunk, keys[i], i > 0)) for i in range(v)], 1)
             out.append(feats[:n] if stacked else feats[:n, 0])
             TRUNK_IMAGES[key] += n * v
+            TRUNK_ROWS[key] += len(chunk) * v
             self.progress(start + n, len(rows))
         if not out:
             struct = jax.ShapeDtypeStruct((1, *self.image_shape), np.uint8)
@@ -191,6 +196,7 @@ def _trunk_identity(config, image_shape, pipeline) -> dict:
     if views(config) > 1:  # the augmented views: the training transform, drawn chunk by chunk
         what["augmentation"] = dataclasses.asdict(pipeline)
         what["chunk"] = int(config.train.eval_batch_size)
+        what["last_chunk"] = "bucketed"  # the last chunk's draws depend on its padded shape
     return what
 
 

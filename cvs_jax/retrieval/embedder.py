@@ -1,4 +1,5 @@
-"""Embeds host images with a model's eval-mode network, in device-sharded fixed-size chunks."""
+"""Embeds host images with a model's eval-mode network, in device-sharded chunks of a few shapes
+(``chunks.iter_chunks`` with ``bucketed``: its docstring states what that keeps exact)."""
 
 from __future__ import annotations
 
@@ -23,22 +24,34 @@ def make_embed_fn(model, pipeline: augment.Pipeline):
 
 
 class Embedder:
-    """``embed(variables, images_u8) -> float32 [N, D]``: one compile per chunk size; each process
-    feeds its own rows of every chunk, and every process gets all embeddings back."""
+    """``embed(variables, images_u8) -> float32 [N, D]``: chunks of ``chunk`` rows, the last one padded
+    only to its bucket (``bucketed=False``: to ``chunk``, as before buckets); one compile per chunk shape;
+    each process feeds its own rows of every chunk, and every process gets all embeddings back.
+    ``rows_run`` counts the rows (padding included) passed through the network."""
 
-    def __init__(self, model, pipeline: augment.Pipeline, chunk: int, dtype: str, mesh, embed_dim: int):
+    def __init__(
+        self, model, pipeline: augment.Pipeline, chunk: int, dtype: str, mesh, embed_dim: int, bucketed: bool = True
+    ):
         self._fn = make_embed_fn(model, pipeline)
         self._chunk = chunk
         self._dtype = dtype
         self._mesh = mesh
         self._dim = embed_dim
-        self._lo, self._hi = distributed.process_slice(chunk, mesh)  # this process's rows of a chunk
+        self.bucketed = bucketed
+        self.rows_run = 0
+        self._slices = {}  # chunk rows -> this process's [lo, hi) rows of such a chunk
 
     def __call__(self, variables: dict, images: np.ndarray) -> np.ndarray:
         variables = distributed.replicate(variables, self._mesh)  # once per call, not once per chunk
         out = [np.zeros((0, self._dim), np.float32)]
-        for _, chunk, n in iter_chunks(images, self._chunk):
-            batch = distributed.global_batch(chunk[self._lo : self._hi], self._mesh)
+        devices = self._mesh.devices.size
+        for _, chunk, n in iter_chunks(images, self._chunk, bucketed=self.bucketed, multiple=devices):
+            rows = chunk.shape[0]
+            if rows not in self._slices:
+                self._slices[rows] = distributed.process_slice(rows, self._mesh)
+            lo, hi = self._slices[rows]
+            batch = distributed.global_batch(chunk[lo:hi], self._mesh)
+            self.rows_run += rows
             emb = self._fn(variables["params"], variables["batch_stats"], batch)
             out.append(np.asarray(distributed.to_host(emb)[:n], np.float32))
         emb = np.concatenate(out)

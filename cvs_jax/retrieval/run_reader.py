@@ -91,8 +91,9 @@ class Network:  # shared with cvs_jax.export, as Run and prepare are
     The gallery rows are ``Embedder(model, Pipeline.from_config(config), train.eval_batch_size, ...)``
     of the stored uint8 images; this is the same object on one device, so the run's eval transform
     (``augment.Pipeline.eval``: normalisation, centre crop for ``crop="resized"``) and
-    ``model.apply(train=False)`` apply to a prepared query exactly as to a gallery image, in chunks of
-    the same size: a gallery image queried on the machine that embedded it gets its stored row back."""
+    ``model.apply(train=False)`` apply to a prepared query exactly as to a gallery image. A short batch
+    of queries runs in a small bucket (``chunks.iter_chunks``), so a gallery image queried on the machine
+    that embedded it gets its stored row back within ``chunks.EXACTNESS``, not bitwise."""
 
     def __init__(self, config: ml_collections.ConfigDict, variables: dict, image_shape):
         self.variables = variables

@@ -18,7 +18,8 @@ device mesh (all devices by default):
   (``chunk x D x gallery_block``) does not depend on the device count, so for a
   given ``chunk`` and ``gallery_block`` the scores and indices are bitwise the same
   on any number of devices (and processes), and equal a stable sort of the scores;
-* queries are processed in chunks of ``chunk`` rows (zero-padded: one compile).
+* queries are processed in chunks of ``chunk`` rows, the last one zero-padded to its bucket
+  (``chunks.bucket``: a lone query scores one row, with a compile per bucket shape).
 
 ``recall_at_k_blocked`` streams a gallery that lives on disk (a memory-mapped
 ``.npy``, or any array-like read by row slices, e.g. a TensorStore/zarr array)
@@ -40,6 +41,7 @@ from jax.sharding import PartitionSpec as P
 
 from cvs_jax import distributed
 from cvs_jax.errors import NonFiniteError
+from cvs_jax.retrieval.chunks import bucket
 
 _SENTINEL = np.iinfo(np.int32).max  # index of "no candidate yet"; sorts after every real row on ties
 DEFAULT_PRECISION = jax.lax.Precision.HIGHEST  # exact f32 scores (no TF32 on GPUs), as faiss
@@ -238,11 +240,11 @@ class ShardedGallery:
         """``(scores [Q, k'], indices [Q, k'])`` of the ``k' = min(k, N)`` nearest rows (cosine)."""
         k_eff = min(k, self.n)
         # dispatch every chunk before fetching any result: host transfers overlap device work
-        results = [(self.search_chunk(qn.array, k_eff), qn.rows) for qn in _query_chunks(query_emb, chunk, self.mesh)]
+        results = [(self.search_chunk(qn.array, k_eff), qn.rows) for qn in query_chunks(query_emb, chunk, self.mesh)]
         if not results:
             return np.zeros((0, k_eff), np.float32), np.zeros((0, k_eff), np.int32)
         idx = np.concatenate([np.asarray(i)[:rows] for (_, i), rows in results])
-        return np.concatenate([np.asarray(v)[:rows] for (v, _), rows in results]), _checked(idx, self.n)
+        return np.concatenate([np.asarray(v)[:rows] for (v, _), rows in results]), checked_indices(idx, self.n)
 
 
 class _AsFloat32:
@@ -271,18 +273,18 @@ class _Chunk:
         self.array, self.rows = array, rows
 
 
-def _query_chunks(query_emb, chunk: int, mesh: Mesh):
-    """Normalised, zero-padded, replicated query chunks of ``chunk`` rows (one compile per shape)."""
+def query_chunks(query_emb, chunk: int, mesh: Mesh):
+    """Normalised, replicated query chunks of ``chunk`` rows, the last zero-padded to its bucket."""
     query_emb = np.asarray(query_emb, np.float32)
     replicated = NamedSharding(mesh, P())
     norm = _normalize_replicated_fn(mesh)
     for start in range(0, query_emb.shape[0], chunk):
         q = query_emb[start : start + chunk]
-        qp = _pad_rows(q, chunk) if q.shape[0] < chunk else q
-        yield _Chunk(norm(_host_to_mesh(qp, replicated, chunk)), q.shape[0])
+        rows = bucket(q.shape[0], chunk) if q.shape[0] < chunk else chunk
+        yield _Chunk(norm(_host_to_mesh(_pad_rows(q, rows), replicated, rows)), q.shape[0])
 
 
-def _checked(idx: np.ndarray, n: int) -> np.ndarray:
+def checked_indices(idx: np.ndarray, n: int) -> np.ndarray:
     """Indices past the gallery: only NaN/inf scores lose to the -inf padding, so say that."""
     if idx.size and int(idx.max()) >= n:
         raise NonFiniteError(
@@ -415,7 +417,7 @@ def topk_indices_blocked(
     n_dev = _n_dev(mesh)
     # every block (the last, shorter one too) has the same per-device layout: one compile.
     block_rows = _ceil_to(min(block_rows, n), n_dev * gallery_block)
-    chunks = list(_query_chunks(query_emb, chunk, mesh))
+    chunks = list(query_chunks(query_emb, chunk, mesh))
     if not chunks:
         return np.zeros((0, k_eff), np.float32), np.zeros((0, k_eff), np.int32)
     running: list[tuple[Any, Any]] = [(None, None)] * len(chunks)
@@ -447,7 +449,7 @@ def topk_indices_blocked(
             jax.block_until_ready(previous)
     vals = np.concatenate([np.asarray(v)[: qn.rows] for (v, _), qn in zip(running, chunks)])
     idx = np.concatenate([np.asarray(i)[: qn.rows] for (_, i), qn in zip(running, chunks)])
-    return vals, _checked(idx, n)
+    return vals, checked_indices(idx, n)
 
 
 def recall_at_k_blocked(

@@ -1,0 +1,58 @@
+"""Exact top-K in the process: ``retrieval.topk``'s jitted, device-sharded evaluator, whose results
+are the project's search (``search``, ``Run.search``) for the same rows.
+
+Rows live on the devices in segments (``topk.ShardedGallery`` with a ``base`` offset), merged into one
+running top-K per query exactly as ``topk.topk_indices_blocked`` merges disk blocks: ties break by the
+lowest position, as in one gallery. An ``add`` grows the last segment while it is under one scan block
+(re-placing at most ``gallery_block`` rows) and opens a new one after, so a growing gallery neither
+copies all its rows again nor recompiles per added row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cvs_jax.index.base import RowIds, empty_results, padded
+from cvs_jax.retrieval import topk
+
+
+class ExactIndex:
+    """Exact cosine top-K (``retrieval.topk``) over every row held."""
+
+    def __init__(self, dim: int, *, mesh=None, gallery_block: int = topk.DEFAULT_BLOCK, query_chunk: int = 1024):
+        self._ids = RowIds(dim)
+        self._mesh, self._block, self._chunk = mesh, int(gallery_block), int(query_chunk)
+        self._rows = np.zeros(0, np.int64)  # row id of each position
+        self._tail = np.zeros((0, dim), np.float32)  # the last segment's embeddings (while it may grow)
+        self._segments: list[topk.ShardedGallery] = []
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, rows, embeddings, arrival_session, model_session) -> None:
+        rows, emb, _, _ = self._ids.new(rows, embeddings, arrival_session, model_session)
+        if not rows.size:
+            return
+        base = self._rows.size
+        self._rows = np.concatenate([self._rows, rows])
+        if 0 < self._tail.shape[0] < self._block:  # grow the last segment
+            self._segments.pop()
+            base -= self._tail.shape[0]
+            emb = np.concatenate([self._tail, emb])
+        self._segments.append(topk.ShardedGallery(emb, mesh=self._mesh, gallery_block=self._block, base=base))
+        self._tail = emb if emb.shape[0] < self._block else emb[:0]
+
+    def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
+        q = self._ids.queries(queries, k)
+        if not self._segments or not q.shape[0]:
+            return empty_results(q.shape[0], k)
+        k_eff = min(int(k), self._rows.size)
+        scores, idx = [], []
+        for chunk in topk.query_chunks(q, self._chunk, self._segments[0].mesh):
+            vals = ids = None
+            for segment in self._segments:
+                vals, ids = segment.search_chunk(chunk.array, k_eff, vals, ids)
+            scores.append(np.asarray(vals)[: chunk.rows])
+            idx.append(np.asarray(ids)[: chunk.rows])
+        idx = topk.checked_indices(np.concatenate(idx), self._rows.size)
+        return padded(np.concatenate(scores), self._rows[idx], int(k))

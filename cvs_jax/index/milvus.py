@@ -1,0 +1,126 @@
+"""Gallery rows in Milvus: the same code on Milvus Lite (a local file, embedded in the process) and on
+a Milvus server or cluster (``uri="http://host:19530"``, with ``token`` where it needs one).
+
+One collection holds the gallery. Each row carries its row id (the primary key), its embedding
+(normalised: the ``IP`` metric is then the project's cosine), the session its image arrived in and the
+session of the model that embedded it. The collection outlives the process: a reopened index reads the
+row ids it already holds, and ``add`` inserts only rows it does not hold, so after an ``update`` (or an
+``/add``) only the new rows travel. Reads are ``Strong``: a search sees every row added before it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cvs_jax.errors import IndexBackendError
+from cvs_jax.index.base import RowIds, empty_results, normalized, padded
+
+VECTOR, ROW, ARRIVAL, MODEL = "embedding", "row", "arrival_session", "model_session"
+INSERT_BATCH = 2048  # rows per insert call (bounded message size)
+MAX_K = 16384  # Milvus's largest search limit
+
+
+def _pymilvus():
+    try:
+        import pymilvus
+    except ImportError as e:
+        raise IndexBackendError(
+            f"--index milvus needs pymilvus ({e}); pip install pymilvus milvus-lite (or the `milvus` extra)."
+        ) from None
+    return pymilvus
+
+
+class MilvusIndex:
+    """A Milvus collection of gallery rows (``index_type`` ``FLAT``: exact; ``HNSW``/``IVF_FLAT``/
+    ``AUTOINDEX`` where the server offers them, with ``search_params`` such as ``{"ef": 128}``)."""
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        uri: str,
+        collection: str = "cvs_gallery",
+        token: str = "",
+        index_type: str = "FLAT",
+        index_params: dict | None = None,
+        search_params: dict | None = None,
+    ):
+        pymilvus = _pymilvus()
+        self._ids = RowIds(dim)
+        self._name = collection
+        self._search_params = {"metric_type": "IP", "params": dict(search_params or {})}
+        try:
+            self._client = pymilvus.MilvusClient(uri=uri, token=token)
+        except Exception as e:  # pymilvus raises its own exception types, or OSError for a bad path
+            raise IndexBackendError(f"cannot open Milvus at {uri!r} ({e}); pass a local file path or http://host:port.")
+        if self._client.has_collection(collection):
+            self._reopen(dim)
+        else:
+            self._create(pymilvus.DataType, index_type, dict(index_params or {}))
+
+    def _create(self, types, index_type: str, index_params: dict) -> None:
+        schema = self._client.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field(ROW, types.INT64, is_primary=True)
+        schema.add_field(VECTOR, types.FLOAT_VECTOR, dim=self._ids.dim)
+        schema.add_field(ARRIVAL, types.INT32)
+        schema.add_field(MODEL, types.INT32)
+        index = self._client.prepare_index_params()
+        index.add_index(field_name=VECTOR, index_type=index_type, metric_type="IP", params=index_params)
+        self._client.create_collection(self._name, schema=schema, index_params=index, consistency_level="Strong")
+
+    def _reopen(self, dim: int) -> None:
+        fields = {f["name"]: f for f in self._client.describe_collection(self._name)["fields"]}
+        have = int(fields.get(VECTOR, {}).get("params", {}).get("dim", -1))
+        if set(fields) != {ROW, VECTOR, ARRIVAL, MODEL} or have != dim:
+            raise IndexBackendError(
+                f"the Milvus collection {self._name!r} holds fields {sorted(fields)} (dim {have}), not this "
+                f"gallery's (dim {dim}); pass another collection name or drop it."
+            )
+        self._client.load_collection(self._name)
+        it = self._client.query_iterator(self._name, batch_size=10000, filter=f"{ROW} >= 0", output_fields=[ROW])
+        try:
+            while batch := it.next():
+                self._ids.hold([r[ROW] for r in batch])
+        finally:
+            it.close()
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def count(self) -> int:
+        """Rows in the collection, as Milvus counts them (what tests compare with ``len``)."""
+        out = self._client.query(self._name, filter="", output_fields=["count(*)"])
+        return int(out[0]["count(*)"])
+
+    def add(self, rows, embeddings, arrival_session, model_session) -> None:
+        rows, emb, arrival, model = self._ids.new(rows, embeddings, arrival_session, model_session)
+        emb = normalized(emb)
+        for s in range(0, rows.size, INSERT_BATCH):
+            part = slice(s, s + INSERT_BATCH)
+            data = [
+                {ROW: int(r), VECTOR: e.tolist(), ARRIVAL: int(a), MODEL: int(m)}
+                for r, e, a, m in zip(rows[part], emb[part], arrival[part], model[part])
+            ]
+            self._client.insert(self._name, data)
+
+    def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
+        q = self._ids.queries(queries, k)
+        limit = min(int(k), len(self), MAX_K)
+        if not q.shape[0] or not limit:
+            return empty_results(q.shape[0], k)
+        hits = self._client.search(
+            self._name,
+            data=normalized(q).tolist(),
+            limit=limit,
+            anns_field=VECTOR,
+            search_params=self._search_params,
+            output_fields=[ROW],  # the row as an output field: read the same way by pymilvus 2.5 and 3
+        )
+        scores, rows = empty_results(q.shape[0], limit)
+        for i, found in enumerate(hits):
+            for j, hit in enumerate(found):
+                scores[i, j], rows[i, j] = hit["distance"], hit["entity"][ROW]
+        return padded(scores, rows, int(k))
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,174 @@
+"""Every index backend against exact search: the same top-k on a small gallery, the same after adding
+in two steps, -1 / -inf past the rows held, and rows already held never inserted again."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cvs_jax.errors import IndexBackendError
+from cvs_jax.index import registry
+from cvs_jax.index.exact import ExactIndex
+from cvs_jax.retrieval import topk
+
+DIM, N, K = 16, 600, 5
+GENEROUS = {  # parameters under which an approximate index is exact on this small gallery
+    "exact": {},
+    "faiss-hnsw": {"m": 16, "ef_construction": 400, "ef_search": 600},
+    "faiss-ivf": {"nlist": 8, "nprobe": 8},  # every cluster probed
+    "milvus": {"index_type": "FLAT"},
+}
+
+
+def _milvus_options(tmp_path) -> dict:
+    pytest.importorskip("pymilvus", reason="pymilvus is not installed (pip install pymilvus milvus-lite)")
+    pytest.importorskip("milvus_lite", reason="milvus-lite is not installed (pip install milvus-lite)")
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    return {"uri": str(tmp_path / "milvus.db")}
+
+
+def make(kind, tmp_path, **options):
+    if kind == "milvus":
+        options = {**_milvus_options(tmp_path), **options}
+    return registry.make_index(kind, DIM, **{**GENEROUS[kind], **options})
+
+
+@pytest.fixture(scope="module")
+def gallery():
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(N, DIM)).astype(np.float32) * rng.uniform(0.5, 3, (N, 1)).astype(np.float32)
+    rows = rng.permutation(np.arange(N, dtype=np.int64) * 3 + 1000)  # ids are not positions
+    arrival = rng.integers(0, 3, N)
+    model = arrival + rng.integers(0, 2, N)
+    queries = emb[rng.choice(N, 20, replace=False)] + rng.normal(size=(20, DIM)).astype(np.float32) * 0.3
+    queries = np.concatenate([queries, rng.normal(size=(20, DIM)).astype(np.float32)])
+    return rows, emb, arrival, model, queries
+
+
+def brute_force(rows, emb, queries, k):
+    """numpy: cosine of normalised rows, best first, ties by position."""
+    g = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+    q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    s = q @ g.T
+    order = np.argsort(-s, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(s, order, 1), rows[order]
+
+
+def test_exact_equals_brute_force_and_todays_search(gallery):
+    rows, emb, arrival, model, queries = gallery
+    index = ExactIndex(DIM)
+    index.add(rows, emb, arrival, model)
+    scores, got = index.search(queries, K)
+    assert scores.dtype == np.float32 and got.dtype == np.int64 and got.shape == (len(queries), K)
+    want_s, want_r = brute_force(rows, emb, queries, K)
+    np.testing.assert_array_equal(got, want_r)
+    np.testing.assert_allclose(scores, want_s, rtol=0, atol=1e-5)
+    today_s, today_i = topk.topk_indices(queries, emb, K)  # what search and Run.search call
+    np.testing.assert_array_equal(got, rows[today_i])
+    np.testing.assert_array_equal(scores, today_s)
+
+
+def test_exact_grows_over_several_segments_as_one_gallery(gallery):
+    rows, emb, arrival, model, queries = gallery
+    small = ExactIndex(DIM, gallery_block=64)  # 600 rows in segments of 64-row blocks, grown piece by piece
+    for part in np.array_split(np.arange(N), [10, 30, 100, 101, 400]):
+        small.add(rows[part], emb[part], arrival[part], model[part])
+    scores, got = small.search(queries, K)
+    today_s, today_i = topk.topk_indices(queries, emb, K)
+    np.testing.assert_array_equal(got, rows[today_i])
+    np.testing.assert_allclose(scores, today_s, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", registry.INDEXES)
+def test_topk_equals_exact_and_adding_in_two_steps_equals_once(kind, gallery, tmp_path):
+    rows, emb, arrival, model, queries = gallery
+    exact = make("exact", tmp_path)
+    exact.add(rows, emb, arrival, model)
+    want_s, want_r = exact.search(queries, K)
+    once = make(kind, tmp_path / "once")
+    once.add(rows, emb, arrival, model)
+    assert len(once) == N
+    s1, r1 = once.search(queries, K)
+    np.testing.assert_array_equal(r1, want_r)
+    np.testing.assert_allclose(s1, want_s, rtol=0, atol=1e-5)
+    assert registry.measured_recall(once, exact, queries, K) == 1.0
+    twice = make(kind, tmp_path / "twice")
+    half = N // 2
+    twice.add(rows[:half], emb[:half], arrival[:half], model[:half])
+    twice.add(rows[half:], emb[half:], arrival[half:], model[half:])
+    s2, r2 = twice.search(queries, K)
+    np.testing.assert_array_equal(r2, r1)
+    np.testing.assert_allclose(s2, s1, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", registry.INDEXES)
+def test_fewer_rows_than_k_pad_with_minus_one(kind, gallery, tmp_path):
+    rows, emb, arrival, model, queries = gallery
+    index = make(kind, tmp_path)
+    s, r = index.search(queries[:2], 4)  # empty
+    assert (r == -1).all() and np.isneginf(s).all() and s.shape == (2, 4)
+    index.add(rows[:3], emb[:3], arrival[:3], model[:3])
+    s, r = index.search(queries[:2], 5)
+    assert s.shape == r.shape == (2, 5)
+    assert (r[:, 3:] == -1).all() and np.isneginf(s[:, 3:]).all()
+    assert all(sorted(row[:3]) == sorted(rows[:3]) for row in r) and np.isfinite(s[:, :3]).all()
+
+
+@pytest.mark.parametrize("kind", registry.INDEXES)
+def test_rows_already_held_are_not_added_again(kind, gallery, tmp_path):
+    rows, emb, arrival, model, queries = gallery
+    index = make(kind, tmp_path)
+    index.add(rows[:100], emb[:100], arrival[:100], model[:100])
+    index.add(rows[:150], emb[:150] * -1, arrival[:150], model[:150])  # 100 held (other vectors: ignored) + 50 new
+    assert len(index) == 150
+    if kind == "milvus":
+        assert index.count() == 150
+    _, got = index.search(emb[:100], 1)
+    np.testing.assert_array_equal(got[:, 0], rows[:100])  # the held rows kept their first vectors
+    scores, _ = index.search(-emb[:100], 1)
+    assert (scores[:, 0] < 0.99).all()  # and the ignored vectors are nowhere
+
+
+def test_milvus_reopened_inserts_only_new_rows_and_keeps_sessions(gallery, tmp_path):
+    rows, emb, arrival, model, queries = gallery
+    first = make("milvus", tmp_path)
+    first.add(rows[:200], emb[:200], arrival[:200], model[:200])
+    first.close()
+    again = make("milvus", tmp_path)  # a restarted server: the collection in the same file
+    assert len(again) == again.count() == 200
+    again.add(rows, emb, arrival, model)  # the whole gallery after an update: only 400 rows go in
+    assert len(again) == again.count() == N
+    got = again._client.query("cvs_gallery", filter=f"row in [{int(rows[5])}, {int(rows[450])}]", output_fields=["*"])
+    by_row = {g["row"]: g for g in got}
+    for i in (5, 450):
+        assert (by_row[rows[i]]["arrival_session"], by_row[rows[i]]["model_session"]) == (arrival[i], model[i])
+    with pytest.raises(IndexBackendError, match="dim"):
+        registry.make_index("milvus", DIM + 1, uri=str(tmp_path / "milvus.db"))
+
+
+def test_measured_recall_catches_a_coarse_index(gallery, tmp_path):
+    """One probed cluster of 12 misses true neighbours: measured recall says so, and equals a count by hand."""
+    rows, emb, arrival, model, queries = gallery
+    exact, coarse = make("exact", tmp_path), registry.make_index("faiss-ivf", DIM, nlist=12, nprobe=1)
+    for index in (exact, coarse):
+        index.add(rows, emb, arrival, model)
+    recall = registry.measured_recall(coarse, exact, queries, K)
+    _, want = exact.search(queries, K)
+    _, got = coarse.search(queries, K)
+    by_hand = np.mean([len(set(w) & set(g)) / K for w, g in zip(want, got)])
+    assert recall == pytest.approx(by_hand) and recall < 0.9
+    assert registry.measured_recall(exact, exact, queries, K) == 1.0
+
+
+def test_bad_input_names_the_fix(gallery):
+    rows, emb, arrival, model, _ = gallery
+    with pytest.raises(IndexBackendError, match="unknown index 'annoy'; pass one of exact, faiss-hnsw"):
+        registry.make_index("annoy", DIM)
+    with pytest.raises(IndexBackendError, match="needs --milvus-uri"):
+        registry.make_index("milvus", DIM)
+    index = ExactIndex(DIM)
+    with pytest.raises(IndexBackendError, match=r"embeddings \[N, 16\]"):
+        index.add(rows[:3], emb[:3, :8], arrival[:3], model[:3])
+    with pytest.raises(IndexBackendError, match=r"float32 \[Q, 16\]"):
+        index.search(emb[:2, :4], 3)
+    assert len(index) == 0
