@@ -37,6 +37,23 @@ def _head_rows(variables: dict, rows: int) -> dict:
     return dict(variables, params=params)
 
 
+def _stored_head(checkpoints: Checkpoints, step: int, variables: dict) -> dict:
+    """``variables`` with the head cut to the rows checkpoint ``step`` stored, when it stored fewer
+    (an ``update`` grew the head since): the template that checkpoint is read with."""
+    stored = checkpoints.stored_shape(step, "variables", "params/head")
+    if stored is not None and len(stored) == 2 and stored[0] < variables["params"]["head"].shape[0]:
+        return _head_rows(variables, stored[0])
+    return variables
+
+
+def restore_variables(checkpoints: Checkpoints, step: int, variables: dict) -> dict:
+    """The model of session checkpoint ``step``, its head zero-padded to ``variables``' rows (a session
+    before an ``update`` grew the head: its model never scores the rows it did not have)."""
+    rows = variables["params"]["head"].shape[0]
+    stored = checkpoints.restore(step, {"variables": _stored_head(checkpoints, step, variables)})["variables"]
+    return _head_rows(jax.device_get(stored), rows)
+
+
 @dataclasses.dataclass(frozen=True)
 class RunState:
     variables: dict  # {"params": {"net", <head arrays>}, "batch_stats"} of the last completed session (host arrays)
@@ -79,12 +96,9 @@ class RunState:
         """The state after the newest readable session checkpoint, or None before the first.  A head
         saved with fewer rows than the template's (an ``update`` brought new classes) gets zero rows
         appended: rows beyond the classes seen are masked, and initialised when their class arrives."""
-        variables = template.variables
         steps = checkpoints.steps()
-        stored = checkpoints.stored_shape(steps[-1], "variables", "params/head") if steps else None
-        rows = variables["params"]["head"].shape[0]
-        if stored is not None and len(stored) == 2 and stored[0] < rows:
-            variables = _head_rows(variables, stored[0])
+        variables = _stored_head(checkpoints, steps[-1], template.variables) if steps else template.variables
+        rows = template.variables["params"]["head"].shape[0]
         restored = checkpoints.restore_latest({"variables": variables, "regularizer": None})
         if restored is None:
             return None

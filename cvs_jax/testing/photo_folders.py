@@ -1,0 +1,50 @@
+"""Small folders of your own photos (class folders in train/ and test/, every format), written by the
+tests themselves, and the tiny ``image_folder`` config that runs on them in seconds."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from PIL import Image
+
+from configs import image_folder_general
+
+FORMATS = (("png", "PNG"), ("jpg", "JPEG"), ("webp", "WEBP"), ("bmp", "BMP"))
+
+
+def _image(label: int, rng: np.random.Generator) -> Image.Image:
+    """A learnable picture: a class colour pattern, noise, a random non-square size."""
+    base = np.random.default_rng(100 + label).uniform(0, 255, (4, 4, 3))
+    w, h = rng.integers(18, 40, size=2)
+    arr = np.kron(base, np.ones((10, 10, 1)))[:h, :w]
+    arr = np.clip(arr + rng.normal(0, 20, arr.shape), 0, 255).astype(np.uint8)
+    return Image.fromarray(arr)
+
+
+def write_folder(root, classes: dict[str, int], test_per_class: int, seed: int) -> str:
+    """``root/train/<class>/`` and ``root/test/<class>/`` with ``classes[name]`` train images each."""
+    rng = np.random.default_rng(seed)
+    for name, n in classes.items():
+        label = sum(map(ord, name)) % 97
+        for split, count in (("train", n), ("test", test_per_class)):
+            folder = os.path.join(root, split, name)
+            os.makedirs(folder, exist_ok=True)
+            for i in range(count):
+                ext, fmt = FORMATS[i % len(FORMATS)]
+                _image(label, rng).save(os.path.join(folder, f"{seed} img {i}.{ext}"), format=fmt)
+    return str(root)
+
+
+def tiny_config(tmp_path, manual_dir):
+    """``image_folder_general``'s ``:cpu`` recipe, shrunk to seconds per session."""
+    c = image_folder_general.get_config("cpu")
+    c.data.manual_dir = str(manual_dir)
+    c.data.data_dir = str(tmp_path / "data")
+    c.data.stored_size = 16
+    c.augment.size = 12
+    c.model.width, c.model.embed_dim = 4, 8
+    c.train.epochs, c.train.batch_size, c.train.eval_batch_size = 1, 8, 64
+    c.train.checkpoint_every_steps = 2
+    c.memory.budget = 24
+    return c
