@@ -395,15 +395,28 @@ def run_loop(driver: Driver) -> TrainState:
     at each epoch end every member's validation recall@1, best-model selection and metrics.  Returns
     the device state after the last step."""
     lead = driver.members[0]
+    ts, sums = driver.device_state(), driver.device_sums()
+    plan = calls(lead.start, lead.view.total_steps, lead.view.steps_per_epoch, driver.k)
+    batches = iter(driver.batches(plan))
+    try:
+        return _loop(driver, batches, plan, ts, sums, lead.start)
+    finally:
+        # the reading threads stop before an error leaves the loop: a daemon thread still inside the
+        # runtime when the interpreter exits aborts it ("terminate called", "Fatal Python error")
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
+def _loop(driver: Driver, batches, plan, ts, sums, step: int) -> TrainState:
+    """``run_loop``'s calls over ``plan``, reading ``batches``."""
+    lead = driver.members[0]
     c, view = lead.ctx.config, lead.view
     s, spe, total = view.s, view.steps_per_epoch, view.total_steps
-    ts, sums = driver.device_state(), driver.device_sums()
     cadence = Cadence(spe, c.log_every_steps, c.train.checkpoint_every_steps)
     bad_step = jnp.int32(_NO_BAD_STEP)
-    step = steps_at_start = lead.start
+    steps_at_start = step
     t_session = t_epoch = t_line = time.time()
-    plan = calls(step, total, spe, driver.k)
-    batches = iter(driver.batches(plan))
     in_flight: collections.deque = collections.deque()
     for first_step, n in plan:
         epoch = first_step // spe
