@@ -23,6 +23,7 @@ import numpy as np
 from absl import flags
 
 from cvs_jax import cli
+from cvs_jax.engine import schedules
 from cvs_jax.errors import UserError
 from cvs_jax.retrieval import compatibility, run_reader
 from cvs_jax.rundir import paths
@@ -80,6 +81,9 @@ def describe(workdir: str) -> dict:
                 "classes_seen": sess["num_outputs"],
                 "gallery_rows_by_its_model": int(np.sum(rows.model == s)) if done else 0,
                 "recall": r.get("recall"),
+                # the session's recipe: the run's train.lr / train.epochs, or what its update set
+                "lr": schedules.session_lr(run.config, s),
+                "epochs": schedules.session_epochs(run.config, s),
             }
         )
     return {
@@ -116,7 +120,8 @@ def format_info(info: dict) -> str:
         new = ", ".join(s["new_classes"][:8]) + (", ..." if len(s["new_classes"]) > 8 else "")
         lines.append(
             f"  session {s['session']}: {s['train_images']} training images, new classes: {new or '-'}; "
-            f"{s['gallery_rows_by_its_model']} gallery rows embedded by its model; {r1}"
+            f"{s['gallery_rows_by_its_model']} gallery rows embedded by its model; {r1}; "
+            f"lr {s['lr']:g}, {s['epochs']} epochs"
         )
     if info["record_stores"]:
         lines += ["", "record stores (the images, prepared once; the folders are no longer needed):"]

@@ -87,7 +87,7 @@ def finish(ctx: RunContext, state: RunState) -> dict:
 
     @functools.cache  # the matrix and the flips read each model's queries: embedded once (T x Q x D floats)
     def embed_queries(i):
-        variables = restore_variables(ctx.sessions, i, state.variables)
+        variables = restore_variables(ctx.sessions, i, state.variables, ctx.trunk)
         return ctx.embed(variables, ctx.proto.test_images(last_test))
 
     compat = compatibility_matrix(plan.num_sessions, state.gallery, embed_queries, ctx.proto.test_labels[last_test])

@@ -25,6 +25,7 @@ from PIL import Image
 from cvs_jax import augment, distributed, models
 from cvs_jax.data.builders import _resize
 from cvs_jax.data.builders._common import image_errors
+from cvs_jax.engine.frozen_trunk import FrozenTrunk
 from cvs_jax.errors import SearchError, UserError
 from cvs_jax.retrieval import topk
 from cvs_jax.retrieval.embedder import Embedder
@@ -281,7 +282,12 @@ class Run:
         # the newest session's model, as stored (no template: the head may have grown since the
         # protocol was written); a reader never moves a checkpoint (a damaged one is refused)
         self.session = sessions.steps()[-1]
-        variables = sessions.restore(self.session, {"variables": None})["variables"]
+        items = sessions.restore(self.session, {"variables": None})
+        variables = items["variables"]
+        trunk = FrozenTrunk.of(c)
+        if trunk is not None:  # left out of the checkpoint: read from the weight file
+            trunk.check(items["meta"], os.path.join(sessions_dir, str(self.session)))
+            variables = trunk.with_(variables, {"params": trunk.file_params(c, self.image_shape)})
         self.network = Network(c, variables, self.image_shape)
         log = _PartLog(sessions)
         self.gallery = Gallery.restore(log, self.session, c.model.embed_dim)
