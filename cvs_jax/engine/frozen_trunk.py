@@ -61,7 +61,7 @@ class FrozenTrunk:
     def params_with(self, params: dict, full: dict) -> dict:
         """``params`` (stored, no trunk) with the trunk's modules of ``full`` put back in ``net``."""
         net = dict(params["net"])
-        net.update({k: full["net"][k] for k in self.names})
+        net.update({k: full["net"][k] for k in self.names if k in full["net"]})  # e.g. no reg_token
         return dict(params, net=net)
 
     def without(self, variables: dict) -> dict:
@@ -84,4 +84,4 @@ class FrozenTrunk:
         """The trunk's modules as the run's network holds them, read from the weight file."""
         model = models.from_config(config)
         loaded = models.load_pretrained(model, self.path, models.input_shape(config, image_shape))["params"]
-        return {"net": {k: loaded[k] for k in self.names}}
+        return {"net": {k: loaded[k] for k in self.names if k in loaded}}
