@@ -17,7 +17,7 @@ import hashlib
 import os
 
 from cvs_jax import models
-from cvs_jax.errors import CheckpointError
+from cvs_jax.errors import CheckpointError, WeightsError
 
 META_KEY = "frozen_trunk"  # in a checkpoint's meta: {"weights_sha256", "leaves"}
 _FILE_DIGESTS: dict = {}
@@ -48,6 +48,11 @@ class FrozenTrunk:
         if models.train_blocks(config) is None or config.model.pretrained is None:
             return None
         path = os.path.expanduser(config.model.pretrained)
+        if not os.path.isfile(path):
+            raise WeightsError(
+                f"model.pretrained={path} is missing: the run's frozen trunk is read from it (its checkpoints "
+                "store only what trains); put the weight file back at that path."
+            )
         names = tuple(sorted(models.from_config(config).frozen_names()))
         return cls(names, path, file_digest(path))
 

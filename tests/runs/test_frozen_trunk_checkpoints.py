@@ -13,10 +13,10 @@ import pytest
 from etils import epath
 from safetensors.numpy import load_file, save_file
 
-from cvs_jax import models
+from cvs_jax import info, models
 from cvs_jax.engine import runner
 from cvs_jax.engine.frozen_trunk import FrozenTrunk, file_digest
-from cvs_jax.errors import CheckpointError
+from cvs_jax.errors import CheckpointError, WeightsError
 from cvs_jax.retrieval import run_reader
 from cvs_jax.rundir import paths
 from cvs_jax.rundir.checkpoint import _leaves  # pylint: disable=protected-access
@@ -95,11 +95,19 @@ def test_a_weight_file_with_other_bytes_is_refused(run, tmp_path):
     c2 = c.copy_and_resolve_references()
     c2.model.pretrained = other
     with pytest.raises(CheckpointError, match="SHA-256.*pass the weight file the run was made with"):
-        run_reader.Run(_with_weights(copy, other))
+        run_reader.Run(_with_weights(copy, other)).variables
     before = _tree_bytes(os.path.join(copy, "checkpoints"))
     with pytest.raises(CheckpointError, match="SHA-256"):
         runner.run(c2, copy)
     assert _tree_bytes(os.path.join(copy, "checkpoints")) == before
+
+
+def test_without_the_weight_file_info_reads_the_run_and_search_says_what_is_missing(run, tmp_path):
+    _, workdir = run
+    copy = _with_weights(str(shutil.copytree(workdir, tmp_path / "run")), str(tmp_path / "gone.safetensors"))
+    assert info.describe(copy)["gallery_rows"] > 0  # the gallery needs no network
+    with pytest.raises(WeightsError, match="gone.safetensors is missing.*put the weight file back"):
+        run_reader.Run(copy).variables
 
 
 def _with_weights(workdir: str, weights: str) -> str:
