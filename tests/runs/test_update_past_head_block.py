@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 
 from cvs_jax import info, update
 from cvs_jax.engine import runner
+from cvs_jax.errors import ConfigError
 from cvs_jax.testing import photo_folders
 
 
@@ -55,3 +57,22 @@ def test_update_trains_its_session_with_its_own_lr_and_epochs(run):
     shown = info.describe(workdir)["sessions"]
     assert [(s["lr"], s["epochs"]) for s in shown] == [(c.train.lr, 1), (0.004, 2)]
     assert "lr 0.004, 2 epochs" in info.format_info(info.describe(workdir))
+
+
+def test_an_interrupted_update_resumes_with_the_recipe_it_started_with(run, tmp_path):
+    workdir, _, _ = run
+    copy = str(tmp_path / "run")
+    shutil.copytree(workdir, copy)
+    with open(os.path.join(copy, "results.json")) as f:
+        results = json.load(f)
+    results["per_session"] = results["per_session"][:1]  # as after a kill during session 2
+    with open(os.path.join(copy, "results.json"), "w") as f:
+        json.dump(results, f)
+    with open(os.path.join(copy, "config.json")) as f:
+        second = json.load(f)["data"]["updates"][-1]
+    with pytest.raises(ConfigError, match=r"session 2 was started with train.lr=0.004.*--config.train.lr=0.004"):
+        update.plan_update(copy, second, {"train.lr": 0.01})
+    with pytest.raises(ConfigError, match="must be at least 1"):
+        update.plan_update(copy, second, {"train.epochs": 0})
+    resumed = update.plan_update(copy, second, {"train.lr": 0.004, "train.epochs": 2})
+    assert list(resumed.train.session_lr) == [None, 0.004] and list(resumed.train.session_epochs) == [None, 2]
