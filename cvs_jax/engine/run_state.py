@@ -6,7 +6,8 @@ importance and the per-session result records.  Saving it *is* the session
 checkpoint ``checkpoints/sessions/<s>``; restoring the newest one resumes the run.
 Items: ``variables`` (net + head), ``gallery`` (only the rows session s added),
 ``regularizer`` (raw importance + anchor, or empty) and the JSON ``meta``
-(records, memory, when the importance was built).  Nothing else is stored.
+(records, memory, when the importance was built).  Nothing else is stored: a frozen pretrained
+trunk is left out of ``variables`` and read from its weight file (``frozen_trunk``).
 """
 
 from __future__ import annotations
