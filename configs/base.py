@@ -94,6 +94,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.nesterov = True
     c.train.weight_decay = 1e-4
     c.train.temperature = 0.05
+    # one entry per session (index 0: session 1), None or absent: train.lr / train.epochs. Written by
+    # python -m cvs_jax.update --config.train.lr / --config.train.epochs for the session it adds.
+    c.train.session_lr = []
+    c.train.session_epochs = []
     c.train.checkpoint_every_steps = 500  # mid-session checkpoints (plus one after every epoch)
     # training steps per jitted call (lax.scan over k stacked batches; calls never cross an epoch end,
     # mid-epoch checkpoints and progress lines fall on call boundaries: cvs_jax/engine/cadence.py)

@@ -37,6 +37,10 @@ class NonFiniteError(UserError):
     """A loss or an embedding became NaN/inf; nothing after the last good checkpoint was written."""
 
 
+class DivergedError(NonFiniteError):
+    """A loss or gradient norm exploded while finite (``phases._Watch``): recorded as a diverged run."""
+
+
 class CheckpointError(UserError):
     """A checkpoint cannot be used as it is (structure mismatch, permissions, I/O); nothing was moved."""
 

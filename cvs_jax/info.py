@@ -25,6 +25,7 @@ import numpy as np
 from absl import flags
 
 from cvs_jax import cli
+from cvs_jax.engine import schedules
 from cvs_jax.errors import UserError
 from cvs_jax.retrieval import compatibility, run_reader
 from cvs_jax.rundir import paths
@@ -83,6 +84,9 @@ def describe(workdir: str) -> dict:
                 "classes_seen": sess["num_outputs"],
                 "gallery_rows_by_its_model": int(np.sum(rows.model == s)) if done else 0,
                 "recall": r.get("recall"),
+                # the session's recipe: the run's train.lr / train.epochs, or what its update set
+                "lr": schedules.session_lr(run.config, s),
+                "epochs": schedules.session_epochs(run.config, s),
             }
         )
     return {
@@ -122,7 +126,8 @@ def format_info(info: dict) -> str:
         seen = "" if s["trained_on_images"] is None else f" ({s['trained_on_images']} trained on, replay included)"
         lines.append(
             f"  session {s['session']}: {s['new_images']} new training images{seen}, new classes: {new or '-'}; "
-            f"{s['gallery_rows_by_its_model']} gallery rows embedded by its model; {r1}"
+            f"{s['gallery_rows_by_its_model']} gallery rows embedded by its model; {r1}; "
+            f"lr {s['lr']:g}, {s['epochs']} epochs"
         )
     if info["record_stores"]:
         lines += ["", "record stores (the images, prepared once; the folders are no longer needed):"]

@@ -1,14 +1,18 @@
 """Train the next session of a run on newly arrived labelled images.
 
     python -m cvs_jax.update --workdir W --data DIR_or_CSV [--config.data.on_corrupt=skip]
+        [--config.train.lr=0.01] [--config.train.epochs=10]
 
 Example: ``python -m cvs_jax.update --workdir workdirs/photos --data photos/2026-03`` after a run of
 ``python -m cvs_jax.main --config configs/image_folder_general.py --workdir workdirs/photos
---config.data.manual_dir=photos/first``.  The only config field it takes is ``data.on_corrupt``.
+--config.data.manual_dir=photos/first``.  The config fields it takes: ``data.on_corrupt``, and
+``train.lr`` and ``train.epochs`` for the new session only (recorded as its entry of
+``train.session_lr`` / ``train.session_epochs`` in ``config.json`` and shown by ``info``; e.g. a lower
+lr after a session stopped as diverged).
 
 ``DIR_or_CSV`` is read as ``data.name=image_folder`` reads its folder (class folders, train/ +
 test/ folders, or a CSV manifest; ``folder_inventory``).  Its classes may be new or known (matched
-by name).  The run's config applies unchanged (method, recipe, memory budget, stored size); the
+by name).  The run's config applies unchanged (method, recipe but for those two, memory budget, stored size); the
 folder is appended to ``data.updates`` in the workdir's ``config.json`` and the run resumes: the
 completed sessions are restored, session S+1 trains on the new train images (plus the method's
 replay), its model embeds them as a new gallery part (no stored row is touched), and
@@ -41,7 +45,7 @@ from absl import flags
 
 from cvs_jax import cli
 from cvs_jax.data import parts, records, sources
-from cvs_jax.engine import determinism, runner
+from cvs_jax.engine import determinism, runner, schedules
 from cvs_jax.errors import ConfigError, DataError, UserError
 from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
@@ -62,11 +66,25 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         "Undecodable images of the new folder: refuse them (the run's default) or skip them.",
         flag_values=flag_values,
     )
+    flags.DEFINE_float(
+        "config.train.lr",
+        None,
+        "The new session's learning rate (default: the run's train.lr); recorded for that session only.",
+        flag_values=flag_values,
+    )
+    flags.DEFINE_integer(
+        "config.train.epochs",
+        None,
+        "The new session's epochs (default: the run's train.epochs); recorded for that session only.",
+        flag_values=flag_values,
+    )
     flags.mark_flags_as_required(["workdir", "data"], flag_values=flag_values)
 
 
 # The config fields update takes (--config.<field>): those safe to change between sessions.
-UPDATE_FIELDS = ("data.on_corrupt",)
+UPDATE_FIELDS = ("data.on_corrupt", "train.lr", "train.epochs")
+# the fields that apply to the new session only: recorded in config.json as its entry of these lists
+SESSION_FIELDS = {"train.lr": "session_lr", "train.epochs": "session_epochs"}
 
 
 def run_config(workdir: str) -> ml_collections.ConfigDict:
@@ -116,7 +134,10 @@ def plan_update(workdir: str, data: str, overrides: dict | None = None) -> ml_co
     applied; refuses duplicates and unfinished runs."""
     config = run_config(workdir)
     workdir_lib.check_not_busy(workdir)  # a live main/update there: say so, not "finish it first"
-    for field, value in (overrides or {}).items():
+    overrides = dict(overrides or {})
+    recipe = {f: overrides.pop(f) for f in SESSION_FIELDS if overrides.get(f) is not None}
+    _check_recipe(recipe)
+    for field, value in overrides.items():
         if field not in UPDATE_FIELDS:
             raise ConfigError(f"--config.{field} cannot change between sessions; update takes {UPDATE_FIELDS}.")
         group, _, key = field.rpartition(".")
@@ -141,6 +162,7 @@ def plan_update(workdir: str, data: str, overrides: dict | None = None) -> ml_co
     done = completed_sessions(workdir)
     if data in updates:
         if data == updates[-1] and done < _sessions_before(config) + len(updates):
+            _check_resumed_recipe(config, done, recipe)
             print(f"resuming the update with {data} (session {done + 1})")
             return config
         raise DataError(
@@ -175,6 +197,12 @@ def plan_update(workdir: str, data: str, overrides: dict | None = None) -> ml_co
         )
     _warn_few_photos(workdir, data, new)
     config.data.updates = updates + [data]
+    for field, value in recipe.items():  # the new session's entry (index: the sessions completed)
+        key = SESSION_FIELDS[field]
+        values = list(config.train[key])
+        values += [None] * (done + 1 - len(values))
+        values[done] = value
+        config.train[key] = values
     return config
 
 
@@ -190,6 +218,25 @@ def _warn_few_photos(workdir: str, data: str, new) -> None:
                 f"warning: new class {name!r} has only {n} train photo(s) in {data}; with so few, its queries "
                 f"seldom find it. Add {FEW_PHOTOS} or more photos of it to the folder (or leave it for a later "
                 f"update)."
+            )
+
+
+def _check_recipe(recipe: dict) -> None:
+    lr, epochs = recipe.get("train.lr"), recipe.get("train.epochs")
+    if lr is not None and not 0 < lr < float("inf"):
+        raise ConfigError(f"--config.train.lr={lr} must be a positive number (e.g. 0.01).")
+    if epochs is not None and epochs < 1:
+        raise ConfigError(f"--config.train.epochs={epochs} must be at least 1.")
+
+
+def _check_resumed_recipe(config: ml_collections.ConfigDict, s: int, recipe: dict) -> None:
+    """An interrupted update resumes with the recipe its session started with (its steps so far used it)."""
+    recorded = {"train.lr": schedules.session_lr(config, s), "train.epochs": schedules.session_epochs(config, s)}
+    for field, value in recipe.items():
+        if value != recorded[field]:
+            raise ConfigError(
+                f"session {s + 1} was started with {field}={recorded[field]:g} and resumes with it; rerun the "
+                f"update without --config.{field} (or with --config.{field}={recorded[field]:g})."
             )
 
 

@@ -116,6 +116,12 @@ def _check_train(t: ml_collections.ConfigDict, num_devices: int) -> None:
         )
     if t.epochs < 1:
         raise ConfigError(f"train.epochs={t.epochs} must be at least 1.")
+    for s, lr in enumerate(t.session_lr):
+        if lr is not None and not (isinstance(lr, (int, float)) and 0 < lr < float("inf")):
+            raise ConfigError(f"train.session_lr[{s}]={lr!r} (session {s + 1}) must be a positive number.")
+    for s, e in enumerate(t.session_epochs):
+        if e is not None and not (isinstance(e, int) and e >= 1):
+            raise ConfigError(f"train.session_epochs[{s}]={e!r} (session {s + 1}) must be an integer >= 1.")
     if t.checkpoint_every_steps < 0:
         raise ConfigError(f"train.checkpoint_every_steps={t.checkpoint_every_steps} must be >= 0 (0: epoch ends only).")
     k = t.steps_per_call

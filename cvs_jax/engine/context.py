@@ -17,6 +17,7 @@ import ml_collections
 
 from cvs_jax import augment, distributed, models
 from cvs_jax.engine import features
+from cvs_jax.engine.frozen_trunk import FrozenTrunk
 from cvs_jax.engine.protocol import Protocol
 from cvs_jax.engine.train_step import make_optimizer, make_train_step
 from cvs_jax.methods.base import Method
@@ -61,6 +62,7 @@ class RunContext:
     head_key: jax.Array  # folded with the session index: the rows a session adds to the head
     step_key: jax.Array  # folded with the session index, then with the step: augmentation draws
     ks: tuple[int, ...]
+    trunk: FrozenTrunk | None = None  # a frozen pretrained trunk: what checkpoints leave out
     _cache: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -133,6 +135,7 @@ class RunContext:
             head_key=head_key,
             step_key=step_key,
             ks=tuple(int(k) for k in config.eval.ks),
+            trunk=share.trunk if share is not None else FrozenTrunk.of(config),
         )
 
     def initial_variables(self) -> dict:

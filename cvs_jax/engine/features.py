@@ -38,6 +38,7 @@ import numpy as np
 
 from cvs_jax import augment, models
 from cvs_jax.data import parts, records
+from cvs_jax.engine.frozen_trunk import file_digest
 from cvs_jax.engine.protocol import LazyRows, Protocol
 from cvs_jax.retrieval.chunks import iter_chunks
 
@@ -200,20 +201,7 @@ def _trunk_identity(config, image_shape, pipeline) -> dict:
     return what
 
 
-_FILE_DIGESTS: dict = {}
-
-
-def _file_digest(path: str) -> str:
-    """sha256 of a weight file's bytes (once per process for a path, size and mtime)."""
-    st = os.stat(path)
-    at = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
-    if at not in _FILE_DIGESTS:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-        _FILE_DIGESTS[at] = h.hexdigest()
-    return _FILE_DIGESTS[at]
+_file_digest = file_digest  # the weight file's bytes: also what checkpoints of a frozen trunk record
 
 
 def _split_identity(leaf, name: str) -> str:

@@ -34,7 +34,7 @@ from cvs_jax.engine.cadence import Cadence, CallReader, calls
 from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.run_state import RunState
 from cvs_jax.engine.train_step import TrainState
-from cvs_jax.errors import ConfigError, NonFiniteError
+from cvs_jax.errors import ConfigError, DivergedError, NonFiniteError
 from cvs_jax.methods.seams import SessionBatches
 from cvs_jax.models.heads import head_params
 from cvs_jax.retrieval import topk
@@ -71,7 +71,7 @@ class SessionView:
     stored: Gallery  # the stored rows that validation and test search besides the session's own
     val_idx: np.ndarray  # validation queries (train split, accumulated over sessions)
     test_idx: np.ndarray  # test queries (test split, classes seen so far)
-    epochs: int
+    epochs: int  # the session's (train.epochs, or what an update set for it)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -98,7 +98,7 @@ def session_view(ctx: RunContext, state: RunState, s: int) -> SessionView:
         stored=method.scope.stored(state.gallery),
         val_idx=plan.val_queries(s),
         test_idx=ctx.proto.test_queries(s),
-        epochs=c.train.epochs,
+        epochs=schedules.session_epochs(c, s),
     )
 
 
@@ -251,6 +251,7 @@ class MemberSession:
     search: Callable | None = None
     val_images: Any = None
     val_labels: Any = None
+    reference: tuple[float, float] | None = None  # (loss, gradient norm) at the session's first step: _Watch
 
     @classmethod
     def fresh(cls, ctx: RunContext, state: RunState, view: SessionView) -> "MemberSession":
@@ -258,14 +259,33 @@ class MemberSession:
         return cls(ctx, view, state.steps_done, ts, Selection(_host_variables(ts), -1.0, -1), {})
 
     def progress_templates(self) -> dict:
-        return {"state": self.ts, "best": self.best.variables, "sums": None}
+        return self.progress_trees(self.ts, self.best.variables, None)
+
+    def progress_trees(self, ts, best: dict, sums) -> dict:
+        """A progress checkpoint's items: without a frozen trunk (``frozen_trunk``)."""
+        trunk = self.ctx.trunk
+        if trunk is not None:
+            ts, best = ts.replace(params=trunk.params_without(ts.params)), trunk.without(best)
+        return {"state": ts, "best": best, "sums": sums}
+
+    def progress_meta(self) -> dict:
+        meta = {"best_r1": self.best.val_recall1, "best_epoch": self.best.epoch, "reference": self.reference}
+        return meta if self.ctx.trunk is None else {**meta, **self.ctx.trunk.meta()}
 
     def restored(self, items: dict) -> None:
-        """Takes a progress checkpoint's items (``Checkpoints.restore``)."""
+        """Takes a progress checkpoint's items (``Checkpoints.restore``); a frozen trunk comes from the
+        session's starting state (the weight file), checked against the stored digest."""
         meta = items["meta"]
-        self.ts = items["state"]
-        self.best = Selection(items["best"], meta["best_r1"], meta["best_epoch"])
+        ts, best, trunk = items["state"], items["best"], self.ctx.trunk
+        if trunk is not None:
+            trunk.check(meta, f"{self.ctx.progress.directory} (session {self.view.s + 1})")
+            ts = ts.replace(params=trunk.params_with(ts.params, self.ts.params))
+            best = trunk.with_(best, self.best.variables)
+        self.ts = ts
+        self.best = Selection(best, meta["best_r1"], meta["best_epoch"])
         self.sums = dict(items["sums"] or {})
+        stored = meta.get("reference")  # absent in a checkpoint written before the growth guard
+        self.reference = None if stored is None else (float(stored[0]), float(stored[1]))
         self.start = int(self.ts.step)
         self.ctx.log.print(f"resumed session {self.view.s + 1} at step {self.start}/{self.view.total_steps}")
 
@@ -314,6 +334,10 @@ class Driver:
     def member(self, tree, m: int):
         return tree
 
+    def per_member(self, values: np.ndarray):
+        """One value per member (host) as the driver's metrics hold them: a plain run's scalar."""
+        return values[0]
+
 
 class SingleDriver(Driver):
     """One member: ``ctx.step_fn`` per step (k = 1, the plain step) or ``ctx.steps_fn`` per call of k."""
@@ -359,13 +383,6 @@ def _accumulate(sums, metrics):
     return out
 
 
-def _first_bad(metrics, step: int):
-    """The first step (0-based) of a call whose loss is not finite; ``_NO_BAD_STEP`` if none."""
-    loss = metrics["loss"]
-    idx = step + jnp.arange(loss.shape[-1], dtype=jnp.int32)
-    return jnp.min(jnp.where(jnp.isfinite(loss), _NO_BAD_STEP, idx), axis=-1)
-
-
 def train(ctx: RunContext, state: RunState, view: SessionView, consts: dict) -> Selection:
     """All epochs of session ``view.s``, resuming from its newest progress checkpoint."""
     member = MemberSession.fresh(ctx, state, view)
@@ -395,19 +412,33 @@ def run_loop(driver: Driver) -> TrainState:
     at each epoch end every member's validation recall@1, best-model selection and metrics.  Returns
     the device state after the last step."""
     lead = driver.members[0]
+    ts, sums = driver.device_state(), driver.device_sums()
+    plan = calls(lead.start, lead.view.total_steps, lead.view.steps_per_epoch, driver.k)
+    batches = iter(driver.batches(plan))
+    try:
+        return _loop(driver, batches, plan, ts, sums, lead.start)
+    finally:
+        # the reading threads stop before an error leaves the loop: a daemon thread still inside the
+        # runtime when the interpreter exits aborts it ("terminate called", "Fatal Python error")
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
+def _loop(driver: Driver, batches, plan, ts, sums, step: int) -> TrainState:
+    """``run_loop``'s calls over ``plan``, reading ``batches``."""
+    lead = driver.members[0]
     c, view = lead.ctx.config, lead.view
     s, spe, total = view.s, view.steps_per_epoch, view.total_steps
-    ts, sums = driver.device_state(), driver.device_sums()
     cadence = Cadence(spe, c.log_every_steps, c.train.checkpoint_every_steps)
-    bad_step = jnp.int32(_NO_BAD_STEP)
-    step = steps_at_start = lead.start
+    base_lr = schedules.session_lr(c, s)
+    watch = _Watch.start()
+    steps_at_start = step
     t_session = t_epoch = t_line = time.time()
-    plan = calls(step, total, spe, driver.k)
-    batches = iter(driver.batches(plan))
     in_flight: collections.deque = collections.deque()
     for first_step, n in plan:
         epoch = first_step // spe
-        lr = schedules.epoch_lr(c.train.schedule, epoch, c.train.lr, c.train.epochs)
+        lr = schedules.epoch_lr(c.train.schedule, epoch, base_lr, view.epochs)
         batch = next(batches)
         t_call = time.time()
         if step == steps_at_start:  # the first call compiles the step: minutes for a large model on a CPU
@@ -420,7 +451,8 @@ def run_loop(driver: Driver) -> TrainState:
         in_flight.append(metrics["loss"])
         if len(in_flight) > MAX_CALLS_IN_FLIGHT:
             jax.block_until_ready(in_flight.popleft())
-        bad_step, sums = _accumulate_call(driver, bad_step, sums, metrics, first_step, step)
+        sums = _accumulate_call(driver, sums, metrics)
+        watch = watch.after_call(driver, metrics, first_step)
         step = first_step + n
         for _ in range(n):
             faults.maybe_fail("step")
@@ -435,11 +467,11 @@ def run_loop(driver: Driver) -> TrainState:
             for member in driver.members:
                 member.ctx.log.print(f"  session {s + 1} epoch {epoch + 1} step {step}/{total} ETA {eta}")
         if events.checkpoint:
-            _check_finite(driver, bad_step)
+            watch.check(driver, base_lr)
             _save_progress(driver, ts, sums, step)
         if not events.epoch_end:
             continue
-        _check_finite(driver, bad_step)
+        watch.check(driver, base_lr)
         ips = spe * c.train.batch_size / max(time.time() - t_epoch, 1e-9)  # images trained per second, per member
         _end_epoch(driver, ts, sums, step=step, epoch=epoch, lr=lr, ips=ips, eta=eta)
         sums = {}
@@ -448,28 +480,83 @@ def run_loop(driver: Driver) -> TrainState:
     return ts
 
 
-def _accumulate_call(driver: Driver, bad_step, sums, metrics, first_step: int, step: int):
-    """``(bad_step, sums)`` after one call: the first non-finite step and the epoch's metric sums,
-    both kept on device (no sync)."""
+def _accumulate_call(driver: Driver, sums, metrics):
+    """The epoch's metric sums after one call, kept on device (no sync)."""
     if driver.stacked:
-        bad_step = jnp.minimum(bad_step, _first_bad(metrics, first_step))
-        return bad_step, _accumulate(sums or None, metrics)
-    bad_step = jnp.minimum(bad_step, jnp.where(jnp.isfinite(metrics["loss"]), _NO_BAD_STEP, step))
-    return bad_step, {k: sums[k] + v if k in sums else v for k, v in metrics.items()}
+        return _accumulate(sums or None, metrics)
+    return {k: sums[k] + v if k in sums else v for k, v in metrics.items()}
 
 
-def _check_finite(driver: Driver, bad_step) -> None:
-    """Stop at a member's first non-finite loss; its checkpoints up to the last good step stay."""
-    members = driver.members
-    for m, member in enumerate(members):
-        bad = int(driver.member(bad_step, m))
-        if bad != _NO_BAD_STEP:
+GROWTH_LIMIT = 1e3  # a loss or gradient norm this many times its value at the session's first step: diverged
+# the reference's floors: a first step that is already near zero does not make ordinary values "growth"
+LOSS_FLOOR, GRAD_FLOOR = 1.0, 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class _Watch:
+    """The loop's two guards, kept on device between checks: the first step whose loss is not finite
+    (NaN/inf), and the first whose loss or gradient norm passed ``GROWTH_LIMIT`` times its value at the
+    session's first step (``MemberSession.reference``, floored): a run that explodes while its values
+    stay finite (a loss of 1e20) stops there too, with what to change."""
+
+    bad: Any
+    blown: Any
+    peak: Any  # (loss, grad_norm): the largest finite values so far, per member
+    reference: Any = None  # (loss, grad_norm) per member on device: () for a plain run, [N] for a population
+
+    @classmethod
+    def start(cls) -> "_Watch":
+        none = jnp.int32(_NO_BAD_STEP)
+        return cls(none, none, (jnp.float32(-jnp.inf), jnp.float32(-jnp.inf)))
+
+    def after_call(self, driver: Driver, metrics, first_step: int) -> "_Watch":
+        reference = self.reference if self.reference is not None else _reference(driver, metrics)
+        loss, grad = metrics["loss"], metrics["grad_norm"]
+        if not driver.stacked:  # one step: the steps axis of a call of one
+            loss, grad = loss[..., None], grad[..., None]
+        idx = first_step + jnp.arange(loss.shape[-1], dtype=jnp.int32)
+        bad = jnp.min(jnp.where(jnp.isfinite(loss), _NO_BAD_STEP, idx), axis=-1)
+        grown = (loss > GROWTH_LIMIT * reference[0][..., None]) | (grad > GROWTH_LIMIT * reference[1][..., None])
+        blown = jnp.min(jnp.where(grown, idx, _NO_BAD_STEP), axis=-1)
+        peak = tuple(
+            jnp.maximum(p, jnp.max(jnp.where(jnp.isfinite(v), v, -jnp.inf), axis=-1))
+            for p, v in zip(self.peak, (loss, grad))
+        )
+        return _Watch(jnp.minimum(self.bad, bad), jnp.minimum(self.blown, blown), peak, reference)
+
+    def check(self, driver: Driver, base_lr: float) -> None:
+        """Stop at a member's first non-finite or exploded step; its checkpoints before it stay."""
+        members = driver.members
+        for m, member in enumerate(members):
+            bad, blown = int(driver.member(self.bad, m)), int(driver.member(self.blown, m))
             where = f" in {member.ctx.workdir}" if len(members) > 1 else ""
-            raise NonFiniteError(
-                f"the loss became NaN/inf at step {bad + 1} of session {member.view.s + 1} "
-                f"({member.ctx.method.name}){where}; "
-                f"lower train.lr or check the data. Checkpoints up to the last good step are intact."
-            )
+            what = f"session {member.view.s + 1} ({member.ctx.method.name}){where}"
+            if bad != _NO_BAD_STEP and bad <= blown:
+                raise NonFiniteError(
+                    f"the loss became NaN/inf at step {bad + 1} of {what}; "
+                    f"lower train.lr or check the data. Checkpoints up to the last good step are intact."
+                )
+            if blown != _NO_BAD_STEP:
+                (loss0, grad0), (loss, grad) = member.reference, [float(driver.member(p, m)) for p in self.peak]
+                head = "" if member.ctx.head.name == "cosine" else ", or use model.head=cosine"
+                raise DivergedError(
+                    f"{what} diverged at step {blown + 1}: its loss went from {loss0:.3g} to {loss:.3g} and its "
+                    f"gradient norm from {grad0:.3g} to {grad:.3g} (more than {GROWTH_LIMIT:g} times the first "
+                    f"step's stops a run); lower train.lr (now {base_lr:g}; update takes --config.train.lr for "
+                    f"the session it adds){head}. Checkpoints before that step are intact."
+                )
+
+
+def _reference(driver: Driver, metrics) -> tuple:
+    """Each member's (loss, gradient norm) at the session's first step (floored), kept on its
+    ``MemberSession`` (and in its progress checkpoints); a resumed member keeps the one it had."""
+    first = jax.device_get({k: metrics[k][..., 0] if driver.stacked else metrics[k] for k in ("loss", "grad_norm")})
+    for m, member in enumerate(driver.members):
+        if member.reference is None:
+            got = driver.member(first, m)
+            member.reference = (max(float(got["loss"]), LOSS_FLOOR), max(float(got["grad_norm"]), GRAD_FLOOR))
+    values = np.asarray([member.reference for member in driver.members], np.float32)  # [members, 2]
+    return tuple(jnp.asarray(driver.per_member(values[:, i])) for i in range(2))
 
 
 def _save_progress(driver: Driver, ts: TrainState, sums: dict, step: int) -> None:
@@ -477,9 +564,8 @@ def _save_progress(driver: Driver, ts: TrainState, sums: dict, step: int) -> Non
     for m, member in enumerate(driver.members):
         ctx = member.ctx
         faults.fail_while_writing("progress_write", ctx.progress.directory)
-        meta = {"best_r1": member.best.val_recall1, "best_epoch": member.best.epoch}
-        trees = {"state": driver.member(ts, m), "best": member.best.variables, "sums": driver.member(sums, m)}
-        ctx.progress.save(member.first + step, trees, meta)
+        trees = member.progress_trees(driver.member(ts, m), member.best.variables, driver.member(sums, m))
+        ctx.progress.save(member.first + step, trees, member.progress_meta())
 
 
 def _end_epoch(driver: Driver, ts: TrainState, epoch_sums: dict, *, step: int, epoch: int, lr, ips, eta) -> None:
@@ -487,7 +573,7 @@ def _end_epoch(driver: Driver, ts: TrainState, epoch_sums: dict, *, step: int, e
     official code) and metrics line."""
     lead = driver.members[0]
     s, spe, n_sessions = lead.view.s, lead.view.steps_per_epoch, lead.ctx.proto.plan.num_sessions
-    epochs = lead.ctx.config.train.epochs
+    epochs = lead.view.epochs
     for m, member in enumerate(driver.members):
         epoch_metrics = {k: float(driver.member(v, m)) / spe for k, v in epoch_sums.items()}
         mts = driver.member(ts, m)
@@ -583,5 +669,5 @@ def append_and_save(
         records=state.records + (record,),
     )
     faults.fail_while_writing("session_write", ctx.sessions.directory)
-    new_state.save(ctx.sessions, part)
+    new_state.save(ctx.sessions, part, ctx.trunk)
     return new_state

@@ -115,6 +115,9 @@ class PopulationDriver(phases.Driver):
     def member(self, tree, m: int):
         return jax.tree.map(lambda x: x[m], tree)
 
+    def per_member(self, values: np.ndarray):
+        return values
+
 
 def train(
     ctxs: list[RunContext], states: list[RunState], views: list[phases.SessionView], consts: list[dict]

@@ -10,8 +10,9 @@ import os
 import jax
 import numpy as np
 
+from cvs_jax.engine import features
 from cvs_jax.engine.context import RunContext
-from cvs_jax.engine.run_state import RunState
+from cvs_jax.engine.run_state import RunState, restore_variables
 from cvs_jax.reports import plots, run_page
 from cvs_jax.retrieval import topk
 from cvs_jax.retrieval.compatibility import (
@@ -62,9 +63,10 @@ def write_report(ctx: RunContext, state: RunState, results: dict | None = None) 
     except Exception as e:  # noqa: BLE001 -- the page is a view; a run never fails for it
         ctx.log.print(f"warning: {paths.report_file(ctx.workdir)} not written ({type(e).__name__}: {e})")
         return
-    run_page.write_or_warn(
-        ctx.workdir, ctx.log.print, results=results, stored=stored, read_train=ctx.proto.dataset.train.read
-    )
+    # a run on cached trunk features holds features in its split: the page reads the photos from the
+    # run's stores, as ``python -m cvs_jax.report`` does
+    read_train = None if features.cached(ctx.config) else ctx.proto.dataset.train.read
+    run_page.write_or_warn(ctx.workdir, ctx.log.print, results=results, stored=stored, read_train=read_train)
 
 
 def finish(ctx: RunContext, state: RunState) -> dict:
@@ -86,7 +88,7 @@ def finish(ctx: RunContext, state: RunState) -> dict:
 
     @functools.cache  # the matrix and the flips read each model's queries: embedded once (T x Q x D floats)
     def embed_queries(i):
-        variables = ctx.sessions.restore(i, {"variables": state.variables})["variables"]
+        variables = restore_variables(ctx.sessions, i, state.variables, ctx.trunk)
         return ctx.embed(variables, ctx.proto.test_images(last_test))
 
     compat = compatibility_matrix(plan.num_sessions, state.gallery, embed_queries, ctx.proto.test_labels[last_test])

@@ -2,7 +2,8 @@
 
 * recall@1 per session, one line per method (the paper's Fig. 4 style);
 * the class distribution of the sessions: training images per class per session (Fig. 3 style);
-* the backward-compatibility matrix (see ``compatibility.py``).
+* the backward-compatibility matrix (see ``compatibility.py``);
+* the training curves of a run's page: loss (and its terms) and validation recall@1 per epoch.
 """
 
 from __future__ import annotations
@@ -88,3 +89,40 @@ def compatibility(matrix: np.ndarray, path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+LOG_RANGE = 1e3  # a loss plot whose values span more than this is drawn on a log axis
+
+
+def loss_axis(ax, values) -> None:
+    """A log y axis when the finite positive ``values`` span more than ``LOG_RANGE`` (a diverging session
+    would flatten every other curve into a line at 0 on a linear axis)."""
+    v = np.asarray([x for x in values if x is not None], np.float64)
+    v = v[np.isfinite(v) & (v > 0)]
+    if v.size and v.max() / v.min() > LOG_RANGE:
+        ax.set_yscale("log")
+
+
+def training_curves(epochs: list[dict]):
+    """The figure of a run's epoch records (``metrics.jsonl``): the training loss and its ``L_`` terms,
+    and the validation recall@1; dashed lines where a session starts."""
+    x = np.arange(1, len(epochs) + 1)
+    terms = sorted({k for r in epochs for k in r if k.startswith("L_")})
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.4))
+    lines = {"loss": [r["loss"] for r in epochs], **{t: [r.get(t, np.nan) for r in epochs] for t in terms}}
+    a1.plot(x, lines["loss"], marker=".", label="loss", color="black")
+    for t in terms:
+        a1.plot(x, lines[t], marker=".", label=t, alpha=0.8)
+    loss_axis(a1, [v for values in lines.values() for v in values])
+    a2.plot(x, [100 * r.get("val_recall1", np.nan) for r in epochs], marker="o", color="#1a5fb4")
+    starts = [i for i in range(1, len(epochs)) if epochs[i]["session"] != epochs[i - 1]["session"]]
+    for ax in (a1, a2):
+        for i in starts:
+            ax.axvline(i + 0.5, color="#999", linestyle="--", linewidth=1)
+        ax.set_xlabel("epoch (dashed lines: a new session)")
+        ax.grid(alpha=0.3)
+    a1.set_ylabel("training loss" + (" (log scale)" if a1.get_yscale() == "log" else ""))
+    a1.legend(fontsize=8, loc="upper right")
+    a2.set_ylabel("validation recall@1 (%)")
+    fig.tight_layout()
+    return fig

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from cvs_jax.reports import html
+from cvs_jax.reports import html, plots
 from cvs_jax.reports.html import plt
 from cvs_jax.retrieval import compatibility, run_reader, topk
 from cvs_jax.rundir import paths
@@ -222,23 +222,7 @@ def _curves_section(metrics: list[dict]) -> str:
     epochs = [r for r in metrics if "epoch" in r and "loss" in r]
     if not epochs:
         return "<h2>Training curves</h2><p>No epoch has finished yet (metrics.jsonl is empty).</p>"
-    x = np.arange(1, len(epochs) + 1)
-    terms = sorted({k for r in epochs for k in r if k.startswith("L_")})
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.4))
-    a1.plot(x, [r["loss"] for r in epochs], marker=".", label="loss", color="black")
-    for t in terms:
-        a1.plot(x, [r.get(t, np.nan) for r in epochs], marker=".", label=t, alpha=0.8)
-    a2.plot(x, [100 * r.get("val_recall1", np.nan) for r in epochs], marker="o", color="#1a5fb4")
-    starts = [i for i in range(1, len(epochs)) if epochs[i]["session"] != epochs[i - 1]["session"]]
-    for ax in (a1, a2):
-        for i in starts:
-            ax.axvline(i + 0.5, color="#999", linestyle="--", linewidth=1)
-        ax.set_xlabel("epoch (dashed lines: a new session)")
-        ax.grid(alpha=0.3)
-    a1.set_ylabel("training loss")
-    a1.legend(fontsize=8, loc="upper right")
-    a2.set_ylabel("validation recall@1 (%)")
-    fig.tight_layout()
+    fig = plots.training_curves(epochs)
     return (
         "<h2>Training curves</h2>"
         '<p class="legend">Per epoch, from metrics.jsonl: the training loss (and its terms) and the recall@1 on '

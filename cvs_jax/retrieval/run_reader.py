@@ -26,6 +26,7 @@ from PIL import Image
 from cvs_jax import augment, distributed, models
 from cvs_jax.data.builders import _resize
 from cvs_jax.data.builders._common import image_errors
+from cvs_jax.engine.frozen_trunk import FrozenTrunk
 from cvs_jax.errors import SearchError, UserError
 from cvs_jax.retrieval import topk
 from cvs_jax.retrieval.embedder import Embedder
@@ -294,8 +295,7 @@ class Run:
         # the newest session's model, as stored (no template: the head may have grown since the
         # protocol was written); a reader never moves a checkpoint (a damaged one is refused)
         self.session = sessions.steps()[-1]
-        variables = sessions.restore(self.session, {"variables": None})["variables"]
-        self.network = Network(c, variables, self.image_shape)
+        self._stored = sessions.restore(self.session, {"variables": None})
         log = _PartLog(sessions)
         self.gallery = Gallery.restore(log, self.session, c.model.embed_dim)
         self._arrival = arrival_sessions(log.parts, self.gallery)
@@ -325,6 +325,18 @@ class Run:
     @property
     def image_shape(self) -> tuple[int, int, int]:
         return tuple(self.protocol["image_shape"])
+
+    @functools.cached_property
+    def network(self) -> Network:
+        """The newest session's network, built when first used (``info`` reads the gallery only); a frozen
+        trunk, left out of the checkpoints, is read from the weight file (``frozen_trunk``)."""
+        c, items = self.config, self._stored
+        variables = items["variables"]
+        trunk = FrozenTrunk.of(c)
+        if trunk is not None:
+            trunk.check(items["meta"], os.path.join(paths.sessions_dir(self.workdir), str(self.session)))
+            variables = trunk.with_(variables, {"params": trunk.file_params(c, self.image_shape)})
+        return Network(c, variables, self.image_shape)
 
     @property
     def variables(self) -> dict:

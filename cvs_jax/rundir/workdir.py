@@ -57,6 +57,8 @@ OPERATIONAL = (
     "distributed.multihost",
 )
 # Keys added after runs were recorded without them, with the value that reproduces what those runs did.
+# the per-session recipe lists an update extends with its session's --config.train.lr / epochs
+SESSION_KEYS = ("train.session_lr", "train.session_epochs")
 ADDED_KEYS = {"model.head": "cosine"}  # before model.head existed, every method trained the cosine head
 # Checkpoint folders whose numbered step directories make a workdir hold a run.
 CHECKPOINT_DIRS = paths.CHECKPOINT_DIRS
@@ -178,8 +180,12 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
             for flat in (a, b):
                 flat["model.head"] = official if flat["model.head"] == "official" else flat["model.head"]
         diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-        if diff == ["data.updates"] and _extends(a.get("data.updates"), b.get("data.updates")):
-            diff = []  # python -m cvs_jax.update adds a folder (one session) to the run
+        if (
+            "data.updates" in diff
+            and set(diff) <= {"data.updates", *SESSION_KEYS}
+            and all(_extends(a.get(k), b.get(k)) for k in diff)
+        ):
+            diff = []  # python -m cvs_jax.update adds a folder (one session, with its own lr/epochs) to the run
         if not diff:
             _write_config(path, current)
             return
