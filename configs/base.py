@@ -106,12 +106,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.augment.flip = True
     c.augment.policy = "none"  # "cifar10": AutoAugment CIFAR-10 policy; "randaugment": RandAugment (official code)
 
-    # Weights of the loss terms added to L_c (CVS: L = L_c + 10 L_m + 1 L_d). Baselines: official
-    # alpha = 1 for BCT / LwF / MMD; EWC/RWalk: the fork's reg_coef 100 (with importance.mode="online"
-    # 100 diverged on the demo at session 3, and 10 kept SGD stable).
-    c.loss_weights = ml_collections.ConfigDict(
-        {"L_m": 10.0, "L_d": 1.0, "L_bct": 1.0, "L_kd": 1.0, "L_mmd": 1.0, "L_mmd_kd": 1.0, "L_reg": 100.0}
-    )
+    # Weights of the loss terms added to L_c: each method declares its terms with their default weights
+    # (cvs_jax/methods, Method.loss_terms: CVS L = L_c + 10 L_m + 1 L_d; official alpha = 1 for BCT / LwF /
+    # MMD; EWC/RWalk the fork's 100); --config.loss_weights.<term>=<w> overrides one.
+    c.loss_weights = ml_collections.ConfigDict()
 
     # CVS switches (ablations) and the paper's written variants; defaults = official code.
     c.cvs = ml_collections.ConfigDict()
@@ -168,4 +166,10 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.eval = ml_collections.ConfigDict()
     c.eval.ks = (1, 2, 4)
+
+    # the methods' loss terms with the default weights they declare (filled in below, once every section
+    # a method's definition reads is set)
+    from cvs_jax.methods import registry  # pylint: disable=g-import-not-at-top
+
+    c.loss_weights.update(registry.default_loss_weights(c))
     return c

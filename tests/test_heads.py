@@ -26,7 +26,7 @@ from cvs_jax.engine.train_step import TrainState
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import policies, regularizers
 from cvs_jax.methods.base import StepInputs
-from cvs_jax.methods.registry import get_head, get_method, head_name
+from cvs_jax.methods.registry import METHODS, get_head, get_method, head_name
 from cvs_jax.models.heads import CosineHead, LinearResetHead, head_params
 from cvs_jax.retrieval import compatibility
 from cvs_jax.rundir import workdir as workdir_lib
@@ -64,17 +64,9 @@ def test_linear_reset_loss_is_plain_cross_entropy():
 
 
 def test_official_heads_and_the_switch(manual_dir, tmp_path):
-    for method, want in {
-        "finetune": "cosine",
-        "joint": "cosine",
-        "cvs": "cosine",
-        "bct": "cosine",
-        "lwf": "cosine",
-        "mmd": "cosine",
-        "ewc": "linear_reset",
-        "rwalk": "linear_reset",
-        "rainbow": "linear_reset",
-    }.items():
+    fork = {"ewc", "rwalk", "rainbow"}  # the author's Rainbow-Memory fork: a fresh linear head every session
+    for method in METHODS:  # every registered method: ivclab/CVS's (and ours) train the cosine NormLayer
+        want = "linear_reset" if method in fork else "cosine"
         c = tiny_config(manual_dir, tmp_path, method=method)
         assert c.model.head == "official" and head_name(c) == want, method
         c.model.head = "cosine" if want == "linear_reset" else "linear_reset"  # the paper's variant / the other

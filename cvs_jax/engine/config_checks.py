@@ -15,7 +15,7 @@ from cvs_jax import augment
 from cvs_jax.data import official_splits, splits
 from cvs_jax.engine import schedules
 from cvs_jax.errors import ConfigError, DataError
-from cvs_jax.methods.registry import METHODS, head_name
+from cvs_jax.methods.registry import METHODS, head_name, population_methods
 from cvs_jax.models import backbones
 
 # Classes of the datasets we know without opening them (for early S/C/L checks).
@@ -33,9 +33,6 @@ KNOWN_NUM_CLASSES = {
 }
 LOCAL_BUILDERS = ("fashion_mnist_local", "tiny_imagenet_zip", "product_m")  # read data.manual_dir (a folder)
 SPLITS = ("official", "generator", "user")  # data.split
-# methods a population run (population > 1) trains: their step terms are functional and their per-session
-# state (memory, gallery centres, head copies) is per member; EWC/RWalk importance and Rainbow are refused
-POPULATION_METHODS = ("finetune", "joint", "cvs", "bct", "lwf", "mmd")
 
 
 def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
@@ -140,13 +137,13 @@ def _check_method(config: ml_collections.ConfigDict, classes: int) -> None:
     population = config.population
     if not isinstance(population, int) or population < 1:
         raise ConfigError(f"population={population!r} must be a positive integer (1: one run).")
-    if population > 1 and config.method not in POPULATION_METHODS:
+    method = METHODS[config.method](config)
+    if population > 1 and not method.population:
         raise ConfigError(
             f"population={population} is not supported for method={config.method!r} (its per-session state, "
             f"e.g. parameter importance or uncertainty memory, is not stacked over members); use one of "
-            f"{list(POPULATION_METHODS)}, or population=1 and one run per seed."
+            f"{population_methods(config)}, or population=1 and one run per seed."
         )
-    method = METHODS[config.method](config)
     if config.data.name == "image_folder" and config.data.manual_dir is not None:
         _check_image_folders(config, method.uses_memory)
     # every setup uses the first S + (L-1)C classes of the class order

@@ -170,6 +170,7 @@ class RunContext:
             seed=self.config.seed,
             batch_size=self.config.train.batch_size,
             eval_batch_size=self.config.train.eval_batch_size,
+            loss_weights=dict(self.config.loss_weights),
             compiled=self.compiled,
         )
 

@@ -24,7 +24,7 @@ holds it, no step is rerun).  Mid-session, the members resume from their newest 
 checkpoint (written member after member as well), so all restart at the same step.
 
 Methods: those whose per-session state is per member and whose step terms are functional
-(``config_checks.POPULATION_METHODS``); the others are refused before anything runs.
+(``Method.population``); the others are refused before anything runs.
 """
 
 from __future__ import annotations

@@ -95,6 +95,7 @@ def make_cvs(config: ml_collections.ConfigDict) -> Method:
         batches=batch_policy(c.batches),
         constants=(policies.ClassCenters(per_session_mean=c.per_session_centers),) if c.use_ld else (),
         extra_terms=terms,
+        loss_terms={"L_m": 10.0, "L_d": 1.0},  # the official L = L_c + 10 L_m + 1 L_d
         description=" + ".join(parts)
         + (" with herded replay" if c.replay else " without replay")
         + (", half-memory batches" if c.batches == "half" else ""),
