@@ -23,9 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import image_folder_general
-from cvs_jax import augment, models
+from cvs_jax.augment import transforms as augment
 from cvs_jax.engine.train_step import TrainState, make_optimizer, make_train_step
 from cvs_jax.methods.registry import get_head, get_method
+from cvs_jax.models import networks as models
 from cvs_jax.models.vit import VisionTransformer, ViTSpec
 
 CLASSES = 64

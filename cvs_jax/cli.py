@@ -131,15 +131,11 @@ def flag_error(error: Exception) -> UserError:
 
 def config_help() -> str:
     """Help text of ``--config``: the variants a config accepts and the method names."""
+    from cvs_jax.config.variants import VARIANTS  # pylint: disable=g-import-not-at-top
     from cvs_jax.methods.registry import METHODS  # pylint: disable=g-import-not-at-top
 
-    try:
-        from configs.variants import VARIANTS  # pylint: disable=g-import-not-at-top
-    except ImportError:  # run from outside the repository: the config files are not importable either
-        VARIANTS = ()
     text = "Path to a configs/<name>.py file, optionally with variants: configs/<name>.py:<variant>[,<variant>...]"
-    if VARIANTS:
-        text += f" (variants: {', '.join(VARIANTS)})"
+    text += f" (variants: {', '.join(VARIANTS)}; the files are cvs_jax/config/<name>.py in an installed package)"
     return text + f". Override any field with --config.<key>=<value>; --config.method is one of {', '.join(METHODS)}."
 
 

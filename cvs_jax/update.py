@@ -38,11 +38,11 @@ import tensorflow_datasets as tfds
 from absl import flags
 
 from cvs_jax import cli
+from cvs_jax.config import recorded
 from cvs_jax.data import parts, records, sources
 from cvs_jax.engine import determinism, runner
 from cvs_jax.errors import ConfigError, DataError, UserError
 from cvs_jax.rundir import paths
-from cvs_jax.rundir import workdir as workdir_lib
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -73,7 +73,7 @@ def run_config(workdir: str) -> ml_collections.ConfigDict:
         raise ConfigError(
             f"{workdir} holds no cvs_jax run (config.json is missing); start one with python -m cvs_jax.main."
         )
-    return workdir_lib.stored_config(workdir)
+    return recorded.stored_config(workdir)
 
 
 def completed_sessions(workdir: str) -> int:

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cvs_jax import augment
 from cvs_jax.augment import autoaugment
+from cvs_jax.augment import transforms as augment
 from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import baselines, policies, replay

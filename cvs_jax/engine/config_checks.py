@@ -11,7 +11,7 @@ import os
 
 import ml_collections
 
-from cvs_jax import augment
+from cvs_jax.augment import transforms as augment
 from cvs_jax.data import official_splits, splits
 from cvs_jax.engine import schedules
 from cvs_jax.errors import ConfigError, DataError

@@ -33,10 +33,11 @@ import time
 import jax
 import numpy as np
 
-from cvs_jax import augment, models
+from cvs_jax.augment import transforms as augment
 from cvs_jax.data import parts, records
+from cvs_jax.data.chunks import iter_chunks
 from cvs_jax.engine.protocol import LazyRows, Protocol
-from cvs_jax.retrieval.chunks import iter_chunks
+from cvs_jax.models import networks as models
 
 FORMAT = 1
 SUBDIR = "cvs_features"

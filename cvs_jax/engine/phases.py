@@ -38,8 +38,8 @@ from cvs_jax.errors import ConfigError, NonFiniteError
 from cvs_jax.methods.seams import SessionBatches
 from cvs_jax.models.heads import head_params
 from cvs_jax.retrieval import topk
-from cvs_jax.retrieval.gallery import Gallery, GalleryPart, RowConcat
 from cvs_jax.rundir import faults
+from cvs_jax.rundir.gallery import Gallery, GalleryPart, RowConcat
 from cvs_jax.rundir.run_log import format_eta
 
 _NO_BAD_STEP = np.iinfo(np.int32).max

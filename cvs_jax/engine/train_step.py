@@ -18,11 +18,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cvs_jax import augment
+from cvs_jax.augment import transforms as augment
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods.base import Method, StepInputs
-from cvs_jax.models import net_variables
-from cvs_jax.models.heads import Head, head_params
+from cvs_jax.models.heads import Head, head_params, net_variables
 
 
 @flax.struct.dataclass

@@ -22,6 +22,7 @@ import jax
 
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import policies
+from cvs_jax.methods.importance_policies import NoImportance
 from cvs_jax.methods.seams import BatchPolicy, ConstantsPolicy, ImportancePolicy, MemoryPolicy, ScopePolicy, misfit
 from cvs_jax.models.heads import HEADS, Head
 
@@ -57,7 +58,7 @@ class Method:
     scope: ScopePolicy = policies.SessionData()  # which images a session trains on and adds to the gallery
     memory: MemoryPolicy = policies.NoMemory()  # replay memory policy
     batches: BatchPolicy = policies.MixedBatches()  # how replayed images enter the batches
-    importance: ImportancePolicy = policies.NoImportance()  # EWC/RWalk parameter importance
+    importance: ImportancePolicy = NoImportance()  # EWC/RWalk parameter importance
     constants: tuple[ConstantsPolicy, ...] = ()  # per-session constants for the step, e.g. (ClassCenters(...),)
     uses_old_model: bool = False  # run the frozen previous model in the step (sessions >= 1)
     # trainable extras made from the frozen previous parameters at each session (LwF's head copy);

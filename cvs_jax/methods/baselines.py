@@ -32,7 +32,7 @@ import jax
 import ml_collections
 
 from cvs_jax.errors import ConfigError
-from cvs_jax.methods import distillation, policies, regularizers
+from cvs_jax.methods import distillation, importance_policies, policies, regularizers
 from cvs_jax.methods.base import Method, StepInputs
 
 
@@ -105,8 +105,8 @@ def _importance(config: ml_collections.ConfigDict, kind: str):
         raise ConfigError(f"importance.mode={mode!r} is unknown; choose one of {list(IMPORTANCE_MODES)}.")
     normalize = config.importance.normalize
     if mode == "fork":
-        return policies.ForkFisher(kind, normalize)
-    return policies.OnlineFisher(kind, normalize)
+        return importance_policies.ForkFisher(kind, normalize)
+    return importance_policies.OnlineFisher(kind, normalize)
 
 
 def make_ewc(config: ml_collections.ConfigDict) -> Method:
@@ -138,7 +138,7 @@ def make_rainbow(config: ml_collections.ConfigDict) -> Method:
     """Rainbow Memory with the rules of ``config.rainbow`` (defaults = the author's fork)."""
     r = config.rainbow
     _check(config, "rainbow.memory", RAINBOW_MEMORIES)
-    _check(config, "rainbow.batches", BATCHES)
+    _check(config, "rainbow.batches", policies.BATCHES)
     if r.memory == "uncertainty":
         memory = policies.UncertaintyMemory(
             config.memory.budget,
@@ -158,7 +158,7 @@ def make_rainbow(config: ml_collections.ConfigDict) -> Method:
         name="rainbow",
         official_head="linear_reset",
         memory=memory,
-        batches=batch_policy(r.batches, r.memory_batches),
+        batches=policies.batch_policy(r.batches, r.memory_batches),
         population=False,  # the uncertainty memory is not stacked over members
         description=f"Rainbow Memory: {kept}, {r.batches} batches"
         + (f" ({r.memory_batches})" if r.batches == "half" else ""),
@@ -166,16 +166,9 @@ def make_rainbow(config: ml_collections.ConfigDict) -> Method:
 
 
 RAINBOW_MEMORIES = ("uncertainty", "herding")
-BATCHES = ("mixed", "half")
 
 
 def _check(config: ml_collections.ConfigDict, key: str, choices: tuple) -> None:
     group, field = key.split(".")
     if config[group][field] not in choices:
         raise ConfigError(f"{key}={config[group][field]!r} is unknown; choose one of {list(choices)}.")
-
-
-def batch_policy(kind: str, memory_batches: str = "cycle"):
-    """``"mixed"``: replayed images shuffled into the session's data (CVS, RWalk); ``"half"``: half of
-    every batch from a cycling shuffled memory (Rainbow, the fork)."""
-    return policies.MixedBatches() if kind == "mixed" else policies.HalfMemoryBatches(memory_batches)

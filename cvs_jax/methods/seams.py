@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 import numpy as np
 
 from cvs_jax.data.splits import SessionPlan
-from cvs_jax.retrieval.gallery import Gallery
+from cvs_jax.rundir.gallery import Gallery
 
 
 @dataclasses.dataclass(frozen=True)

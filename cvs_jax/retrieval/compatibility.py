@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from cvs_jax.retrieval import topk
-from cvs_jax.retrieval.gallery import Gallery, RowConcat
+from cvs_jax.rundir.gallery import Gallery, RowConcat
 
 
 def compatibility_matrix(

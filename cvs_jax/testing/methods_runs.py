@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from configs import fashion_mnist_general
+from cvs_jax.config import fashion_mnist_general
 from cvs_jax.methods import registry
 from cvs_jax.rundir import paths
 

@@ -1,0 +1,15 @@
+"""Tiny-ImageNet, disjoint: 20 new classes per session, all their images (official session files).
+
+Same recipe as ``tinyimagenet_general`` (ResNet-18 ImageNet stem, batch 64, budget 4000,
+5% validation, RandAugment, 256 epochs); only the split differs.
+"""
+
+from cvs_jax.config import tinyimagenet_general, variants
+
+
+def get_config(variant: str = ""):
+    c = tinyimagenet_general.get_config()
+    c.data.setup = "disjoint"
+    c.data.samples_per_new_class = None  # all 500 images of each class
+    c.memory.budget = 4000
+    return variants.apply(c, variant)
