@@ -285,7 +285,7 @@ def infer_variant(config: dict, dataset: str, setup: str) -> str:
     cvs only) and memory budget equal the run's; otherwise a description of those fields."""
     from cvs_jax.config.variants import ABLATIONS  # pylint: disable=g-import-not-at-top
 
-    fields = VARIANT_FIELDS + (CVS_FIELDS if config.get("method") == "cvs" else ())
+    fields = VARIANT_FIELDS + (CVS_FIELDS if config["method"] == "cvs" else ())
     for variant in [""] + [v for v in ABLATIONS if v not in ("cvs", "lc")]:
         expected = expected_config(dataset, setup, variant)
         if all(_get(config, f) == _get(expected, f) for f in fields):

@@ -1,7 +1,9 @@
 """Defaults shared by every config: the official CVS training recipe (ivclab/CVS ``train.py`` defaults).
 
 Every field a run reads is set here or in the dataset config that imports this
-file; nothing falls back to a hidden default in the code.
+file; nothing falls back to a hidden default in the code.  Where each default comes from (the
+official code, the paper's text, the author's Rainbow-Memory fork, earlier cvs-jax) is in
+``docs/config-provenance.md``.
 """
 
 import ml_collections
@@ -80,8 +82,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.head_block = 0
     c.model.dtype = "float32"  # "bfloat16": bf16 convolutions; params, embeddings and losses stay f32
     # the classifier head that trains the embedding (models/heads.py): "official" = the method's reference
-    # code's head (cosine NormLayer for ivclab/CVS's methods; linear_reset, a fresh linear layer with bias
-    # every session, for the fork's ewc, rwalk and rainbow), or "cosine" / "linear_reset" for every method.
+    # code's head (Method.official_head), or "cosine" / "linear_reset" (a fresh linear layer with bias every
+    # session) for every method
     c.model.head = "official"
 
     c.train = ml_collections.ConfigDict()
@@ -104,32 +106,29 @@ def get_config() -> ml_collections.ConfigDict:
     c.augment.size = config_dict.placeholder(int)  # output side of the "resized" crops (224 for fine-grained data)
     c.augment.crop_padding = 4
     c.augment.flip = True
-    c.augment.policy = "none"  # "cifar10": AutoAugment CIFAR-10 policy; "randaugment": RandAugment (official code)
+    c.augment.policy = "none"  # "cifar10": AutoAugment CIFAR-10 policy; "randaugment": RandAugment
 
     # Weights of the loss terms added to L_c: each method declares its terms with their default weights
-    # (cvs_jax/methods, Method.loss_terms: CVS L = L_c + 10 L_m + 1 L_d; official alpha = 1 for BCT / LwF /
-    # MMD; EWC/RWalk the fork's 100); --config.loss_weights.<term>=<w> overrides one.
+    # (Method.loss_terms); --config.loss_weights.<term>=<w> overrides one
     c.loss_weights = ml_collections.ConfigDict()
 
-    # CVS switches (ablations) and the paper's written variants; defaults = official code.
+    # CVS switches (ablations) and the paper's written variants (provenance: docs/config-provenance.md)
     c.cvs = ml_collections.ConfigDict()
     c.cvs.use_lm = True  # neighbor-session triplet L_m
     c.cvs.use_ld = True  # inter-session coherence L_d
     c.cvs.replay = True  # herded exemplars join the training data
     c.cvs.batches = "mixed"  # exemplars shuffled into the session's data; "half": Rainbow's half-memory batches
     c.cvs.margin = 0.1
-    # L_m alternatives (supplement ablation): triplet (official), batch_hard, dark_knowledge, mlkd_absolute,
+    # L_m alternatives (the supplement's ablation): triplet, batch_hard, dark_knowledge, mlkd_absolute,
     # mlkd_relative, rkd_distance, rkd_angle, darkrank
     c.cvs.lm_loss = "triplet"
-    c.cvs.squared_triplet = False  # paper Eq. 3 writes squared distances; the code does not square
-    c.cvs.per_batch_coherence = False  # paper Eq. 4 divides by the batch size; the code by #old samples
-    c.cvs.per_session_centers = False  # paper Eq. 1 averages per session; the code pools all rows
+    c.cvs.squared_triplet = False  # True: squared distances in L_m
+    c.cvs.per_batch_coherence = False  # True: L_d divided by the batch size (False: by the old samples)
+    c.cvs.per_session_centers = False  # True: L_d's class centres averaged per session (False: all rows pooled)
 
-    # EWC / RWalk parameter importance (cvs_jax/methods/importance_policies.py).
-    # mode "fork" (the author's Rainbow-Memory fork): one slot per session anchored at its last
-    # epoch, EWC's Fisher after the session, RWalk's running Fisher from the training steps, raw values,
-    # weight 100. mode "online": earlier cvs-jax's stabilised variant (one summed / running Fisher of the
-    # selected model, anchor = selected model); use it with normalize=True and loss_weights.L_reg=10.
+    # EWC / RWalk parameter importance (cvs_jax/methods/importance_policies.py): mode "fork": one slot per
+    # session anchored at its last epoch; "online": one summed / running Fisher of the selected model (use
+    # it with normalize=True and loss_weights.L_reg=10)
     c.importance = ml_collections.ConfigDict()
     c.importance.mode = "fork"
     c.importance.normalize = False  # True: divide each slot's importance by its maximum before use
@@ -137,27 +136,24 @@ def get_config() -> ml_collections.ConfigDict:
     c.memory = ml_collections.ConfigDict()
     c.memory.budget = 2000
 
-    # Rainbow Memory (methods/policies.py UncertaintyMemory, HalfMemoryBatches; memory.py). Defaults = the
-    # author's fork (finetune.py uncertainty_sampling / montecarlo / equal_class_sampling,
-    # rainbow_memory.py). Earlier cvs-jax: perturbations=8, perturbation="train_pipeline", selection="spread",
-    # refill=False, first_session="uncertainty", memory_batches="with_replacement".
+    # Rainbow Memory (cvs_jax/methods/policies.py UncertaintyMemory and HalfMemoryBatches, cvs_jax/methods/replay.py)
     c.rainbow = ml_collections.ConfigDict()
-    # fork: uncertainty = 1 - (votes of the most-voted class) / T over T = 12 draws (uncert_metric "vr_randaug")
-    c.rainbow.perturbations = 12
-    # fork: RandAugment, then the test transform, model in eval mode; "train_pipeline": the training augmentation
+    c.rainbow.perturbations = 12  # uncertainty = 1 - (votes of the most-voted class) / T over T draws
+    # "randaugment": RandAugment, then the test transform, model in eval mode; "train_pipeline": the training
+    # augmentation
     c.rainbow.perturbation = "randaugment"
-    # fork: per class (quota = budget // classes; <= quota candidates: all kept) ascending uncertainty, every
-    # (len // quota)-th from the most certain on, the first quota; "spread": quota evenly spaced (linspace)
+    # "stride": per class (quota = budget // classes) ascending uncertainty, every (len // quota)-th from the most
+    # certain on; "spread": quota evenly spaced (linspace)
     c.rainbow.selection = "stride"
-    # fork: unused slots (classes under the quota, the floor) refilled at random from the other candidates
-    c.rainbow.refill = True
-    # fork: the first session's memory at random, equal shares per class; "uncertainty": the rule above
-    c.rainbow.first_session = "random"
-    # fork: batch_size // 2 rows from a shuffled memory loader that cycles (a new order each pass, restarted
-    # every epoch); "with_replacement": i.i.d. draws from the memory at every step
+    c.rainbow.refill = True  # unused slots (classes under the quota) refilled at random from the other candidates
+    c.rainbow.first_session = (
+        "random"  # the first memory at random, equal shares per class; "uncertainty": the rule above
+    )
+    # "cycle": batch_size // 2 rows from a shuffled memory that cycles (a new order each pass, restarted every
+    # epoch); "with_replacement": i.i.d. draws from the memory at every step
     c.rainbow.memory_batches = "cycle"
-    # ablations (not the fork): "herding" replaces the uncertainty memory by CVS's iCaRL herding; batches "mixed"
-    # shuffles the memory into the session's data as CVS does, instead of half-memory batches
+    # ablations: "herding" replaces the uncertainty memory by CVS's iCaRL herding; batches "mixed" shuffles the
+    # memory into the session's data as CVS does, instead of half-memory batches
     c.rainbow.memory = "uncertainty"
     c.rainbow.batches = "half"
 

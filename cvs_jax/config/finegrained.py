@@ -7,6 +7,9 @@ evaluation (images are stored at 256x256, see ``cvs_jax/data/builders/_resize.py
 mean/std.  The pretrained weights are the user's file: set ``--config.model.pretrained=PATH``
 (torchvision ``resnet50-0676ba61.pth`` or its ``.npz`` conversion, README "Data"); without it
 the network starts from random weights, which is not the paper's setting.
+
+Not run by itself: ``dogs_general``, ``inat_general``, ``productm_general`` and
+``image_folder_general`` build on it (their docstrings give the commands and results).
 """
 
 from cvs_jax.config import base

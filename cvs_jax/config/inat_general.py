@@ -3,7 +3,14 @@
 5% validation queries per session (paper §4.1); the test queries are the iNat-2017 validation
 images of the 200 classes.  Data: the derived builder ``inat_m`` reads TFDS ``i_naturalist2017``
 prepared (array_record) in ``data.data_dir`` and draws the classes and images with a fixed seed
-(``cvs_jax/data/builders/inat_m.py``).  Recipe: ``configs/finegrained.py``.
+(``cvs_jax/data/builders/inat_m.py``).  Recipe: ``cvs_jax/config/finegrained.py``.
+
+Run::
+
+    python -m cvs_jax.main --config configs/inat_general.py --workdir workdirs/inat --config.method=cvs \
+        --config.data.data_dir=TFDS_DIR --config.model.pretrained=resnet50.npz
+
+AR@1: not yet measured (no run of this config is recorded in RESULTS.md or BENCHMARKS.md).
 """
 
 from cvs_jax.config import finegrained, variants

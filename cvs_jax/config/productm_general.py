@@ -6,7 +6,14 @@ split's counts scale with class size (``data.general_shares="proportional"``): t
 give every class what the smallest allows and leave most images unused.  Data: the manual builder ``product_m`` reads the
 official Product-10K ``train.csv`` + ``train/`` (or ``train.zip``) from ``data.manual_dir``;
 its labelled training set is split into train/test per class (``cvs_jax/data/builders/product10k.py``).
-Recipe: ``configs/finegrained.py``.
+Recipe: ``cvs_jax/config/finegrained.py``.
+
+Run::
+
+    python -m cvs_jax.main --config configs/productm_general.py --workdir workdirs/productm --config.method=cvs \
+        --config.data.manual_dir=PRODUCT10K --config.model.pretrained=resnet50.npz
+
+AR@1: not yet measured (no run of this config is recorded in RESULTS.md or BENCHMARKS.md); README, Data, gives only the peak memory of a tiny two-session run.
 """
 
 from cvs_jax.config import finegrained, variants

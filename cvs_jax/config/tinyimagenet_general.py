@@ -3,6 +3,13 @@
 ResNet-18 with the ImageNet stem on 64x64 inputs, batch 64, memory budget 4000,
 5% validation split, 225 images per new class, official SGDR schedule, 256 epochs.
 Expects the official ``tiny-imagenet-200.zip`` in ``data.manual_dir``.
+
+Run (a GPU run: ResNet-18, 256 epochs per session)::
+
+    python -m cvs_jax.main --config configs/tinyimagenet_general.py --workdir workdirs/tiny --config.method=cvs \
+        --config.data.manual_dir=DIR_WITH_tiny-imagenet-200.zip
+
+AR@1: not yet measured (no run of this config is recorded in RESULTS.md or BENCHMARKS.md) (the paper reports 38.78 for CVS, as RESULTS.md recalls).
 """
 
 from cvs_jax.config import base, variants

@@ -167,7 +167,7 @@ def _check_train_blocks(config: ml_collections.ConfigDict, found) -> None:
     """``model.train_blocks`` ("all", or 0..depth blocks of a pretrained ViT, 0..4 stages of a pretrained
     ResNet) and ``model.cache_views`` (>= 0)."""
     m = config.model
-    k = str(m.get("train_blocks", "all"))
+    k = str(m.train_blocks)
     if k == "all":
         return
     if found is None:
@@ -178,12 +178,12 @@ def _check_train_blocks(config: ml_collections.ConfigDict, found) -> None:
     depth, what = (found.vit.depth, "blocks") if found.family == "vit" else (len(found.resnet[0]), "stages")
     if not k.isdigit() or int(k) > depth:
         raise ConfigError(f"model.train_blocks={k!r}: use 'all' or a number of {what} from 0 to {depth}.")
-    if int(m.get("cache_views", 1)) < 0:
+    if int(m.cache_views) < 0:
         raise ConfigError(
             f"model.cache_views={m.cache_views}: use 1 (cache the evaluation view, no augmentation), V > 1 (V - 1 "
             "augmented views beside it) or 0 (no cache: the frozen trunk runs at every step, augmentation kept)."
         )
-    if config.method == "rainbow" and int(m.get("cache_views", 1)) >= 1:
+    if config.method == "rainbow" and int(m.cache_views) >= 1:
         raise ConfigError(
             "method rainbow draws its memory by perturbing images, which cached trunk features no longer are; "
             "set model.cache_views=0 (the frozen trunk runs at every step)."
@@ -198,7 +198,7 @@ def _check_image_folders(config: ml_collections.ConfigDict, uses_memory: bool) -
     from cvs_jax.data import folder_inventory, sources, user_sessions  # pylint: disable=g-import-not-at-top
 
     d = config.data
-    folders = [("data.manual_dir", d.manual_dir)] + [("data.updates", u) for u in d.get("updates", ())]
+    folders = [("data.manual_dir", d.manual_dir)] + [("data.updates", u) for u in d.updates]
     classes: set[str] = set()
     listed = True
     for field, folder in folders:

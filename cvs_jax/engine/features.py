@@ -47,7 +47,7 @@ TRUNK_IMAGES: collections.Counter = collections.Counter()
 
 def views(config) -> int:
     """``model.cache_views``: the views cached per image (0: no cache)."""
-    return int(config.model.get("cache_views", 1))
+    return int(config.model.cache_views)
 
 
 def cached(config) -> bool:

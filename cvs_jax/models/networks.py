@@ -101,7 +101,7 @@ def from_config(config, part: str = "full"):
 
 def train_blocks(config) -> int | None:
     """``model.train_blocks`` as the network takes it: None for "all", else the trained blocks k."""
-    k = config.model.get("train_blocks", "all")
+    k = config.model.train_blocks
     return None if k == "all" else int(k)
 
 

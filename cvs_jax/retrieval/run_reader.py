@@ -234,7 +234,7 @@ def _store_digests(config: ml_collections.ConfigDict) -> dict[str, str]:
     stores = sources.store_dirs(config.data)
     if stores is None:
         return {}
-    folders = [config.data.manual_dir] + list(config.data.get("updates", ()))
+    folders = [config.data.manual_dir] + list(config.data.updates)
     out: dict[str, str] = {}
     for store, folder in zip(stores, folders):
         info = records.read_info(store)
