@@ -1,4 +1,4 @@
-"""A run's recorded config.json is read by laying it over today's defaults (configs/base.py)."""
+"""A run's recorded config.json is read by laying it over today's defaults (cvs_jax/config/base.py)."""
 
 import json
 

@@ -205,7 +205,7 @@ def test_multihost_only_process_0_locks_and_every_process_stops_when_it_is_refus
 
 def test_a_run_recorded_before_a_field_existed_resumes_under_its_default(tmp_path):
     """A config.json from an earlier version lacks the fields added since: they take their one default
-    (configs/base.py), so the run resumes; a changed value of such a field is still refused."""
+    (cvs_jax/config/base.py), so the run resumes; a changed value of such a field is still refused."""
     from configs import base
 
     wd = str(tmp_path / "wd")
