@@ -111,3 +111,15 @@ def test_the_cli_says_it_in_one_error_line_before_any_run(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: method 'pull': loss term 'L_pull'"), done.stderr
     assert not workdir.exists()
+
+
+def test_one_term_gets_one_default(monkeypatch, tmp_path):
+    """The config holds one weight per term: a second method giving L_m another default is refused."""
+    from cvs_jax.methods.base import Method
+
+    def make_other(config):
+        return Method(name="other", extra_terms=lambda x: {}, loss_terms={"L_m": 5.0})
+
+    monkeypatch.setitem(registry.METHODS, "other", make_other)
+    with pytest.raises(ConfigError, match="loss term 'L_m' has default weight 10.0 in one method and 5.0"):
+        tiny_config(str(tmp_path), tmp_path)
