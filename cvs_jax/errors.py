@@ -41,5 +41,9 @@ class CheckpointError(UserError):
     """A checkpoint cannot be used as it is (structure mismatch, permissions, I/O); nothing was moved."""
 
 
+class UnreadableCheckpointError(CheckpointError):
+    """A checkpoint's files are damaged or incomplete (``Checkpoints.restore`` refuses it; nothing was moved)."""
+
+
 class WorkdirBusyError(UserError):
     """Another live process is writing the workdir."""

@@ -35,19 +35,14 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from cvs_jax.data import records
-from cvs_jax.data.builders import (
-    DatasetNotFoundError,
-    FashionMnistLocal,
-    ImageFolder,
-    InatM,
-    LocalBuilder,
-    ProductM,
-    SourceInfo,
-    SourceMismatchError,
-    StanfordDogs256,
-    TinyImagenetZip,
-    image_folder,
-)
+from cvs_jax.data.builders import image_folder
+from cvs_jax.data.builders._common import DatasetNotFoundError, LocalBuilder, SourceInfo, SourceMismatchError
+from cvs_jax.data.builders.fashion_mnist_local import FashionMnistLocal
+from cvs_jax.data.builders.image_folder import ImageFolder
+from cvs_jax.data.builders.inat_m import InatM
+from cvs_jax.data.builders.product10k import ProductM
+from cvs_jax.data.builders.stanford_dogs import StanfordDogs256
+from cvs_jax.data.builders.tiny_imagenet import TinyImagenetZip
 from cvs_jax.errors import ConfigError, DataError
 
 __all__ = [
