@@ -152,6 +152,7 @@ def fake_view(sessions, labels, table, seed=0):
         seed=seed,
         batch_size=8,
         eval_batch_size=256,
+        loss_weights={},
         compiled=lambda name, build: predict,
     )
     return view, keys
