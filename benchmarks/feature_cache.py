@@ -34,11 +34,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import image_folder_general
-from cvs_jax import augment, models
+from cvs_jax.augment import transforms as augment
+from cvs_jax.config import image_folder_general
 from cvs_jax.engine import features
 from cvs_jax.engine.train_step import TrainState, make_optimizer, make_train_step
 from cvs_jax.methods.registry import get_head, get_method
+from cvs_jax.models import networks as models
 from cvs_jax.retrieval import run_reader, topk
 
 CLASSES = 64

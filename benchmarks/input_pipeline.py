@@ -1,4 +1,4 @@
-"""Images per second delivered by the training batch loader (``phases.batch_loader``), alone.
+"""Images per second delivered by the training batch loader (``engine.batches.batch_loader``), alone.
 
 No training step runs: the loader reads a fixed number of batches (batch 64) of a shuffled epoch and
 puts each on the device, as the train loop receives them.  Per dataset, in one run:
@@ -39,7 +39,7 @@ import numpy as np
 
 from cvs_jax import distributed
 from cvs_jax.data import sources
-from cvs_jax.engine import phases
+from cvs_jax.engine import batches as engine_batches
 from cvs_jax.methods import policies
 
 BATCH = 64
@@ -91,7 +91,7 @@ def _loader_rate(split, threads: int, workers: int, warmup: int, timed: int) -> 
     """(images/s over the timed batches, seconds to the first batch)."""
     ctx, view = _ctx_view(split, threads, workers, warmup + timed)
     t0 = time.perf_counter()
-    it = iter(phases.batch_loader(ctx, view, 0))
+    it = iter(engine_batches.batch_loader(ctx, view, 0))
     first = None
     for i in range(warmup + timed):
         if i == warmup:

@@ -88,7 +88,7 @@ def _error(e: BaseException) -> str:
 
 def _jax_setup(recipe: str, quick: bool, width: int | None):
     """(config, stored side) as ``benchmarks/train_step.py`` makes them; tiny sizes with ``quick``."""
-    from configs import cifar100_general, dogs_general
+    from cvs_jax.config import cifar100_general, dogs_general
 
     if recipe == "cifar":
         config, side = cifar100_general.get_config(), 32

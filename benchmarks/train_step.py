@@ -24,10 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import cifar100_general, dogs_general
-from cvs_jax import augment, distributed, models
+from cvs_jax import distributed
+from cvs_jax.augment import transforms as augment
+from cvs_jax.config import cifar100_general, dogs_general
 from cvs_jax.engine.train_step import TrainState, make_optimizer, make_train_step
 from cvs_jax.methods.registry import get_head, get_method
+from cvs_jax.models import networks as models
 
 NUM_CLASSES, OLD_CLASSES, VALID_CLASSES = 100, 20, 40
 

@@ -1,22 +1,5 @@
-"""Stanford Dogs, general setup (S,C,M,L) = (60,20,30,4), memory budget 600 (paper §4.1).
+"""Kept so that ``--config configs/dogs_general.py`` works in the repository: the config lives in
+``cvs_jax/config/dogs_general.py`` (with its docstring), so an installed cvs_jax carries it too."""
 
-120 classes, 100 training images each (TFDS ``stanford_dogs``: 12,000 train / 8,580 test; the
-test split is the query set), 10% validation queries per session.  Data: the derived builder
-``stanford_dogs_256`` reads TFDS ``stanford_dogs`` prepared (array_record) in ``data.data_dir``.
-Recipe: ``configs/finegrained.py``.
-"""
-
-from configs import finegrained, variants
-
-
-def get_config(variant: str = ""):
-    c = finegrained.get_config()
-    c.data.name = "stanford_dogs_256"
-    c.data.num_sessions = 4
-    c.data.first_classes = 60
-    c.data.classes_per_session = 20
-    c.data.old_class_percent = 30.0
-    c.data.samples_per_new_class = None  # the largest count the 100 images per class allow
-    c.data.val_fraction = 0.1
-    c.memory.budget = 600
-    return variants.apply(c, variant)
+from cvs_jax.config.dogs_general import *  # noqa: F403
+from cvs_jax.config.dogs_general import get_config as get_config

@@ -1,15 +1,5 @@
-"""Tiny-ImageNet, blurry30: every session holds all 200 classes, 70% from its 20 major classes (official session files).
+"""Kept so that ``--config configs/tinyimagenet_blurry.py`` works in the repository: the config lives in
+``cvs_jax/config/tinyimagenet_blurry.py`` (with its docstring), so an installed cvs_jax carries it too."""
 
-Same recipe as ``tinyimagenet_general`` (ResNet-18 ImageNet stem, batch 64, budget 4000,
-5% validation, RandAugment, 256 epochs); only the split differs.
-"""
-
-from configs import tinyimagenet_general, variants
-
-
-def get_config(variant: str = ""):
-    c = tinyimagenet_general.get_config()
-    c.data.setup = "blurry"
-    c.data.blurry_minor_percent = 30.0  # "blurry30": 70% major / 30% minor, 336 + 9 x 16 images per class
-    c.data.samples_per_new_class = None
-    return variants.apply(c, variant)
+from cvs_jax.config.tinyimagenet_blurry import *  # noqa: F403
+from cvs_jax.config.tinyimagenet_blurry import get_config as get_config

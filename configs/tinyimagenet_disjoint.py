@@ -1,15 +1,5 @@
-"""Tiny-ImageNet, disjoint: 20 new classes per session, all their images (official session files).
+"""Kept so that ``--config configs/tinyimagenet_disjoint.py`` works in the repository: the config lives in
+``cvs_jax/config/tinyimagenet_disjoint.py`` (with its docstring), so an installed cvs_jax carries it too."""
 
-Same recipe as ``tinyimagenet_general`` (ResNet-18 ImageNet stem, batch 64, budget 4000,
-5% validation, RandAugment, 256 epochs); only the split differs.
-"""
-
-from configs import tinyimagenet_general, variants
-
-
-def get_config(variant: str = ""):
-    c = tinyimagenet_general.get_config()
-    c.data.setup = "disjoint"
-    c.data.samples_per_new_class = None  # all 500 images of each class
-    c.memory.budget = 4000
-    return variants.apply(c, variant)
+from cvs_jax.config.tinyimagenet_disjoint import *  # noqa: F403
+from cvs_jax.config.tinyimagenet_disjoint import get_config as get_config

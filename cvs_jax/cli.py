@@ -131,15 +131,11 @@ def flag_error(error: Exception) -> UserError:
 
 def config_help() -> str:
     """Help text of ``--config``: the variants a config accepts and the method names."""
+    from cvs_jax.config import variants  # pylint: disable=g-import-not-at-top
     from cvs_jax.methods.registry import METHODS  # pylint: disable=g-import-not-at-top
 
-    try:
-        from configs import variants  # pylint: disable=g-import-not-at-top
-    except ImportError:  # run from outside the repository: the config files are not importable either
-        variants = None
     text = "Path to a configs/<name>.py file, optionally with variants: configs/<name>.py:<variant>[,<variant>...]"
-    if variants is not None:
-        text += f" (variants: {variants.listed()})"
+    text += f" (variants: {variants.listed()}; the files are cvs_jax/config/<name>.py in an installed package)"
     return text + f". Override any field with --config.<key>=<value>; --config.method is one of {', '.join(METHODS)}."
 
 

@@ -49,5 +49,9 @@ class IndexBackendError(UserError):
     """An index backend is unknown or not installed, or is given rows that do not fit it."""
 
 
+class UnreadableCheckpointError(CheckpointError):
+    """A checkpoint's files are damaged or incomplete (``Checkpoints.restore`` refuses it; nothing was moved)."""
+
+
 class WorkdirBusyError(UserError):
     """Another live process is writing the workdir."""

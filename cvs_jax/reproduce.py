@@ -14,7 +14,7 @@ disjoint / blurry / general), LwF and MMD (CIFAR-100, AR@1), the ablations, the 
 and the half-budget runs (``cvs_jax/reports/paper_results.py``, copied from the paper) beside ours: the
 mean over our finished runs of that cell, their number, and ours minus the paper's.  A run
 counts for a cell when its dataset, setup, method (``results.json``) and config variant (read
-from its ``config.json``: the CVS switches and the memory budget of ``configs/variants.py``)
+from its ``config.json``: the CVS switches and the memory budget of ``cvs_jax/config/variants.py``)
 are the cell's.  A cell without runs reads "not run"; one whose runs all stopped with
 ``NonFiniteError`` reads "diverged".  When a run's config differs from the cell's config file
 in any other result-changing field (e.g. fewer epochs), the cell is marked † and the fields are
@@ -37,11 +37,11 @@ import numpy as np
 from absl import flags
 
 from cvs_jax import cli
+from cvs_jax.config import recorded
 from cvs_jax.data import splits
 from cvs_jax.errors import UserError
 from cvs_jax.reports import paper_results, statistics
 from cvs_jax.rundir import paths
-from cvs_jax.rundir import workdir as workdir_lib
 
 # ---------------------------------------------------------------- the plan's cost model
 
@@ -84,9 +84,9 @@ FORMULA = (
 
 def _load_config(name: str, variant: str = ""):
     try:
-        module = importlib.import_module(f"configs.{name}")
-    except ImportError as e:
-        raise UserError(f"cannot import configs/{name}.py ({e}); run from the repository root.") from None
+        module = importlib.import_module(f"cvs_jax.config.{name}")
+    except ModuleNotFoundError as e:
+        raise UserError(f"cannot import the config {name} ({e}): cvs_jax/config/{name}.py is missing.") from None
     return module.get_config(variant)
 
 
@@ -281,11 +281,11 @@ def paper_dataset(data_name: str) -> str | None:
 
 
 def infer_variant(config: dict, dataset: str, setup: str) -> str:
-    """The ``configs/variants.py`` ablation a run's config is (""): the first whose CVS switches (method
+    """The ``cvs_jax/config/variants.py`` ablation a run's config is (""): the first whose CVS switches (method
     cvs only) and memory budget equal the run's; otherwise a description of those fields."""
-    from configs.variants import ABLATIONS  # pylint: disable=g-import-not-at-top
+    from cvs_jax.config.variants import ABLATIONS  # pylint: disable=g-import-not-at-top
 
-    fields = VARIANT_FIELDS + (CVS_FIELDS if config.get("method") == "cvs" else ())
+    fields = VARIANT_FIELDS + (CVS_FIELDS if config["method"] == "cvs" else ())
     for variant in [""] + [v for v in ABLATIONS if v not in ("cvs", "lc")]:
         expected = expected_config(dataset, setup, variant)
         if all(_get(config, f) == _get(expected, f) for f in fields):
@@ -294,7 +294,7 @@ def infer_variant(config: dict, dataset: str, setup: str) -> str:
 
 
 def recipe_differences(config: dict, expected: dict) -> tuple[str, ...]:
-    a, b = workdir_lib._comparable(expected), workdir_lib._comparable(config)  # pylint: disable=protected-access
+    a, b = recorded.comparable(expected), recorded.comparable(config)
     keys = sorted(k for k in set(a) | set(b) if k not in IGNORED_FIELDS and a.get(k) != b.get(k))
     return tuple(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys)
 

@@ -44,6 +44,7 @@ import tensorflow_datasets as tfds
 from absl import flags
 
 from cvs_jax import cli
+from cvs_jax.config import recorded
 from cvs_jax.data import parts, records, sources
 from cvs_jax.engine import determinism, runner, schedules
 from cvs_jax.errors import ConfigError, DataError, UserError
@@ -93,7 +94,7 @@ def run_config(workdir: str) -> ml_collections.ConfigDict:
         raise ConfigError(
             f"{workdir} holds no cvs_jax run (config.json is missing); start one with python -m cvs_jax.main."
         )
-    return workdir_lib.stored_config(workdir)
+    return recorded.stored_config(workdir)
 
 
 def completed_sessions(workdir: str) -> int:

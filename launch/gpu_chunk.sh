@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One resumable chunk (< 10 minutes) of the Tiny-ImageNet mini GPU protocol: finetune, cvs, joint and
-# rainbow at the paper's network and recipe (configs/variants.py: gpu). Run it again until it prints
+# rainbow at the paper's network and recipe (cvs_jax/config/variants.py: gpu). Run it again until it prints
 # "done"; each run resumes from the last checkpoint (progress checkpoints every epoch and every
 # train.checkpoint_every_steps steps), so a chunk killed by its time limit loses at most that much.
 #   usage: launch/gpu_chunk.sh WORKDIR [DATA_DIR] [SECONDS]

@@ -35,19 +35,14 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from cvs_jax.data import records
-from cvs_jax.data.builders import (
-    DatasetNotFoundError,
-    FashionMnistLocal,
-    ImageFolder,
-    InatM,
-    LocalBuilder,
-    ProductM,
-    SourceInfo,
-    SourceMismatchError,
-    StanfordDogs256,
-    TinyImagenetZip,
-    image_folder,
-)
+from cvs_jax.data.builders import image_folder
+from cvs_jax.data.builders._common import DatasetNotFoundError, LocalBuilder, SourceInfo, SourceMismatchError
+from cvs_jax.data.builders.fashion_mnist_local import FashionMnistLocal
+from cvs_jax.data.builders.image_folder import ImageFolder
+from cvs_jax.data.builders.inat_m import InatM
+from cvs_jax.data.builders.product10k import ProductM
+from cvs_jax.data.builders.stanford_dogs import StanfordDogs256
+from cvs_jax.data.builders.tiny_imagenet import TinyImagenetZip
 from cvs_jax.errors import ConfigError, DataError
 
 __all__ = [
@@ -131,7 +126,7 @@ def source_names(data_config, split: str = "train") -> list[str] | None:
     names = None if stores is None else [read_source_names(s, split) for s in stores]
     if names is None or any(n is None for n in names):
         return None
-    given = [data_config.manual_dir] + list(data_config.get("updates", ()))
+    given = [data_config.manual_dir] + list(data_config.updates)
     return [x for store, n, m in zip(stores, names, given) for x in shown_sources(store, n, m)]
 
 
@@ -152,7 +147,7 @@ def store_dirs(data_config) -> list[str] | None:
 
 def builder_options(data_config) -> dict:
     """The ``config.data`` fields a builder's preparation depends on (``image_folder``'s)."""
-    return {k: data_config.get(k) for k in ("stored_size", "test_fraction", "test_seed") if k in data_config}
+    return {k: data_config[k] for k in ("stored_size", "test_fraction", "test_seed")}
 
 
 class CorruptImagesError(DataError):

@@ -11,11 +11,11 @@ import os
 
 import ml_collections
 
-from cvs_jax import augment
+from cvs_jax.augment import transforms as augment
 from cvs_jax.data import official_splits, splits
 from cvs_jax.engine import schedules
 from cvs_jax.errors import ConfigError, DataError
-from cvs_jax.methods.registry import METHODS, head_name
+from cvs_jax.methods.registry import METHODS, head_name, population_methods
 from cvs_jax.models import backbones
 
 # Classes of the datasets we know without opening them (for early S/C/L checks).
@@ -33,9 +33,6 @@ KNOWN_NUM_CLASSES = {
 }
 LOCAL_BUILDERS = ("fashion_mnist_local", "tiny_imagenet_zip", "product_m")  # read data.manual_dir (a folder)
 SPLITS = ("official", "generator", "user")  # data.split
-# methods a population run (population > 1) trains: their step terms are functional and their per-session
-# state (memory, gallery centres, head copies) is per member; EWC/RWalk importance and Rainbow are refused
-POPULATION_METHODS = ("finetune", "joint", "cvs", "bct", "lwf", "mmd")
 
 
 def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
@@ -146,13 +143,13 @@ def _check_method(config: ml_collections.ConfigDict, classes: int) -> None:
     population = config.population
     if not isinstance(population, int) or population < 1:
         raise ConfigError(f"population={population!r} must be a positive integer (1: one run).")
-    if population > 1 and config.method not in POPULATION_METHODS:
+    method = METHODS[config.method](config)
+    if population > 1 and not method.population:
         raise ConfigError(
             f"population={population} is not supported for method={config.method!r} (its per-session state, "
             f"e.g. parameter importance or uncertainty memory, is not stacked over members); use one of "
-            f"{list(POPULATION_METHODS)}, or population=1 and one run per seed."
+            f"{population_methods(config)}, or population=1 and one run per seed."
         )
-    method = METHODS[config.method](config)
     if config.data.name == "image_folder" and config.data.manual_dir is not None:
         _check_image_folders(config, method.uses_memory)
     # every setup uses the first S + (L-1)C classes of the class order
@@ -176,7 +173,7 @@ def _check_train_blocks(config: ml_collections.ConfigDict, found) -> None:
     """``model.train_blocks`` ("all", or 0..depth blocks of a pretrained ViT, 0..4 stages of a pretrained
     ResNet) and ``model.cache_views`` (>= 0)."""
     m = config.model
-    k = str(m.get("train_blocks", "all"))
+    k = str(m.train_blocks)
     if k == "all":
         return
     if found is None:
@@ -187,12 +184,12 @@ def _check_train_blocks(config: ml_collections.ConfigDict, found) -> None:
     depth, what = (found.vit.depth, "blocks") if found.family == "vit" else (len(found.resnet[0]), "stages")
     if not k.isdigit() or int(k) > depth:
         raise ConfigError(f"model.train_blocks={k!r}: use 'all' or a number of {what} from 0 to {depth}.")
-    if int(m.get("cache_views", 1)) < 0:
+    if int(m.cache_views) < 0:
         raise ConfigError(
             f"model.cache_views={m.cache_views}: use 1 (cache the evaluation view, no augmentation), V > 1 (V - 1 "
             "augmented views beside it) or 0 (no cache: the frozen trunk runs at every step, augmentation kept)."
         )
-    if config.method == "rainbow" and int(m.get("cache_views", 1)) >= 1:
+    if config.method == "rainbow" and int(m.cache_views) >= 1:
         raise ConfigError(
             "method rainbow draws its memory by perturbing images, which cached trunk features no longer are; "
             "set model.cache_views=0 (the frozen trunk runs at every step)."
@@ -207,7 +204,7 @@ def _check_image_folders(config: ml_collections.ConfigDict, uses_memory: bool) -
     from cvs_jax.data import folder_inventory, sources, user_sessions  # pylint: disable=g-import-not-at-top
 
     d = config.data
-    folders = [("data.manual_dir", d.manual_dir)] + [("data.updates", u) for u in d.get("updates", ())]
+    folders = [("data.manual_dir", d.manual_dir)] + [("data.updates", u) for u in d.updates]
     classes: set[str] = set()
     listed = True
     for field, folder in folders:

@@ -15,7 +15,8 @@ from typing import Any, Callable
 import jax
 import ml_collections
 
-from cvs_jax import augment, distributed, models
+from cvs_jax import distributed
+from cvs_jax.augment import transforms as augment
 from cvs_jax.engine import features
 from cvs_jax.engine.frozen_trunk import FrozenTrunk
 from cvs_jax.engine.protocol import Protocol
@@ -23,6 +24,7 @@ from cvs_jax.engine.train_step import make_optimizer, make_train_step
 from cvs_jax.methods.base import Method
 from cvs_jax.methods.registry import get_head, get_method
 from cvs_jax.methods.seams import PolicyView
+from cvs_jax.models import networks as models
 from cvs_jax.models.heads import Head
 from cvs_jax.retrieval.embedder import Embedder
 from cvs_jax.rundir import paths
@@ -173,6 +175,7 @@ class RunContext:
             seed=self.config.seed,
             batch_size=self.config.train.batch_size,
             eval_batch_size=self.config.train.eval_batch_size,
+            loss_weights=dict(self.config.loss_weights),
             compiled=self.compiled,
         )
 

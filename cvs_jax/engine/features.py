@@ -36,11 +36,12 @@ import time
 import jax
 import numpy as np
 
-from cvs_jax import augment, models
+from cvs_jax.augment import transforms as augment
 from cvs_jax.data import parts, records
+from cvs_jax.data.chunks import iter_chunks
 from cvs_jax.engine.frozen_trunk import file_digest
 from cvs_jax.engine.protocol import LazyRows, Protocol
-from cvs_jax.retrieval.chunks import iter_chunks
+from cvs_jax.models import networks as models
 
 FORMAT = 1
 SUBDIR = "cvs_features"
@@ -53,7 +54,7 @@ TRUNK_ROWS: collections.Counter = collections.Counter()
 
 def views(config) -> int:
     """``model.cache_views``: the views cached per image (0: no cache)."""
-    return int(config.model.get("cache_views", 1))
+    return int(config.model.cache_views)
 
 
 def cached(config) -> bool:

@@ -16,8 +16,8 @@ import dataclasses
 import hashlib
 import os
 
-from cvs_jax import models
 from cvs_jax.errors import CheckpointError, WeightsError
+from cvs_jax.models import networks as models
 
 META_KEY = "frozen_trunk"  # in a checkpoint's meta: {"weights_sha256", "leaves"}
 _FILE_DIGESTS: dict = {}

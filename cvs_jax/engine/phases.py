@@ -21,16 +21,13 @@ import dataclasses
 import time
 from typing import Any, Callable, Iterable
 
-import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from cvs_jax import distributed
-from cvs_jax.engine import prefetch, schedules
-from cvs_jax.engine.cadence import Cadence, CallReader, calls
+from cvs_jax.engine import batches, schedules
+from cvs_jax.engine.cadence import Cadence, calls
 from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.run_state import RunState
 from cvs_jax.engine.train_step import TrainState
@@ -38,8 +35,8 @@ from cvs_jax.errors import ConfigError, DivergedError, NonFiniteError
 from cvs_jax.methods.seams import SessionBatches
 from cvs_jax.models.heads import head_params
 from cvs_jax.retrieval import topk
-from cvs_jax.retrieval.gallery import Gallery, GalleryPart, RowConcat
 from cvs_jax.rundir import faults
+from cvs_jax.rundir.gallery import Gallery, GalleryPart, RowConcat
 from cvs_jax.rundir.run_log import format_eta
 
 _NO_BAD_STEP = np.iinfo(np.int32).max
@@ -164,70 +161,6 @@ def initial_train_state(ctx: RunContext, state: RunState, s: int) -> TrainState:
         opt_state=ctx.tx.init(params),
         tracked=ctx.method.importance.tracked_init(state.importance, params["net"]),
     )
-
-
-def batch_loader(ctx: RunContext, view: SessionView, start: int) -> Iterable[dict]:
-    """This process's rows of the session's batches from step ``start`` on, read ahead of the step by
-    ``data.loader_threads`` threads, or, for a split streamed from its records, decoded by
-    ``data.loader_workers`` processes when > 0 (grain keeps their order either way).  Each batch is a pure
-    function of (seed, session, epoch, step), so a resumed run starts here with no iterator state, and
-    the batches are the same for any thread or worker count.  With one process the next batches are
-    already on the devices (``distributed.global_batch`` of them is a no-op)."""
-    read = batch_reader(ctx, view)
-    return _loader(ctx, read, start, view.total_steps, distributed.batch_sharding(ctx.mesh))
-
-
-def batch_reader(ctx: RunContext, view: SessionView) -> prefetch.BatchReader:
-    """``step -> batch``: this process's rows of the session's batch ``step``."""
-    lo, hi = distributed.process_slice(ctx.config.train.batch_size, ctx.mesh)  # each process loads only its rows
-    return prefetch.BatchReader(
-        ctx.proto.dataset.train, ctx.proto.train_labels, view.batches, view.steps_per_epoch, lo, hi
-    )
-
-
-def call_loader(ctx: RunContext, readers: list, calls: list[tuple[int, int]], *, members_axis: bool):
-    """The batches of ``calls`` (``cadence.calls``), each call's steps stacked ``[n, B, ...]`` (and the
-    members' ``[N, n, B, ...]`` with ``members_axis``), read ahead and placed on the devices like
-    ``batch_loader``'s, sharded over the batch axis."""
-    read = CallReader(readers, calls, steps_axis=True, members_axis=members_axis)
-    lead = 2 if members_axis else 1
-    return _loader(ctx, read, 0, len(calls), _stacked_sharding(ctx.mesh, lead))
-
-
-def _stacked_sharding(mesh, lead: int) -> NamedSharding:
-    return NamedSharding(mesh, P(*([None] * lead), distributed.DATA_AXIS))
-
-
-def _loader(ctx: RunContext, read: Callable[[int], dict], start: int, stop: int, sharding) -> Iterable[dict]:
-    c = ctx.config
-    split = ctx.proto.dataset.train
-    threads = c.data.loader_threads
-    workers = prefetch.worker_count(split, c.data.loader_workers)
-    options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
-    ds = prefetch.in_workers(grain.MapDataset.range(start, stop).map(read).to_iter_dataset(options), workers)
-    if jax.process_count() > 1:  # global_batch assembles the global arrays from host rows
-        return ds
-    return prefetch.DevicePrefetch(ds, sharding, depth=2)
-
-
-def global_stacked(batch: dict, mesh, lead: int) -> dict:
-    """The global arrays of a stacked batch (``lead`` leading axes before the batch axis) from this
-    process's rows; with one process they are already on the devices (a no-op)."""
-    if jax.process_count() == 1:
-        return jax.device_put(batch, _stacked_sharding(mesh, lead))
-    sharding = _stacked_sharding(mesh, lead)
-
-    def make(x):
-        x = np.asarray(x)
-        global_shape = x.shape[:lead] + (x.shape[lead] * _process_share(mesh),) + x.shape[lead + 1 :]
-        return jax.make_array_from_process_local_data(sharding, x, global_shape)
-
-    return jax.tree.map(make, batch)
-
-
-def _process_share(mesh) -> int:
-    """Global batch rows per row this process loads (the processes load equal slices)."""
-    return mesh.devices.size // len([d for d in mesh.devices.flat if d.process_index == jax.process_index()])
 
 
 def _host_variables(ts: TrainState) -> dict:
@@ -359,8 +292,8 @@ class SingleDriver(Driver):
     def batches(self, calls):
         m = self.members[0]
         if not self.stacked:
-            return batch_loader(self.ctx, m.view, calls[0][0] if calls else m.view.total_steps)
-        return call_loader(self.ctx, [batch_reader(self.ctx, m.view)], calls, members_axis=False)
+            return batches.batch_loader(self.ctx, m.view, calls[0][0] if calls else m.view.total_steps)
+        return batches.call_loader(self.ctx, [batches.batch_reader(self.ctx, m.view)], calls, members_axis=False)
 
     def call(self, ts, batch, lr, n):
         if not self.stacked:
@@ -368,7 +301,9 @@ class SingleDriver(Driver):
                 ts, self.frozen, distributed.global_batch(batch, self.ctx.mesh), self.consts, jnp.float32(lr), self.key
             )
         lrs = jnp.full((n,), lr, jnp.float32)
-        return self.ctx.steps_fn(ts, self.frozen, global_stacked(batch, self.ctx.mesh, 1), self.consts, lrs, self.key)
+        return self.ctx.steps_fn(
+            ts, self.frozen, batches.global_stacked(batch, self.ctx.mesh, 1), self.consts, lrs, self.key
+        )
 
 
 @jax.jit

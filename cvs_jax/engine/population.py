@@ -24,7 +24,7 @@ holds it, no step is rerun).  Mid-session, the members resume from their newest 
 checkpoint (written member after member as well), so all restart at the same step.
 
 Methods: those whose per-session state is per member and whose step terms are functional
-(``config_checks.POPULATION_METHODS``); the others are refused before anything runs.
+(``Method.population``); the others are refused before anything runs.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import numpy as np
 
 from cvs_jax import distributed
 from cvs_jax.data import splits
-from cvs_jax.engine import phases
+from cvs_jax.engine import batches, phases
 from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.run_state import RunState
 from cvs_jax.engine.train_step import TrainState, make_train_step
@@ -105,11 +105,11 @@ class PopulationDriver(phases.Driver):
         return {k: jnp.asarray(np.stack([np.asarray(m.sums[k]) for m in self.members])) for k in self.members[0].sums}
 
     def batches(self, calls):
-        readers = [phases.batch_reader(m.ctx, m.view) for m in self.members]
-        return phases.call_loader(self.ctx, readers, calls, members_axis=True)
+        readers = [batches.batch_reader(m.ctx, m.view) for m in self.members]
+        return batches.call_loader(self.ctx, readers, calls, members_axis=True)
 
     def call(self, ts, batch, lr, n):
-        batch = phases.global_stacked(batch, self.ctx.mesh, 2)
+        batch = batches.global_stacked(batch, self.ctx.mesh, 2)
         return self.step(ts, self.frozen, batch, self.consts, jnp.full((n,), lr, jnp.float32), self.keys)
 
     def member(self, tree, m: int):

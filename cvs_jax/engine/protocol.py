@@ -43,7 +43,7 @@ class Protocol:
         elif d.split == "official":  # official CVS CIFAR-100 sessions: the JSON files if given, else the packaged copy
             split_dir = None if d.official_split_dir is None else os.path.expanduser(d.official_split_dir)
             plan = official_splits.official_plan_for_dataset(split_dir, d.setup, dataset)
-        elif d.split == "generator" and d.get("updates"):  # generated sessions, then one per update folder
+        elif d.split == "generator" and d.updates:  # generated sessions, then one per update folder
             dataset, plan = generator_plan_with_updates(config, dataset)
             check_user_plan(config, plan, plan.to_protocol_labels(dataset.train.labels))
         elif d.split == "generator":
@@ -217,7 +217,7 @@ def check_user_plan(config: ml_collections.ConfigDict, plan: splits.SessionPlan,
         trained=trained,
         replayed=replayed,
         stream_rows=stream_rows,
-        batch_size_fixed=bool(d.get("updates")),
+        batch_size_fixed=bool(d.updates),
         val_fraction=d.val_fraction if d.val_per_class is None else None,
         test_fraction=d.test_fraction,
     )

@@ -22,8 +22,8 @@ import numpy as np
 from cvs_jax.engine.frozen_trunk import FrozenTrunk
 from cvs_jax.methods.seams import ImportanceState, ReplayMemory
 from cvs_jax.models.heads import ROW_KEYS
-from cvs_jax.retrieval.gallery import Gallery, GalleryPart
 from cvs_jax.rundir.checkpoint import Checkpoints
+from cvs_jax.rundir.gallery import Gallery, GalleryPart
 
 if TYPE_CHECKING:
     from cvs_jax.engine.context import RunContext

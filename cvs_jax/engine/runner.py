@@ -19,11 +19,11 @@ import jax
 import ml_collections
 
 from cvs_jax import distributed
+from cvs_jax.config import recorded
 from cvs_jax.engine import config_checks, phases, population, protocol, reporting
 from cvs_jax.engine.context import RunContext, devices_line
 from cvs_jax.engine.run_state import resume
 from cvs_jax.rundir import paths
-from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.rundir.run_log import RunLog
 
 
@@ -34,7 +34,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         return run_population(config, workdir)
     distributed.maybe_initialize(config.distributed.multihost)  # before anything touches the devices
     config_checks.check(config, num_devices=jax.device_count())  # before any data loading or compilation
-    with workdir_lib.open_run(config, workdir, check=lambda: protocol.check_data(config)):
+    with recorded.open_run(config, workdir, check=lambda: protocol.check_data(config)):
         log = RunLog(workdir)
         log.print(devices_line())
         ctx = None
@@ -57,9 +57,9 @@ def run_population(config: ml_collections.ConfigDict, workdir: str, dirs: list[s
     dirs = dirs or population.member_dirs(workdir, n)
     configs = [population.member_config(config, m) for m in range(n)]
     with contextlib.ExitStack() as stack:
-        stack.enter_context(workdir_lib.open_run(config, workdir))
+        stack.enter_context(recorded.open_run(config, workdir))
         for c, d in zip(configs, dirs):
-            stack.enter_context(workdir_lib.open_run(c, d))
+            stack.enter_context(recorded.open_run(c, d))
         description = {
             "format": population.FORMAT,
             "method": config.method,

@@ -18,10 +18,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cvs_jax import augment
+from cvs_jax.augment import transforms as augment
+from cvs_jax.errors import ConfigError
 from cvs_jax.methods.base import Method, StepInputs
-from cvs_jax.models import net_variables
-from cvs_jax.models.heads import Head, head_params
+from cvs_jax.models.heads import Head, head_params, net_variables
 
 
 @flax.struct.dataclass
@@ -71,6 +71,13 @@ def make_train_step(
     axis of the state, the frozen model, the batch, the constants and the key (``lr`` shared); the
     metrics get a leading ``[N]`` axis (before ``[n]``)."""
 
+    missing = [term for term in method.loss_terms if term not in loss_weights]
+    if missing:
+        raise ConfigError(
+            f"method {method.name!r} declares loss term(s) {missing} that config.loss_weights lacks; build the "
+            "config after registering the method (its loss_terms give config.loss_weights' defaults)."
+        )
+
     def loss_fn(params, batch_stats, frozen, images, labels, consts):
         emb, new_vars = model.apply(net_variables(params, batch_stats), images, train=True, mutable=["batch_stats"])
         terms = {"L_c": head.loss(head_params(head, params), emb, labels, consts["valid_classes"])}
@@ -91,6 +98,11 @@ def make_train_step(
                 consts=consts,
             )
             for name, value in method.extra_terms(inputs).items():
+                if name not in method.loss_terms:
+                    raise ConfigError(
+                        f"method {method.name!r} returns loss term {name!r}, which it does not declare; add it to "
+                        "its loss_terms with a default weight."
+                    )
                 terms[name] = value
                 total = total + loss_weights[name] * value
         return total, (terms, new_vars["batch_stats"])

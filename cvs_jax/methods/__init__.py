@@ -3,6 +3,6 @@
 ``registry`` maps ``config.method`` to a ``base.Method``; ``cvs`` and ``baselines`` define them from
 the loss modules (``losses``, ``distillation``, ``regularizers``), the replay memory (``replay``), the
 Fisher importance (``fisher``, ``importance_policies``) and the host-side ``policies``, each kind of
-which implements a Protocol of ``seams`` and reads the run through its ``PolicyView``. This file imports
-nothing, so ``models.heads`` can use ``methods.losses`` without importing the registry.
+which implements a Protocol of ``seams`` and reads the run through its ``PolicyView``.  Adding a method:
+``docs/adding-a-method.md``.
 """

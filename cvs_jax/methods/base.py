@@ -3,7 +3,8 @@
 Every method trains its embedding with a classification loss L_c on a head
 (``models.heads``: the cosine ``NormLayer`` or the fork's linear head reset every
 session; ``official_head`` is the one the method's reference code uses).  A method
-adds named loss terms (each weighted by ``config.loss_weights``), says
+adds named loss terms, each declared with its default weight (``loss_terms``: the defaults of
+``config.loss_weights``, which ``--config.loss_weights.<term>=`` overrides), says
 whether the jitted step runs the frozen previous model, and composes host-side
 policies (``methods.policies``): its data scope, replay memory, parameter
 importance, batch composition and per-session constants, each of the Protocol of its kind
@@ -14,11 +15,14 @@ baseline touches no engine code.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Mapping
 
 import jax
 
+from cvs_jax.errors import ConfigError
 from cvs_jax.methods import policies
+from cvs_jax.methods.importance_policies import NoImportance
 from cvs_jax.methods.seams import BatchPolicy, ConstantsPolicy, ImportancePolicy, MemoryPolicy, ScopePolicy, misfit
 from cvs_jax.models.heads import HEADS, Head
 
@@ -37,7 +41,8 @@ class StepInputs:
     consts: Mapping[str, jax.Array]  # per-session constants: valid_classes, old_classes, centers, ...
 
 
-# A term function returns {name: scalar}; its weights come from the config.
+# A term function returns {name: scalar} for names the method declares in ``loss_terms``; each is
+# weighted by ``config.loss_weights.<name>`` (default: the declared weight).
 TermFn = Callable[[StepInputs], dict]
 
 
@@ -53,7 +58,7 @@ class Method:
     scope: ScopePolicy = policies.SessionData()  # which images a session trains on and adds to the gallery
     memory: MemoryPolicy = policies.NoMemory()  # replay memory policy
     batches: BatchPolicy = policies.MixedBatches()  # how replayed images enter the batches
-    importance: ImportancePolicy = policies.NoImportance()  # EWC/RWalk parameter importance
+    importance: ImportancePolicy = NoImportance()  # EWC/RWalk parameter importance
     constants: tuple[ConstantsPolicy, ...] = ()  # per-session constants for the step, e.g. (ClassCenters(...),)
     uses_old_model: bool = False  # run the frozen previous model in the step (sessions >= 1)
     # trainable extras made from the frozen previous parameters at each session (LwF's head copy);
@@ -61,9 +66,17 @@ class Method:
     # (frozen previous parameters, their head's arrays) -> extras
     extra_params: Callable[[Mapping[str, Any], Mapping[str, Any]], dict] = no_extra_params
     extra_terms: TermFn | None = None  # added to L_c from session 2 on
+    # the terms ``extra_terms`` may return, with their default weights: ``config.loss_weights`` is made
+    # of these (``registry.default_loss_weights``), so a new term needs no edit anywhere else
+    loss_terms: Mapping[str, float] = dataclasses.field(default_factory=dict)
     trains: bool = True  # False (``frozen``): each session keeps the model it starts from, no step runs
+    # N members in one vmapped step (``config.population``): only where every per-session state of the
+    # method (memory, centres, head copies) is a function of the member's own run; parameter importance
+    # and uncertainty memory are not stacked over members
+    population: bool = True
 
     def __post_init__(self):
+        _check_loss_terms(self)
         if self.official_head not in HEADS:
             raise ValueError(f"official_head={self.official_head!r} is not one of {HEADS}")
         # a policy that does not fit its seam fails here, when the method is defined, not sessions later
@@ -88,3 +101,21 @@ class Method:
         runs with the same head): session 1 is plain L_c training, unless a policy keeps statistics of
         it (fork EWC/RWalk) or the method does not train."""
         return self.trains and self.importance.shares_first_session
+
+
+def _check_loss_terms(method: Method) -> None:
+    """A term must have a default weight: refused here, when the method is defined, not when session 2
+    compiles after session 1 has trained."""
+    if method.extra_terms is not None and not method.loss_terms:
+        raise ConfigError(
+            f"method {method.name!r} adds loss terms (extra_terms) but declares none: pass "
+            "loss_terms={'<term>': <default weight>} naming every term extra_terms returns."
+        )
+    for term, weight in method.loss_terms.items():
+        if term == "L_c":
+            raise ConfigError(f"method {method.name!r}: L_c is the head's loss, weight 1; name the term otherwise.")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ConfigError(
+                f"method {method.name!r}: loss term {term!r} has no default weight ({weight!r}); declare "
+                f"loss_terms={{{term!r}: <a finite number, e.g. 1.0>}}."
+            )

@@ -17,7 +17,6 @@ import ml_collections
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import distillation, losses, policies
 from cvs_jax.methods.base import Method, StepInputs
-from cvs_jax.methods.baselines import BATCHES, batch_policy
 
 LM_LOSSES = (
     "triplet",
@@ -85,16 +84,17 @@ def make_cvs(config: ml_collections.ConfigDict) -> Method:
         squared=c.squared_triplet,
         per_batch=c.per_batch_coherence,
     )
-    if c.batches not in BATCHES:
-        raise ConfigError(f"cvs.batches={c.batches!r} is unknown; choose one of {list(BATCHES)}.")
+    if c.batches not in policies.BATCHES:
+        raise ConfigError(f"cvs.batches={c.batches!r} is unknown; choose one of {list(policies.BATCHES)}.")
     parts = ["L_c"] + ([f"L_m ({c.lm_loss})"] if c.use_lm else []) + (["L_d"] if c.use_ld else [])
     return Method(
         name="cvs",
         uses_old_model=c.use_lm,
         memory=policies.HerdingMemory(config.memory.budget) if c.replay else policies.NoMemory(),
-        batches=batch_policy(c.batches),
+        batches=policies.batch_policy(c.batches),
         constants=(policies.ClassCenters(per_session_mean=c.per_session_centers),) if c.use_ld else (),
         extra_terms=terms,
+        loss_terms={"L_m": 10.0, "L_d": 1.0},  # the official L = L_c + 10 L_m + 1 L_d
         description=" + ".join(parts)
         + (" with herded replay" if c.replay else " without replay")
         + (", half-memory batches" if c.batches == "half" else ""),

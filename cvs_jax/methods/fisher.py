@@ -22,11 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cvs_jax import augment
+from cvs_jax.augment import transforms as augment
+from cvs_jax.data.chunks import iter_chunks
 from cvs_jax.methods import regularizers
-from cvs_jax.models import net_variables
-from cvs_jax.models.heads import Head, head_params
-from cvs_jax.retrieval.chunks import iter_chunks
+from cvs_jax.models.heads import Head, head_params, net_variables
 
 
 def make_batch_grad_fn(model, pipeline: augment.Pipeline, *, head: Head):

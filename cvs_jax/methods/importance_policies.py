@@ -127,7 +127,6 @@ class ForkFisher:
 
     kind: str  # "ewc" | "rwalk"
     normalize: bool  # importance.normalize: the penalty reads the importance divided by its maximum
-    weight: float  # loss_weights.L_reg: the penalty's weight in the loss of EWC's Fisher pass
     shares_first_session = False  # session 1 carries the slot's statistics: each trains its own
 
     def update(self, view: PolicyView, state: ImportanceState, variables, s: int) -> ImportanceState:
@@ -164,7 +163,7 @@ class ForkFisher:
                 sess.num_outputs,
                 view.batch_size,
                 augment_key=jax.random.fold_in(jax.random.key(view.seed), 1000 + s),
-                penalty=(_penalty_slots(state, self.normalize).get("reg_slots", ()), self.weight),
+                penalty=(_penalty_slots(state, self.normalize).get("reg_slots", ()), view.loss_weights["L_reg"]),
             )
         slot = {"importance": jax.device_get(slot_importance), "anchor": jax.device_get(last["params"]["net"])}
         view.log(f"importance ({self.kind}, fork) of session {s + 1}: {importance.describe(slot['importance'])}")

@@ -28,7 +28,7 @@ import numpy as np
 from cvs_jax.methods.base import StepInputs
 from cvs_jax.methods.losses import _np_l2_normalize, _row_mean, l2_normalize
 from cvs_jax.methods.seams import PolicyView
-from cvs_jax.retrieval.gallery import Gallery
+from cvs_jax.rundir.gallery import Gallery
 
 LAMBDA_ALIGN = 100.0  # configs/default.py LCE.LAMBDA_A
 LAMBDA_BOUND = 1.0  # configs/default.py LCE.LAMBDA_B

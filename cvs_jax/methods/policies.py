@@ -22,19 +22,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cvs_jax import augment
+from cvs_jax.augment import transforms as augment
+from cvs_jax.data.chunks import iter_chunks
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import losses, replay
-from cvs_jax.methods.importance_policies import ForkFisher as ForkFisher  # re-exported: one import place
-from cvs_jax.methods.importance_policies import NoImportance as NoImportance
-from cvs_jax.methods.importance_policies import OnlineFisher as OnlineFisher
 from cvs_jax.methods.seams import ImportanceState as ImportanceState
 from cvs_jax.methods.seams import PolicyView
 from cvs_jax.methods.seams import ReplayMemory as ReplayMemory
-from cvs_jax.models import net_variables
-from cvs_jax.models.heads import head_params
-from cvs_jax.retrieval.chunks import iter_chunks
-from cvs_jax.retrieval.gallery import Gallery
+from cvs_jax.models.heads import head_params, net_variables
+from cvs_jax.rundir.gallery import Gallery
 
 # ------------------------------------------------------------------ data scope
 
@@ -375,3 +371,12 @@ class ClassCenters:
             per_session_mean=self.per_session_mean,
         )
         return {"centers": jnp.asarray(centers), "center_mask": jnp.asarray(mask)}
+
+
+BATCHES = ("mixed", "half")  # cvs.batches, rainbow.batches
+
+
+def batch_policy(kind: str, memory_batches: str = "cycle"):
+    """``"mixed"``: replayed images shuffled into the session's data (CVS, RWalk); ``"half"``: half of
+    every batch from a cycling shuffled memory (Rainbow, the fork)."""
+    return MixedBatches() if kind == "mixed" else HalfMemoryBatches(memory_batches)

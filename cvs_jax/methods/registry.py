@@ -25,6 +25,7 @@ JOINT = Method(
 FROZEN = Method(
     name="frozen",
     trains=False,
+    population=False,
     description="baseline: the (pretrained) backbone and a fixed random projection, nothing trained",
 )
 
@@ -40,6 +41,27 @@ METHODS: dict[str, Callable[[ml_collections.ConfigDict], Method]] = {
     "rwalk": make_rwalk,
     "rainbow": make_rainbow,
 }
+
+
+def default_loss_weights(config: ml_collections.ConfigDict) -> dict[str, float]:
+    """``config.loss_weights``' defaults: every registered method's terms with the weights it declares
+    (``Method.loss_terms``), in registry order.  ``config`` is the base config without ``loss_weights``
+    (a method's definition does not read the weights).  Two methods that give one term two defaults are
+    refused: the config holds one weight per term."""
+    weights: dict[str, float] = {}
+    for name, make in METHODS.items():
+        for term, weight in make(config).loss_terms.items():
+            if weights.setdefault(term, weight) != weight:
+                raise ConfigError(
+                    f"loss term {term!r} has default weight {weights[term]} in one method and {weight} in "
+                    f"method {name!r}; give the term one default, or name it differently."
+                )
+    return weights
+
+
+def population_methods(config: ml_collections.ConfigDict) -> list[str]:
+    """The methods that can run as a population (``Method.population``)."""
+    return [name for name, make in METHODS.items() if make(config).population]
 
 
 def get_method(config: ml_collections.ConfigDict) -> Method:
@@ -68,4 +90,14 @@ def get_head(config: ml_collections.ConfigDict) -> Head:
     return make_head(head_name(config), config.train.temperature)
 
 
-__all__ = ["HEAD_CHOICES", "METHODS", "Method", "StepInputs", "get_head", "get_method", "head_name"]
+__all__ = [
+    "HEAD_CHOICES",
+    "METHODS",
+    "Method",
+    "StepInputs",
+    "default_loss_weights",
+    "get_head",
+    "get_method",
+    "head_name",
+    "population_methods",
+]

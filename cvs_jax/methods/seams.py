@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
 from cvs_jax.data.splits import SessionPlan
-from cvs_jax.retrieval.gallery import Gallery
+from cvs_jax.rundir.gallery import Gallery
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +43,7 @@ class PolicyView:
     seed: int  # the run's seed: a policy's randomness derives from it and the session
     batch_size: int  # train.batch_size (Fisher passes)
     eval_batch_size: int  # train.eval_batch_size (inference passes)
+    loss_weights: Mapping[str, float]  # config.loss_weights: the weights of the method's terms (EWC's Fisher pass)
     # compiled(name, build): build(model, pipeline, head) once per run, e.g. a jitted prediction
     compiled: Callable[[str, Callable[[Any, Any, Any], Any]], Any]
 

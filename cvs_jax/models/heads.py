@@ -24,7 +24,7 @@ from typing import ClassVar, Mapping
 import jax
 import jax.numpy as jnp
 
-from cvs_jax.methods import losses
+from cvs_jax.models import classification
 
 HEADS = ("cosine", "linear_reset")
 
@@ -59,10 +59,10 @@ class CosineHead:
 
     def logits(self, head: Mapping[str, jax.Array], emb: jax.Array) -> jax.Array:
         """What the softmax sees: cos(e, w_k) / T, [n, K]."""
-        return losses.cosine_logits(emb, head["head"]) / self.temperature
+        return classification.cosine_logits(emb, head["head"]) / self.temperature
 
     def loss(self, head: Mapping[str, jax.Array], emb, labels, valid_classes) -> jax.Array:
-        return losses.normalized_softmax_loss(emb, head["head"], labels, self.temperature, valid_classes)
+        return classification.normalized_softmax_loss(emb, head["head"], labels, self.temperature, valid_classes)
 
     def at_session_start(self, head: Mapping[str, jax.Array], key, old_classes: int, new_classes: int) -> dict:
         """New classes get fresh rows; the rows of classes seen before are kept."""
@@ -90,7 +90,7 @@ class LinearResetHead:
         return jnp.matmul(emb, head["head"].T, precision=jax.lax.Precision.HIGHEST) + head["head_bias"]
 
     def loss(self, head: Mapping[str, jax.Array], emb, labels, valid_classes) -> jax.Array:
-        return losses.cross_entropy_loss(self.logits(head, emb), labels, valid_classes)
+        return classification.cross_entropy_loss(self.logits(head, emb), labels, valid_classes)
 
     def at_session_start(self, head: Mapping[str, jax.Array], key, old_classes: int, new_classes: int) -> dict:
         """Every row and the bias drawn afresh, whatever the classes (the fork's ``before_task``)."""
@@ -111,6 +111,11 @@ def make_head(name: str, temperature: float) -> Head:
     if name == "linear_reset":
         return LinearResetHead()
     raise ValueError(f"unknown head {name!r}; choose one of {list(HEADS)}")
+
+
+def net_variables(params, batch_stats) -> dict:
+    """The Flax variables of the embedding network alone (the cosine head and method extras left out)."""
+    return {"params": params["net"], "batch_stats": batch_stats}
 
 
 def head_params(head: Head, params: Mapping[str, jax.Array]) -> dict:

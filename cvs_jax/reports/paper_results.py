@@ -3,7 +3,7 @@
 Every entry cites where in the paper it is copied from (Table 1, or the numbers of its ablations and
 text).  AR@K in %.  An entry is one cell:
 ``(dataset, setup, method, variant)`` is what a run must have to count for it (``method`` as in
-``results.json``, ``variant`` as in ``configs/variants.py``; "" = the dataset config as it is),
+``results.json``, ``variant`` as in ``cvs_jax/config/variants.py``; "" = the dataset config as it is),
 ``ar`` maps K to the paper's AR@K, ``std`` (3-run means only) to its spread over ``paper_runs`` runs.
 """
 

@@ -16,11 +16,11 @@ from typing import Callable
 
 import numpy as np
 
+from cvs_jax.config import recorded
 from cvs_jax.reports import html, plots
 from cvs_jax.reports.html import plt
 from cvs_jax.retrieval import compatibility, run_reader, topk
 from cvs_jax.rundir import paths
-from cvs_jax.rundir import workdir as workdir_lib
 
 LOST_POINTS = 5.0  # a newer model "loses" old rows when its recall@1 on them is this far below their own model's
 SAMPLES = 8  # gallery images shown per session
@@ -267,7 +267,7 @@ def render(workdir: str, *, results: dict | None = None, stored=None, read_train
         results = _read_json(paths.results_file(workdir))
     if stored is None:
         stored = run_reader.stored_rows(workdir)
-    config = workdir_lib.stored_config(workdir)
+    config = recorded.stored_config(workdir)
     if read_train is None and stored is not None:
         split = run_reader.train_split(config)
         read_train = None if split is None else split.read

@@ -1,1 +1,1 @@
-"""Retrieval: the top-K kernel, the never re-extracted gallery, embedding in chunks, compatibility."""
+"""Retrieval: the top-K kernel, embedding in chunks, compatibility, and reading a finished run."""

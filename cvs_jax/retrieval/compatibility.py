@@ -14,8 +14,8 @@ from typing import Callable, Mapping
 import numpy as np
 
 from cvs_jax.retrieval import query_maps, topk
-from cvs_jax.retrieval.gallery import Gallery, RowConcat
 from cvs_jax.retrieval.query_maps import QueryMap
+from cvs_jax.rundir.gallery import Gallery, RowConcat
 
 
 def compatibility_matrix(

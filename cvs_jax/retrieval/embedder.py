@@ -6,10 +6,11 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from cvs_jax import augment, distributed
+from cvs_jax import distributed
+from cvs_jax.augment import transforms as augment
+from cvs_jax.data.chunks import iter_chunks
 from cvs_jax.errors import NonFiniteError
-from cvs_jax.models import net_variables
-from cvs_jax.retrieval.chunks import iter_chunks
+from cvs_jax.models.heads import net_variables
 
 
 def make_embed_fn(model, pipeline: augment.Pipeline):

@@ -28,7 +28,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from cvs_jax.retrieval import topk
-from cvs_jax.retrieval.gallery import Gallery
+from cvs_jax.rundir.gallery import Gallery
 
 KINDS = ("none", "procrustes", "affine", "mean_shift")
 

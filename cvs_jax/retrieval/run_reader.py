@@ -23,17 +23,19 @@ import numpy as np
 import orbax.checkpoint as ocp
 from PIL import Image
 
-from cvs_jax import augment, distributed, models
+from cvs_jax import distributed
+from cvs_jax.augment import transforms as augment
+from cvs_jax.config import recorded
 from cvs_jax.data.builders import _resize
 from cvs_jax.data.builders._common import image_errors
 from cvs_jax.engine.frozen_trunk import FrozenTrunk
 from cvs_jax.errors import SearchError, UserError
+from cvs_jax.models import networks as models
 from cvs_jax.retrieval import topk
 from cvs_jax.retrieval.embedder import Embedder
-from cvs_jax.retrieval.gallery import Gallery, GalleryPart, RowConcat
 from cvs_jax.rundir import paths
-from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.rundir.checkpoint import Checkpoints
+from cvs_jax.rundir.gallery import Gallery, GalleryPart, RowConcat
 
 
 def trained_on(record: dict) -> int | None:
@@ -210,7 +212,7 @@ def stored_rows(workdir: str) -> tuple[int, Rows] | None:
     """The newest completed session (0-based) and its gallery's columns, read from the session
     checkpoints alone (no model, no additions), or None before the first session: what the run
     report counts and shows."""
-    config = workdir_lib.stored_config(workdir)
+    config = recorded.stored_config(workdir)
     sessions_dir = paths.sessions_dir(workdir)
     reader = _Reader(sessions_dir, max_to_keep=None) if os.path.isdir(sessions_dir) else None
     if reader is None or not reader.steps():
@@ -246,7 +248,7 @@ def _store_digests(config: ml_collections.ConfigDict) -> dict[str, str]:
     stores = sources.store_dirs(config.data)
     if stores is None:
         return {}
-    folders = [config.data.manual_dir] + list(config.data.get("updates", ()))
+    folders = [config.data.manual_dir] + list(config.data.updates)
     out: dict[str, str] = {}
     for store, folder in zip(stores, folders):
         info = records.read_info(store)
@@ -284,7 +286,7 @@ class Run:
         """``for_add``: the caller holds the workdir's lock and may write the additions."""
         self.workdir = workdir
         check_is_run(workdir)
-        self.config = workdir_lib.stored_config(workdir)
+        self.config = recorded.stored_config(workdir)
         with open(paths.protocol_file(workdir)) as f:
             self.protocol = json.load(f)
         c = self.config

@@ -40,8 +40,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from cvs_jax import distributed
+from cvs_jax.data.chunks import bucket
 from cvs_jax.errors import NonFiniteError
-from cvs_jax.retrieval.chunks import bucket
 
 _SENTINEL = np.iinfo(np.int32).max  # index of "no candidate yet"; sorts after every real row on ties
 DEFAULT_PRECISION = jax.lax.Precision.HIGHEST  # exact f32 scores (no TF32 on GPUs), as faiss

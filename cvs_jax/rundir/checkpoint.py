@@ -34,7 +34,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from cvs_jax.errors import CheckpointError
+from cvs_jax.errors import CheckpointError, UnreadableCheckpointError
 
 _EMPTY = "__empty__"
 _META = "meta"
@@ -93,10 +93,6 @@ _UNREADABLE_TEXT = (
     "truncated",
     "was not found in the checkpoint",
 )
-
-
-class UnreadableCheckpointError(CheckpointError):
-    """A checkpoint's files are damaged or incomplete (``Checkpoints.restore`` refuses it; nothing was moved)."""
 
 
 class _Unreadable(Exception):

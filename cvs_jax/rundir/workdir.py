@@ -1,6 +1,6 @@
-"""One writer per workdir; remember the config, refuse to mix runs, move old runs aside.
+"""One writer per workdir: the lock, and moving an old run aside.
 
-``open_run(config, workdir)`` holds the workdir for one run:
+``config.recorded.open_run(config, workdir)`` holds the workdir for one run (``held`` here):
 
 * **The lock.**  Process 0 takes an exclusive ``flock`` on ``<workdir>/.lock`` before it
   reads or writes anything else there.  A second live process is refused with
@@ -8,12 +8,8 @@
   the file).  The kernel drops the lock when its process dies, so a run killed with
   ``kill -9`` (or a lost machine) never blocks its rerun.  In a multi-host run only
   process 0 locks, and its outcome is broadcast so every process stops when it is refused.
-* **The config.**  The first run writes ``config.json``.  A later run with a different
-  config (apart from fields that do not change results, e.g. paths or logging) is refused
-  once the workdir holds a checkpoint, unless ``overwrite=True``, which moves the
-  existing run into ``previous-<time>/`` — saved checkpoints and galleries are never
-  deleted.  A workdir without any checkpoint (a start that failed, e.g. on a data check)
-  takes the new config.
+* **The config.**  ``config.recorded`` checks it against the run's ``config.json`` under the
+  lock (``write_config``, ``move_aside`` and ``has_checkpoint`` here are its storage steps).
 
 ``hold(workdir)`` is the lock alone (``compare`` over its whole directory, ``search --add``).
 Reading a run (plain ``search``) needs no lock; ``check_not_busy`` asks whether a live process holds it.
@@ -33,51 +29,14 @@ import time
 from typing import Callable, Iterator
 
 import jax
-import ml_collections
 import numpy as np
 
-from configs import base as base_config
 from cvs_jax.errors import ConfigError, UserError, WorkdirBusyError
-from cvs_jax.methods import registry
 from cvs_jax.rundir import paths
 
 LOCK_NAME = paths.LOCK
-# Fields that may change between a run and its resumption.
-OPERATIONAL = (
-    "overwrite",
-    "data.data_dir",
-    "data.manual_dir",
-    "data.on_corrupt",  # refusing or skipping undecodable images never changes a session that trained
-    "data.in_memory_limit_mb",
-    "data.loader_threads",
-    "data.loader_workers",
-    "train.eval_batch_size",
-    "train.checkpoint_every_steps",
-    "log_every_steps",
-    "distributed.multihost",
-)
-# Keys added after runs were recorded without them, with the value that reproduces what those runs did.
-# the per-session recipe lists an update extends with its session's --config.train.lr / epochs
-SESSION_KEYS = ("train.session_lr", "train.session_epochs")
-ADDED_KEYS = {"model.head": "cosine"}  # before model.head existed, every method trained the cosine head
 # Checkpoint folders whose numbered step directories make a workdir hold a run.
 CHECKPOINT_DIRS = paths.CHECKPOINT_DIRS
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def _comparable(config_dict: dict) -> dict:
-    flat = _flatten(json.loads(json.dumps(config_dict)))  # tuples -> lists, as stored
-    return {k: v for k, v in flat.items() if k not in OPERATIONAL}
 
 
 def has_checkpoint(workdir: str) -> bool:
@@ -89,60 +48,14 @@ def has_checkpoint(workdir: str) -> bool:
     return False
 
 
-def _with_added_keys(config_dict: dict) -> dict:
-    """``config_dict`` with every ``ADDED_KEYS`` entry it lacks set to the value its run used."""
-    out = json.loads(json.dumps(config_dict))
-    for dotted, value in ADDED_KEYS.items():
-        *path, last = dotted.split(".")
-        node = out
-        for key in path:
-            node = node.setdefault(key, {})
-        node.setdefault(last, value)
-    return out
-
-
-def _lay_over(defaults: dict, stored: dict, prefix: str, unknown: list[str]) -> dict:
-    out = dict(defaults)
-    for key, value in stored.items():
-        if key not in defaults:
-            unknown.append(prefix + key)
-        elif isinstance(value, dict) and isinstance(defaults[key], dict):
-            out[key] = _lay_over(defaults[key], value, f"{prefix}{key}.", unknown)
-        else:
-            out[key] = value
-    return out
-
-
-def over_defaults(stored: dict, where: str) -> ml_collections.ConfigDict:
-    """``stored`` (a run's recorded config) laid over today's defaults (``configs.base.get_config()``):
-    every recorded value is the run's, a field added since keeps its one default (or, for
-    ``ADDED_KEYS``, the value the run used).  A recorded field that no longer exists is refused."""
-    unknown: list[str] = []
-    merged = _lay_over(base_config.get_config().to_dict(), _with_added_keys(stored), "", unknown)
-    if unknown:
-        raise ConfigError(
-            f"{where} records field(s) this version of cvs_jax no longer has: {', '.join(sorted(unknown))}; "
-            "the run was made by another version: read it with that version, or start a new run."
-        )
-    return ml_collections.ConfigDict(merged)
-
-
-def stored_config(workdir: str) -> ml_collections.ConfigDict:
-    """The run's ``config.json`` laid over today's defaults (``over_defaults``): what search and update
-    read of a run."""
-    path = paths.config_file(workdir)
-    with open(path) as f:
-        return over_defaults(json.load(f), path)
-
-
-def _write_config(path: str, current: dict) -> None:
+def write_config(path: str, current: dict) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(current, f, indent=2)
     os.replace(tmp, path)  # never a half-written config.json
 
 
-def _move_aside(workdir: str) -> str:
+def move_aside(workdir: str) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     aside, n = os.path.join(workdir, f"previous-{stamp}"), 1
     while os.path.exists(aside):
@@ -153,59 +66,6 @@ def _move_aside(workdir: str) -> str:
         if not name.startswith("previous-") and name != LOCK_NAME:
             os.rename(os.path.join(workdir, name), os.path.join(aside, name))
     return aside
-
-
-def _extends(stored, current) -> bool:
-    stored, current = list(stored or []), list(current or [])
-    return len(current) > len(stored) and current[: len(stored)] == stored
-
-
-def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
-    """Checks ``config`` against the workdir's ``config.json`` and records it (call with the lock held)."""
-    os.makedirs(workdir, exist_ok=True)
-    path = paths.config_file(workdir)
-    current = config.to_dict()
-    if os.path.exists(path):
-        with open(path) as f:
-            stored = json.load(f)
-        a, b = _comparable(stored), _comparable(current)
-        # a field added since the run was recorded takes the value that run used (ADDED_KEYS) or its one
-        # default, as stored_config reads it: a run recorded by an earlier version resumes
-        since = {**_flatten(base_config.get_config().to_dict()), **ADDED_KEYS}
-        a.update({k: since[k] for k in b if k not in a and k in since})
-        if "model.head" in b:
-            # the head the run trains with, "official" resolved for the method (a run recorded before
-            # model.head existed trained the cosine head: it resumes under "official" for cvs, not for ewc)
-            official = registry.get_method(config).official_head
-            for flat in (a, b):
-                flat["model.head"] = official if flat["model.head"] == "official" else flat["model.head"]
-        diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-        if (
-            "data.updates" in diff
-            and set(diff) <= {"data.updates", *SESSION_KEYS}
-            and all(_extends(a.get(k), b.get(k)) for k in diff)
-        ):
-            diff = []  # python -m cvs_jax.update adds a folder (one session, with its own lr/epochs) to the run
-        if not diff:
-            _write_config(path, current)
-            return
-        shown = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:5]) + (", ..." if len(diff) > 5 else "")
-        if not has_checkpoint(workdir):
-            print(f"{workdir} holds no checkpoint of its earlier config ({shown}); config.json now records this one")
-        elif "data.updates" in diff and not config.overwrite:
-            raise ConfigError(
-                f"workdir {workdir} holds a run extended by python -m cvs_jax.update (data.updates: "
-                f"{a.get('data.updates')!r}); continue it with python -m cvs_jax.update --workdir {workdir} "
-                f"--data NEW_FOLDER, or use another --workdir."
-            )
-        elif not config.overwrite:
-            raise ConfigError(
-                f"workdir {workdir} holds a run with a different config ({shown}); use another --workdir, "
-                f"or pass --config.overwrite=True to move that run into {workdir}/previous-<time>/."
-            )
-        else:
-            print(f"moved the previous run in {workdir} to {_move_aside(workdir)}")
-    _write_config(path, current)
 
 
 # ---------------------------------------------------------------- the lock
@@ -373,16 +233,8 @@ def hold(workdir: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def open_run(
-    config: ml_collections.ConfigDict, workdir: str, check: Callable[[], None] | None = None
-) -> Iterator[None]:
-    """Holds the workdir for one run: the lock first, then ``check`` (the data checks: a refusal
-    leaves every file of the workdir as it was), then the config check (see the module docstring)."""
-
-    def then() -> None:
-        if check is not None:
-            check()
-        prepare(config, workdir)
-
+def held(workdir: str, then: Callable[[], None]) -> Iterator[None]:
+    """The workdir's lock, then ``then()`` under it (a refusal there releases the lock and is raised on
+    every process): ``config.recorded.open_run`` checks the data and the config this way."""
     with _held(workdir, then):
         yield

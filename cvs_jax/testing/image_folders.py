@@ -9,7 +9,7 @@ import os
 import numpy as np
 from PIL import Image
 
-from configs import image_folder_general
+from cvs_jax.config import image_folder_general
 
 FORMATS = (("png", "PNG"), ("jpg", "JPEG"), ("webp", "WEBP"), ("bmp", "BMP"))
 

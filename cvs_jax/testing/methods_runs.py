@@ -5,21 +5,28 @@ import os
 import subprocess
 import sys
 
+from cvs_jax.config import fashion_mnist_general
+from cvs_jax.methods import registry
 from cvs_jax.rundir import paths
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
-ALL_METHODS = ["finetune", "joint", "cvs", "bct", "lwf", "mmd", "ewc", "rwalk", "rainbow"]
+
+
+def _tiny_config(method: str):
+    config = fashion_mnist_general.get_config()
+    config.method = method
+    return config
+
+
+# every registered method that trains (``frozen`` trains nothing: it has no run to rerun or kill)
+ALL_METHODS = [name for name in registry.METHODS if registry.get_method(_tiny_config(name)).trains]
 
 
 def shares_first_session(method: str) -> bool:
     """Whether compare reuses finetune's session 1 for ``method`` (as in the tiny config): the method
     shares its session 1 and trains finetune's (cosine) head."""
-    from configs import fashion_mnist_general
-    from cvs_jax.methods.registry import get_method, head_name
-
-    config = fashion_mnist_general.get_config()
-    config.method = method
-    return get_method(config).shares_first_session and head_name(config) == "cosine"
+    config = _tiny_config(method)
+    return registry.get_method(config).shares_first_session and registry.head_name(config) == "cosine"
 
 
 def overrides(manual, tfds_dir):

@@ -4,7 +4,7 @@ without training: what ``reproduce`` reads, for its report tests."""
 import json
 import os
 
-from configs import cifar100_general
+from cvs_jax.config import cifar100_general
 from cvs_jax.rundir import paths
 
 

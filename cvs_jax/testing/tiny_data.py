@@ -15,7 +15,7 @@ from unittest import mock
 
 import numpy as np
 
-from configs import fashion_mnist_general
+from cvs_jax.config import fashion_mnist_general
 
 
 def _write_idx(path: str, array: np.ndarray) -> None:

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cvs_jax import augment
+from cvs_jax.augment import transforms as augment
 from cvs_jax.errors import ConfigError
 
 

@@ -287,7 +287,7 @@ def test_policy_shape_dtype_determinism_keys(policy, batch, jitted):
 @pytest.mark.parametrize("policy", ["cifar", "rand"])
 def test_policy_greyscale_in_one_jit_with_crop_flip(policy):
     """Plain entry points on C = 1, composed with augment.random_crop_flip inside one jit."""
-    from cvs_jax.augment import random_crop_flip
+    from cvs_jax.augment.transforms import random_crop_flip
 
     fn = aa.cifar10_policy if policy == "cifar" else aa.rand_augment
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from cvs_jax import augment
+from cvs_jax.augment import transforms as augment
 
 
 def _rows(n: int, views: int) -> np.ndarray:

@@ -6,7 +6,7 @@ import os
 import shutil
 
 from configs import image_folder_general
-from cvs_jax import augment
+from cvs_jax.augment import transforms as augment
 from cvs_jax.engine import features
 
 VIT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "backbones", "vit_patch16.safetensors")

@@ -1,4 +1,4 @@
-"""The training input pipeline (phases.batch_loader): the same batches, in the same order, for any
+"""The training input pipeline (engine.batches.batch_loader): the same batches, in the same order, for any
 thread or worker-process count, streamed or in RAM, resumed at any step, split over processes; errors
 in a worker process reach the train loop as themselves."""
 
@@ -15,7 +15,7 @@ import pytest
 
 from cvs_jax import distributed
 from cvs_jax.data import records, sources
-from cvs_jax.engine import phases, prefetch
+from cvs_jax.engine import batches, phases, prefetch
 from cvs_jax.engine.protocol import Protocol
 from cvs_jax.methods import policies
 from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
@@ -50,7 +50,7 @@ def _loader(proto, config, *, threads=1, workers=0, start=0):
     c = config.copy_and_resolve_references()
     c.data.loader_threads, c.data.loader_workers = threads, workers
     ctx = types.SimpleNamespace(config=c, mesh=distributed.data_mesh(), proto=proto)
-    return phases.batch_loader(ctx, _view(proto, c), start)
+    return batches.batch_loader(ctx, _view(proto, c), start)
 
 
 def _read(proto, config, **kw):

@@ -21,8 +21,8 @@ from cvs_jax.methods import losses, policies
 from cvs_jax.methods.policies import ImportanceState, ReplayMemory
 from cvs_jax.methods.registry import get_method
 from cvs_jax.retrieval import topk
-from cvs_jax.retrieval.gallery import Gallery, GalleryPart
 from cvs_jax.rundir.checkpoint import Checkpoints
+from cvs_jax.rundir.gallery import Gallery, GalleryPart
 from cvs_jax.testing.run_contexts import build_ctx, tree_equal
 
 # ---------------------------------------------------------------- cadence

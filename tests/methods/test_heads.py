@@ -20,16 +20,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from cvs_jax.config import recorded
 from cvs_jax.engine import phases
 from cvs_jax.engine.run_state import RunState
 from cvs_jax.engine.train_step import TrainState
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import policies, regularizers
 from cvs_jax.methods.base import StepInputs
-from cvs_jax.methods.registry import get_head, get_method, head_name
+from cvs_jax.methods.registry import METHODS, get_head, get_method, head_name
 from cvs_jax.models.heads import CosineHead, LinearResetHead, head_params
 from cvs_jax.retrieval import compatibility
-from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.testing.run_contexts import build_ctx
 from cvs_jax.testing.tiny_data import tiny_config
 
@@ -59,17 +59,9 @@ def test_linear_reset_loss_is_plain_cross_entropy():
 
 
 def test_official_heads_and_the_switch(manual_dir, tmp_path):
-    for method, want in {
-        "finetune": "cosine",
-        "joint": "cosine",
-        "cvs": "cosine",
-        "bct": "cosine",
-        "lwf": "cosine",
-        "mmd": "cosine",
-        "ewc": "linear_reset",
-        "rwalk": "linear_reset",
-        "rainbow": "linear_reset",
-    }.items():
+    fork = {"ewc", "rwalk", "rainbow"}  # the author's Rainbow-Memory fork: a fresh linear head every session
+    for method in METHODS:  # every registered method: ivclab/CVS's (and ours) train the cosine NormLayer
+        want = "linear_reset" if method in fork else "cosine"
         c = tiny_config(manual_dir, tmp_path, method=method)
         assert c.model.head == "official" and head_name(c) == want, method
         c.model.head = "cosine" if want == "linear_reset" else "linear_reset"  # the paper's variant / the other
@@ -202,14 +194,14 @@ def test_old_config_resumes_only_where_its_head_stays(manual_dir, tmp_path):
         old = json.loads(c.to_json())
         del old["model"]["head"]
         (wd / "config.json").write_text(json.dumps(old))
-        assert workdir_lib.stored_config(str(wd)).model.head == "cosine"
+        assert recorded.stored_config(str(wd)).model.head == "cosine"
         if resumes:
-            workdir_lib.prepare(c, str(wd))
+            recorded.prepare(c, str(wd))
         else:
             with pytest.raises(ConfigError, match="model.head: 'cosine' -> 'linear_reset'"):
-                workdir_lib.prepare(c, str(wd))
+                recorded.prepare(c, str(wd))
             c.model.head = "cosine"  # the paper's variant: the run's own head, so it resumes
-            workdir_lib.prepare(c, str(wd))
+            recorded.prepare(c, str(wd))
         assert os.path.exists(wd / "config.json")
 
 
@@ -223,7 +215,7 @@ def test_mean_drop_definition():
 
 def test_class_centres_pool_every_stored_part():
     """L_d's centre of a class is the mean of its normalised rows over every stored gallery part."""
-    from cvs_jax.retrieval.gallery import Gallery, GalleryPart
+    from cvs_jax.rundir.gallery import Gallery, GalleryPart
 
     rng = np.random.default_rng(4)
     g = Gallery.empty(3)

@@ -14,13 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cvs_jax import augment, models
+from cvs_jax.augment import transforms as augment
 from cvs_jax.engine import phases
 from cvs_jax.engine.run_state import RunState
 from cvs_jax.engine.train_step import TrainState, make_optimizer, make_train_step
-from cvs_jax.methods import baselines, policies, regularizers
-from cvs_jax.methods.importance_policies import ForkFisher
+from cvs_jax.methods import baselines, regularizers
+from cvs_jax.methods.importance_policies import ForkFisher, OnlineFisher
 from cvs_jax.methods.seams import ImportanceState
+from cvs_jax.models import networks as models
 from cvs_jax.models.heads import LinearResetHead
 from cvs_jax.testing.run_contexts import build_ctx, tree_equal
 from cvs_jax.testing.tiny_data import tiny_config
@@ -177,7 +178,7 @@ def test_online_mode_keeps_one_normalised_slot(manual_dir, tmp_path):
     ctx.config.unlock()
     ctx.config.importance.mode, ctx.config.importance.normalize = "online", True
     method = baselines.make_ewc(ctx.config)
-    assert isinstance(method.importance, policies.OnlineFisher) and method.shares_first_session
+    assert isinstance(method.importance, OnlineFisher) and method.shares_first_session
     state = RunState.initial(ctx.initial_variables(), 8)
     imp = method.importance.update(ctx.policy_view, state.importance, state.variables, 1)
     imp = method.importance.update(ctx.policy_view, imp.__class__(imp.slots, None, -1), state.variables, 2)

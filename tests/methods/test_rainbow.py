@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cvs_jax import augment
 from cvs_jax.augment import autoaugment
+from cvs_jax.augment import transforms as augment
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import baselines, policies, replay
 from cvs_jax.methods.policies import ReplayMemory
@@ -149,6 +149,7 @@ def fake_view(sessions, labels, table, seed=0):
         seed=seed,
         batch_size=8,
         eval_batch_size=256,
+        loss_weights={},
         compiled=lambda name, build: predict,
     )
     return view, keys

@@ -8,7 +8,7 @@ import pytest
 
 from configs import fashion_mnist_general
 from cvs_jax.engine import phases
-from cvs_jax.methods import policies, seams
+from cvs_jax.methods import importance_policies, policies, seams
 from cvs_jax.methods.base import Method
 from cvs_jax.methods.registry import METHODS, get_method
 
@@ -47,9 +47,14 @@ def test_every_registered_method_fits_the_seams():
         for provider in method.constants:
             assert seams.misfit(provider, seams.ConstantsPolicy) is None, method.name
             seen.add(type(provider))
-    # every policy class of methods.policies is held by some method (the registry reaches them all)
-    modules = {policies.__name__, policies.NoImportance.__module__}
-    defined = {p for p in vars(policies).values() if isinstance(p, type) and p.__module__ in modules}
+    # every policy class of methods.policies and importance_policies is held by some method (the registry
+    # reaches them all)
+    defined = {
+        p
+        for module in (policies, importance_policies)
+        for p in vars(module).values()
+        if isinstance(p, type) and p.__module__ == module.__name__
+    }
     defined -= {policies.ShuffledEpochs, policies.HalfMemoryEpochs}  # what BatchPolicy.plan returns
     assert defined <= seen, defined - seen
 

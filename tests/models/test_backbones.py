@@ -17,8 +17,9 @@ import pytest
 
 from cvs_jax.engine import config_checks
 from cvs_jax.errors import ConfigError
-from cvs_jax.models import backbones, init_variables
-from cvs_jax.models import from_config as model_from_config
+from cvs_jax.models import backbones
+from cvs_jax.models.networks import from_config as model_from_config
+from cvs_jax.models.networks import init_variables
 from cvs_jax.models.pretrained import load_torchvision_resnet
 from cvs_jax.models.resnet import TorchvisionResNet
 from cvs_jax.models.vit import VisionTransformer

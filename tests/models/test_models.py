@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cvs_jax.errors import ConfigError
-from cvs_jax.models import build_model, grow_head, init_head
+from cvs_jax.models.networks import build_model, grow_head, init_head
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cvs_jax.errors import ConfigError, WeightsError
-from cvs_jax.models import build_model
+from cvs_jax.models.networks import build_model
 from cvs_jax.models.pretrained import (
     PretrainedWeightsError,
     load_torchvision_resnet50,

@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 
 from configs import image_folder_general
-from cvs_jax import augment, distributed, models
+from cvs_jax import distributed
+from cvs_jax.augment import transforms as augment
+from cvs_jax.data import chunks
 from cvs_jax.engine import features
-from cvs_jax.retrieval import chunks, topk
+from cvs_jax.models import networks as models
+from cvs_jax.retrieval import topk
 from cvs_jax.retrieval.embedder import Embedder
 
 VIT = os.path.join(os.path.dirname(__file__), "..", "fixtures", "backbones", "vit_patch16.safetensors")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from cvs_jax.retrieval import compatibility
-from cvs_jax.retrieval.gallery import Gallery, GalleryPart
+from cvs_jax.rundir.gallery import Gallery, GalleryPart
 
 # row i: model of session i; column j: gallery rows of session j (None: a model never searches a later part)
 M = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from cvs_jax.retrieval import compatibility
-from cvs_jax.retrieval.gallery import Gallery, GalleryPart
+from cvs_jax.rundir.gallery import Gallery, GalleryPart
 
 SESSIONS, DIM = 3, 6
 

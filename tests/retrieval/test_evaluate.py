@@ -174,7 +174,7 @@ def test_explicit_mesh_and_no_recompile_while_the_gallery_grows_within_a_block()
 
 
 def test_row_concat_streams_like_a_concatenation():
-    from cvs_jax.retrieval.gallery import RowConcat
+    from cvs_jax.rundir.gallery import RowConcat
 
     rng = np.random.default_rng(5)
     a = rng.normal(size=(70, 8)).astype(np.float32)

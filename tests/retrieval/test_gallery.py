@@ -11,8 +11,8 @@ import pytest
 
 from cvs_jax.errors import CheckpointError
 from cvs_jax.methods import losses
-from cvs_jax.retrieval.gallery import Gallery, GalleryPart, RowConcat
 from cvs_jax.rundir.checkpoint import Checkpoints
+from cvs_jax.rundir.gallery import Gallery, GalleryPart, RowConcat
 
 
 def part(session, n, d=8, start=0, seed=0, replaces=False):

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from cvs_jax.retrieval import compatibility, query_maps, topk
-from cvs_jax.retrieval.gallery import Gallery, GalleryPart
 from cvs_jax.retrieval.query_maps import QueryMap, chain, fit_query_map, map_queries
+from cvs_jax.rundir.gallery import Gallery, GalleryPart
 
 
 def _unit(x):

@@ -1,12 +1,12 @@
-"""A run's recorded config.json is read by laying it over today's defaults (configs/base.py)."""
+"""A run's recorded config.json is read by laying it over today's defaults (cvs_jax/config/base.py)."""
 
 import json
 
 import pytest
 
 from configs import base
+from cvs_jax.config import recorded
 from cvs_jax.errors import ConfigError
-from cvs_jax.rundir import workdir as workdir_lib
 
 
 def _write(tmp_path, config_dict):
@@ -15,25 +15,25 @@ def _write(tmp_path, config_dict):
 
 
 def test_a_field_added_since_the_run_takes_its_one_default(tmp_path):
-    recorded = base.get_config().to_dict()
-    del recorded["train"]["steps_per_call"]  # as if the run predates the field
-    del recorded["population"]
-    recorded["train"]["epochs"] = 3  # the run's own value is kept
-    config = workdir_lib.stored_config(_write(tmp_path, recorded))
+    stored = base.get_config().to_dict()
+    del stored["train"]["steps_per_call"]  # as if the run predates the field
+    del stored["population"]
+    stored["train"]["epochs"] = 3  # the run's own value is kept
+    config = recorded.stored_config(_write(tmp_path, stored))
     assert config.train.steps_per_call == base.get_config().train.steps_per_call
     assert config.population == base.get_config().population
     assert config.train.epochs == 3
 
 
 def test_added_keys_keep_the_value_the_run_used_not_todays_default(tmp_path):
-    recorded = base.get_config().to_dict()
-    del recorded["model"]["head"]  # recorded before model.head existed: the run trained the cosine head
+    stored = base.get_config().to_dict()
+    del stored["model"]["head"]  # recorded before model.head existed: the run trained the cosine head
     assert base.get_config().model.head != "cosine"
-    assert workdir_lib.stored_config(_write(tmp_path, recorded)).model.head == "cosine"
+    assert recorded.stored_config(_write(tmp_path, stored)).model.head == "cosine"
 
 
 def test_a_recorded_field_that_no_longer_exists_is_refused_by_name(tmp_path):
-    recorded = base.get_config().to_dict()
-    recorded["train"]["warp_speed"] = 9
+    stored = base.get_config().to_dict()
+    stored["train"]["warp_speed"] = 9
     with pytest.raises(ConfigError, match=r"train\.warp_speed"):
-        workdir_lib.stored_config(_write(tmp_path, recorded))
+        recorded.stored_config(_write(tmp_path, stored))

@@ -14,7 +14,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SCRIPT = """
 import json, jax, numpy as np
 from configs import image_folder_general
-from cvs_jax import augment, distributed, models
+from cvs_jax.augment import transforms as augment
+from cvs_jax.models import networks as models
+from cvs_jax import distributed
 from cvs_jax.retrieval.embedder import Embedder
 
 c = image_folder_general.get_config("cpu")

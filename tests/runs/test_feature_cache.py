@@ -15,9 +15,10 @@ import jax
 import numpy as np
 import pytest
 
-from cvs_jax import models, update
+from cvs_jax import update
 from cvs_jax.engine import config_checks, features, runner
 from cvs_jax.errors import ConfigError
+from cvs_jax.models import networks as models
 from cvs_jax.models.resnet import TorchvisionResNet
 from cvs_jax.models.vit import frozen_names
 from cvs_jax.retrieval import run_reader

@@ -18,11 +18,11 @@ from ml_collections import config_flags
 from PIL import Image
 
 from cvs_jax import cli, export, info, search, update
+from cvs_jax.config import recorded
 from cvs_jax.data import sources, user_sessions
 from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.retrieval import run_reader
-from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.testing.image_folders import SESSIONS, folder_config, folder_image, write_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -137,12 +137,12 @@ def test_stored_updates_must_be_a_prefix(trained, tmp_path):
     wd = str(tmp_path / "wd")
     os.makedirs(os.path.join(wd, "checkpoints", "sessions", "1"))  # a run that trained
     c.data.updates = ["/photos/a"]
-    workdir_lib.prepare(c, wd)
+    recorded.prepare(c, wd)
     c.data.updates = ["/photos/a", "/photos/b"]  # update adds a folder: fine
-    workdir_lib.prepare(c, wd)
+    recorded.prepare(c, wd)
     c.data.updates = ["/photos/c", "/photos/b", "/photos/d"]  # an earlier folder replaced: refused
     with pytest.raises(ConfigError, match="extended by python -m cvs_jax.update"):
-        workdir_lib.prepare(c, wd)
+        recorded.prepare(c, wd)
 
 
 def test_size_rule_counts_replay_and_says_how_many_photos():

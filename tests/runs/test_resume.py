@@ -12,8 +12,8 @@ import os
 import numpy as np
 import pytest
 
-from cvs_jax.retrieval.gallery import Gallery
 from cvs_jax.rundir.checkpoint import Checkpoints
+from cvs_jax.rundir.gallery import Gallery
 from cvs_jax.testing import methods_runs as mr
 from cvs_jax.testing.tiny_data import write_fashion_idx
 

@@ -15,8 +15,8 @@ from cvs_jax.data import sources
 from cvs_jax.data.builders import _resize
 from cvs_jax.engine import runner
 from cvs_jax.retrieval import run_reader
-from cvs_jax.retrieval.gallery import Gallery, GalleryPart
 from cvs_jax.rundir import workdir as workdir_lib
+from cvs_jax.rundir.gallery import Gallery, GalleryPart
 from cvs_jax.testing.tiny_data import fake_class_image, tiny_config, write_fashion_idx
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from cvs_jax.engine import runner
 from cvs_jax.retrieval import topk
-from cvs_jax.retrieval.gallery import Gallery, GalleryPart
 from cvs_jax.rundir.checkpoint import Checkpoints
+from cvs_jax.rundir.gallery import Gallery, GalleryPart
 from cvs_jax.testing.run_contexts import build_ctx
 from cvs_jax.testing.tiny_data import tiny_config
 

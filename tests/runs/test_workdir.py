@@ -11,6 +11,7 @@ import textwrap
 import ml_collections
 import pytest
 
+from cvs_jax.config import recorded
 from cvs_jax.errors import ConfigError, UserError, WorkdirBusyError
 from cvs_jax.rundir import workdir as workdir_lib
 
@@ -29,9 +30,9 @@ def holder(tmp_path):
         f"""
         import sys, time
         import ml_collections
-        from cvs_jax.rundir import workdir
+        from cvs_jax.config import recorded
         config = ml_collections.ConfigDict({{"overwrite": False, "train": {{"lr": 0.1, "eval_batch_size": 64}}}})
-        with workdir.open_run(config, {wd!r}):
+        with recorded.open_run(config, {wd!r}):
             print("held", flush=True)
             time.sleep(600)
         """
@@ -49,7 +50,7 @@ def holder(tmp_path):
 def test_second_writer_refused_naming_the_holder_until_it_is_killed(holder):
     wd, proc = holder
     with pytest.raises(WorkdirBusyError, match=rf"in use by pid {proc.pid} on \S+ .*wait for it.*stop it") as e:
-        with workdir_lib.open_run(_config(), wd):
+        with recorded.open_run(_config(), wd):
             pass
     assert isinstance(e.value, UserError) and "cvs_jax.search" in str(e.value)
     with pytest.raises(WorkdirBusyError, match=str(proc.pid)):  # the lock alone (compare, search --add)
@@ -57,7 +58,7 @@ def test_second_writer_refused_naming_the_holder_until_it_is_killed(holder):
             pass
     os.kill(proc.pid, signal.SIGKILL)  # no clean-up in the holder: the kernel drops its lock
     proc.wait(timeout=60)
-    with workdir_lib.open_run(_config(), wd):
+    with recorded.open_run(_config(), wd):
         with open(os.path.join(wd, workdir_lib.LOCK_NAME)) as f:
             assert json.load(f)["pid"] == os.getpid()  # the file names the new holder
 
@@ -81,12 +82,12 @@ def test_compare_on_a_directory_another_process_holds_is_refused_naming_it(holde
 
 def test_sequential_runs_in_one_process_and_release_after_an_exception(tmp_path):
     wd = str(tmp_path / "wd")
-    with workdir_lib.open_run(_config(), wd):
+    with recorded.open_run(_config(), wd):
         pass
     with pytest.raises(RuntimeError, match="inside"):
-        with workdir_lib.open_run(_config(), wd):
+        with recorded.open_run(_config(), wd):
             raise RuntimeError("inside")
-    with workdir_lib.open_run(_config(), wd):
+    with recorded.open_run(_config(), wd):
         with pytest.raises(WorkdirBusyError, match=str(os.getpid())):  # a second holder in the same process
             with workdir_lib.hold(wd):
                 pass
@@ -98,10 +99,10 @@ def test_sequential_runs_in_one_process_and_release_after_an_exception(tmp_path)
 
 def test_failed_start_takes_a_different_config(tmp_path, capsys):
     wd = str(tmp_path / "wd")
-    with workdir_lib.open_run(_config(lr=0.1), wd):
+    with recorded.open_run(_config(lr=0.1), wd):
         pass  # e.g. refused on a data check: config.json written, no checkpoint
     os.makedirs(os.path.join(wd, "checkpoints", "sessions", "0.orbax-checkpoint-tmp-1"))  # unfinished: not one
-    with workdir_lib.open_run(_config(lr=0.01), wd):
+    with recorded.open_run(_config(lr=0.01), wd):
         pass
     assert "no checkpoint" in capsys.readouterr().out
     with open(os.path.join(wd, "config.json")) as f:
@@ -111,28 +112,28 @@ def test_failed_start_takes_a_different_config(tmp_path, capsys):
 
 def test_workdir_with_a_checkpoint_refuses_a_different_config_and_moves_nothing(tmp_path):
     wd = str(tmp_path / "wd")
-    with workdir_lib.open_run(_config(lr=0.1), wd):
+    with recorded.open_run(_config(lr=0.1), wd):
         os.makedirs(os.path.join(wd, "checkpoints", "sessions", "0"))
     before = sorted(os.listdir(wd))
     with pytest.raises(ConfigError, match=r"different config \(train.lr: 0.1 -> 0.01\).*overwrite=True"):
-        with workdir_lib.open_run(_config(lr=0.01), wd):
+        with recorded.open_run(_config(lr=0.01), wd):
             pass
     assert sorted(os.listdir(wd)) == before
     with open(os.path.join(wd, "config.json")) as f:
         assert json.load(f)["train"]["lr"] == 0.1
-    with workdir_lib.open_run(_config(lr=0.1, overwrite=True, eval_batch_size=32), wd):  # operational fields only
+    with recorded.open_run(_config(lr=0.1, overwrite=True, eval_batch_size=32), wd):  # operational fields only
         pass
     assert sorted(os.listdir(wd)) == before
 
 
 def test_progress_checkpoint_counts_and_overwrite_moves_the_run_but_not_the_lock(tmp_path):
     wd = str(tmp_path / "wd")
-    with workdir_lib.open_run(_config(lr=0.1), wd):
+    with recorded.open_run(_config(lr=0.1), wd):
         os.makedirs(os.path.join(wd, "checkpoints", "progress", "1007"))
     with pytest.raises(ConfigError, match="different config"):
-        with workdir_lib.open_run(_config(lr=0.01), wd):
+        with recorded.open_run(_config(lr=0.01), wd):
             pass
-    with workdir_lib.open_run(_config(lr=0.01, overwrite=True), wd):
+    with recorded.open_run(_config(lr=0.01, overwrite=True), wd):
         pass
     (aside,) = [n for n in os.listdir(wd) if n.startswith("previous-")]
     assert sorted(os.listdir(os.path.join(wd, aside))) == ["checkpoints", "config.json"]  # not the .lock
@@ -147,7 +148,7 @@ MULTIHOST_WORKER = textwrap.dedent(
     import json, sys
     import ml_collections
     from cvs_jax import distributed
-    from cvs_jax.rundir import workdir
+    from cvs_jax.config import recorded
     from cvs_jax.errors import UserError
 
     distributed.maybe_initialize(True)  # CVS_JAX_MULTIHOST=1 and JAX_* variables come from the test
@@ -155,7 +156,7 @@ MULTIHOST_WORKER = textwrap.dedent(
     out = []
     for wd in sys.argv[1:]:
         try:
-            with workdir.open_run(config, wd):
+            with recorded.open_run(config, wd):
                 out.append("held")
         except UserError as e:
             out.append(f"{type(e).__name__}: {e}")
@@ -204,24 +205,24 @@ def test_multihost_only_process_0_locks_and_every_process_stops_when_it_is_refus
 
 def test_a_run_recorded_before_a_field_existed_resumes_under_its_default(tmp_path):
     """A config.json from an earlier version lacks the fields added since: they take their one default
-    (configs/base.py), so the run resumes; a changed value of such a field is still refused."""
+    (cvs_jax/config/base.py), so the run resumes; a changed value of such a field is still refused."""
     from configs import base
 
     wd = str(tmp_path / "wd")
     config = base.get_config()
-    with workdir_lib.open_run(config, wd):
+    with recorded.open_run(config, wd):
         os.makedirs(os.path.join(wd, "checkpoints", "sessions", "0"))
     path = os.path.join(wd, "config.json")
     with open(path) as f:
-        recorded = json.load(f)
-    del recorded["rainbow"]["memory"], recorded["cvs"]["batches"]  # as if recorded before they existed
+        stored = json.load(f)
+    del stored["rainbow"]["memory"], stored["cvs"]["batches"]  # as if recorded before they existed
     with open(path, "w") as f:
-        json.dump(recorded, f)
-    with workdir_lib.open_run(config, wd):
+        json.dump(stored, f)
+    with recorded.open_run(config, wd):
         pass
     with open(path, "w") as f:
-        json.dump(recorded, f)
+        json.dump(stored, f)
     config.cvs.batches = "half"
     with pytest.raises(ConfigError, match=r"cvs\.batches: 'mixed' -> 'half'"):
-        with workdir_lib.open_run(config, wd):
+        with recorded.open_run(config, wd):
             pass

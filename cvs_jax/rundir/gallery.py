@@ -13,7 +13,7 @@ import functools
 
 import numpy as np
 
-from cvs_jax.errors import CheckpointError
+from cvs_jax.errors import CheckpointError, UnreadableCheckpointError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +113,6 @@ class Gallery:
         A part that cannot be read is refused (``CheckpointError``), never moved aside: its rows were
         embedded by that session's model and are never re-extracted.  Any other ``CheckpointError`` of
         the checkpoint layer (permissions, I/O) passes through unchanged."""
-        from cvs_jax.rundir.checkpoint import UnreadableCheckpointError  # orbax is imported only to restore
 
         gallery = cls.empty(embed_dim)
         for s in range(last_session + 1):

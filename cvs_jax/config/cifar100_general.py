@@ -1,0 +1,30 @@
+"""CIFAR-100, general (S,C,M,L) = (20,20,10,5): 400 images per new class, 10% old-class data (official session files).
+
+The paper's recipe (cvs_jax/config/base.py): ResNet-18 with the CIFAR stem, 5 sessions, batch 16,
+256 epochs, memory budget 2000, 10% validation split.  Method defaults to cvs; pass
+``--config.method=finetune|joint|...`` for the others and ``configs/cifar100_general.py:<variant>``
+for the ablations in ``cvs_jax/config/variants.py`` (and ``:smoke``).  Needs TFDS ``cifar100`` prepared in ArrayRecord format.
+
+Run (a GPU run)::
+
+    python -m cvs_jax.main --config configs/cifar100_general.py --workdir workdirs/cifar100_general --config.data.data_dir=TFDS_DIR
+
+AR@1: not yet measured (no run of this config is recorded in RESULTS.md or BENCHMARKS.md).
+"""
+
+from cvs_jax.config import base, variants
+
+
+def get_config(variant: str = ""):
+    c = base.get_config()
+    c.method = "cvs"
+    c.data.name = "cifar100"
+    c.data.split = "official"  # the official CVS session files (packaged); "generator": our seeded generator
+    c.data.setup = "general"
+    c.data.num_sessions = 5
+    c.augment.policy = "cifar10"  # AutoAugment CIFAR-10 policy after crop + flip
+    c.data.first_classes = 20
+    c.data.classes_per_session = 20
+    c.data.old_class_percent = 10.0
+    c.data.samples_per_new_class = 400  # 20 new classes x 400 = the official 8000-image sessions
+    return variants.apply(c, variant)

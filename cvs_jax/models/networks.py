@@ -1,0 +1,174 @@
+"""Model zoo: ResNet and ViT embedding networks and the growing cosine head."""
+
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+
+from cvs_jax.errors import ConfigError
+from cvs_jax.models.heads import CosineHead, grow_head, init_head, net_variables
+from cvs_jax.models.pretrained import merge_pretrained
+from cvs_jax.models.resnet import ARCHITECTURES, Bottleneck, ResNetEmbedding, TorchvisionResNet
+from cvs_jax.models.vit import VIT_ARCHITECTURES, VisionTransformer
+
+LAYOUTS = ("cifar", "imagenet", "torchvision")
+
+
+def build_model(
+    name: str,
+    *,
+    width: int,
+    layout: str,
+    embed_dim: int,
+    dtype="float32",
+    frozen_bn: bool = False,
+    bn_eps: float | None = None,
+    train_blocks: int | None = None,
+    part: str = "full",
+):
+    """The embedding network ``name`` in ``layout``.
+
+    * ``cifar`` / ``imagenet``: the official CIFAR / Tiny-ImageNet ResNets (``ResNetEmbedding``,
+      BN eps 1e-6, basic blocks only).
+    * ``torchvision``: ``TorchvisionResNet`` (torchvision block layout, BN eps ``bn_eps`` or 1e-5),
+      the layout that ImageNet-pretrained weights (``models.pretrained``) load into.
+    ``frozen_bn``: every BN uses its running statistics, also when ``train=True``.
+    ``train_blocks`` / ``part``: a frozen trunk and its cut (``TorchvisionResNet``, ``VisionTransformer``).
+    """
+    if name in VIT_ARCHITECTURES:
+        return VisionTransformer(
+            VIT_ARCHITECTURES[name], embed_dim=embed_dim, dtype=dtype, train_blocks=train_blocks, part=part
+        )
+    if name not in ARCHITECTURES:
+        raise ConfigError(
+            f"model.name={name!r} is unknown; choose one of {sorted(ARCHITECTURES) + sorted(VIT_ARCHITECTURES)}, "
+            "or 'vit' (the ViT model.pretrained holds)."
+        )
+    if layout not in LAYOUTS:
+        raise ConfigError(f"model.layout={layout!r}: use one of {LAYOUTS}.")
+    arch = dict(ARCHITECTURES[name])
+    block = arch.pop("block", "basic")
+    if layout == "torchvision":
+        return TorchvisionResNet(
+            block=block,
+            width=width,
+            embed_dim=embed_dim,
+            dtype=dtype,
+            frozen_bn=frozen_bn,
+            bn_eps=1e-5 if bn_eps is None else bn_eps,
+            train_blocks=train_blocks,
+            part=part,
+            **arch,
+        )
+    if train_blocks is not None:
+        raise ConfigError(
+            f"model.train_blocks freezes pretrained stages: use model.layout='torchvision', not {layout!r}."
+        )
+    if block != "basic":
+        raise ConfigError(f"model.name={name!r} has {block} blocks, which exist only in model.layout='torchvision'.")
+    if bn_eps is not None and bn_eps != 1e-6:
+        raise ConfigError(
+            f"bn_eps={bn_eps}: the {layout!r} layout uses the official eps 1e-6; "
+            f"other values need model.layout='torchvision'."
+        )
+    return ResNetEmbedding(width=width, layout=layout, embed_dim=embed_dim, dtype=dtype, frozen_bn=frozen_bn, **arch)
+
+
+def from_config(config, part: str = "full"):
+    """The run's embedding network, from ``config.model`` (one place for every entry point). A named
+    architecture needs no weight file; ``model.name='vit'`` reads the whole ViT from ``model.pretrained``
+    (every time the network is built, search and export included). ``part``: the frozen ``"trunk"`` or
+    the trained ``"top"`` of a network with ``model.train_blocks`` set."""
+    m = config.model
+    k = train_blocks(config)
+    if m.name == "vit":
+        from cvs_jax.models.backbones import check_pretrained  # pylint: disable=g-import-not-at-top
+
+        spec = dataclasses.replace(check_pretrained(config).vit, grid=None)
+        return VisionTransformer(spec, embed_dim=m.embed_dim, dtype=m.dtype, train_blocks=k, part=part)
+    return build_model(
+        m.name,
+        width=m.width,
+        layout=m.layout,
+        embed_dim=m.embed_dim,
+        dtype=m.dtype,
+        frozen_bn=m.frozen_bn,
+        train_blocks=k,
+        part=part,
+    )
+
+
+def train_blocks(config) -> int | None:
+    """``model.train_blocks`` as the network takes it: None for "all", else the trained blocks k."""
+    k = config.model.train_blocks
+    return None if k == "all" else int(k)
+
+
+def frozen_mask(model, params) -> dict:
+    """``"frozen"`` / ``"train"`` for every leaf of the run's ``params`` (``{"net", head, extras}``): the
+    labels of the optimizer that leaves the trunk untouched (``train_step.make_optimizer``)."""
+    frozen = model.frozen_names() if getattr(model, "train_blocks", None) is not None else ()
+
+    def label(path, _):
+        top = path[1].key if len(path) > 1 and path[0].key == "net" else None
+        return "frozen" if top in frozen else "train"
+
+    return jax.tree_util.tree_map_with_path(label, params)
+
+
+def init_variables(model, config, image_shape, num_classes: int, init_key, head_key, head=None) -> dict:
+    """``{"params": {"net", <head's arrays>}, "batch_stats"}`` of a fresh run: the network (ImageNet
+    weights merged in when ``model.pretrained`` names a file) and the head (``models.heads``; None: the
+    cosine head) with a row for every class."""
+    image_shape = input_shape(config, image_shape)
+    init = model.init(init_key, jnp.zeros((1,) + tuple(image_shape), jnp.float32), train=False)
+    if config.model.pretrained is not None:  # refused early by config_checks when the file is absent or unfit
+        init = merge_pretrained(init, load_pretrained(model, os.path.expanduser(config.model.pretrained), image_shape))
+    head = CosineHead(config.train.temperature) if head is None else head
+    arrays = head.init(head_key, num_classes, config.model.embed_dim)
+    return {"params": {"net": init["params"], **arrays}, "batch_stats": init.get("batch_stats", {})}
+
+
+def input_shape(config, image_shape) -> tuple[int, int, int]:
+    """The network's input: the stored images, or their ``augment.size`` crops (``augment.crop="resized"``).
+    A ViT's ``pos_embed`` is sized by it (a ResNet pools any size)."""
+    if config.augment.crop == "resized" and config.augment.size:
+        return (config.augment.size, config.augment.size, image_shape[-1])
+    return tuple(image_shape)
+
+
+def load_pretrained(model, path: str, image_shape) -> dict:
+    """The variables a weight file gives ``model`` (all but its new ``embedding``): a ViT's, with
+    ``pos_embed`` resampled to the input's patch grid, or a torchvision/timm ResNet's."""
+    from cvs_jax.models import backbones  # pylint: disable=g-import-not-at-top
+    from cvs_jax.models.pretrained import load_torchvision_resnet  # pylint: disable=g-import-not-at-top
+
+    if isinstance(model, VisionTransformer):
+        spec, variables = backbones.load_vit(path)
+        grid = image_shape[0] // spec.patch
+        pos = variables["params"]["pos_embed"]
+        variables["params"]["pos_embed"] = backbones.resample_pos_embed(pos, spec, grid)
+        return variables
+    return load_torchvision_resnet(path, stage_sizes=model.stage_sizes, block=model.block, width=model.width)
+
+
+__all__ = [
+    "ARCHITECTURES",
+    "Bottleneck",
+    "LAYOUTS",
+    "ResNetEmbedding",
+    "TorchvisionResNet",
+    "VIT_ARCHITECTURES",
+    "VisionTransformer",
+    "build_model",
+    "from_config",
+    "frozen_mask",
+    "train_blocks",
+    "init_variables",
+    "input_shape",
+    "load_pretrained",
+    "net_variables",
+    "grow_head",
+    "init_head",
+]
