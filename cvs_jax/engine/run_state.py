@@ -19,6 +19,7 @@ import numpy as np
 
 from cvs_jax.methods.seams import ImportanceState, ReplayMemory
 from cvs_jax.models.heads import ROW_KEYS
+from cvs_jax.retrieval import query_maps
 from cvs_jax.retrieval.gallery import Gallery, GalleryPart
 from cvs_jax.rundir.checkpoint import Checkpoints
 
@@ -44,6 +45,8 @@ class RunState:
     memory: ReplayMemory
     importance: ImportanceState
     records: tuple[dict, ...] = ()  # one result record per completed session
+    # retrieval.query_map: {s: map of model s to model s - 1} (s >= 1), kept beside the checkpoints
+    query_maps: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def initial(cls, variables: dict, embed_dim: int) -> "RunState":
@@ -105,6 +108,7 @@ def resume(ctx: RunContext) -> RunState:
     state = RunState.restore(ctx.sessions, fresh)
     if state is None:
         return fresh
+    state = state.replace(query_maps=query_maps.stored_maps(ctx.workdir, state.completed - 1))
     ctx.log.print(
         f"resumed after session {state.completed}: gallery {len(state.gallery)} rows, memory {len(state.memory)}"
     )

@@ -179,7 +179,9 @@ def format_matrix(matrix, flips=None) -> str:
     nfr = mean_flips(flips)
     summary = [] if bc is None else [f"BC {100 * bc:+.2f} points (newer models on old rows minus the rows' own model)"]
     if ac is not None:
-        summary.append(f"AC {ac:.2f} (share of later models beating a part's own model on its rows)")
+        ac_pass = average_compatibility(matrix, ties="pass")
+        ties = "" if ac_pass == ac else f"; {ac_pass:.2f} if a tie with the part's own model passes, as CoReS counts"
+        summary.append(f"AC {ac:.2f} (share of later models beating a part's own model on its rows{ties})")
     if am is not None and n > 1:
         summary.append(f"AM {100 * am:.1f} % (every model on every part it searches)")
     if nfr is not None:
