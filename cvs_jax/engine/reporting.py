@@ -117,7 +117,7 @@ def finish(ctx: RunContext, state: RunState) -> dict:
     results["compatibility_am"] = average_multimodel_accuracy(results["compatibility_recall1"])
     # entry i-1: the update from model i-1 to model i (top-1 of the same queries on the rows before session i)
     results["negative_flip_rate"] = negative_flips(
-        plan.num_sessions, state.gallery, embed_queries, ctx.proto.test_labels[last_test]
+        plan.num_sessions, state.gallery, embed_queries, ctx.proto.test_labels[last_test], maps=state.query_maps or None
     )
     # where forgetting shows
     ctx.log.print(format_matrix(results["compatibility_recall1"], results["negative_flip_rate"]))

@@ -141,6 +141,26 @@ def _matrix_by_hand(ctx, wd, maps):
     return m
 
 
+def _flips_by_hand(ctx, wd, maps):
+    """NFR of each update i-1 -> i: the last session's queries of classes in parts < i, top-1 right with
+    model i-1 and wrong with model i, both searching those parts (each through its chain)."""
+    models, gallery = _models(wd)
+    last = ctx.proto.test_queries(SESSIONS - 1)
+    labels = ctx.proto.test_labels[last]
+    out = []
+    for i in range(1, SESSIONS):
+        parts = [p for p in gallery.parts if p.session < i]
+        g_labels = np.concatenate([p.labels for p in parts])
+        keep = np.isin(labels, g_labels)
+        right = []
+        for m in (i - 1, i):
+            q = ctx.embed(models[m], ctx.proto.test_images(last))[keep]
+            top = g_labels[_ranking(_scores(q, [(p.session, p.embeddings) for p in parts], maps, m))[:, 0]]
+            right.append(top == labels[keep])
+        out.append(float(np.mean(right[0] & ~right[1])))
+    return out
+
+
 def _matrix(results):
     return np.array([[np.nan if v is None else v for v in row] for row in results["compatibility_recall1"]])
 
@@ -159,6 +179,8 @@ def test_maps_change_recall_only_where_they_apply(runs):
     maps = _stored_maps(wd_map)
     np.testing.assert_allclose(m_map, _matrix_by_hand(ctx, wd_map, maps), atol=1e-12)
     np.testing.assert_allclose(m_plain, _matrix_by_hand(ctx, wd_none, {}), atol=1e-12)
+    assert mapped["negative_flip_rate"] == _flips_by_hand(ctx, wd_map, maps)
+    assert plain["negative_flip_rate"] == _flips_by_hand(ctx, wd_none, {})
     for s in range(1, SESSIONS):
         assert mapped["per_session"][s]["recall"] == _recall(*_session_scores(ctx, wd_map, maps, s))
         assert plain["per_session"][s]["recall"] == _recall(*_session_scores(ctx, wd_none, {}, s))
