@@ -260,6 +260,11 @@ def test_search_json_scores_each_part_through_its_chain(runs, tmp_path, capsys):
         rows, got = [h["row"] for h in answer["hits"]], [h["score"] for h in answer["hits"]]
         np.testing.assert_allclose(got, scores[n, rows], atol=1e-5)  # each hit's score: its part's mapped query
         np.testing.assert_allclose(got, best[n], atol=1e-5)  # and they are the k best (near-ties in any order)
+    with open(paths.report_file(wd), encoding="utf-8") as f:  # the run's page shows mAP beside recall
+        page = f.read()
+    assert f'data-map="AR">{100 * results["average_map"]:.2f}<' in page
+    assert f'data-map="{SESSIONS}">{100 * results["per_session"][-1]["map"]:.2f}<' in page
+    assert "through the run's procrustes query maps" in page
     described = info.describe(wd)
     assert described["query_map"] == "procrustes" and described["query_map_sessions"] == [2, 3]
     assert described["average_map"] == results["average_map"]
