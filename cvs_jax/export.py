@@ -172,6 +172,11 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     print(
         f"exported {info['rows']} gallery rows (embed_dim {info['embed_dim']}, model of session "
         f"{info['session']}) to {fv.out}: {', '.join(FILES)}"
+        + (
+            f", {QUERY_MAPS} ({info['query_map']} maps: score a model's rows through its chain)"
+            if info["query_map"] != "none"
+            else ""
+        )
     )
     return 0
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from cvs_jax import info, search
+from cvs_jax import export, info, search
 from cvs_jax.engine import comparison, runner
 from cvs_jax.engine.context import RunContext
 from cvs_jax.retrieval import query_maps
@@ -296,3 +296,23 @@ def test_compare_tabulates_map_and_both_ac_rules(runs, tmp_path):
     assert "| mAP |" in header
     differ = any(r["compatibility_ac"] != r["compatibility_ac_ties_pass"] for _, _, r in entries.values())
     assert ("AC ties pass" in header) == differ
+
+
+def test_export_writes_the_chain_of_each_model_session(runs, tmp_path):
+    """export's query_maps.npz: per model session j (1-based) the composed map from the newest model's
+    space to j's, the step-by-step chain applied to the identity; a run without maps writes none."""
+    out, _, _ = runs
+    _, wd, _ = out["procrustes"]
+    written = export.export(wd, str(tmp_path / "exp"))
+    assert written["query_map"] == "procrustes"
+    maps = _stored_maps(wd)
+    with np.load(tmp_path / "exp" / export.QUERY_MAPS) as d:
+        for j in range(SESSIONS):
+            a = np.eye(8)
+            b = np.zeros(8)
+            for s in range(SESSIONS - 1, j, -1):  # map SESSIONS - 1 first, down to j + 1
+                a, b = a @ maps[s][0], b @ maps[s][0] + maps[s][1]
+            np.testing.assert_allclose(d[f"matrix_{j + 1}"], a, atol=1e-12)
+            np.testing.assert_allclose(d[f"bias_{j + 1}"], b, atol=1e-12)
+    export.export(out["none"][1], str(tmp_path / "plain"))
+    assert not os.path.exists(tmp_path / "plain" / export.QUERY_MAPS)
