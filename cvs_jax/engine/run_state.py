@@ -108,7 +108,9 @@ def resume(ctx: RunContext) -> RunState:
     state = RunState.restore(ctx.sessions, fresh)
     if state is None:
         return fresh
-    state = state.replace(query_maps=query_maps.stored_maps(ctx.workdir, state.completed - 1))
+    state = state.replace(
+        query_maps=query_maps.stored_maps(ctx.workdir, state.completed - 1, ctx.config.retrieval.query_map)
+    )
     ctx.log.print(
         f"resumed after session {state.completed}: gallery {len(state.gallery)} rows, memory {len(state.memory)}"
     )

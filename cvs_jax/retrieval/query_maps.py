@@ -28,6 +28,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from cvs_jax.errors import CheckpointError
 from cvs_jax.retrieval import topk
 from cvs_jax.retrieval.gallery import Gallery
 from cvs_jax.rundir import paths
@@ -86,19 +87,21 @@ class QueryMap:
             return cls.from_dict(d)
 
 
-def stored_maps(workdir: str, last_session: int) -> dict[int, QueryMap]:
-    """The query maps a run stored for sessions 1..``last_session`` (none: a run with
-    ``retrieval.query_map=none``, or written before query maps).  A run that fits maps writes session s's
-    before session s's checkpoint, so every completed session s >= 1 has one; a gap is refused."""
-    found = {s: paths.query_map_file(workdir, s) for s in range(1, last_session + 1)}
-    found = {s: f for s, f in found.items() if os.path.exists(f)}
-    if found and len(found) != last_session:
-        missing = sorted(set(range(1, last_session + 1)) - set(found))
-        raise ValueError(
-            f"{workdir} holds query maps for sessions {[s + 1 for s in sorted(found)]} but not for "
-            f"{[s + 1 for s in missing]}; the run's query maps are incomplete (rerun the run to fit them)."
+def stored_maps(workdir: str, last_session: int, kind: str) -> dict[int, QueryMap]:
+    """The query maps of a run whose ``retrieval.query_map`` is ``kind``, for sessions 1..``last_session``
+    (0-based; none for ``"none"``).  A run writes session s's map before session s's checkpoint, so every
+    completed session s >= 1 has one; a missing file is refused (the scores would silently change)."""
+    if kind == "none":
+        return {}
+    files = {s: paths.query_map_file(workdir, s) for s in range(1, last_session + 1)}
+    missing = [s for s, f in files.items() if not os.path.exists(f)]
+    if missing:
+        raise CheckpointError(
+            f"{workdir} was run with retrieval.query_map={kind} but holds no query map for session(s) "
+            f"{[s + 1 for s in missing]} ({paths.query_map_file(workdir, missing[0])} is missing); restore "
+            f"{paths.QUERY_MAPS} from a backup, or start the run anew in another --workdir."
         )
-    return {s: QueryMap.load(f) for s, f in found.items()}
+    return {s: QueryMap.load(f) for s, f in files.items()}
 
 
 def identity(dim: int) -> QueryMap:

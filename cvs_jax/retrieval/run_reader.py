@@ -299,10 +299,7 @@ class Run:
         self.gallery = Gallery.restore(log, self.session, c.model.embed_dim)
         self._arrival = arrival_sessions(log.parts, self.gallery)
         # retrieval.query_map: {s: model s -> model s - 1}; empty for a run without maps
-        try:
-            self.query_maps = query_maps.stored_maps(workdir, self.session)
-        except ValueError as e:
-            raise SearchError(str(e)) from e
+        self.query_maps = query_maps.stored_maps(workdir, self.session, c.retrieval.query_map)
         added_dir = paths.additions_dir(workdir)
         self._additions = None
         if for_add:

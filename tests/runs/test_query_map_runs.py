@@ -18,6 +18,7 @@ from PIL import Image
 from cvs_jax import export, info, search
 from cvs_jax.engine import comparison, runner
 from cvs_jax.engine.context import RunContext
+from cvs_jax.errors import CheckpointError
 from cvs_jax.retrieval import query_maps
 from cvs_jax.retrieval.gallery import Gallery
 from cvs_jax.rundir import paths
@@ -316,3 +317,22 @@ def test_export_writes_the_chain_of_each_model_session(runs, tmp_path):
             np.testing.assert_allclose(d[f"bias_{j + 1}"], b, atol=1e-12)
     export.export(out["none"][1], str(tmp_path / "plain"))
     assert not os.path.exists(tmp_path / "plain" / export.QUERY_MAPS)
+
+
+def test_a_run_missing_a_map_is_refused_not_scored_without_it(runs, tmp_path, capsys):
+    """A run with maps whose file of one session is gone: search and a rerun stop with one error line
+    (scoring that part without its map would change every number silently); nothing is written."""
+    out, ctx, _ = runs
+    c, wd, _ = out["procrustes"]
+    copy = str(tmp_path / "gap")
+    shutil.copytree(wd, copy)
+    os.remove(paths.query_map_file(copy, 1))
+    image = str(tmp_path / "q.png")
+    Image.fromarray(np.asarray(ctx.proto.test_images(ctx.proto.test_queries(0))[:1])[0, ..., 0]).save(image)
+    assert search.search_or_add(copy, [image], as_json=True) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "retrieval.query_map=procrustes but holds no query map for session(s) [2]" in err[0]
+    os.remove(paths.results_file(copy))
+    with pytest.raises(CheckpointError, match=r"no query map for session\(s\) \[2\]"):
+        runner.run(c, copy)
+    assert not os.path.exists(paths.results_file(copy))
