@@ -119,7 +119,8 @@ def session_constants(ctx: RunContext, state: RunState, view: SessionView) -> di
 def make_search(ctx: RunContext, view: SessionView) -> Callable[..., dict]:
     """``search(variables, query_images, query_labels, new_rows=None) -> {k: recall}``: the stored
     rows plus the session's images embedded by ``variables`` (or ``new_rows`` when already embedded),
-    streamed without a joint copy."""
+    streamed without a joint copy.  Validation searches with it and applies no query map: the session's
+    map is fitted on its selected model, after training (``fit_query_map``); ``test`` applies the maps."""
     labels = np.concatenate([view.stored.labels, ctx.proto.train_labels[view.gallery_idx]])
 
     def search(variables, query_images, query_labels, new_rows=None):
