@@ -15,6 +15,10 @@ Fields you usually change: ``--methods``, ``--seeds``, ``--fixed_split``, and an
 An entry of ``--methods`` is a method, trained with ``model.head`` as configured (default
 "official": the method's reference head), or ``method@head`` (``cosine`` / ``linear_reset``) to
 train it with that head: ``ewc,ewc@cosine`` compares the fork's EWC with its head and with CVS's.
+``method@procrustes`` (or ``@affine``, ``@mean_shift``; also after a head, ``cvs@linear_reset@procrustes``)
+sets ``retrieval.query_map`` for that entry: ``finetune,finetune@procrustes,cvs,cvs@procrustes`` adds the
+training-free query maps, each paired with its entry without the map.  ``--config.retrieval.query_map=...``
+sets it for every entry.
 ``+field=value`` after it sets config fields for that entry alone (an ablation):
 ``rainbow,rainbow+rainbow.memory=herding,cvs,cvs+cvs.use_lm=False``; each ablation is also paired
 with its entry without the ``+`` part when that entry is compared.  ``--tabulate`` runs nothing and
@@ -32,8 +36,9 @@ official code does (fixed split files, only the run varies); ``--split_seed=N`` 
 
 Writes, in DIR:
 
-* ``comparison.md`` / ``comparison.csv``: AR@K, the backward-compatibility drop (BC,
-  ``compatibility.mean_drop``: recall@1 newer models lose on older gallery parts, in points), AC and
+* ``comparison.md`` / ``comparison.csv``: AR@K, mAP (mean over sessions), the backward-compatibility drop (BC,
+  ``compatibility.mean_drop``: recall@1 newer models lose on older gallery parts, in points), AC (a tie
+  fails; "AC ties pass" beside it where a tie-passing count differs) and
   AM of the compatibility matrix and the negative-flip rate NFR (README, Compatibility metrics)
   mean ± std over seeds; per entry the paired difference to ``cvs`` (the entry minus cvs on the
   same seed): its mean and 95 % Student-t interval over the seeds both finished, "significant"
@@ -73,7 +78,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         "methods",
         ["finetune", "joint", "cvs"],
         f"Methods to compare, from: {', '.join(METHODS)}; method@head (head: {', '.join(HEADS)}) trains the "
-        "method with that head instead of model.head; entry+field=value (repeatable) overrides config fields "
+        "method with that head instead of model.head; method@procrustes (affine, mean_shift) sets retrieval.query_map; "
+        "entry+field=value (repeatable) overrides config fields "
         "for that entry alone, e.g. rainbow+rainbow.memory=herding.",
         flag_values=fv,
     )

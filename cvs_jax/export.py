@@ -12,6 +12,9 @@ Writes, from the run's newest completed session (as ``search`` reads it):
 * ``rows.csv``: ``row, path, label, class_name, arrival_session, model_session`` per row
   (sessions 1-based, as ``search`` prints them; ``path`` is the image's source);
 * ``model.msgpack``: the newest model's Flax variables (``flax.serialization.to_bytes``);
+* ``query_maps.npz`` (a run with ``retrieval.query_map`` set): per model session j (1-based) ``matrix_<j>``
+  and ``bias_<j>``, the composed map q -> q @ matrix + bias that takes an L2-normalised query of the newest
+  model into the space of the rows model j made (``model_session`` in rows.csv); score those rows with it;
 * ``config.json``: the run's config; ``export.json``: format version, image shape, embedding
   width, model session, row count and class names.
 
@@ -39,12 +42,13 @@ from absl import flags
 
 from cvs_jax import cli
 from cvs_jax.errors import UserError
-from cvs_jax.retrieval import run_reader
+from cvs_jax.retrieval import query_maps, run_reader
 from cvs_jax.rundir import paths
 
 FORMAT_VERSION = 1
 FILES = ("embeddings.npy", "rows.csv", "model.msgpack", "config.json", "export.json")
 ROW_COLUMNS = ("row", "path", "label", "class_name", "arrival_session", "model_session")
+QUERY_MAPS = "query_maps.npz"  # a run with query maps: matrix_<j>, bias_<j> per model session j (1-based)
 _BLOCK = 1 << 16  # rows copied at a time: a large gallery is never held twice
 
 
@@ -82,6 +86,10 @@ def export(workdir: str, out: str, *, overwrite: bool = False) -> dict:
     with open(os.path.join(out, "model.msgpack"), "wb") as f:
         f.write(flax.serialization.to_bytes(jax.device_get(run.variables)))
     shutil.copyfile(paths.config_file(workdir), os.path.join(out, "config.json"))
+    if run.query_maps:  # per model session j: the chain from the newest model's space to j's
+        chains = query_maps.map_chains(run.query_maps, run.session, sorted(set(rows.model.tolist())))
+        with open(os.path.join(out, QUERY_MAPS), "wb") as f:
+            np.savez(f, **chains)
     info = {
         "format_version": FORMAT_VERSION,
         "image_shape": list(run.image_shape),
@@ -90,6 +98,7 @@ def export(workdir: str, out: str, *, overwrite: bool = False) -> dict:
         "rows": len(rows),
         "class_names": run.class_names,
         "workdir": os.path.abspath(workdir),
+        "query_map": run.config.retrieval.query_map,
     }
     with open(info_path, "w") as f:
         json.dump(info, f, indent=1)
@@ -163,6 +172,11 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     print(
         f"exported {info['rows']} gallery rows (embed_dim {info['embed_dim']}, model of session "
         f"{info['session']}) to {fv.out}: {', '.join(FILES)}"
+        + (
+            f", {QUERY_MAPS} ({info['query_map']} maps: score a model's rows through its chain)"
+            if info["query_map"] != "none"
+            else ""
+        )
     )
     return 0
 

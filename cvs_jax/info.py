@@ -87,6 +87,7 @@ def describe(workdir: str) -> dict:
                 # the session's recipe: the run's train.lr / train.epochs, or what its update set
                 "lr": schedules.session_lr(run.config, s),
                 "epochs": schedules.session_epochs(run.config, s),
+                "map": r.get("map"),
             }
         )
     return {
@@ -104,6 +105,14 @@ def describe(workdir: str) -> dict:
         "negative_flip_rate": results.get("negative_flip_rate"),
         "compatibility_bc_points": compatibility.bc_points(results),
         "average_recall": results.get("average_recall"),
+        "average_map": results.get("average_map"),  # absent in runs written before mAP was recorded
+        # AC with a tie counted as a failure (iamcl2r) and as a pass (CoReS); they differ only on ties
+        "compatibility_ac": compatibility.average_compatibility(results.get("compatibility_recall1") or []),
+        "compatibility_ac_ties_pass": compatibility.average_compatibility(
+            results.get("compatibility_recall1") or [], ties="pass"
+        ),
+        "query_map": run.config.retrieval.query_map,
+        "query_map_sessions": sorted(s + 1 for s in run.query_maps),
     }
 
 
@@ -122,6 +131,8 @@ def format_info(info: dict) -> str:
     for s in info["sessions"]:
         recall = s["recall"] or {}
         r1 = f"R@1 {100 * recall['1']:.1f}%" if "1" in recall else "not completed"
+        if s["map"] is not None:
+            r1 += f", mAP {100 * s['map']:.1f}%"
         new = ", ".join(s["new_classes"][:8]) + (", ..." if len(s["new_classes"]) > 8 else "")
         seen = "" if s["trained_on_images"] is None else f" ({s['trained_on_images']} trained on, replay included)"
         lines.append(
@@ -135,6 +146,13 @@ def format_info(info: dict) -> str:
     lines += ["", compatibility.format_matrix(info["compatibility_recall1"], info["negative_flip_rate"])]
     if info["average_recall"]:
         lines.append("AR@K: " + ", ".join(f"AR@{k} {100 * v:.2f}%" for k, v in info["average_recall"].items()))
+    if info["average_map"] is not None:
+        lines.append(f"mAP (mean over sessions): {100 * info['average_map']:.2f}%")
+    if info["query_map"] != "none":
+        lines.append(
+            f"query maps: {info['query_map']}, fitted after sessions {info['query_map_sessions'] or '-'}; search and "
+            "the numbers above score older gallery parts with the newest model's queries mapped into their space"
+        )
     return "\n".join(lines)
 
 

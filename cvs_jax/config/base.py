@@ -166,6 +166,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.eval = ml_collections.ConfigDict()
     c.eval.ks = (1, 2, 4)
+    # query maps (cvs_jax/retrieval/query_maps.py): "none", or "procrustes" / "affine" / "mean_shift" fitted after
+    # each session s >= 1 and applied, composed, when the newest model's queries score older gallery parts
+    c.retrieval = ml_collections.ConfigDict({"query_map": "none"})
 
     # the methods' loss terms with the default weights they declare (filled in below, once every section
     # a method's definition reads is set)

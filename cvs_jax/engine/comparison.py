@@ -20,6 +20,7 @@ from cvs_jax.models.heads import HEADS
 from cvs_jax.reports import compare_page, plots
 from cvs_jax.reports import html as html_lib
 from cvs_jax.reports.tables import (
+    AC_PASS,
     BC,
     COMPAT,
     REFERENCE,
@@ -30,7 +31,7 @@ from cvs_jax.reports.tables import (
     summarize_pairs,
     summarize_runs,
 )
-from cvs_jax.retrieval import compatibility
+from cvs_jax.retrieval import compatibility, query_maps
 from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
 
@@ -52,16 +53,29 @@ def share_first_session(source: str, target: str) -> None:
 
 def parse_entry(entry: str) -> tuple[str, str | None, dict[str, str]]:
     """``"ewc@cosine+importance.mode=online"`` -> ("ewc", "cosine", {"importance.mode": "online"});
-    ``"ewc"`` -> ("ewc", None, {}): the configured model.head, no override."""
+    ``"ewc"`` -> ("ewc", None, {}): the configured model.head, no override.  A query-map kind after ``@``
+    sets ``retrieval.query_map``: ``"cvs@procrustes"`` -> ("cvs", None, {"retrieval.query_map":
+    "procrustes"}), ``"cvs@linear_reset@affine"`` sets both."""
     base, *fields = entry.split("+")
-    method, _, head = base.partition("@")
+    method, *tags = base.split("@")
     overrides = {}
+    maps = [t for t in tags if t in query_maps.KINDS and t != "none"]
+    if maps:
+        overrides["retrieval.query_map"] = maps[-1]
+    heads = [t for t in tags if t not in maps]
+    head = "@".join(heads)  # anything else is a head (refused by run_comparison when it names none)
     for f in fields:
         key, sep, value = f.partition("=")
         if not sep or not key:
             raise ConfigError(f"--methods entry {entry!r}: write each override as +field=value, e.g. +cvs.use_lm=False")
         overrides[key] = value
     return method, (head or None), overrides
+
+
+def _without_map(entry: str) -> str:
+    """``"cvs@linear_reset@procrustes"`` -> ``"cvs@linear_reset"``: the entry without its query-map tag."""
+    method, *tags = entry.split("@")
+    return "@".join([method] + [t for t in tags if t not in query_maps.KINDS])
 
 
 def _typed(old, value: str, key: str):
@@ -144,6 +158,8 @@ def run_record(seed: int, method: str, c, run_dir: str, workdir: str, results: d
         summaries = {
             BC: compatibility.mean_drop(matrix),
             "AC": compatibility.average_compatibility(matrix),
+            AC_PASS: compatibility.average_compatibility(matrix, ties="pass"),
+            "mAP": results.get("average_map"),  # absent before mAP was recorded
             "AM": compatibility.average_multimodel_accuracy(matrix),
             "NFR": compatibility.mean_flips(results.get("negative_flip_rate")),  # absent before it existed
         }
@@ -155,10 +171,13 @@ def entry_pairs(config, methods: list[str]) -> list[tuple[str, str, str]]:
     """The paired comparisons beyond "each entry minus cvs": ``(a, b, why)`` for each method run under
     both heads (``a`` linear_reset, ``b`` cosine: the head effect) and for each entry against the cvs
     entry trained with the same head (when that cvs entry is not plain ``cvs``, already the reference);
-    and each ablation (``entry+field=value``) against its entry without overrides."""
-    plain = [e for e in methods if "+" not in e]
+    and each ablation (``entry+field=value``) against its entry without overrides; each query-map entry
+    (``method@procrustes``) against the entry without the map (``method``), its query-map effect."""
+    mapped = {e: _without_map(e) for e in methods if "+" not in e and "retrieval.query_map" in parse_entry(e)[2]}
+    plain = [e for e in methods if "+" not in e and e not in mapped]
     ablations = [(e, e.split("+")[0]) for e in methods if "+" in e]
-    pairs = [(e, base, f"ablation of {base}") for e, base in ablations if base in plain]
+    pairs = [(e, base, f"ablation of {base}") for e, base in ablations if base in plain or base in mapped]
+    pairs += [(e, base, f"query map of {base}") for e, base in mapped.items() if base in plain]
     heads = {}
     for entry in plain:
         c = entry_config(config, entry, 0, None)
@@ -199,7 +218,10 @@ def run_comparison(
         raise ConfigError(f"--methods names unknown methods {unknown}; choose from {sorted(METHODS)}.")
     bad_heads = [m for m in methods if parse_entry(m)[1] not in (None,) + HEADS]
     if bad_heads:
-        raise ConfigError(f"--methods {bad_heads}: after '@' name a head, one of {list(HEADS)} (e.g. ewc@cosine).")
+        raise ConfigError(
+            f"--methods {bad_heads}: after '@' name a head, one of {list(HEADS)} (e.g. ewc@cosine), or a query map, "
+            f"one of {list(query_maps.KINDS[1:])} (e.g. cvs@procrustes)."
+        )
     if len(set(methods)) < len(methods):
         raise ConfigError(f"--methods {','.join(methods)} names an entry twice; name each once.")
     for entry in methods:  # an override of a field that does not exist, or of the wrong type, stops here
@@ -210,7 +232,7 @@ def run_comparison(
 
 
 # Config groups read only from session 2 on: an entry whose overrides stay inside them shares session 1.
-SESSION_TWO_GROUPS = ("cvs", "rainbow", "memory", "loss_weights")
+SESSION_TWO_GROUPS = ("cvs", "rainbow", "memory", "loss_weights", "retrieval")
 
 
 def _share_session_one(c, entry: str, seed: int, run_dir: str, earlier: dict) -> None:

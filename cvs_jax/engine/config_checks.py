@@ -17,6 +17,7 @@ from cvs_jax.engine import schedules
 from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.methods.registry import METHODS, head_name, population_methods
 from cvs_jax.models import backbones
+from cvs_jax.retrieval import query_maps
 
 # Classes of the datasets we know without opening them (for early S/C/L checks).
 KNOWN_NUM_CLASSES = {
@@ -44,6 +45,14 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
     _check_augment(config.augment)
     _check_method(config, total)
     _check_model(config)
+    _check_retrieval(config)
+
+
+def _check_retrieval(config: ml_collections.ConfigDict) -> None:
+    """``retrieval.query_map``: one of the query-map kinds."""
+    kind = config.retrieval.query_map
+    if kind not in query_maps.KINDS:
+        raise ConfigError(f"retrieval.query_map={kind!r} is unknown; choose one of {list(query_maps.KINDS)}.")
 
 
 def _check_data(d: ml_collections.ConfigDict) -> int:

@@ -4,8 +4,9 @@
     session_view      the session's batches, gallery images, validation and test queries
     session_constants per-session values the jitted step reads (classes, L_d centres, importance)
     train             epochs with validation recall@1 and best-model selection (resumes mid-session)
-    test              recall@K of the test queries against the accumulated gallery
-    append_and_save   the session's gallery part, its result record and the session checkpoint
+    fit_query_map     (``retrieval.query_map``) the map from the selected model's space to the previous one's
+    test              recall@K and mAP of the test queries against the accumulated gallery
+    append_and_save   the session's gallery part, its result record, its query map and the session checkpoint
 
 Protocol rules (as the official ivclab/CVS code does them): the model that is tested, embeds the
 gallery and is saved is the best-validation epoch's (strict improvement: ties go to the earlier
@@ -34,8 +35,8 @@ from cvs_jax.engine.train_step import TrainState
 from cvs_jax.errors import ConfigError, DivergedError, NonFiniteError
 from cvs_jax.methods.seams import SessionBatches
 from cvs_jax.models.heads import head_params
-from cvs_jax.retrieval import topk
-from cvs_jax.rundir import faults
+from cvs_jax.retrieval import average_precision, query_maps, topk
+from cvs_jax.rundir import faults, paths
 from cvs_jax.rundir.gallery import Gallery, GalleryPart, RowConcat
 from cvs_jax.rundir.run_log import format_eta
 
@@ -115,7 +116,8 @@ def session_constants(ctx: RunContext, state: RunState, view: SessionView) -> di
 def make_search(ctx: RunContext, view: SessionView) -> Callable[..., dict]:
     """``search(variables, query_images, query_labels, new_rows=None) -> {k: recall}``: the stored
     rows plus the session's images embedded by ``variables`` (or ``new_rows`` when already embedded),
-    streamed without a joint copy."""
+    streamed without a joint copy.  Validation searches with it and applies no query map: the session's
+    map is fitted on its selected model, after training (``fit_query_map``); ``test`` applies the maps."""
     labels = np.concatenate([view.stored.labels, ctx.proto.train_labels[view.gallery_idx]])
 
     def search(variables, query_images, query_labels, new_rows=None):
@@ -127,6 +129,44 @@ def make_search(ctx: RunContext, view: SessionView) -> Callable[..., dict]:
         return topk.recall_at_k_blocked(q, query_labels, rows, labels, ctx.ks, mesh=ctx.mesh)
 
     return search
+
+
+def _with_session_part(ctx: RunContext, view: SessionView, new_rows: np.ndarray) -> Gallery:
+    """The stored parts plus the session's rows (a view: no row is copied)."""
+    part = GalleryPart(
+        new_rows, ctx.proto.train_labels[view.gallery_idx], np.asarray(view.gallery_idx, np.int64), view.s
+    )
+    return Gallery(list(view.stored.parts) + [part], new_rows.shape[1])
+
+
+def mapped_scores(ctx: RunContext, view: SessionView, maps: dict, q: np.ndarray, q_labels, new_rows) -> tuple:
+    """``(recall@K, mAP)`` of the session's model's queries ``q`` against the stored rows plus its own:
+    with ``maps`` (``RunState.query_maps``, non-empty) each older part j is scored with the queries mapped
+    through the chain s -> ... -> j, the session's own part with the queries as they are; without, the
+    plain search (``make_search``'s)."""
+    gallery = _with_session_part(ctx, view, new_rows)
+    if maps:
+        recall = query_maps.mapped_recall_at_k(q, q_labels, gallery, maps, view.s, ctx.ks)
+        parts = [(p.session, p.embeddings, p.labels) for p in gallery.parts]
+        return recall, average_precision.mapped_mean_average_precision(q, q_labels, parts, maps, view.s)
+    rows = RowConcat([p.embeddings for p in gallery.parts])
+    recall = topk.recall_at_k_blocked(q, q_labels, rows, gallery.labels, ctx.ks, mesh=ctx.mesh)
+    return recall, average_precision.mean_average_precision(q, q_labels, np.asarray(rows), gallery.labels)
+
+
+def fit_query_map(ctx: RunContext, state: RunState, view: SessionView, selection: "Selection") -> RunState:
+    """Session s >= 1 with ``retrieval.query_map`` set: the map from the selected model's space to the
+    previous session's selected model's (``state.variables``), fitted on images both embed: the replay
+    memory the session trained with, or the session's new training images when the method keeps none."""
+    kind, s = ctx.config.retrieval.query_map, view.s
+    if kind == "none" or s == 0:
+        return state
+    mem = state.memory
+    idx = mem.source_ids if len(mem) else np.asarray(ctx.proto.plan.sessions[s].train, np.int64)
+    images = ctx.proto.train_images(idx)
+    qmap = query_maps.fit_query_map(kind, ctx.embed(selection.variables, images), ctx.embed(state.variables, images))
+    ctx.log.print(f"  session {s + 1}: {kind} query map fitted on {len(idx)} images (model {s + 1} -> model {s})")
+    return state.replace(query_maps={**state.query_maps, s: qmap})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -539,19 +579,21 @@ def _net_and_head(variables: dict, head) -> dict:
     return out
 
 
-def test(ctx: RunContext, view: SessionView, selection: Selection) -> tuple[dict, np.ndarray]:
-    """Recall@K of the session's test queries (selected model) against the stored gallery plus the
-    session's images embedded by the selected model; returns ``(recall, new_rows)``."""
+def test(
+    ctx: RunContext, state: RunState, view: SessionView, selection: Selection
+) -> tuple[dict, float | None, np.ndarray]:
+    """Recall@K and mAP of the session's test queries (selected model) against the stored gallery plus the
+    session's images embedded by the selected model, older parts through ``state.query_maps`` when the run
+    fits them; returns ``(recall, mAP, new_rows)``."""
     ctx.log.print(
         f"  session {view.s + 1}: embedding {len(view.gallery_idx)} new gallery rows and "
         f"{len(view.test_idx)} test queries with the selected model"
     )
     new_rows = ctx.embed(selection.variables, ctx.proto.train_images(view.gallery_idx))
     q_labels = ctx.proto.test_labels[view.test_idx]
-    recall = make_search(ctx, view)(
-        selection.variables, ctx.proto.test_images(view.test_idx), q_labels, new_rows=new_rows
-    )
-    return recall, new_rows
+    q = ctx.embed(selection.variables, ctx.proto.test_images(view.test_idx))
+    recall, mean_ap = mapped_scores(ctx, view, state.query_maps, q, q_labels, new_rows)
+    return recall, mean_ap, new_rows
 
 
 def append_and_save(
@@ -560,11 +602,13 @@ def append_and_save(
     view: SessionView,
     selection: Selection,
     recall: dict,
+    mean_ap: float | None,
     new_rows: np.ndarray,
     seconds: float,
 ) -> RunState:
     """Adds the session's gallery part (stored rows are not copied), records the results and writes
-    the session checkpoint."""
+    the session's query map (when fitted; before the checkpoint, so a completed session always has it)
+    and the session checkpoint."""
     s = view.s
     part = GalleryPart(
         new_rows,
@@ -577,6 +621,7 @@ def append_and_save(
     record = {
         "session": s,
         "recall": {str(k): v for k, v in recall.items()},
+        "map": mean_ap,  # mAP of the test queries over the whole gallery (None: no query has a relevant row)
         "best_epoch": selection.epoch + 1,
         "val_recall1": selection.val_recall1,
         "new_images": int(len(ctx.proto.plan.sessions[s].train)),  # protocol.json's "train" of the session
@@ -595,6 +640,7 @@ def append_and_save(
     ctx.log.print(
         f"session {s + 1} test: "
         + " ".join(f"R@{k}={100 * v:.2f}" for k, v in recall.items())
+        + ("" if mean_ap is None else f" mAP={100 * mean_ap:.2f}")
         + f" (best epoch {selection.epoch + 1}, val R@1 {100 * selection.val_recall1:.2f})"
     )
     new_state = state.replace(
@@ -603,6 +649,8 @@ def append_and_save(
         importance=ctx.method.importance.after_session(ctx.policy_view, state.importance, selection, s),
         records=state.records + (record,),
     )
+    if s in state.query_maps and jax.process_index() == 0:
+        state.query_maps[s].save(paths.query_map_file(ctx.workdir, s))
     faults.fail_while_writing("session_write", ctx.sessions.directory)
     new_state.save(ctx.sessions, part, ctx.trunk)
     return new_state

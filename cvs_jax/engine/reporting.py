@@ -18,6 +18,7 @@ from cvs_jax.retrieval import topk
 from cvs_jax.retrieval.compatibility import (
     BC_KEY,
     average_compatibility,
+    average_compatibility_rules,
     average_multimodel_accuracy,
     compatibility_matrix,
     format_matrix,
@@ -29,13 +30,26 @@ from cvs_jax.rundir import paths
 
 
 def results_table(per_session: list[dict], ks) -> str:
-    head = "| session | " + " | ".join(f"R@{k}" for k in ks) + " |"
-    rows = [head, "|" + "---|" * (len(ks) + 1)]
+    """Recall@K per session and AR@K, with an mAP column when every session has one."""
+    mean_ap = average_map(per_session)
+    with_map = mean_ap is not None
+    head = "| session | " + " | ".join(f"R@{k}" for k in ks) + (" | mAP" if with_map else "") + " |"
+    rows = [head, "|" + "---|" * (len(ks) + 1 + with_map)]
     for r in per_session:
-        rows.append(f"| {r['session'] + 1} | " + " | ".join(f"{100 * r['recall'][str(k)]:.2f}" for k in ks) + " |")
+        cells = [f"{100 * r['recall'][str(k)]:.2f}" for k in ks] + ([f"{100 * r['map']:.2f}"] if with_map else [])
+        rows.append(f"| {r['session'] + 1} | " + " | ".join(cells) + " |")
     ar = topk.average_recall([{k: r["recall"][str(k)] for k in ks} for r in per_session])
-    rows.append("| **AR** | " + " | ".join(f"**{100 * ar[k]:.2f}**" for k in ks) + " |")
+    cells = [f"**{100 * ar[k]:.2f}**" for k in ks] + ([f"**{100 * mean_ap:.2f}**"] if with_map else [])
+    rows.append("| **AR** | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def average_map(per_session: list[dict]) -> float | None:
+    """The mean of the sessions' mAP (as AR@K averages their recall); None when a session has none."""
+    values = [r["map"] for r in per_session if "map" in r]
+    if not values or len(values) != len(per_session) or any(v is None for v in values):
+        return None
+    return float(np.mean(values))
 
 
 def _stored_rows(ctx: RunContext, state: RunState) -> tuple[int, Rows]:
@@ -83,6 +97,8 @@ def finish(ctx: RunContext, state: RunState) -> dict:
         # sessions numbered from 1, as everything printed (the checkpoints' records count from 0)
         "per_session": [dict(r, session=r["session"] + 1) for r in per_session],
         "average_recall": {str(k): v for k, v in ar.items()},
+        "average_map": average_map(per_session),
+        "query_map": c.retrieval.query_map,
     }
     last_test = ctx.proto.test_queries(plan.num_sessions - 1)
 
@@ -91,15 +107,19 @@ def finish(ctx: RunContext, state: RunState) -> dict:
         variables = restore_variables(ctx.sessions, i, state.variables, ctx.trunk)
         return ctx.embed(variables, ctx.proto.test_images(last_test))
 
-    compat = compatibility_matrix(plan.num_sessions, state.gallery, embed_queries, ctx.proto.test_labels[last_test])
+    # with query maps, model i's queries reach part j's rows through the chain i -> ... -> j
+    compat = compatibility_matrix(
+        plan.num_sessions, state.gallery, embed_queries, ctx.proto.test_labels[last_test], maps=state.query_maps or None
+    )
     results["compatibility_recall1"] = [[None if np.isnan(v) else float(v) for v in row] for row in compat]
     drop = mean_drop(results["compatibility_recall1"])
     results[BC_KEY] = None if drop is None else 100 * drop  # points, as shown
-    results["compatibility_ac"] = average_compatibility(results["compatibility_recall1"])
+    results["compatibility_ac"] = average_compatibility(results["compatibility_recall1"])  # a tie fails (iamcl2r)
+    results["compatibility_ac_ties_pass"] = average_compatibility_rules(results["compatibility_recall1"])["ties_pass"]
     results["compatibility_am"] = average_multimodel_accuracy(results["compatibility_recall1"])
     # entry i-1: the update from model i-1 to model i (top-1 of the same queries on the rows before session i)
     results["negative_flip_rate"] = negative_flips(
-        plan.num_sessions, state.gallery, embed_queries, ctx.proto.test_labels[last_test]
+        plan.num_sessions, state.gallery, embed_queries, ctx.proto.test_labels[last_test], maps=state.query_maps or None
     )
     # where forgetting shows
     ctx.log.print(format_matrix(results["compatibility_recall1"], results["negative_flip_rate"]))

@@ -22,6 +22,7 @@ import numpy as np
 from cvs_jax.engine.frozen_trunk import FrozenTrunk
 from cvs_jax.methods.seams import ImportanceState, ReplayMemory
 from cvs_jax.models.heads import ROW_KEYS
+from cvs_jax.retrieval import query_maps
 from cvs_jax.rundir.checkpoint import Checkpoints
 from cvs_jax.rundir.gallery import Gallery, GalleryPart
 
@@ -81,6 +82,8 @@ class RunState:
     memory: ReplayMemory
     importance: ImportanceState
     records: tuple[dict, ...] = ()  # one result record per completed session
+    # retrieval.query_map: {s: map of model s to model s - 1} (s >= 1), kept beside the checkpoints
+    query_maps: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def initial(cls, variables: dict, embed_dim: int) -> "RunState":
@@ -147,6 +150,9 @@ def resume(ctx: RunContext) -> RunState:
     state = RunState.restore(ctx.sessions, fresh, ctx.trunk)
     if state is None:
         return fresh
+    state = state.replace(
+        query_maps=query_maps.stored_maps(ctx.workdir, state.completed - 1, ctx.config.retrieval.query_map)
+    )
     ctx.log.print(
         f"resumed after session {state.completed}: gallery {len(state.gallery)} rows, memory {len(state.memory)}"
     )

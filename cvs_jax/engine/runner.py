@@ -112,9 +112,10 @@ def run_sessions(ctxs: list[RunContext]) -> list[dict]:
             [consts[m] for m in active],
         )  # fmt: skip
         for m, selection in zip(active, selections):
-            recall, new_rows = phases.test(ctxs[m], views[m], selection)
+            states[m] = phases.fit_query_map(ctxs[m], states[m], views[m], selection)
+            recall, mean_ap, new_rows = phases.test(ctxs[m], states[m], views[m], selection)
             states[m] = phases.append_and_save(
-                ctxs[m], states[m], views[m], selection, recall, new_rows, time.time() - t0
+                ctxs[m], states[m], views[m], selection, recall, mean_ap, new_rows, time.time() - t0
             )
             if s + 1 < num_sessions:  # the last session's report is written with its results (finish)
                 reporting.write_report(ctxs[m], states[m])

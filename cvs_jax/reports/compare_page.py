@@ -33,7 +33,7 @@ def _interval(d: dict | None) -> tuple[str, str]:
 def _table(c: dict) -> str:
     summary = c["summary"]
     ks = next((list(e["average_recall"]) for e in summary if e["average_recall"]), [])
-    head = ["method", "seeds"] + [f"AR@{k} (%)" for k in ks] + ["BC (points)", f"AR@1 − {REFERENCE}"]
+    head = ["method", "seeds"] + [f"AR@{k} (%)" for k in ks] + ["mAP (%)", "BC (points)", f"AR@1 − {REFERENCE}"]
     rows = []
     for e in summary:
         vs = (e.get("vs_" + REFERENCE) or {}).get("1") if ks else None
@@ -41,7 +41,7 @@ def _table(c: dict) -> str:
         rows.append(
             [html.esc(e["method"]), f"{len(e['seeds'])}{diverged}"]
             + [f'<span data-ar="{html.esc(e["method"])}:{k}">{_mean_std(e["average_recall"][k])}</span>' for k in ks]
-            + [_mean_std(e[BC])]
+            + [_mean_std(e.get("mAP")), _mean_std(e[BC])]
             + [_interval(vs)]
         )
     return html.table(head, rows)

@@ -74,15 +74,17 @@ def _recall_section(results: dict | None) -> str:
     if not per:
         return "<h2>Recall</h2><p>No session has finished yet.</p>"
     ks = list(per[0]["recall"])
-    head = ["session"] + [f"R@{k} (%)" for k in ks] + ["test queries", "gallery rows"]
+    head = ["session"] + [f"R@{k} (%)" for k in ks] + ["mAP (%)", "test queries", "gallery rows"]
     rows = [
         [str(r["session"])]
         + [f'<span data-recall="{r["session"]}:{k}">{html.pct(r["recall"][k])}</span>' for k in ks]
+        + [f'<span data-map="{r["session"]}">{html.pct(r.get("map"))}</span>']  # absent in runs before mAP
         + [str(r.get("test_queries", "-")), str(r.get("gallery_rows", "-"))]
         for r in per
     ]
     ar = results.get("average_recall") or {}
-    rows.append(["AR"] + [f'<span data-ar="{k}">{html.pct(ar.get(k))}</span>' for k in ks] + ["", ""])
+    mean_ap = f'<span data-map="AR">{html.pct(results.get("average_map"))}</span>'
+    rows.append(["AR"] + [f'<span data-ar="{k}">{html.pct(ar.get(k))}</span>' for k in ks] + [mean_ap, "", ""])
     fig, ax = plt.subplots(figsize=(5.2, 3.2))
     x = [r["session"] for r in per]
     for k in ks:
@@ -97,7 +99,13 @@ def _recall_section(results: dict | None) -> str:
     return (
         "<h2>Recall per session</h2>"
         '<p class="legend">Recall@K of each session\'s test queries (every class seen so far) against the whole '
-        "gallery; AR: the mean over sessions.</p>"
+        "gallery; mAP: their mean average precision over the whole ranking; AR: the mean over sessions"
+        + (
+            f"; queries scored older gallery parts through the run's {html.esc(results['query_map'])} query maps"
+            if results.get("query_map", "none") != "none"
+            else ""
+        )
+        + ".</p>"
         '<div style="display:flex;gap:24px;align-items:flex-start;flex-wrap:wrap">'
         + html.table(head, rows, [""] * (len(rows) - 1) + ["total"])
         + html.img(html.figure_uri(fig), "recall per session", "plot")
@@ -147,12 +155,16 @@ def _compat_section(results: dict | None) -> str:
         rows.append(cells)
     drop = compatibility.bc_points(results)
     ac, am = compatibility.average_compatibility(matrix), compatibility.average_multimodel_accuracy(matrix)
+    ac_pass = compatibility.average_compatibility(matrix, ties="pass")
+    ac_text = f'<b><span data-summary="AC">{"-" if ac is None else f"{ac:.2f}"}</span></b>'
+    if ac_pass != ac:  # a later model ties a part's own model: CoReS's rule passes the tie, iamcl2r's fails it
+        ac_text += f' (a tie fails; <b><span data-summary="AC-ties-pass">{ac_pass:.2f}</span></b> if a tie passes)'
     nfr = compatibility.mean_flips(results.get("negative_flip_rate"))
     note = (
         f"BC, the mean change on old rows (newer models minus the rows' own model): "
         f'<b><span data-summary="BC">{"-" if drop is None else f"{drop:+.2f}"}</span></b> points; '
-        f'AC (share of later models beating a part\'s own model on its rows): <b><span data-summary="AC">'
-        f"{'-' if ac is None else f'{ac:.2f}'}</span></b>; AM (every model on every part it searches): "
+        f"AC (share of later models beating a part's own model on its rows): {ac_text}; "
+        "AM (every model on every part it searches): "
         f'<b><span data-summary="AM">{html.pct(am)}</span></b> %; NFR (queries right before an update and '
         f'wrong after, mean over updates): <b><span data-summary="NFR">{html.pct(nfr)}</span></b> %. '
         if drop is not None or n > 1

@@ -20,7 +20,10 @@ REFERENCE = "cvs"  # paired differences are taken against this method
 BC = "BC"  # the backward-compatibility summary's key beside the K of AR@K (compatibility.mean_drop, points)
 # the compatibility summaries of a run record, in %: BC; AC and AM (compatibility.average_compatibility,
 # average_multimodel_accuracy); NFR, the mean negative-flip rate of the run's updates (compatibility.negative_flips)
-COMPAT = (BC, "AC", "AM", "NFR")
+# "AC ties pass": AC when a tie M[i, j] == M[j, j] counts as compatible (CoReS / CL2R; "AC" fails it, iamcl2r),
+# shown in the tables only where it differs from AC. "mAP": the mean over sessions of the session's mAP, in %.
+AC_PASS = "AC ties pass"
+COMPAT = ("mAP", BC, "AC", AC_PASS, "AM", "NFR")
 JSON_FORMAT = "cvs_jax.comparison/1"
 
 
@@ -130,17 +133,24 @@ def _mean_std_cell(a: dict | None) -> str:
     return "n/a" if a is None else f"{a['mean']:.2f} ± {a['std']:.2f}"
 
 
+def _shown(summary: list[dict]) -> list[str]:
+    """The summary columns of the tables: COMPAT, without "AC ties pass" when it equals AC everywhere."""
+    differ = any((e.get("AC") or {}).get("per_seed") != (e.get(AC_PASS) or {}).get("per_seed") for e in summary)
+    return [c for c in COMPAT if c != AC_PASS or differ]
+
+
 def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str, pairs: list[dict] = ()) -> str:
     ks = next((list(e["average_recall"]) for e in summary if e["average_recall"]), [])
     n_seeds = len({r["seed"] for r in runs})
     heads = {r["method"]: r["head"] for r in runs}
-    cols = [f"AR@{k}" for k in ks] + list(COMPAT)
+    compat = _shown(summary)
+    cols = [f"AR@{k}" for k in ks] + compat
     lines = [f"### {title}", "", "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for e in summary:
         if not e["seeds"]:
             cells = [_no_seed(e)] * len(cols)
         else:
-            cells = [_mean_std_cell(e["average_recall"][k]) for k in ks] + [_mean_std_cell(e.get(c)) for c in COMPAT]
+            cells = [_mean_std_cell(e["average_recall"][k]) for k in ks] + [_mean_std_cell(e.get(c)) for c in compat]
             cells[0] += _status(e)
         lines.append(f"| {e['method']} | " + " | ".join(cells) + " |")
     lines += [
@@ -149,7 +159,9 @@ def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str,
         "backward-compatibility drop, mean over old gallery parts j of (recall@1 of the newer models on "
         "part j) − (recall@1 of part j's own model), in points (0: compatible; more negative: more of the "
         "old rows lost). AC: % of (later model, earlier gallery part) pairs where the later model beats the "
-        "part's own model; AM: mean recall@1 of every model on every part it searches; NFR: % of queries "
+        "part's own model (a tie fails, iamcl2r's rule; AC ties pass, shown where it differs: a tie passes, "
+        "CoReS's); mAP: mean over sessions of the test queries' mean average precision on the whole gallery, in "
+        "%; AM: mean recall@1 of every model on every part it searches; NFR: % of queries "
         "an update turns from right to wrong at top-1, mean over updates (README, Compatibility metrics). "
         "Heads: " + ", ".join(f"{m} {h}" for m, h in heads.items() if h) + ".",
     ]
@@ -170,7 +182,7 @@ def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str,
                 lines.append(f"| {e['method']} | 0 | " + " | ".join([_no_seed(e)] * len(cols)) + " |")
                 continue
             n = vs[ks[0]]["n"] if vs else 0
-            cells = [format_difference(vs and vs[k]) for k in ks + list(COMPAT)]
+            cells = [format_difference(vs and vs[k]) for k in ks + compat]
             lines.append(f"| {e['method']} | {n} | " + " | ".join(cells) + " |")
     if pairs:
         lines += [
@@ -182,7 +194,7 @@ def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str,
         ]
         for p in pairs:
             d = p["difference"]
-            cells = [format_difference(d[k]) for k in ks + list(COMPAT)]
+            cells = [format_difference(d[k]) for k in ks + compat]
             n = d[ks[0]]["n"] if ks else 0
             lines.append(f"| {p['a']} - {p['b']} | {p['why']} | {n} | " + " | ".join(cells) + " |")
     seeds = sorted({r["seed"] for r in runs})

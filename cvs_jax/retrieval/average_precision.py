@@ -17,10 +17,18 @@ import numpy as np
 
 @jax.jit
 def _chunk_ap(q: jax.Array, q_labels: jax.Array, g: jax.Array, g_labels: jax.Array) -> jax.Array:
-    scores = jnp.matmul(q, g.T, precision=jax.lax.Precision.HIGHEST)
+    return _ap_of_scores(jnp.matmul(q, g.T, precision=jax.lax.Precision.HIGHEST), q_labels, g_labels)
+
+
+@jax.jit
+def _scores_ap(scores: jax.Array, q_labels: jax.Array, g_labels: jax.Array) -> jax.Array:
+    return _ap_of_scores(scores, q_labels, g_labels)
+
+
+def _ap_of_scores(scores: jax.Array, q_labels: jax.Array, g_labels: jax.Array) -> jax.Array:
     order = jnp.argsort(-scores, axis=1, stable=True)  # best first, ties by gallery index
     rel = (g_labels[order] == q_labels[:, None]).astype(jnp.float32)
-    ranks = jnp.arange(1, g.shape[0] + 1, dtype=jnp.float32)
+    ranks = jnp.arange(1, scores.shape[1] + 1, dtype=jnp.float32)
     hits = jnp.sum(rel, axis=1)
     ap = jnp.sum(rel * jnp.cumsum(rel, axis=1) / ranks, axis=1) / jnp.maximum(hits, 1.0)
     return jnp.where(hits > 0, ap, jnp.nan)
@@ -55,3 +63,29 @@ def mean_average_precision(query_emb, query_labels, gallery_emb, gallery_labels,
     ap = average_precisions(query_emb, query_labels, gallery_emb, gallery_labels, chunk=chunk)
     ap = ap[~np.isnan(ap)]
     return float(np.mean(ap)) if ap.size else None
+
+
+def mapped_mean_average_precision(query_emb, query_labels, parts, maps, model_session: int, *, chunk: int = 256):
+    """mAP when each gallery part is scored with the queries mapped down to its session (``query_maps``):
+    ``parts`` = ``[(session j, rows [N_j, D], labels [N_j])]`` in gallery order; the cosine scores of the
+    mapped queries against each part's rows are ranked together (ties by gallery row).  None: no query has
+    a relevant row."""
+    from cvs_jax.retrieval import query_maps  # pylint: disable=g-import-not-at-top (query_maps imports topk)
+
+    g_labels = jnp.asarray(np.concatenate([np.asarray(p[2]).reshape(-1) for p in parts]).astype(np.int32))
+    if g_labels.shape[0] == 0:
+        raise ValueError("the gallery is empty: nothing to rank")
+    rows = {i: _normalize(p[1]) for i, p in enumerate(parts)}
+    q_labels = np.asarray(query_labels).reshape(-1).astype(np.int32)
+    out = np.empty(q_labels.shape[0], np.float64)
+    for start in range(0, q_labels.shape[0], chunk):
+        sl = slice(start, start + chunk)
+        n = q_labels[sl].shape[0]
+        mapped = query_maps.map_queries(maps, np.asarray(query_emb)[sl], model_session, [p[0] for p in parts])
+        scores = np.concatenate([_normalize(mapped[p[0]]) @ rows[i].T for i, p in enumerate(parts)], axis=1)
+        pad = chunk - n
+        scores = np.concatenate([scores, np.zeros((pad, scores.shape[1]), np.float32)])
+        lc = np.concatenate([q_labels[sl], np.full(pad, -1, np.int32)])
+        out[sl] = np.asarray(_scores_ap(jnp.asarray(scores, jnp.float32), jnp.asarray(lc), g_labels))[:n]
+    out = out[~np.isnan(out)]
+    return float(np.mean(out)) if out.size else None

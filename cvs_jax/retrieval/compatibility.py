@@ -138,11 +138,16 @@ def negative_flip_rate(old_correct, new_correct) -> float:
 
 
 def negative_flips(
-    num_sessions: int, gallery: Gallery, embed_queries: Callable[[int], np.ndarray], query_labels: np.ndarray
+    num_sessions: int,
+    gallery: Gallery,
+    embed_queries: Callable[[int], np.ndarray],
+    query_labels: np.ndarray,
+    maps: Mapping[int, QueryMap] | None = None,
 ) -> list[float | None]:
     """NFR of each update, entry i-1 for models i-1 -> i: top-1 correctness of the queries whose class has
     rows in the gallery as it stood before session i (parts of sessions < i, each embedded by its own
-    model), searched by model i-1 and then by model i against those same rows. None: no such query."""
+    model), searched by model i-1 and then by model i against those same rows. None: no such query.
+    ``maps`` (``query_maps``, by session): each model's queries reach part j through its chain to j."""
     out: list[float | None] = []
     for i in range(1, num_sessions):
         parts = [p for p in gallery.parts if p.session < i]
@@ -155,9 +160,12 @@ def negative_flips(
             out.append(None)
             continue
         rows = RowConcat([p.embeddings for p in parts])
-        correct = [
-            topk.topk_labels(embed_queries(s)[keep], rows, labels, 1)[:, 0] == query_labels[keep] for s in (i - 1, i)
-        ]
+        if maps is None:
+            top = [topk.topk_labels(embed_queries(s)[keep], rows, labels, 1)[:, 0] for s in (i - 1, i)]
+        else:
+            before = Gallery(parts, gallery.embed_dim)
+            top = [query_maps.mapped_topk_labels(embed_queries(s)[keep], before, maps, s, 1)[:, 0] for s in (i - 1, i)]
+        correct = [t == query_labels[keep] for t in top]
         out.append(negative_flip_rate(*correct))
     return out
 
@@ -179,7 +187,9 @@ def format_matrix(matrix, flips=None) -> str:
     nfr = mean_flips(flips)
     summary = [] if bc is None else [f"BC {100 * bc:+.2f} points (newer models on old rows minus the rows' own model)"]
     if ac is not None:
-        summary.append(f"AC {ac:.2f} (share of later models beating a part's own model on its rows)")
+        ac_pass = average_compatibility(matrix, ties="pass")
+        ties = "" if ac_pass == ac else f"; {ac_pass:.2f} if a tie with the part's own model passes, as CoReS counts"
+        summary.append(f"AC {ac:.2f} (share of later models beating a part's own model on its rows{ties})")
     if am is not None and n > 1:
         summary.append(f"AM {100 * am:.1f} % (every model on every part it searches)")
     if nfr is not None:

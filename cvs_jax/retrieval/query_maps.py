@@ -23,11 +23,14 @@ i -> i-1 -> ... -> j (:func:`chain`); rows of session i itself take the query as
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Mapping, Sequence
 
 import numpy as np
 
+from cvs_jax.errors import CheckpointError
 from cvs_jax.retrieval import topk
+from cvs_jax.rundir import paths
 from cvs_jax.rundir.gallery import Gallery
 
 KINDS = ("none", "procrustes", "affine", "mean_shift")
@@ -72,14 +75,33 @@ class QueryMap:
         return cls(np.asarray(d["matrix"], np.float64), np.asarray(d["bias"], np.float64), str(d["kind"]))
 
     def save(self, path: str) -> None:
-        """An ``.npz`` beside the session checkpoint."""
-        with open(path, "wb") as f:
+        """An ``.npz`` beside the session checkpoints (written whole or not at all)."""
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path + ".tmp", "wb") as f:
             np.savez(f, **self.as_dict())
+        os.replace(path + ".tmp", path)
 
     @classmethod
     def load(cls, path: str) -> "QueryMap":
         with np.load(path) as d:
             return cls.from_dict(d)
+
+
+def stored_maps(workdir: str, last_session: int, kind: str) -> dict[int, QueryMap]:
+    """The query maps of a run whose ``retrieval.query_map`` is ``kind``, for sessions 1..``last_session``
+    (0-based; none for ``"none"``).  A run writes session s's map before session s's checkpoint, so every
+    completed session s >= 1 has one; a missing file is refused (the scores would silently change)."""
+    if kind == "none":
+        return {}
+    files = {s: paths.query_map_file(workdir, s) for s in range(1, last_session + 1)}
+    missing = [s for s, f in files.items() if not os.path.exists(f)]
+    if missing:
+        raise CheckpointError(
+            f"{workdir} was run with retrieval.query_map={kind} but holds no query map for session(s) "
+            f"{[s + 1 for s in missing]} ({paths.query_map_file(workdir, missing[0])} is missing); restore "
+            f"{paths.QUERY_MAPS} from a backup, or start the run anew in another --workdir."
+        )
+    return {s: QueryMap.load(f) for s, f in files.items()}
 
 
 def identity(dim: int) -> QueryMap:
@@ -119,6 +141,16 @@ def chain(maps: Mapping[int, QueryMap], model_session: int, part_session: int, d
     return out
 
 
+def map_chains(maps: Mapping[int, QueryMap], model_session: int, part_sessions: Sequence[int]) -> dict:
+    """``{"matrix_<j+1>", "bias_<j+1>"}``: the composed chain to each part session j (what ``export`` writes)."""
+    d = next(iter(maps.values())).dim
+    out = {}
+    for j in part_sessions:
+        c = chain(maps, model_session, j, d)
+        out[f"matrix_{j + 1}"], out[f"bias_{j + 1}"] = c.matrix, c.bias
+    return out
+
+
 def map_queries(
     maps: Mapping[int, QueryMap], queries, model_session: int, part_sessions: Sequence[int]
 ) -> dict[int, np.ndarray]:
@@ -129,25 +161,42 @@ def map_queries(
     return {j: chain(maps, model_session, j, d).apply(q).astype(np.float32) for j in sorted(set(part_sessions))}
 
 
-def mapped_topk_labels(query_emb, gallery: Gallery, maps: Mapping[int, QueryMap], model_session: int, k: int):
-    """Labels ``[Q, k]`` of the nearest rows of the whole gallery (-1: no row) for queries of
-    ``model_session``'s model, each part searched with the queries mapped down to its session; the
-    parts' top-k merged by score, ties by the lowest row index of the gallery (as one search)."""
-    if len(gallery) == 0:
-        raise ValueError("the gallery is empty: nothing to search")
-    per_part = map_queries(maps, query_emb, model_session, [p.session for p in gallery.parts])
-    scores, rows, base = [], [], 0
-    for part in gallery.parts:
-        s, idx = topk.topk_indices(per_part[part.session], part.embeddings, k)
-        scores.append(np.asarray(s, np.float64))
-        rows.append(np.asarray(idx, np.int64) + base)
-        base += len(part)
+def mapped_topk_indices(
+    query_emb, parts: Sequence[tuple[int, object]], maps: Mapping[int, QueryMap], model_session: int, k: int
+):
+    """``(scores, rows)`` ``[Q, k]`` of the nearest rows of ``parts`` (``(session j, rows [N_j, D])`` in
+    gallery order; rows numbered across them) for queries of ``model_session``'s model, each part searched
+    with the queries mapped down to its session; the parts' top-k merged by score, ties by the lowest row
+    (as one search).  Fewer than k rows: the missing ranks hold row -1 and score -inf."""
+    per_part = map_queries(maps, query_emb, model_session, [j for j, _ in parts])
+    q = np.asarray(query_emb)
+    scores, rows, base = [np.full((q.shape[0], 0), -np.inf)], [np.zeros((q.shape[0], 0), np.int64)], 0
+    for session, emb in parts:
+        if len(emb):
+            s, idx = topk.topk_indices(per_part[session], emb, k)
+            scores.append(np.asarray(s, np.float64))
+            rows.append(np.asarray(idx, np.int64) + base)
+        base += len(emb)
     scores, rows = np.concatenate(scores, axis=1), np.concatenate(rows, axis=1)
     order = np.lexsort((rows, -scores), axis=1)[:, :k]  # best score first, then the lowest row
-    labels = np.asarray(gallery.labels)[np.take_along_axis(rows, order, axis=1)]
-    if labels.shape[1] < k:
-        labels = np.concatenate([labels, np.full((labels.shape[0], k - labels.shape[1]), -1, labels.dtype)], 1)
-    return labels
+    scores, rows = np.take_along_axis(scores, order, axis=1), np.take_along_axis(rows, order, axis=1)
+    if rows.shape[1] < k:
+        pad = k - rows.shape[1]
+        scores = np.concatenate([scores, np.full((rows.shape[0], pad), -np.inf)], 1)
+        rows = np.concatenate([rows, np.full((rows.shape[0], pad), -1, np.int64)], 1)
+    return scores, rows
+
+
+def mapped_topk_labels(query_emb, gallery: Gallery, maps: Mapping[int, QueryMap], model_session: int, k: int):
+    """Labels ``[Q, k]`` of the nearest rows of the whole gallery (-1: no row) for queries of
+    ``model_session``'s model, each part searched with the queries mapped down to its session
+    (``mapped_topk_indices``)."""
+    if len(gallery) == 0:
+        raise ValueError("the gallery is empty: nothing to search")
+    parts = [(p.session, p.embeddings) for p in gallery.parts]
+    _, rows = mapped_topk_indices(query_emb, parts, maps, model_session, k)
+    labels = np.asarray(gallery.labels)
+    return np.where(rows >= 0, labels[np.maximum(rows, 0)], -1)
 
 
 def mapped_recall_at_k(

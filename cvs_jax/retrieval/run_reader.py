@@ -31,7 +31,7 @@ from cvs_jax.data.builders._common import image_errors
 from cvs_jax.engine.frozen_trunk import FrozenTrunk
 from cvs_jax.errors import SearchError, UserError
 from cvs_jax.models import networks as models
-from cvs_jax.retrieval import topk
+from cvs_jax.retrieval import query_maps, topk
 from cvs_jax.retrieval.embedder import Embedder
 from cvs_jax.rundir import paths
 from cvs_jax.rundir.checkpoint import Checkpoints
@@ -301,6 +301,8 @@ class Run:
         log = _PartLog(sessions)
         self.gallery = Gallery.restore(log, self.session, c.model.embed_dim)
         self._arrival = arrival_sessions(log.parts, self.gallery)
+        # retrieval.query_map: {s: model s -> model s - 1}; empty for a run without maps
+        self.query_maps = query_maps.stored_maps(workdir, self.session, c.retrieval.query_map)
         added_dir = paths.additions_dir(workdir)
         self._additions = None
         if for_add:
@@ -417,8 +419,17 @@ class Run:
         return out
 
     def search(self, images: np.ndarray, k: int) -> list[list[dict]]:
-        """Hits of uint8 images of the stored shape, best first (exact cosine, ties to the lower row)."""
-        scores, idx = topk.topk_indices(self.embed(images), self.rows.embeddings, k)
+        """Hits of uint8 images of the stored shape, best first (exact cosine, ties to the lower row).  A run
+        with query maps scores each part (session rows and ``--add`` rows alike) with the query mapped from
+        the newest model's space down to the space of the model that made the part (``query_maps``)."""
+        q = self.embed(images)
+        if self.query_maps:
+            parts = [(p.session, p.embeddings) for p in self.gallery.parts + self.added.parts]
+            scores, idx = query_maps.mapped_topk_indices(q, parts, self.query_maps, self.session, k)
+            keep = min(k, len(self.rows))
+            scores, idx = scores[:, :keep], idx[:, :keep]
+        else:
+            scores, idx = topk.topk_indices(q, self.rows.embeddings, k)
         return [
             [{"rank": r + 1, "score": float(sc), **self.describe(int(j))} for r, (sc, j) in enumerate(zip(srow, irow))]
             for srow, irow in zip(scores, idx)

@@ -10,6 +10,8 @@
       population.json                a population's members (``engine/runner.py``)
       checkpoints/sessions/<s>/      after session s: model, gallery part, memory, importance (``run_state.py``)
       checkpoints/progress/<step>/   rolling mid-session checkpoints (``engine/phases.py``)
+      checkpoints/query_maps/<s>.npz the query map of model s to model s - 1 (``retrieval.query_map``;
+                                     written before session s's checkpoint, ``retrieval/query_maps.py``)
       checkpoints/additions/         rows added by ``python -m cvs_jax.search --add``
       previous-<time>/               a run moved aside by ``--config.overwrite=True``
 
@@ -35,6 +37,7 @@ CHECKPOINTS = "checkpoints"
 SESSIONS = os.path.join(CHECKPOINTS, "sessions")
 PROGRESS = os.path.join(CHECKPOINTS, "progress")
 ADDITIONS = os.path.join(CHECKPOINTS, "additions")
+QUERY_MAPS = os.path.join(CHECKPOINTS, "query_maps")
 # Checkpoint folders whose numbered step directories make a workdir hold a run.
 CHECKPOINT_DIRS = (SESSIONS, PROGRESS)
 
@@ -61,3 +64,8 @@ additions_dir = _under_workdir(ADDITIONS, doc="Rows added by ``python -m cvs_jax
 def session_dir(workdir: str, s: int) -> str:
     """The checkpoint written after session ``s`` (0-based; 0 is the session ``compare`` shares)."""
     return os.path.join(workdir, SESSIONS, str(s))
+
+
+def query_map_file(workdir: str, s: int) -> str:
+    """The query map fitted after session ``s`` (0-based, s >= 1): model s's space to model s - 1's."""
+    return os.path.join(workdir, QUERY_MAPS, f"{s}.npz")

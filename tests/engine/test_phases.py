@@ -21,6 +21,7 @@ from cvs_jax.methods import losses, policies
 from cvs_jax.methods.policies import ImportanceState, ReplayMemory
 from cvs_jax.methods.registry import get_method
 from cvs_jax.retrieval import topk
+from cvs_jax.retrieval.average_precision import mean_average_precision
 from cvs_jax.rundir.checkpoint import Checkpoints
 from cvs_jax.rundir.gallery import Gallery, GalleryPart
 from cvs_jax.testing.run_contexts import build_ctx, tree_equal
@@ -257,13 +258,15 @@ def test_test_and_append_and_save_on_their_own(manual_dir, tmp_path):
     state = state.replace(gallery=state.gallery.with_part(stored), records=({"session": 0, "steps": 4},))
     view = phases.session_view(ctx, state, 1)
     sel = phases.Selection(state.variables, 0.5, 0)
-    recall, new_rows = phases.test(ctx, view, sel)
+    recall, mean_ap, new_rows = phases.test(ctx, state, view, sel)
     np.testing.assert_array_equal(new_rows, ctx.embed(state.variables, proto.train_images(view.gallery_idx)))
     q = ctx.embed(state.variables, proto.test_images(view.test_idx))
     gallery = np.concatenate([stored.embeddings, new_rows])
     labels = np.concatenate([stored.labels, proto.train_labels[view.gallery_idx]])
     assert recall == topk.recall_at_k(q, proto.test_labels[view.test_idx], gallery, labels, ctx.ks)
-    after = phases.append_and_save(ctx, state, view, sel, recall, new_rows, seconds=1.0)
+    assert mean_ap == mean_average_precision(q, proto.test_labels[view.test_idx], gallery, labels)
+    after = phases.append_and_save(ctx, state, view, sel, recall, mean_ap, new_rows, seconds=1.0)
+    assert after.records[-1]["map"] == mean_ap
     assert after.completed == 2 and after.records[-1]["recall"] == {str(k): v for k, v in recall.items()}
     assert after.records[-1]["gallery_rows"] == 10 + len(view.gallery_idx)
     np.testing.assert_array_equal(after.gallery.parts[0].embeddings, stored.embeddings)  # not re-embedded

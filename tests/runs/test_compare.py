@@ -46,7 +46,9 @@ def test_runner_table_and_shared_first_session(tmp_path, capsys):
     heads = {r["method"]: r["head"] for r in out["runs"]}
     assert heads["ewc"] == heads["rainbow"] == heads["finetune@linear_reset"] == "linear_reset"
     assert heads["finetune"] == heads["cvs"] == heads["bct"] == "cosine"
-    assert "| method | AR@1 | AR@2 | AR@4 | BC | AC | AM | NFR |" in table
+    ties = any(r["AC"] != r["AC ties pass"] for r in out["runs"])  # a tie M[1][0] == M[0][0]: both AC columns
+    ac = "AC | AC ties pass" if ties else "AC"
+    assert f"| method | AR@1 | AR@2 | AR@4 | mAP | BC | {ac} | AM | NFR |" in table
     for r in out["runs"]:  # the BC summary is compatibility.mean_drop of the run's own matrix, in points
         with open(os.path.join(wd, r["workdir"], "results.json")) as f:
             results = json.load(f)
@@ -56,8 +58,10 @@ def test_runner_table_and_shared_first_session(tmp_path, capsys):
         else:
             assert r["BC"] == pytest.approx(100 * (matrix[1][0] - matrix[0][0]))
             assert r["AC"] == (100.0 if matrix[1][0] > matrix[0][0] else 0.0)  # one update: one pair
+            assert r["AC ties pass"] == (100.0 if matrix[1][0] >= matrix[0][0] else 0.0)  # CoReS: a tie passes
             assert r["NFR"] == pytest.approx(100 * results["negative_flip_rate"][0])
         assert r["AM"] == pytest.approx(100 * np.nanmean([v for row in matrix for v in row if v is not None]))
+        assert r["mAP"] == pytest.approx(100 * np.mean([s["map"] for s in results["per_session"]]))
     assert os.path.getsize(os.path.join(wd, "comparison.png")) > 0
     with open(os.path.join(wd, "comparison.html")) as f:  # the same on one page (tests/runs/test_report_pages.py)
         page = f.read()

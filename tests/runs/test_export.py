@@ -111,7 +111,9 @@ def test_export_round_trip(exported_run):
 
 def test_faiss_snippet_is_the_docs_one():
     """The snippet run below is the one docs/your-images.md shows, character for character."""
-    page = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "your-images.md")
+    page = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "your-images.md"
+    )
     with open(page, encoding="utf-8") as f:
         assert FAISS_SNIPPET in f.read()
 
