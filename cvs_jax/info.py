@@ -46,7 +46,12 @@ def _stores(run: run_reader.Run) -> list[str] | None:
 
 def describe(workdir: str) -> dict:
     """The run's classes, sessions, compatibility matrix and AR@K (sessions 1-based)."""
-    run = run_reader.Run(workdir)
+    return describe_run(run_reader.Run(workdir))
+
+
+def describe_run(run: run_reader.Run) -> dict:
+    """``describe`` of a run already read (a server's, with the rows added since)."""
+    workdir = run.workdir
     results = {}
     path = paths.results_file(workdir)
     if os.path.exists(path):

@@ -10,7 +10,9 @@
       population.json                a population's members (``engine/runner.py``)
       checkpoints/sessions/<s>/      after session s: model, gallery part, memory, importance (``run_state.py``)
       checkpoints/progress/<step>/   rolling mid-session checkpoints (``engine/phases.py``)
-      checkpoints/additions/         rows added by ``python -m cvs_jax.search --add``
+      checkpoints/additions/         rows added by ``python -m cvs_jax.search --add`` (or ``serve``'s /add)
+      checkpoints/additions.lock     the lock of whoever writes the additions (``workdir.hold_additions``)
+      uploads/<sha256>.<ext>         images added through ``python -m cvs_jax.serve`` (their rows' sources)
       previous-<time>/               a run moved aside by ``--config.overwrite=True``
 
 Every module that reads or writes one of these asks this module for its path.
@@ -35,6 +37,8 @@ CHECKPOINTS = "checkpoints"
 SESSIONS = os.path.join(CHECKPOINTS, "sessions")
 PROGRESS = os.path.join(CHECKPOINTS, "progress")
 ADDITIONS = os.path.join(CHECKPOINTS, "additions")
+ADDITIONS_LOCK = os.path.join(CHECKPOINTS, "additions.lock")
+UPLOADS = "uploads"
 # Checkpoint folders whose numbered step directories make a workdir hold a run.
 CHECKPOINT_DIRS = (SESSIONS, PROGRESS)
 
@@ -56,6 +60,8 @@ population_file = _under_workdir(POPULATION, doc="A population's population.json
 sessions_dir = _under_workdir(SESSIONS, doc="Session checkpoints: ``<s>/`` after session s (0-based).")
 progress_dir = _under_workdir(PROGRESS, doc="Rolling mid-session checkpoints, numbered by run step.")
 additions_dir = _under_workdir(ADDITIONS, doc="Rows added by ``python -m cvs_jax.search --add``.")
+additions_lock = _under_workdir(ADDITIONS_LOCK, doc="The lock of the additions' writer (not the run's lock).")
+uploads_dir = _under_workdir(UPLOADS, doc="Images added through the server, named by their SHA-256.")
 
 
 def session_dir(workdir: str, s: int) -> str:
