@@ -29,7 +29,7 @@ def write_folder(root, classes: dict[str, int], test_per_class: int, seed: int) 
     """``root/train/<class>/`` and ``root/test/<class>/`` with images in every format."""
     rng = np.random.default_rng(seed)
     for name, n in classes.items():
-        label = sum(map(ord, name)) % 97
+        label = sum(map(ord, name)) % 97  # the class's pattern
         for split, count in (("train", n), ("test", test_per_class)):
             folder = os.path.join(root, split, name)
             os.makedirs(folder, exist_ok=True)
@@ -50,3 +50,22 @@ def folder_config(tmp_path, manual_dir):
     c.train.checkpoint_every_steps = 2
     c.memory.budget = 24
     return c
+
+
+SESSIONS = ({"ant": 16, "bee": 16, "cat": 16}, {"dog": 16, "ant": 4})
+
+
+def photo_run(root) -> tuple[str, str]:
+    """A finished one-session photo run under ``root/run`` and the folder of its next session
+    (``python -m cvs_jax.update --workdir root/run --data <folder>``)."""
+    from cvs_jax.engine import runner  # pylint: disable=g-import-not-at-top
+
+    first, second = (write_folder(root / f"s{i + 1}", classes, 3, seed=i) for i, classes in enumerate(SESSIONS))
+    runner.run(folder_config(root, first), str(root / "run"))
+    return str(root / "run"), second
+
+
+def new_photo(path, name: str = "ant", seed: int = 1000) -> str:
+    """A photo of class ``name``'s pattern whose bytes are in no run (for adds); returns ``path``."""
+    class_image(sum(map(ord, name)) % 97, np.random.default_rng(seed)).save(path)
+    return str(path)
