@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ import pytest
 from cvs_jax import search
 from cvs_jax.retrieval import run_reader
 from cvs_jax.rundir import paths
+from cvs_jax.testing import serve_process
 from cvs_jax.testing.folder_runs import new_photo, photo_run
 
 
@@ -33,28 +33,6 @@ def workdir(first_run, tmp_path):
     wd = str(tmp_path / "run")
     shutil.copytree(first_run[0], wd)
     return wd, first_run[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(wd: str, port: int, log) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "cvs_jax.serve", "--workdir", wd, "--port", str(port), "--poll_s", "0.2"]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the server exited while starting"
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise AssertionError("the server did not answer /healthz within 300 s")
 
 
 def _query(url: str, path: str, k: int = 5) -> httpx.Response:
@@ -74,11 +52,11 @@ def _photos(wd_parent: str) -> list[str]:
 
 def test_update_completes_under_a_running_server(first_run, workdir, tmp_path, capsys):
     wd, folder = workdir
-    port = _free_port()
+    port = serve_process.free_port()
     url = f"http://127.0.0.1:{port}"
     queries = _photos(os.path.dirname(first_run[0]))[::10]
     with open(tmp_path / "serve.log", "wb") as log:
-        server = _start(wd, port, log)
+        server = serve_process.start(wd, port, log, "--poll_s", "0.2")
         try:
             update = subprocess.Popen(
                 [sys.executable, "-m", "cvs_jax.update", "--workdir", wd, "--data", folder],
@@ -105,8 +83,7 @@ def test_update_completes_under_a_running_server(first_run, workdir, tmp_path, c
                     after_switch += sessions[-1] == 2
             assert update.wait(timeout=300) == 0
         finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(timeout=60)
+            serve_process.stop(server)
     assert failures == [] and len(sessions) == sent
     assert sessions[0] == 1 and sessions[-1] == 2 and sessions == sorted(sessions)  # moved once, forward
     assert added is not None
@@ -114,12 +91,11 @@ def test_update_completes_under_a_running_server(first_run, workdir, tmp_path, c
     # after the switch the server answers as the CLI does on the updated run: the CLI scores the rows
     # it reads from the checkpoints, so no stored row was re-embedded or lost (the added one included)
     with open(tmp_path / "serve.log", "ab") as log:
-        server = _start(wd, port, log)  # a fresh start reads the same run
+        server = serve_process.start(wd, port, log, "--poll_s", "0.2")  # a fresh start reads the same run
         try:
             fresh = [_query(url, q, k=8).json() for q in queries + [photo]]
         finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(timeout=60)
+            serve_process.stop(server)
     capsys.readouterr()
     assert search.search_or_add(wd, queries + [photo], k=8, as_json=True) == 0
     cli = json.loads(capsys.readouterr().out)
@@ -134,7 +110,7 @@ def test_update_completes_under_a_running_server(first_run, workdir, tmp_path, c
 
 def test_kill_during_adds_loses_no_acknowledged_row_and_leaves_no_partial_one(workdir, tmp_path):
     wd, _ = workdir
-    port = _free_port()
+    port = serve_process.free_port()
     url = f"http://127.0.0.1:{port}"
     acknowledged: dict[str, int] = {}  # digest -> row
     stop = threading.Event()
@@ -153,7 +129,7 @@ def test_kill_during_adds_loses_no_acknowledged_row_and_leaves_no_partial_one(wo
                 acknowledged[hashlib.sha256(f.read()).hexdigest()] = r.json()["rows"][0]
 
     with open(tmp_path / "serve.log", "wb") as log:
-        server = _start(wd, port, log)
+        server = serve_process.start(wd, port, log, "--poll_s", "0.2")
         thread = threading.Thread(target=adder)
         thread.start()
         deadline = time.monotonic() + 240
@@ -175,10 +151,10 @@ def test_kill_during_adds_loses_no_acknowledged_row_and_leaves_no_partial_one(wo
         with open(source, "rb") as f:
             assert hashlib.sha256(f.read()).hexdigest() == digest
     with open(tmp_path / "serve.log", "ab") as log:
-        server = _start(wd, port, log)  # the restarted server adds after the surviving rows
+        # the restarted server adds after the surviving rows
+        server = serve_process.start(wd, port, log, "--poll_s", "0.2")
         try:
             r = _add(url, new_photo(tmp_path / "after.png", "cat", seed=5000), "cat")
             assert r.status_code == 200 and r.json()["rows"] == [n + len(digests)]
         finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(timeout=60)
+            serve_process.stop(server)
