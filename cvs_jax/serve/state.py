@@ -32,11 +32,13 @@ from cvs_jax.retrieval import additions, run_reader
 from cvs_jax.retrieval.gallery import Gallery
 from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
+from cvs_jax.serve import exact_index
 from cvs_jax.serve import uploads as uploads_lib
 from cvs_jax.serve.batcher import Batcher
 from cvs_jax.serve.exact_index import ExactIndex
 
 ADDED_BASE = 1 << 40
+WARM_K = 5  # the default k: its top-K is compiled for every batch bucket at the start
 log = logging.getLogger("cvs_jax.serve")
 
 
@@ -102,6 +104,8 @@ class Served:
         self._stores: tuple[int, dict] | None = None
         self.batcher = Batcher(self._answer, max_wait_s=max_wait_s, max_images=max_batch)
         self._warm(self.run)
+        for n in sorted({exact_index.bucket(n) for n in range(1, max_batch + 1)}):  # compiled before serving
+            self.index.search(np.zeros((n, self.dim), np.float32), WARM_K)
         self._stop = threading.Event()
         self._poll_s = poll_s
         self._watcher = threading.Thread(target=self._watch, name="watcher", daemon=True)
