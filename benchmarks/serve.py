@@ -125,7 +125,7 @@ def baseline_app(export_dir: str):
     from cvs_jax import export
 
     exported = export.load(export_dir)
-    rows = np.ascontiguousarray(exported.embeddings, np.float32)
+    rows = np.ascontiguousarray(exported.embeddings(), np.float32)
     faiss.normalize_L2(rows)
     index = faiss.IndexFlatIP(rows.shape[1])
     index.add(rows)
@@ -150,13 +150,14 @@ def start_baseline(export_dir: str, port: int, log) -> subprocess.Popen:
     cmd = [sys.executable, os.path.abspath(__file__), "--baseline_app", export_dir, "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
                 return proc
         except httpx.TransportError:
             time.sleep(0.2)
-    raise RuntimeError("the baseline app did not start")
+    proc.kill()
+    raise RuntimeError("the baseline app did not start (see servers.log)")
 
 
 def index_sizes(sizes: list[int], dim: int = 128, reps: int = 20) -> list[dict]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from cvs_jax.retrieval.gallery import Gallery, GalleryPart
 from cvs_jax.rundir import paths
-from cvs_jax.rundir.checkpoint import Checkpoints
+from cvs_jax.rundir.checkpoint import Checkpoints, Reader
 
 _KEY = "part{:05d}"
 
@@ -65,12 +65,10 @@ def newest_step(workdir: str) -> int | None:
 
 def read(workdir: str, embed_dim: int) -> Added:
     """The added rows, read without writing anything (safe beside a writer)."""
-    from cvs_jax.retrieval.run_reader import reader  # read-only checkpoints: shared with the session reader
-
     directory = paths.additions_dir(workdir)
     if not os.path.isdir(directory):
         return _from_stored(None, embed_dim)
-    r = reader(directory)
+    r = Reader(directory, max_to_keep=None)
     steps = r.steps()
     return _from_stored((steps[-1], r.restore(steps[-1], {"rows": None})) if steps else None, embed_dim)
 

@@ -19,7 +19,6 @@ from typing import Any, Iterable
 import jax
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 from PIL import Image
 
 from cvs_jax import augment, distributed, models
@@ -31,7 +30,7 @@ from cvs_jax.retrieval.embedder import Embedder
 from cvs_jax.retrieval.gallery import Gallery, RowConcat
 from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
-from cvs_jax.rundir.checkpoint import Checkpoints
+from cvs_jax.rundir.checkpoint import Reader as _Reader
 
 
 def prepare(images: Iterable[Any], shape: tuple[int, int, int]) -> np.ndarray:
@@ -110,28 +109,6 @@ def check_is_run(workdir: str) -> None:
                 f"{workdir} holds no cvs_jax run ({name} is missing); pass the --workdir of "
                 f"a run of python -m cvs_jax.main."
             )
-
-
-class _Reader(Checkpoints):
-    """Checkpoints opened to read only: no folder is created, and orbax's clean-up of unfinished
-    ``<step>.orbax-checkpoint-tmp*`` folders is off (such a folder may be the training run's save in
-    progress: a reader must neither delete it nor read it; orbax lists finalized steps only)."""
-
-    def _open(self) -> ocp.CheckpointManager:
-        return ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(
-                preservation_policy=ocp.checkpoint_managers.preservation_policy.PreserveAll(),
-                create=False,
-                enable_async_checkpointing=False,
-                cleanup_tmp_directories=False,
-            ),
-        )
-
-
-def reader(directory: str) -> _Reader:
-    """Checkpoints of ``directory`` opened to read only (``_Reader``)."""
-    return _Reader(directory, max_to_keep=None)
 
 
 class _PartLog:

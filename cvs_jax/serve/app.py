@@ -23,9 +23,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
-from cvs_jax import info as info_lib
 from cvs_jax.errors import UserError, WorkdirBusyError
 from cvs_jax.reports import search_page
+from cvs_jax.retrieval import run_info
 from cvs_jax.rundir import paths
 from cvs_jax.serve import page
 from cvs_jax.serve import uploads as uploads_lib
@@ -173,7 +173,7 @@ def create_app(served: Served, *, token: str | None = None, limits: Limits = Lim
 
     @app.get("/info")
     async def info():
-        return await run_in_threadpool(info_lib.describe_run, served.run)
+        return await run_in_threadpool(run_info.describe_run, served.run)
 
     @app.get("/healthz")
     async def healthz():
