@@ -125,8 +125,8 @@ def baseline_app(export_dir: str):
     from cvs_jax import export
 
     exported = export.load(export_dir)
-    rows = np.ascontiguousarray(exported.embeddings(), np.float32)
-    faiss.normalize_L2(rows)
+    rows = np.array(exported.embeddings(), np.float32)  # a writable copy of the memory map
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
     index = faiss.IndexFlatIP(rows.shape[1])
     index.add(rows)
     app = FastAPI()
@@ -138,7 +138,7 @@ def baseline_app(export_dir: str):
     @app.post("/search")
     def search(file: UploadFile = File(...), k: int = 5):
         q = exported.embed([Image.open(io.BytesIO(file.file.read()))])
-        faiss.normalize_L2(q)
+        q /= np.linalg.norm(q, axis=1, keepdims=True)
         scores, idx = index.search(q, k)
         return {"hits": [{"row": int(i), "score": float(s)} for s, i in zip(scores[0], idx[0])]}
 
