@@ -310,20 +310,22 @@ def main():
     httpx.post(url, params={"k": 5}, files=[("file", payloads[0])], timeout=300).raise_for_status()
     results["cold_start"] = {"to_healthz_s": healthy, "first_query_s": time.perf_counter() - t}
     http_loop(url, payloads, 4, 16)  # warm every batch-size bucket a loop will use
-    results["loops"]["serve"] = {str(c): http_loop(url, payloads, c, a.requests) for c in CONCURRENCY}
-    print(json.dumps(results["loops"]["serve"], indent=1), file=sys.stderr)
 
-    # the baseline over an export of the same run
+    # the baseline over an export of the same run, up at the same time: the two are measured in turn at
+    # each concurrency, so that the shared machine's load drifts over both alike
     export_dir = os.path.join(tmp, "export")
     subprocess.run([sys.executable, "-m", "cvs_jax.export", "--workdir", workdir, "--out", export_dir], check=True)
     base_port = serve_process.free_port()
     base = start_baseline(export_dir, base_port, log)
     base_url = f"http://127.0.0.1:{base_port}/search"
     http_loop(base_url, payloads, 4, 16)
-    results["loops"]["FastAPI + export + faiss IndexFlatIP"] = {
-        str(c): http_loop(base_url, payloads, c, a.requests) for c in CONCURRENCY
-    }
+    baseline_name = "FastAPI + export + faiss IndexFlatIP"
+    results["loops"]["serve"], results["loops"][baseline_name] = {}, {}
+    for c in CONCURRENCY:
+        results["loops"]["serve"][str(c)] = http_loop(url, payloads, c, a.requests)
+        results["loops"][baseline_name][str(c)] = http_loop(base_url, payloads, c, a.requests)
     serve_process.stop(base)
+    print(json.dumps(results["loops"], indent=1), file=sys.stderr)
 
     # one search process per query
     results["loops"]["search process per query"] = {
