@@ -137,6 +137,10 @@ def create_app(served: Served, *, token: str | None = None, limits: Limits = Lim
 
     @app.post("/search")
     async def search(request: Request):
+        with served.batcher.arriving():  # a batch forming now waits for this request, not for nobody
+            return await answer(request)
+
+    async def answer(request: Request):
         got, fields = await read_uploads(request)
         k = k_of(fields)
         label = fields.get("label") or None

@@ -1,7 +1,8 @@
 """Dynamic batching: one worker thread runs everything that touches the model and the index.
 
 Concurrent searches are gathered for at most ``max_wait_s`` after the first arrives (or until
-``max_images`` images are waiting) and answered by one embed and one top-K call.  Other work (an
+``max_images`` images are waiting, or every request the server is reading has arrived: ``arriving``
+counts them, so a lone query never waits) and answered by one embed and one top-K call.  Other work (an
 add's embedding, integrating added rows, the switch to a new model) is queued as a call and runs on
 the same thread between batches, so a batch runs start to end on one model and one index: a query in
 flight finishes on the model it started with, and nothing needs a lock.
@@ -10,11 +11,12 @@ flight finishes on the model it started with, and nothing needs a lock.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 @dataclasses.dataclass
@@ -40,6 +42,8 @@ class Batcher:
         self._queue: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self.batch_sizes: list[int] = []  # images per processed batch (for metrics), most recent last
+        self._arriving = 0  # requests being read that will submit a search (``arriving``)
+        self._arriving_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
         self._thread.start()
 
@@ -47,6 +51,17 @@ class Batcher:
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._queue.put(_Item(payload, size, future))
         return future
+
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Around a request that will submit a search: a batch waits for it only while it is counted."""
+        with self._arriving_lock:
+            self._arriving += 1
+        try:
+            yield
+        finally:
+            with self._arriving_lock:
+                self._arriving -= 1
 
     def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -71,8 +86,9 @@ class Batcher:
             batch, images = [job], job.size
             deadline = time.monotonic() + self._max_wait_s
             while images < self._max_images:
+                wait = deadline - time.monotonic() if len(batch) < self._arriving else 0  # others coming?
                 try:
-                    nxt = self._queue.get(timeout=max(deadline - time.monotonic(), 0))
+                    nxt = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if not isinstance(nxt, _Item) or images + nxt.size > self._max_images:
