@@ -6,11 +6,9 @@ Reads the workdir only (``config.json``, ``protocol.json``, ``results.json`` and
 newest completed session, as ``search`` reads it; no dataset, no photo folder):
 
 * the classes, with their gallery rows and the session each first arrived in;
-* the sessions: new training images and the images trained on (replay included), new classes, the
-  gallery rows its model embedded, recall@1;
+* the sessions: training images, new classes, the gallery rows its model embedded, recall@1;
 * the compatibility matrix (recall@1 of the model of session i on the gallery rows of session j: where
-  forgetting shows; its queries differ from the sessions' R@1), its summaries BC (points), AC, AM and
-  NFR, and the AR@K so far;
+  forgetting shows) and the AR@K so far;
 * the record stores its images are read from (what to keep when cleaning ``<data_dir>/cvs_records``).
 
 Sessions are numbered from 1.  A problem to fix ends with one ``error: ...`` line and exit status 2.
@@ -19,16 +17,12 @@ Sessions are numbered from 1.  A problem to fix ends with one ``error: ...`` lin
 from __future__ import annotations
 
 import json
-import os
 
-import numpy as np
 from absl import flags
 
 from cvs_jax import cli
-from cvs_jax.engine import schedules
 from cvs_jax.errors import UserError
-from cvs_jax.retrieval import compatibility, run_reader
-from cvs_jax.rundir import paths
+from cvs_jax.retrieval import compatibility, run_info, run_reader
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -37,83 +31,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.mark_flags_as_required(["workdir"], flag_values=flag_values)
 
 
-def _stores(run: run_reader.Run) -> list[str] | None:
-    """The record stores the run's images are read from (None: standard TFDS data, or a store is gone)."""
-    from cvs_jax.data import sources  # pylint: disable=g-import-not-at-top  # tensorflow_datasets
-
-    try:
-        return sources.store_dirs(run.config.data)
-    except (UserError, OSError):
-        return None
-
-
 def describe(workdir: str) -> dict:
-    """The run's classes, sessions, compatibility matrix and AR@K (sessions 1-based)."""
-    run = run_reader.Run(workdir)
-    results = {}
-    path = paths.results_file(workdir)
-    if os.path.exists(path):
-        with open(path) as f:
-            results = json.load(f)
-    rows, names = run.rows, run.class_names
-    classes = []
-    for label, name in enumerate(names):
-        mine = rows.labels == label
-        first = [s for s, sess in enumerate(run.protocol["sessions"]) if label in sess["new_classes"]]
-        classes.append(
-            {
-                "class_name": name,
-                "label": label,
-                "gallery_rows": int(mine.sum()),
-                "first_session": (first[0] + 1) if first else None,
-            }
-        )
-    per_session = dict(enumerate(results.get("per_session", [])))  # in session order (numbered from 1 since)
-    sessions = []
-    for s, sess in enumerate(run.protocol["sessions"]):
-        done = s <= run.session
-        r = per_session.get(s, {})
-        sessions.append(
-            {
-                "session": s + 1,
-                "completed": bool(done),
-                "new_images": sess["train"],
-                "trained_on_images": run_reader.trained_on(r) if r else None,
-                "val_queries": sess["val"],
-                "new_classes": [names[c] for c in sess["new_classes"] if c < len(names)],
-                "classes_seen": sess["num_outputs"],
-                "gallery_rows_by_its_model": int(np.sum(rows.model == s)) if done else 0,
-                "recall": r.get("recall"),
-                # the session's recipe: the run's train.lr / train.epochs, or what its update set
-                "lr": schedules.session_lr(run.config, s),
-                "epochs": schedules.session_epochs(run.config, s),
-                "map": r.get("map"),
-            }
-        )
-    return {
-        "workdir": os.path.abspath(workdir),
-        "method": run.config.method,
-        "dataset": run.protocol.get("dataset"),
-        "setup": run.protocol.get("setup"),
-        "sessions_completed": run.session + 1,
-        "gallery_rows": len(rows),
-        "added_rows": len(run.added),
-        "classes": classes,
-        "sessions": sessions,
-        "record_stores": _stores(run),
-        "compatibility_recall1": results.get("compatibility_recall1"),
-        "negative_flip_rate": results.get("negative_flip_rate"),
-        "compatibility_bc_points": compatibility.bc_points(results),
-        "average_recall": results.get("average_recall"),
-        "average_map": results.get("average_map"),  # absent in runs written before mAP was recorded
-        # AC with a tie counted as a failure (iamcl2r) and as a pass (CoReS); they differ only on ties
-        "compatibility_ac": compatibility.average_compatibility(results.get("compatibility_recall1") or []),
-        "compatibility_ac_ties_pass": compatibility.average_compatibility(
-            results.get("compatibility_recall1") or [], ties="pass"
-        ),
-        "query_map": run.config.retrieval.query_map,
-        "query_map_sessions": sorted(s + 1 for s in run.query_maps),
-    }
+    """What ``--json`` prints (``retrieval/run_info.py``, shared with the server's ``/info``)."""
+    return run_info.describe_run(run_reader.Run(workdir))
 
 
 def format_info(info: dict) -> str:
@@ -131,28 +51,17 @@ def format_info(info: dict) -> str:
     for s in info["sessions"]:
         recall = s["recall"] or {}
         r1 = f"R@1 {100 * recall['1']:.1f}%" if "1" in recall else "not completed"
-        if s["map"] is not None:
-            r1 += f", mAP {100 * s['map']:.1f}%"
         new = ", ".join(s["new_classes"][:8]) + (", ..." if len(s["new_classes"]) > 8 else "")
-        seen = "" if s["trained_on_images"] is None else f" ({s['trained_on_images']} trained on, replay included)"
         lines.append(
-            f"  session {s['session']}: {s['new_images']} new training images{seen}, new classes: {new or '-'}; "
-            f"{s['gallery_rows_by_its_model']} gallery rows embedded by its model; {r1}; "
-            f"lr {s['lr']:g}, {s['epochs']} epochs"
+            f"  session {s['session']}: {s['train_images']} training images, new classes: {new or '-'}; "
+            f"{s['gallery_rows_by_its_model']} gallery rows embedded by its model; {r1}"
         )
     if info["record_stores"]:
         lines += ["", "record stores (the images, prepared once; the folders are no longer needed):"]
         lines += [f"  {store}" for store in info["record_stores"]]
-    lines += ["", compatibility.format_matrix(info["compatibility_recall1"], info["negative_flip_rate"])]
+    lines += ["", compatibility.format_matrix(info["compatibility_recall1"])]
     if info["average_recall"]:
         lines.append("AR@K: " + ", ".join(f"AR@{k} {100 * v:.2f}%" for k, v in info["average_recall"].items()))
-    if info["average_map"] is not None:
-        lines.append(f"mAP (mean over sessions): {100 * info['average_map']:.2f}%")
-    if info["query_map"] != "none":
-        lines.append(
-            f"query maps: {info['query_map']}, fitted after sessions {info['query_map_sessions'] or '-'}; search and "
-            "the numbers above score older gallery parts with the newest model's queries mapped into their space"
-        )
     return "\n".join(lines)
 
 

@@ -20,8 +20,9 @@ image arrived and the session whose model embedded it (sessions 1-based).
 ``checkpoints/additions``); it never changes the session checkpoints.  Without ``--label`` the rows
 are unlabelled (class ``?``); images whose bytes are already in the run are refused unless ``--force``.
 Searching reads a run at any time, also while it trains: it reads only finalized
-checkpoints and writes nothing in the workdir.  ``--add`` holds the workdir's lock, so it
-waits for no one and is refused while a run (or another ``--add``) writes there.  A
+checkpoints and writes nothing in the workdir.  ``--add`` holds the additions' lock (not the run's:
+rows are added while ``update`` trains), so it waits for no one and is refused while another
+``--add`` (or a server's ``/add``) writes them; its rows are on disk (fsync'd) when it returns.  A
 problem to fix ends with one ``error: ...`` line and exit status 2; an unreadable query is reported
 that way and the other queries are answered.
 
@@ -207,7 +208,7 @@ def search_or_add(
             raise SearchError(f"--html {html}: its folder does not exist; create it or choose another path.")
         if add:
             check_is_run(workdir)  # before the lock, which would create the folder
-            with workdir_lib.hold(workdir):  # additions are written: one writer at a time
+            with workdir_lib.hold_additions(workdir):  # additions are written: one writer at a time
                 run = Run(workdir, for_add=True)
                 label_value = run.label_of(label)
                 images = load_images(paths, run.image_shape)

@@ -46,7 +46,7 @@ from absl import flags
 from cvs_jax import cli
 from cvs_jax.config import recorded
 from cvs_jax.data import parts, records, sources
-from cvs_jax.engine import determinism, runner, schedules
+from cvs_jax.engine import determinism, runner
 from cvs_jax.errors import ConfigError, DataError, UserError
 from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
@@ -232,7 +232,7 @@ def _check_recipe(recipe: dict) -> None:
 
 def _check_resumed_recipe(config: ml_collections.ConfigDict, s: int, recipe: dict) -> None:
     """An interrupted update resumes with the recipe its session started with (its steps so far used it)."""
-    recorded = {"train.lr": schedules.session_lr(config, s), "train.epochs": schedules.session_epochs(config, s)}
+    recorded = {"train.lr": recipe.session_lr(config, s), "train.epochs": recipe.session_epochs(config, s)}
     for field, value in recipe.items():
         if value != recorded[field]:
             raise ConfigError(

@@ -18,13 +18,13 @@ import ml_collections
 from cvs_jax import distributed
 from cvs_jax.augment import transforms as augment
 from cvs_jax.engine import features
-from cvs_jax.engine.frozen_trunk import FrozenTrunk
 from cvs_jax.engine.protocol import Protocol
 from cvs_jax.engine.train_step import make_optimizer, make_train_step
 from cvs_jax.methods.base import Method
 from cvs_jax.methods.registry import get_head, get_method
 from cvs_jax.methods.seams import PolicyView
 from cvs_jax.models import networks as models
+from cvs_jax.models.frozen_trunk import FrozenTrunk
 from cvs_jax.models.heads import Head
 from cvs_jax.retrieval.embedder import Embedder
 from cvs_jax.rundir import paths

@@ -39,9 +39,9 @@ import numpy as np
 from cvs_jax.augment import transforms as augment
 from cvs_jax.data import parts, records
 from cvs_jax.data.chunks import iter_chunks
-from cvs_jax.engine.frozen_trunk import file_digest
 from cvs_jax.engine.protocol import LazyRows, Protocol
 from cvs_jax.models import networks as models
+from cvs_jax.models.frozen_trunk import file_digest
 
 FORMAT = 1
 SUBDIR = "cvs_features"

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cvs_jax import distributed
+from cvs_jax.config import recipe
 from cvs_jax.engine import batches, schedules
 from cvs_jax.engine.cadence import Cadence, calls
 from cvs_jax.engine.context import RunContext
@@ -96,7 +97,7 @@ def session_view(ctx: RunContext, state: RunState, s: int) -> SessionView:
         stored=method.scope.stored(state.gallery),
         val_idx=plan.val_queries(s),
         test_idx=ctx.proto.test_queries(s),
-        epochs=schedules.session_epochs(c, s),
+        epochs=recipe.session_epochs(c, s),
     )
 
 
@@ -406,7 +407,7 @@ def _loop(driver: Driver, batches, plan, ts, sums, step: int) -> TrainState:
     c, view = lead.ctx.config, lead.view
     s, spe, total = view.s, view.steps_per_epoch, view.total_steps
     cadence = Cadence(spe, c.log_every_steps, c.train.checkpoint_every_steps)
-    base_lr = schedules.session_lr(c, s)
+    base_lr = recipe.session_lr(c, s)
     watch = _Watch.start()
     steps_at_start = step
     t_session = t_epoch = t_line = time.time()

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 import jax
 import numpy as np
 
-from cvs_jax.engine.frozen_trunk import FrozenTrunk
 from cvs_jax.methods.seams import ImportanceState, ReplayMemory
+from cvs_jax.models.frozen_trunk import FrozenTrunk
 from cvs_jax.models.heads import ROW_KEYS
 from cvs_jax.retrieval import query_maps
 from cvs_jax.rundir.checkpoint import Checkpoints

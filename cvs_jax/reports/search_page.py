@@ -9,6 +9,7 @@ query's class is framed in green when the query's class is known.
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 from cvs_jax.reports import html
 
@@ -37,7 +38,7 @@ def summary(queries: list[dict]) -> str | None:
     return text + (f" ({unknown} queries of unknown class left out)" if unknown else "")
 
 
-def _hit_cell(hit: dict, image, known: str | None) -> str:
+def _hit_cell(hit: dict, uri: str | None, known: str | None) -> str:
     match = known is not None and hit["class_name"] == known
     mark = ' <span class="ok">&#10003;</span>' if match else ""
     lines = [
@@ -46,38 +47,52 @@ def _hit_cell(hit: dict, image, known: str | None) -> str:
         f'arrived in session <span class="arrival">{hit["arrival_session"]}</span>',
         f'model of session <span class="model">{hit["model_session"]}</span>',
     ]
-    uri = html.thumbnail_uri(image) if image is not None else None
     cls = "hit match" if match else "hit"
     return html.cell(uri, lines, cls, alt=f"rank {hit['rank']}: {hit['source']}")
+
+
+def query_row(q: dict, hit_uri: Callable[[dict], str | None]) -> str:
+    """One query's row: ``q`` as ``render`` takes it; ``hit_uri(hit)`` is the picture of a hit (a data
+    URI on a page that opens from disk, a row's thumbnail route on a server's page)."""
+    head = f'<div class="cell query"><div class="qpath" title="{html.esc(q["query"])}">'
+    name = html.esc(os.path.basename(q["query"]))
+    if q["error"] is not None:
+        return (
+            f'<div class="row qrow" data-query="{html.esc(q["query"])}">{head}<b>{name}</b></div></div>'
+            f'<div class="error">could not search with this image: {html.esc(q["error"])}</div></div>'
+        )
+    known = q["class_name"]
+    lines = ["<b>query</b>", name, f"class: {html.esc(known) if known else 'unknown'}"]
+    if known is not None:
+        same = sum(h["class_name"] == known for h in q["hits"])
+        lines.append(f'same class: <span class="same">{same} of {len(q["hits"])}</span>')
+    query_cell = html.cell(
+        html.thumbnail_uri(q["image"]),
+        lines,
+        "query",
+        alt=q["query"],
+    )
+    hits = "".join(_hit_cell(h, hit_uri(h), known) for h in q["hits"])
+    return f'<div class="row qrow" data-query="{html.esc(q["query"])}">{query_cell}{hits}</div>'
+
+
+LEGEND = (
+    '<p class="legend">Blue frame: the query (as the model sees it: resized, centre crop). Green frame and '
+    "&#10003;: a hit of the query's class (its folder name or --label). Under each hit: class, cosine "
+    "score, the session its image arrived in and the session whose model embedded it (rows are never "
+    "re-embedded).</p>"
+)
+
+
+def _data_uri(hit: dict) -> str | None:
+    return html.thumbnail_uri(hit["image"]) if hit.get("image") is not None else None
 
 
 def render(queries: list[dict], *, workdir: str, model_session: int, gallery_rows: int, k: int) -> str:
     """``queries``: per query, in order, ``query`` (its path), ``class_name`` (None: unknown),
     ``image`` (uint8, as prepared for the model; None when unreadable), ``error`` (the reason it could
     not be read, else None) and ``hits`` (``Run.search``'s dicts, each with its ``image`` or None)."""
-    rows = []
-    for q in queries:
-        head = f'<div class="cell query"><div class="qpath" title="{html.esc(q["query"])}">'
-        name = html.esc(os.path.basename(q["query"]))
-        if q["error"] is not None:
-            rows.append(
-                f'<div class="row qrow" data-query="{html.esc(q["query"])}">{head}<b>{name}</b></div></div>'
-                f'<div class="error">could not search with this image: {html.esc(q["error"])}</div></div>'
-            )
-            continue
-        known = q["class_name"]
-        lines = ["<b>query</b>", name, f"class: {html.esc(known) if known else 'unknown'}"]
-        if known is not None:
-            same = sum(h["class_name"] == known for h in q["hits"])
-            lines.append(f'same class: <span class="same">{same} of {len(q["hits"])}</span>')
-        query_cell = html.cell(
-            html.thumbnail_uri(q["image"]),
-            lines,
-            "query",
-            alt=q["query"],
-        )
-        hits = "".join(_hit_cell(h, h.get("image"), known) for h in q["hits"])
-        rows.append(f'<div class="row qrow" data-query="{html.esc(q["query"])}">{query_cell}{hits}</div>')
+    rows = [query_row(q, _data_uri) for q in queries]
     answered = sum(q["error"] is None for q in queries)
     subtitle = (
         f"{workdir}: {answered} of {len(queries)} queries answered by the model of session {model_session}, "
@@ -85,10 +100,4 @@ def render(queries: list[dict], *, workdir: str, model_session: int, gallery_row
     )
     found = summary(queries)
     head = "" if found is None else f'<p class="summary"><b>{html.esc(found)}</b></p>'
-    legend = (
-        '<p class="legend">Blue frame: the query (as the model sees it: resized, centre crop). Green frame and '
-        "&#10003;: a hit of the query's class (its folder name or --label). Under each hit: class, cosine "
-        "score, the session its image arrived in and the session whose model embedded it (rows are never "
-        "re-embedded).</p>"
-    )
-    return html.page("search results", subtitle, head + legend + "\n".join(rows))
+    return html.page("search results", subtitle, head + LEGEND + "\n".join(rows))

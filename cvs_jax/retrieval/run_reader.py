@@ -20,7 +20,6 @@ from typing import Any, Iterable
 import jax
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 from PIL import Image
 
 from cvs_jax import distributed
@@ -28,14 +27,14 @@ from cvs_jax.augment import transforms as augment
 from cvs_jax.config import recorded
 from cvs_jax.data.builders import _resize
 from cvs_jax.data.builders._common import image_errors
-from cvs_jax.engine.frozen_trunk import FrozenTrunk
 from cvs_jax.errors import SearchError, UserError
 from cvs_jax.models import networks as models
-from cvs_jax.retrieval import query_maps, topk
+from cvs_jax.models.frozen_trunk import FrozenTrunk
+from cvs_jax.retrieval import additions, query_maps, topk
 from cvs_jax.retrieval.embedder import Embedder
 from cvs_jax.rundir import paths
-from cvs_jax.rundir.checkpoint import Checkpoints
-from cvs_jax.rundir.gallery import Gallery, GalleryPart, RowConcat
+from cvs_jax.rundir.checkpoint import Reader as _Reader
+from cvs_jax.rundir.gallery import Gallery, RowConcat
 
 
 def trained_on(record: dict) -> int | None:
@@ -126,23 +125,6 @@ def check_is_run(workdir: str) -> None:
                 f"{workdir} holds no cvs_jax run ({name} is missing); pass the --workdir of "
                 f"a run of python -m cvs_jax.main."
             )
-
-
-class _Reader(Checkpoints):
-    """Checkpoints opened to read only: no folder is created, and orbax's clean-up of unfinished
-    ``<step>.orbax-checkpoint-tmp*`` folders is off (such a folder may be the training run's save in
-    progress: a reader must neither delete it nor read it; orbax lists finalized steps only)."""
-
-    def _open(self) -> ocp.CheckpointManager:
-        return ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(
-                preservation_policy=ocp.checkpoint_managers.preservation_policy.PreserveAll(),
-                create=False,
-                enable_async_checkpointing=False,
-                cleanup_tmp_directories=False,
-            ),
-        )
 
 
 class _PartLog:
@@ -241,7 +223,7 @@ def file_digest(path: str) -> str:
     return h.hexdigest()
 
 
-def _store_digests(config: ml_collections.ConfigDict) -> dict[str, str]:
+def store_digests(config: ml_collections.ConfigDict) -> dict[str, str]:
     """SHA-256 (hex) -> source of every image of the run's record stores (none for standard TFDS data)."""
     from cvs_jax.data import records, sources  # tensorflow_datasets: imported only for --add
 
@@ -276,9 +258,6 @@ class Rows:
         return int(self.labels.shape[0])
 
 
-_ADDED_KEY = "part{:05d}"  # additions: one part per model session, in the order added
-
-
 class Run:
     """The newest model and the full gallery of a finished (or partly finished) run."""
 
@@ -303,28 +282,24 @@ class Run:
         self._arrival = arrival_sessions(log.parts, self.gallery)
         # retrieval.query_map: {s: model s -> model s - 1}; empty for a run without maps
         self.query_maps = query_maps.stored_maps(workdir, self.session, c.retrieval.query_map)
-        added_dir = paths.additions_dir(workdir)
-        self._additions = None
+        self._additions = additions.writer(workdir) if for_add else None
         if for_add:
-            self._additions = Checkpoints(added_dir, max_to_keep=2)
-            added = self._additions.restore_latest({"rows": None})
-        elif os.path.isdir(added_dir):
-            reader = _Reader(added_dir, max_to_keep=None)
-            added = (reader.steps()[-1], reader.restore(reader.steps()[-1], {"rows": None})) if reader.steps() else None
+            self._added = additions.read_for_append(self._additions, c.model.embed_dim)
         else:
-            added = None
-        self.added = Gallery.empty(c.model.embed_dim)
-        self.added_sources: list[str] = []
-        self.added_digests: list[str] = []  # SHA-256 (hex) of each added file ("": added before they were kept)
-        if added is not None:
-            rows = added[1]["rows"]
-            if "embeddings" in rows:  # one part (the layout before per-session parts)
-                parts = [GalleryPart.from_dict(rows)]
-            else:
-                parts = [GalleryPart.from_dict(rows[key]) for key in sorted(rows)]
-            self.added = Gallery(parts, c.model.embed_dim)
-            self.added_sources = list(added[1]["meta"]["sources"])
-            self.added_digests = list(added[1]["meta"].get("digests", [""] * len(self.added_sources)))
+            self._added = additions.read(workdir, c.model.embed_dim)
+
+    @property
+    def added(self) -> Gallery:
+        return self._added.gallery
+
+    @property
+    def added_sources(self) -> list[str]:
+        return self._added.sources
+
+    @property
+    def added_digests(self) -> list[str]:
+        """SHA-256 (hex) of each added file ("": added before they were kept)."""
+        return self._added.digests
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -430,55 +405,42 @@ class Run:
             scores, idx = scores[:, :keep], idx[:, :keep]
         else:
             scores, idx = topk.topk_indices(q, self.rows.embeddings, k)
+        return self.hits(scores, idx)
+
+    def hits(self, scores: np.ndarray, rows: np.ndarray) -> list[list[dict]]:
+        """Per query, its hits as ``search --json`` shows them (rank, score, ``describe``); rows < 0
+        (fewer rows than asked for) are left out."""
         return [
-            [{"rank": r + 1, "score": float(sc), **self.describe(int(j))} for r, (sc, j) in enumerate(zip(srow, irow))]
-            for srow, irow in zip(scores, idx)
+            [
+                {"rank": r + 1, "score": float(sc), **self.describe(int(j))}
+                for r, (sc, j) in enumerate((sc, j) for sc, j in zip(srow, irow) if j >= 0)
+            ]
+            for srow, irow in zip(scores, rows)
         ]
+
+    def use_added(self, added: additions.Added) -> None:
+        """Rows added since this run was read (a server's ``/add``, or a newer step on disk)."""
+        self._added = added
+        self.__dict__.pop("rows", None)
 
     def duplicates(self, paths: list[str]) -> list[tuple[str, str]]:
         """(path, where its bytes already are) for each file whose content (SHA-256) is already in the run:
         a row of its data (train or test), an earlier ``--add``, or an earlier file of ``paths``."""
-        known = dict(zip(self.added_digests, self.added_sources))
-        known.pop("", None)
-        stores_known = _store_digests(self.config)
-        out = []
-        for p in paths:
-            digest = file_digest(p)
-            where = known.get(digest) or stores_known.get(digest)
-            if where is not None:
-                out.append((p, where))
-            known.setdefault(digest, os.path.abspath(p))
-        return out
+        return duplicates_of([(p, file_digest(p)) for p in paths], self._added, store_digests(self.config))
 
     def add(self, images: np.ndarray, paths: list[str], label: int) -> None:
-        """Appends the images embedded by the newest model (one part per model session, so older
-        additions keep the session of the model that embedded them); needs ``for_add``."""
+        """Appends the images embedded by the newest model (``additions.append``); needs ``for_add``."""
         if self._additions is None:
-            raise RuntimeError("Run(workdir, for_add=True) adds rows (while holding the workdir's lock)")
-        new = GalleryPart(
-            self.embed(images), np.full(len(paths), label, np.int32), np.full(len(paths), -1, np.int64), self.session
+            raise RuntimeError("Run(workdir, for_add=True) adds rows (while holding the additions' lock)")
+        self._added = additions.append(
+            self._additions,
+            self._added,
+            self.embed(images),
+            np.full(len(paths), label, np.int32),
+            [os.path.abspath(p) for p in paths],
+            [file_digest(p) for p in paths],
+            self.session,
         )
-        parts = list(self.added.parts)
-        if parts and parts[-1].session == self.session:
-            last = parts.pop()
-            new = GalleryPart(
-                np.concatenate([last.embeddings, new.embeddings]),
-                np.concatenate([last.labels, new.labels]),
-                np.concatenate([last.source_ids, new.source_ids]),
-                self.session,
-            )
-        parts.append(new)
-        sources = self.added_sources + [os.path.abspath(p) for p in paths]
-        digests = self.added_digests + [file_digest(p) for p in paths]
-        steps = self._additions.steps()
-        self._additions.save(
-            (max(steps) + 1) if steps else 0,
-            {"rows": {_ADDED_KEY.format(i): p.as_dict() for i, p in enumerate(parts)}},
-            {"sources": sources, "digests": digests},
-        )
-        self.added = Gallery(parts, self.gallery.embed_dim)
-        self.added_sources = sources
-        self.added_digests = digests
         self.__dict__.pop("rows", None)
 
     def label_of(self, name: str | None) -> int:
@@ -497,6 +459,22 @@ class Run:
             f"--label {name!r} is neither a class name nor a label; {hint}known classes: "
             f"{', '.join(names[:10])}{', ...' if len(names) > 10 else ''}."
         )
+
+
+def duplicates_of(
+    named: list[tuple[str, str]], added: additions.Added, stores_known: dict[str, str]
+) -> list[tuple[str, str]]:
+    """(name, where its bytes already are) for each (name, SHA-256 hex) whose content is already in the
+    run: a row of its data (``stores_known``: ``store_digests``), an added row, or an earlier name."""
+    known = dict(zip(added.digests, added.sources))
+    known.pop("", None)
+    out = []
+    for name, digest in named:
+        where = known.get(digest) or stores_known.get(digest)
+        if where is not None:
+            out.append((name, where))
+        known.setdefault(digest, os.path.abspath(name))
+    return out
 
 
 def load_each(paths: list[str], shape) -> tuple[np.ndarray, dict[str, SearchError]]:

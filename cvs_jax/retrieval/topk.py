@@ -172,6 +172,28 @@ def _empty_topk(mesh: Mesh, rows: int, k: int):
     )
 
 
+def _pow2(m: int) -> int:
+    return 1 << max(int(m) - 1, 0).bit_length()
+
+
+@functools.lru_cache(maxsize=16)
+def _write_rows_fn(mesh: Mesh):
+    """``(g, rows, start) -> g`` with ``rows`` written at row ``start`` (``g`` donated: in place)."""
+    sharding = NamedSharding(mesh, P(distributed.DATA_AXIS))
+    return jax.jit(
+        lambda g, rows, start: jax.lax.dynamic_update_slice(g, rows, (start, 0)),
+        out_shardings=sharding,
+        donate_argnums=0,
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _grow_fn(mesh: Mesh, rows: int):
+    """``g -> g`` zero-padded to ``rows`` rows (the padding scores -inf)."""
+    sharding = NamedSharding(mesh, P(distributed.DATA_AXIS))
+    return jax.jit(lambda g: jnp.pad(g, ((0, rows - g.shape[0]), (0, 0))), out_shardings=sharding)
+
+
 def _rows_per_device(n: int, n_dev: int, gallery_block: int) -> int:
     """Rows per device: the fewest whole scan blocks that hold ``n`` rows over ``n_dev`` devices.
 
@@ -225,6 +247,30 @@ class ShardedGallery:
             plain = isinstance(embeddings, np.ndarray) and embeddings.dtype == np.float32
             g = _host_to_mesh(embeddings if plain else _AsFloat32(embeddings), sharding, rows)
         self.embeddings = _normalize_fn(self.mesh)(g)
+
+    @property
+    def capacity(self) -> int:
+        """Rows the device arrays hold (the real ``n`` plus padding that scores -inf)."""
+        return self.rows_per_dev * _n_dev(self.mesh)
+
+    def append(self, embeddings: np.ndarray) -> None:
+        """Adds raw rows ``[M, D]`` (normalised on device) after the ``n`` rows, in place.
+
+        Rows are written into the padding while it holds them (the searched shapes stay: no recompile
+        per added row); past it, the capacity doubles (one new compile of the search per doubling)."""
+        m = int(embeddings.shape[0])
+        if m == 0:
+            return
+        n_dev = _n_dev(self.mesh)
+        while self.n + _pow2(m) > self.capacity:  # written in power-of-two row counts: few compiles
+            self.rows_per_dev *= 2
+            self.embeddings = _grow_fn(self.mesh, self.capacity)(self.embeddings)
+        new = _pad_rows(np.asarray(embeddings, np.float32), _pow2(m))
+        replicated = NamedSharding(self.mesh, P())
+        new = _normalize_replicated_fn(self.mesh)(_host_to_mesh(new, replicated, new.shape[0]))
+        self.embeddings = _write_rows_fn(self.mesh)(self.embeddings, new, np.int32(self.n))
+        self.n += m
+        assert self.rows_per_dev * n_dev >= self.n
 
     def search_chunk(self, q_normalized: jax.Array, k: int, run_vals=None, run_idx=None):
         """Top-k (scores, global indices) of one padded, normalised, replicated query chunk (device arrays).

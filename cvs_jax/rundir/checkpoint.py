@@ -374,3 +374,20 @@ class Checkpoints:
 
     def close(self) -> None:
         self._mgr.close()
+
+
+class Reader(Checkpoints):
+    """Checkpoints opened to read only: no folder is created, and orbax's clean-up of unfinished
+    ``<step>.orbax-checkpoint-tmp*`` folders is off (such a folder may be the training run's save in
+    progress: a reader must neither delete it nor read it; orbax lists finalized steps only)."""
+
+    def _open(self) -> ocp.CheckpointManager:
+        return ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(
+                preservation_policy=ocp.checkpoint_managers.preservation_policy.PreserveAll(),
+                create=False,
+                enable_async_checkpointing=False,
+                cleanup_tmp_directories=False,
+            ),
+        )

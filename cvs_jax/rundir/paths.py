@@ -12,7 +12,9 @@
       checkpoints/progress/<step>/   rolling mid-session checkpoints (``engine/phases.py``)
       checkpoints/query_maps/<s>.npz the query map of model s to model s - 1 (``retrieval.query_map``;
                                      written before session s's checkpoint, ``retrieval/query_maps.py``)
-      checkpoints/additions/         rows added by ``python -m cvs_jax.search --add``
+      checkpoints/additions/         rows added by ``python -m cvs_jax.search --add`` (or ``serve``'s /add)
+      checkpoints/additions.lock     the lock of whoever writes the additions (``workdir.hold_additions``)
+      uploads/<sha256>.<ext>         images added through ``python -m cvs_jax.serve`` (their rows' sources)
       previous-<time>/               a run moved aside by ``--config.overwrite=True``
 
 Every module that reads or writes one of these asks this module for its path.
@@ -38,6 +40,8 @@ SESSIONS = os.path.join(CHECKPOINTS, "sessions")
 PROGRESS = os.path.join(CHECKPOINTS, "progress")
 ADDITIONS = os.path.join(CHECKPOINTS, "additions")
 QUERY_MAPS = os.path.join(CHECKPOINTS, "query_maps")
+ADDITIONS_LOCK = os.path.join(CHECKPOINTS, "additions.lock")
+UPLOADS = "uploads"
 # Checkpoint folders whose numbered step directories make a workdir hold a run.
 CHECKPOINT_DIRS = (SESSIONS, PROGRESS)
 
@@ -59,6 +63,8 @@ population_file = _under_workdir(POPULATION, doc="A population's population.json
 sessions_dir = _under_workdir(SESSIONS, doc="Session checkpoints: ``<s>/`` after session s (0-based).")
 progress_dir = _under_workdir(PROGRESS, doc="Rolling mid-session checkpoints, numbered by run step.")
 additions_dir = _under_workdir(ADDITIONS, doc="Rows added by ``python -m cvs_jax.search --add``.")
+additions_lock = _under_workdir(ADDITIONS_LOCK, doc="The lock of the additions' writer (not the run's lock).")
+uploads_dir = _under_workdir(UPLOADS, doc="Images added through the server, named by their SHA-256.")
 
 
 def session_dir(workdir: str, s: int) -> str:

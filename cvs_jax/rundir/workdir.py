@@ -11,9 +11,11 @@
 * **The config.**  ``config.recorded`` checks it against the run's ``config.json`` under the
   lock (``write_config``, ``move_aside`` and ``has_checkpoint`` here are its storage steps).
 
-``hold(workdir)`` is the lock alone (``compare`` over its whole directory, ``search --add``).
+``hold(workdir)`` is the lock alone (``compare`` over its whole directory).
 Reading a run (plain ``search``) needs no lock; ``check_not_busy`` asks whether a live process holds it.
 A refused start leaves the file system as it was: a workdir folder created for the lock is removed again.
+The rows added to a gallery (``search --add``, the server's ``/add``) have their own lock,
+``hold_additions``: no run ever writes them, so they are added while ``update`` trains, one writer at a time.
 """
 
 from __future__ import annotations
@@ -147,19 +149,26 @@ def check_not_busy(workdir: str) -> None:
         os.close(fd)  # releases a shared lock taken here
 
 
-def _lock(workdir: str) -> int:
-    """Takes ``<workdir>/.lock`` (never waits); returns its descriptor, or raises ``WorkdirBusyError``."""
-    _make_folder(workdir)
-    fd = os.open(os.path.join(workdir, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        busy = e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
-        error = _busy(workdir, fd) if busy else None
-        os.close(fd)
-        if error is not None:
-            raise error from None
-        raise
+def _lock(workdir: str, name: str = LOCK_NAME, wait_s: float = 0.0) -> int:
+    """Takes ``<workdir>/<name>`` (waiting at most ``wait_s``); returns its descriptor, or raises
+    ``WorkdirBusyError``."""
+    _make_folder(os.path.dirname(os.path.join(workdir, name)))
+    fd = os.open(os.path.join(workdir, name), os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as e:
+            busy = e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+            if busy and time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            error = _busy(workdir, fd) if busy else None
+            os.close(fd)
+            if error is not None:
+                raise error from None
+            raise
     os.ftruncate(fd, 0)
     os.write(fd, json.dumps(_holder()).encode())
     os.fsync(fd)
@@ -238,3 +247,14 @@ def held(workdir: str, then: Callable[[], None]) -> Iterator[None]:
     every process): ``config.recorded.open_run`` checks the data and the config this way."""
     with _held(workdir, then):
         yield
+
+
+@contextlib.contextmanager
+def hold_additions(workdir: str, wait_s: float = 0.0) -> Iterator[None]:
+    """The additions' lock (``paths.ADDITIONS_LOCK``), waiting at most ``wait_s`` for another adder:
+    not the run's lock, which a training ``update`` holds for hours."""
+    fd = _lock(workdir, paths.ADDITIONS_LOCK, wait_s)
+    try:
+        yield
+    finally:
+        _unlock(fd)

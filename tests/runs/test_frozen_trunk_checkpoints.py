@@ -15,9 +15,9 @@ from safetensors.numpy import load_file, save_file
 
 from cvs_jax import info
 from cvs_jax.engine import runner
-from cvs_jax.engine.frozen_trunk import FrozenTrunk, file_digest
 from cvs_jax.errors import CheckpointError, WeightsError
 from cvs_jax.models import networks as models
+from cvs_jax.models.frozen_trunk import FrozenTrunk, file_digest
 from cvs_jax.retrieval import run_reader
 from cvs_jax.rundir import paths
 from cvs_jax.rundir.checkpoint import _leaves  # pylint: disable=protected-access

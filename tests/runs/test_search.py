@@ -166,10 +166,11 @@ def test_add_ingests_images_with_the_newest_model(run_copy, tmp_path, capsys):
     path = str(tmp_path / "new.png")
     Image.fromarray(img).save(path)
     name = before.protocol["class_names"][0]
-    with workdir_lib.hold(wd):  # a live writer (the training run, or another --add): refused
+    with workdir_lib.hold_additions(wd):  # another adder (--add, a server's /add): refused
         assert search.search_or_add(wd, [path], add=True, label=name) == 2
     assert "is in use by pid" in capsys.readouterr().err
-    assert _cli(["--workdir", wd, "--images", path, "--add", "--label", name]) == 0
+    with workdir_lib.hold(wd):  # a training run (update) holds the run's lock: rows are added meanwhile
+        assert _cli(["--workdir", wd, "--images", path, "--add", "--label", name]) == 0
     after = run_reader.Run(wd)
     assert len(after.added) == 1 and after.added.labels[0] == 0
     assert after.added.sessions[0] == before.session

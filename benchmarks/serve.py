@@ -1,0 +1,389 @@
+"""``python -m cvs_jax.serve`` against what a user has without it, on loopback with bounded request loops.
+
+In one run, for 1, 4 and 16 concurrent clients (threads, each with its own HTTP connection), the
+latency p50/p95/p99 and queries/s of:
+
+* ``serve``: ``POST /search`` with one photo, k=5;
+* one ``python -m cvs_jax.search --json`` process per query (what a script calls today);
+* the baseline a user would write instead: a small FastAPI app (sync handler) over
+  ``cvs_jax.export.load(...).embed`` and a faiss ``IndexFlatIP`` of the exported rows.
+
+Also: the cold start of ``serve`` (process start to ``/healthz``, then the first answer), the index
+alone at 10k and 1M synthetic rows x 128 (``ExactIndex``, what ``serve`` searches, beside faiss
+``IndexFlatIP``: one query and 16 queries, and one added row), and a loop of at least 1,000 requests
+from 4 clients while ``update`` trains and completes the next session (failures, sessions seen).
+
+Usage:
+  python benchmarks/serve.py                                   # builds a tiny photo run in a temp folder
+  python benchmarks/serve.py --workdir W --update_data DIR     # an existing run (update changes it!)
+  python benchmarks/serve.py --quick                           # few requests, 10k rows only, no update
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import _common  # noqa: F401  (puts the repository on sys.path)
+import httpx
+import numpy as np
+from fastapi import FastAPI, File, UploadFile  # module level: the baseline's handler annotations resolve
+
+from cvs_jax.testing import serve_process
+
+CONCURRENCY = (1, 4, 16)
+
+
+def _summary(latencies: list[float], wall: float, failed: int) -> dict:
+    lat = np.asarray(latencies) * 1000
+    return {
+        "requests": len(latencies) + failed,
+        "failed": failed,
+        "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
+        "p95_ms": float(np.percentile(lat, 95)) if lat.size else None,
+        "p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
+        "qps": len(latencies) / wall,
+    }
+
+
+def http_loop(url: str, photos: list[tuple[str, bytes]], clients: int, requests: int, until=None) -> dict:
+    """``requests`` POSTs (or, with ``until``, at least that many and until ``until()`` is true) from
+    ``clients`` threads; latencies of the answered ones, failures counted, sessions seen."""
+    counter = itertools.count()
+    latencies, sessions, failures = [], [], []
+    lock = threading.Lock()
+
+    def more(i):
+        return i < requests or (until is not None and not until())
+
+    def client():
+        with httpx.Client(timeout=300) as c:
+            while more(i := next(counter)):
+                name, data = photos[i % len(photos)]
+                t0 = time.perf_counter()
+                try:
+                    r = c.post(url, params={"k": 5}, files=[("file", (name, data))])
+                    ok = r.status_code == 200
+                except httpx.HTTPError as e:
+                    ok, r = False, e
+                dt = time.perf_counter() - t0
+                with lock:
+                    if ok:
+                        latencies.append(dt)
+                        sessions.append(r.json().get("model_session"))
+                    else:
+                        failures.append(str(getattr(r, "text", r))[:200])
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out = _summary(latencies, time.perf_counter() - t0, len(failures))
+    out["sessions_seen"] = sorted({s for s in sessions if s is not None})
+    out["failures"] = failures[:3]
+    return out
+
+
+def process_loop(workdir: str, photos: list[str], clients: int, requests: int) -> dict:
+    """One ``python -m cvs_jax.search --json`` process per query, ``clients`` at a time."""
+    counter = itertools.count()
+    latencies, failed = [], []
+
+    def client():
+        while (i := next(counter)) < requests:
+            cmd = [sys.executable, "-m", "cvs_jax.search", "--workdir", workdir, "--images", photos[i % len(photos)]]
+            t0 = time.perf_counter()
+            r = subprocess.run([*cmd, "--k", "5", "--json"], capture_output=True)
+            (latencies if r.returncode == 0 else failed).append(time.perf_counter() - t0)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return _summary(latencies, time.perf_counter() - t0, len(failed))
+
+
+def baseline_app(export_dir: str):
+    """What a user writes over an export: FastAPI, ``export.load(...).embed``, faiss ``IndexFlatIP``."""
+    import io
+
+    import faiss
+    from PIL import Image
+
+    from cvs_jax import export
+
+    exported = export.load(export_dir)
+    rows = np.array(exported.embeddings(), np.float32)  # a writable copy of the memory map
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    index = faiss.IndexFlatIP(rows.shape[1])
+    index.add(rows)
+    app = FastAPI()
+
+    @app.get("/healthz")
+    def healthz():
+        return {"status": "ok"}
+
+    @app.post("/search")
+    def search(file: UploadFile = File(...), k: int = 5):
+        q = exported.embed([Image.open(io.BytesIO(file.file.read()))])
+        q /= np.linalg.norm(q, axis=1, keepdims=True)
+        scores, idx = index.search(q, k)
+        return {"hits": [{"row": int(i), "score": float(s)} for s, i in zip(scores[0], idx[0])]}
+
+    exported.embed(np.zeros((1, *exported.image_shape), np.uint8))  # compiled before the first request
+    return app
+
+
+def start_baseline(export_dir: str, port: int, log) -> subprocess.Popen:
+    cmd = [sys.executable, os.path.abspath(__file__), "--baseline_app", export_dir, "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("the baseline app did not start (see servers.log)")
+
+
+def index_sizes(sizes: list[int], dim: int = 128, reps: int = 20) -> list[dict]:
+    """The index alone at synthetic sizes: ``ExactIndex`` (serve's) beside faiss ``IndexFlatIP``."""
+    import faiss
+
+    from cvs_jax.serve.exact_index import ExactIndex
+
+    out = []
+    rng = np.random.default_rng(0)
+    for n in sizes:
+        rows = rng.standard_normal((n, dim), dtype=np.float32)
+        q1, q16 = rng.standard_normal((1, dim), np.float32), rng.standard_normal((16, dim), np.float32)
+        t0 = time.perf_counter()
+        exact = ExactIndex(dim)
+        exact.add(np.arange(n), rows, np.zeros(n, np.int32), np.zeros(n, np.int32))
+        build = time.perf_counter() - t0
+        normalized = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+        flat = faiss.IndexFlatIP(dim)
+        flat.add(normalized)
+        del rows
+
+        def p50(fn):
+            fn()
+            times = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t)
+            return float(np.median(times)) * 1000
+
+        one = np.zeros((1, dim), np.float32)
+        exact.add([n], one + 1, [0], [0])  # the first add compiles the row writer
+        t = time.perf_counter()
+        exact.add([n + 1], one + 2, [0], [0])
+        add_ms = (time.perf_counter() - t) * 1000
+        out.append(
+            {
+                "rows": n,
+                "exact_build_s": build,
+                "exact_1q_ms": p50(lambda: exact.search(q1, 5)),
+                "exact_16q_ms": p50(lambda: exact.search(q16, 5)),
+                "exact_add_1row_ms": add_ms,
+                "faiss_1q_ms": p50(lambda: flat.search(q1 / np.linalg.norm(q1), 5)),
+                "faiss_16q_ms": p50(lambda: flat.search(q16 / np.linalg.norm(q16, axis=1, keepdims=True), 5)),
+            }
+        )
+    return out
+
+
+def _fmt(x, digits=1):
+    return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def table(results: dict) -> str:
+    lines = [
+        "| system | clients | requests | failed | p50 ms | p95 ms | p99 ms | queries/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for system in ("serve", "search process per query", "FastAPI + export + faiss IndexFlatIP"):
+        for c, r in results["loops"].get(system, {}).items():
+            lines.append(
+                f"| {system} | {c} | {r['requests']} | {r['failed']} | {_fmt(r['p50_ms'])} | {_fmt(r['p95_ms'])} | "
+                f"{_fmt(r['p99_ms'])} | {_fmt(r['qps'], 2)} |"
+            )
+    return "\n".join(lines)
+
+
+def _met(ok: bool) -> str:
+    return "MET" if ok else "NOT MET"
+
+
+def goals(results: dict) -> list[str]:
+    loops = results["loops"]
+    serve = loops.get("serve", {})
+    cli = loops.get("search process per query", {})
+    base = loops.get("FastAPI + export + faiss IndexFlatIP", {})
+    out = []
+    if "1" in serve and "1" in cli:
+        r = cli["1"]["p50_ms"] / serve["1"]["p50_ms"]
+        out.append(
+            f"single query p50: serve {serve['1']['p50_ms']:.1f} ms, one search process {cli['1']['p50_ms']:.0f} ms: "
+            f"1/{r:.0f} (goal: at most 1/100) {_met(r >= 100)}"
+        )
+    if "1" in serve and "16" in serve:
+        r = serve["16"]["qps"] / serve["1"]["qps"]
+        out.append(f"queries/s of 16 clients over 1 client: {r:.2f}x (goal: at least 4x) {_met(r >= 4)}")
+    if serve and base:
+        r = min(serve[c]["qps"] / max(base[c]["qps"], 1e-9) for c in serve if c in base)
+        out.append(
+            f"serve / baseline queries/s, lowest over concurrencies: {r:.2f}x (goal: at least 1x) {_met(r >= 1)}"
+        )
+    if results.get("during_update"):
+        u = results["during_update"]
+        ok = u["failed"] == 0 and u["requests"] >= 1000
+        out.append(
+            f"during update: {u['failed']} failed of {u['requests']} requests, sessions seen {u['sessions_seen']} "
+            f"(goal: 0 of at least 1,000) {_met(ok)}"
+        )
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workdir", help="a finished run (default: a tiny photo run built in a temp folder)")
+    p.add_argument("--update_data", help="a folder for update to train on during the last loop")
+    p.add_argument("--requests", type=int, default=200, help="requests per concurrency level (serve, baseline)")
+    p.add_argument("--process_requests", type=int, nargs=3, default=(3, 4, 16), help="search processes per level")
+    p.add_argument("--update_requests", type=int, default=1000)
+    p.add_argument("--sizes", type=int, nargs="*", default=(10_000, 1_000_000))
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", help="also write the results as JSON here")
+    p.add_argument("--baseline_app", help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.baseline_app:
+        import uvicorn
+
+        uvicorn.run(baseline_app(a.baseline_app), host="127.0.0.1", port=a.port, log_level="warning")
+        return
+    if a.quick:
+        a.requests, a.process_requests, a.sizes, a.update_requests = 20, (1, 2, 4), (10_000,), 0
+    tmp = tempfile.mkdtemp(prefix="bench-serve-")
+    from pathlib import Path
+
+    from cvs_jax.testing.folder_runs import photo_run
+
+    if a.workdir is None:
+        t = time.perf_counter()
+        a.workdir, folder = photo_run(Path(tmp))
+        a.update_data = a.update_data or folder
+        print(f"built a tiny photo run in {time.perf_counter() - t:.0f} s: {a.workdir}", file=sys.stderr)
+    workdir = os.path.abspath(a.workdir)
+    root = os.path.join(os.path.dirname(workdir), "s1", "train")
+    photos = sorted(
+        os.path.join(dp, f) for dp, _, fs in os.walk(root if os.path.isdir(root) else workdir) for f in fs
+        if f.lower().endswith((".png", ".jpg", ".jpeg", ".webp", ".bmp"))
+    )[:64]  # fmt: skip
+    payloads = [(os.path.basename(f), open(f, "rb").read()) for f in photos]
+    results: dict = {"workdir": workdir, "environment": _common.environment(), "loops": {}}
+    log = open(os.path.join(tmp, "servers.log"), "wb")
+
+    # serve: cold start, then the loops
+    port = serve_process.free_port()
+    t0 = time.perf_counter()
+    server = serve_process.start(workdir, port, log, "--poll_s", "0.5")
+    healthy = time.perf_counter() - t0
+    url = f"http://127.0.0.1:{port}/search"
+    t = time.perf_counter()
+    httpx.post(url, params={"k": 5}, files=[("file", payloads[0])], timeout=300).raise_for_status()
+    results["cold_start"] = {"to_healthz_s": healthy, "first_query_s": time.perf_counter() - t}
+    http_loop(url, payloads, 4, 16)  # warm every batch-size bucket a loop will use
+
+    # the baseline over an export of the same run, up at the same time: the two are measured in turn at
+    # each concurrency, so that the shared machine's load drifts over both alike
+    export_dir = os.path.join(tmp, "export")
+    subprocess.run([sys.executable, "-m", "cvs_jax.export", "--workdir", workdir, "--out", export_dir], check=True)
+    base_port = serve_process.free_port()
+    base = start_baseline(export_dir, base_port, log)
+    base_url = f"http://127.0.0.1:{base_port}/search"
+    http_loop(base_url, payloads, 4, 16)
+    baseline_name = "FastAPI + export + faiss IndexFlatIP"
+    results["loops"]["serve"], results["loops"][baseline_name] = {}, {}
+    for c in CONCURRENCY:
+        results["loops"]["serve"][str(c)] = http_loop(url, payloads, c, a.requests)
+        results["loops"][baseline_name][str(c)] = http_loop(base_url, payloads, c, a.requests)
+    serve_process.stop(base)
+    print(json.dumps(results["loops"], indent=1), file=sys.stderr)
+
+    # one search process per query
+    results["loops"]["search process per query"] = {
+        str(c): process_loop(workdir, photos, c, n) for c, n in zip(CONCURRENCY, a.process_requests)
+    }
+
+    results["index"] = index_sizes(list(a.sizes))
+
+    if a.update_requests and a.update_data:
+        update = subprocess.Popen(
+            [sys.executable, "-m", "cvs_jax.update", "--workdir", workdir, "--data", a.update_data],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        t = time.perf_counter()
+        health = url.replace("/search", "/healthz")
+        first = httpx.get(health).json()["model_session"]
+
+        def switched():  # the update is over and its session served (or it failed: stop too)
+            if update.poll() is None:
+                return False
+            return update.returncode != 0 or httpx.get(health).json()["model_session"] > first
+
+        results["during_update"] = http_loop(url, payloads, 4, a.update_requests, until=switched)
+        results["during_update"]["update_status"] = update.wait()
+        results["during_update"]["seconds"] = time.perf_counter() - t
+    serve_process.stop(server)
+
+    print(table(results))
+    print()
+    print(
+        "cold start: {to_healthz_s:.1f} s to /healthz, first query {first_query_s:.2f} s".format(
+            **results["cold_start"]
+        )
+    )
+    print()
+    print("| index rows | ExactIndex build s | 1 query ms | 16 queries ms | add 1 row ms | faiss 1 query ms | ", end="")
+    print("faiss 16 queries ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results["index"]:
+        print(f"| {r['rows']:,} | {r['exact_build_s']:.1f} | {r['exact_1q_ms']:.2f} | {r['exact_16q_ms']:.2f} | "
+              f"{r['exact_add_1row_ms']:.2f} | {r['faiss_1q_ms']:.2f} | {r['faiss_16q_ms']:.2f} |")  # fmt: skip
+    if results.get("during_update"):
+        u = results["during_update"]
+        print(
+            f"\nwhile update trained and completed session 2 ({u['seconds']:.0f} s, exit status {u['update_status']}),"
+        )
+        print(f"4 clients: {u['requests']} requests, {u['failed']} failed, p50 {_fmt(u['p50_ms'])} ms, p99 ")
+        print(f"{_fmt(u['p99_ms'])} ms, {u['qps']:.1f} queries/s, model sessions seen {u['sessions_seen']}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(results, f, indent=1)
+    print()
+    for line in goals(results):
+        print("- " + line)
+    log.close()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""The rows added to a run's gallery (``search --add``, the server's ``/add``): read and appended.
+
+They live in ``checkpoints/additions``: each write is a new orbax step holding every added row (one
+part per model session, in the order added, so older rows keep the session of the model that embedded
+them), with each row's source and the SHA-256 of its image's bytes (the duplicate-bytes rule).  orbax
+writes a step into a temporary folder and renames it when complete, and ``append`` then fsyncs the
+step's files and folders: when it returns, the rows survive a ``kill -9`` or a power cut, and a process
+killed before that leaves the previous step as the newest (no partial row is ever read).
+
+No training run writes here, so additions have their own lock (``workdir.hold_additions``), which the
+caller of ``append`` holds: rows can be added while ``update`` trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from cvs_jax.retrieval.gallery import Gallery, GalleryPart
+from cvs_jax.rundir import paths
+from cvs_jax.rundir.checkpoint import Checkpoints, Reader
+
+_KEY = "part{:05d}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Added:
+    """The added rows as stored at one step (``step`` None: nothing added yet)."""
+
+    gallery: Gallery
+    sources: list[str]  # absolute path of each row's image
+    digests: list[str]  # SHA-256 (hex) of each row's image bytes ("": added before digests were kept)
+    step: int | None
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+
+def _from_stored(stored: tuple[int, dict] | None, embed_dim: int) -> Added:
+    if stored is None:
+        return Added(Gallery.empty(embed_dim), [], [], None)
+    step, items = stored
+    rows = items["rows"]
+    if "embeddings" in rows:  # one part (the layout before per-session parts)
+        parts = [GalleryPart.from_dict(rows)]
+    else:
+        parts = [GalleryPart.from_dict(rows[key]) for key in sorted(rows)]
+    sources = list(items["meta"]["sources"])
+    digests = list(items["meta"].get("digests", [""] * len(sources)))
+    return Added(Gallery(parts, embed_dim), sources, digests, step)
+
+
+def newest_step(workdir: str) -> int | None:
+    """The newest finalized step, from a directory listing alone (what a server polls; orbax names a
+    step's folder by its number only once it is complete)."""
+    try:
+        names = os.listdir(paths.additions_dir(workdir))
+    except FileNotFoundError:
+        return None
+    steps = [int(n) for n in names if n.isdigit()]
+    return max(steps) if steps else None
+
+
+def read(workdir: str, embed_dim: int) -> Added:
+    """The added rows, read without writing anything (safe beside a writer)."""
+    directory = paths.additions_dir(workdir)
+    if not os.path.isdir(directory):
+        return _from_stored(None, embed_dim)
+    r = Reader(directory, max_to_keep=None)
+    steps = r.steps()
+    return _from_stored((steps[-1], r.restore(steps[-1], {"rows": None})) if steps else None, embed_dim)
+
+
+def writer(workdir: str) -> Checkpoints:
+    """The additions' checkpoints, to append to (the caller holds ``workdir.hold_additions``)."""
+    return Checkpoints(paths.additions_dir(workdir), max_to_keep=2)
+
+
+def read_for_append(checkpoints: Checkpoints, embed_dim: int) -> Added:
+    """The newest readable step (a damaged one is moved aside, as every writer's restore does)."""
+    return _from_stored(checkpoints.restore_latest({"rows": None}), embed_dim)
+
+
+def append(
+    checkpoints: Checkpoints,
+    added: Added,
+    embeddings: np.ndarray,
+    labels: np.ndarray,
+    sources: list[str],
+    digests: list[str],
+    session: int,
+) -> Added:
+    """``added`` plus the new rows (embedded by the model of ``session``), written as a new durable
+    step; returns what is now stored."""
+    new = GalleryPart(
+        np.asarray(embeddings, np.float32),
+        np.asarray(labels, np.int32),
+        np.full(len(sources), -1, np.int64),
+        session,
+    )
+    parts = list(added.gallery.parts)
+    if parts and parts[-1].session == session:
+        last = parts.pop()
+        new = GalleryPart(
+            np.concatenate([last.embeddings, new.embeddings]),
+            np.concatenate([last.labels, new.labels]),
+            np.concatenate([last.source_ids, new.source_ids]),
+            session,
+        )
+    parts.append(new)
+    all_sources = added.sources + list(sources)
+    all_digests = added.digests + list(digests)
+    steps = checkpoints.steps()
+    step = (max(steps) + 1) if steps else 0
+    checkpoints.save(
+        step,
+        {"rows": {_KEY.format(i): p.as_dict() for i, p in enumerate(parts)}},
+        {"sources": all_sources, "digests": all_digests},
+    )
+    fsync_tree(os.path.join(checkpoints.directory, str(step)))
+    return Added(Gallery(parts, added.gallery.embed_dim), all_sources, all_digests, step)
+
+
+def fsync_tree(path: str) -> None:
+    """fsyncs every file and folder under ``path``, then ``path``'s parent (its name in it)."""
+    for root, dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(root)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

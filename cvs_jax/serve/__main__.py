@@ -1,0 +1,102 @@
+"""Serve a run's visual search over HTTP while it keeps learning.
+
+    python -m cvs_jax.serve --workdir W [--host 127.0.0.1] [--port 8000] [--token T]
+
+Example: ``python -m cvs_jax.serve --workdir workdirs/demo/cvs``, then open http://127.0.0.1:8000/ or
+``curl -F file=@q.png 'http://127.0.0.1:8000/search?k=3'``.
+
+It loads the newest completed session once (model, gallery, added rows) and answers ``POST /search``,
+``POST /add``, ``GET /info``, ``/healthz``, ``/metrics`` and the page ``/``.  When ``update`` completes
+a session in the workdir, the server switches to its model and adds its gallery part without a
+restart (``state.py``).  Bound to an address other than 127.0.0.1/localhost/::1 it refuses to start
+without a token (``--token`` or the environment variable ``CVS_JAX_TOKEN``), which ``/add`` then requires.
+A problem to fix ends with one ``error: ...`` line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from absl import flags
+
+from cvs_jax import cli
+from cvs_jax.errors import UserError
+
+TOKEN_ENV = "CVS_JAX_TOKEN"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    flags.DEFINE_string("workdir", None, "The --workdir of a run of python -m cvs_jax.main.", flag_values=flag_values)
+    flags.DEFINE_string(
+        "host", "127.0.0.1", "Address to bind (other than loopback: needs a token).", flag_values=flag_values
+    )
+    flags.DEFINE_integer("port", 8000, "Port to listen on.", flag_values=flag_values)
+    flags.DEFINE_string(
+        "token", None, f"Token that POST /add requires (default: ${TOKEN_ENV}, if set).", flag_values=flag_values
+    )
+    flags.DEFINE_float("max_upload_mb", 20.0, "Largest request body, in MiB.", flag_values=flag_values)
+    flags.DEFINE_integer("max_images", 16, "Most images in one request.", flag_values=flag_values)
+    flags.DEFINE_integer(
+        "max_pixels", 40_000_000, "Most pixels of one image (read from its header).", flag_values=flag_values
+    )
+    flags.DEFINE_float("max_wait_ms", 5.0, "Longest a query waits for others to batch with.", flag_values=flag_values)
+    flags.DEFINE_integer("max_batch", 64, "Most images embedded and searched in one batch.", flag_values=flag_values)
+    flags.DEFINE_float(
+        "poll_s", 1.0, "How often the workdir is checked for a new session or added rows.", flag_values=flag_values
+    )
+    flags.mark_flags_as_required(["workdir"], flag_values=flag_values)
+
+
+def check_token(host: str, token: str | None) -> str | None:
+    """The token ``/add`` requires; refuses a non-loopback address without one."""
+    token = token or os.environ.get(TOKEN_ENV) or None
+    if host not in LOOPBACK and token is None:
+        raise UserError(
+            f"--host {host} lets other machines reach the server; set a token for /add with --token T or "
+            f"{TOKEN_ENV}=T (clients send 'Authorization: Bearer T'), or bind to 127.0.0.1."
+        )
+    return token
+
+
+@cli.command
+def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
+    fv = flag_values
+    cli.quiet_logging()
+    if len(argv) > 1:
+        raise UserError(f"unexpected arguments {' '.join(argv[1:])}; pass --workdir (and --host, --port).")
+    token = check_token(fv.host, fv.token)
+    for name, value in (("max_images", fv.max_images), ("max_pixels", fv.max_pixels), ("max_batch", fv.max_batch)):
+        if value < 1:
+            raise UserError(f"--{name}={value}: pass a positive number.")
+    import uvicorn  # pylint: disable=g-import-not-at-top  # the serve extra
+
+    from cvs_jax.serve.app import Limits, create_app  # pylint: disable=g-import-not-at-top
+    from cvs_jax.serve.state import Served  # pylint: disable=g-import-not-at-top
+
+    logging.getLogger("cvs_jax.serve").setLevel(logging.INFO)
+    from PIL import Image  # pylint: disable=g-import-not-at-top
+
+    Image.MAX_IMAGE_PIXELS = fv.max_pixels  # Pillow's own guard, besides the header check of each upload
+    served = Served(fv.workdir, max_wait_s=fv.max_wait_ms / 1000, max_batch=fv.max_batch, poll_s=fv.poll_s)
+    limits = Limits(
+        max_upload_bytes=int(fv.max_upload_mb * (1 << 20)), max_images=fv.max_images, max_pixels=fv.max_pixels
+    )
+    app = create_app(served, token=token, limits=limits)
+    print(
+        f"serving {fv.workdir} (model of session {served.model_session}, {len(served.run.rows)} rows) on "
+        f"http://{fv.host}:{fv.port}/",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        uvicorn.run(app, host=fv.host, port=fv.port, log_level="warning")
+    finally:
+        served.close()
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(main, define_flags)

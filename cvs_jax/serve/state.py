@@ -1,0 +1,288 @@
+"""The run as served: its newest model, its rows in the index, adds, and the switch to a new session.
+
+``Served(workdir)`` reads the run as ``search`` does (``run_reader.Run``: newest completed session,
+its model, every gallery part, the added rows) and puts every row's stored embedding into the index
+under a row key that never changes: a session row's key is its place in the session gallery, an added
+row's is ``ADDED_BASE`` + its place among the added rows.  The row numbers a client sees are
+``search``'s (session rows, then added rows), mapped from the keys with the model session that answers.
+
+The switch: a watcher thread polls the workdir (a directory listing of the session checkpoints and
+of the additions).  When a newer session is complete it reads that run in the background (model,
+gallery), runs the new model once (its compile happens there, not in a request), then hands the
+switch to the batcher's thread, which adds only the new session's rows to the index (stored
+embeddings; no row is re-embedded) and replaces the run between two batches.  Only a ``joint``
+session, which re-embeds the whole gallery, makes a new index.
+
+Everything that reads or changes ``run`` and ``index`` runs on the batcher's thread; adds write their
+rows under the additions' lock (``workdir.hold_additions``), durably, before they are answered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from cvs_jax.errors import SearchError
+from cvs_jax.retrieval import additions, run_reader
+from cvs_jax.retrieval.gallery import Gallery
+from cvs_jax.rundir import paths
+from cvs_jax.rundir import workdir as workdir_lib
+from cvs_jax.serve import exact_index
+from cvs_jax.serve import uploads as uploads_lib
+from cvs_jax.serve.batcher import Batcher
+from cvs_jax.serve.exact_index import ExactIndex
+
+ADDED_BASE = 1 << 40
+WARM_K = 5  # the default k: its top-K is compiled for every batch bucket at the start
+log = logging.getLogger("cvs_jax.serve")
+
+
+class Duplicate(SearchError):
+    """Images whose bytes are already in the run (answered 409)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Query:
+    images: np.ndarray  # uint8 [n, H, W, C], prepared
+    k: int
+    label: int | None  # only hits of this label, when given
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    model_session: int  # 1-based
+    gallery_rows: int
+    hits: list[list[dict]]  # per image, as ``search --json``
+
+
+def newest_session(workdir: str) -> int | None:
+    """The newest completed session (0-based), from a directory listing alone (orbax names a step's
+    folder by its number only once it is complete)."""
+    try:
+        names = os.listdir(paths.sessions_dir(workdir))
+    except FileNotFoundError:
+        return None
+    steps = [int(n) for n in names if n.isdigit()]
+    return max(steps) if steps else None
+
+
+def _extends(old: Gallery, new: Gallery) -> bool:
+    """``new`` is ``old`` plus appended parts (not a ``joint`` re-embedding of everything)."""
+    k = len(old.parts)
+    return len(new.parts) >= k and all(
+        len(a) == len(b) and a.session == b.session and not b.replaces for a, b in zip(old.parts, new.parts)
+    )
+
+
+class Served:
+    def __init__(
+        self,
+        workdir: str,
+        *,
+        make_index: Callable[[int], Any] = ExactIndex,
+        max_wait_s: float = 0.005,
+        max_batch: int = 64,
+        poll_s: float = 1.0,
+    ):
+        self.workdir = workdir
+        self.run = run_reader.Run(workdir)
+        self.dim = int(self.run.config.model.embed_dim)
+        self._make_index = make_index
+        self.index = make_index(self.dim)
+        self._in_gallery = 0  # session rows in the index
+        self._in_added = 0  # added rows in the index
+        self._added_step = None
+        self._index_gallery(self.run)
+        self._sync_added(self.run._added)
+        self.switches = 0
+        self._add_lock = threading.Lock()
+        self._stores: tuple[int, dict] | None = None
+        self.batcher = Batcher(self._answer, max_wait_s=max_wait_s, max_images=max_batch)
+        self._warm(self.run)
+        for n in sorted({exact_index.bucket(n) for n in range(1, max_batch + 1)}):  # compiled before serving
+            self.index.search(np.zeros((n, self.dim), np.float32), WARM_K)
+        self._stop = threading.Event()
+        self._poll_s = poll_s
+        self._watcher = threading.Thread(target=self._watch, name="watcher", daemon=True)
+        if poll_s > 0:
+            self._watcher.start()
+
+    @property
+    def model_session(self) -> int:
+        return self.run.session + 1
+
+    def close(self) -> None:
+        self._stop.set()
+        self.batcher.close()
+
+    # --- searching (the batcher's thread) ----------------------------------------------------------
+
+    def search(self, images: np.ndarray, k: int, label: int | None = None) -> Answer:
+        return self.batcher.submit(Query(images, k, label), len(images)).result()
+
+    def _rows(self, keys: np.ndarray, run: run_reader.Run) -> np.ndarray:
+        return np.where(keys < 0, -1, np.where(keys >= ADDED_BASE, len(run.gallery) + keys - ADDED_BASE, keys))
+
+    def _answer(self, queries: list[Query]) -> list[Answer]:
+        run = self.run  # one model and one index for the whole batch
+        emb = run.embed(np.concatenate([q.images for q in queries]))
+        k_fetch = max(q.k * (4 if q.label is not None else 1) for q in queries)
+        scores, keys = self.index.search(emb, k_fetch)
+        rows = self._rows(keys, run)
+        out, start = [], 0
+        for q in queries:
+            hits = []
+            for i in range(start, start + len(q.images)):
+                s, r = scores[i], rows[i]
+                if q.label is not None:
+                    s, r = self._of_label(emb[i], s, r, q, run, k_fetch)
+                hits.append(run.hits(s[None, : q.k], r[None, : q.k])[0])
+            out.append(Answer(run.session + 1, len(run.rows), hits))
+            start += len(q.images)
+        return out
+
+    def _of_label(self, emb, s, r, q: Query, run, k_fetch: int):
+        """The hits of ``q.label`` alone: more candidates are fetched until ``k`` of them, or all rows."""
+        labels = run.rows.labels
+        while True:
+            keep = (r >= 0) & (labels[np.maximum(r, 0)] == q.label)
+            if keep.sum() >= q.k or k_fetch >= len(self.index):
+                return s[keep], r[keep]
+            k_fetch = min(k_fetch * 4, len(self.index))
+            s2, keys = self.index.search(emb[None], k_fetch)
+            s, r = s2[0], self._rows(keys, run)[0]
+
+    # --- the index (the batcher's thread) ----------------------------------------------------------
+
+    def _index_gallery(self, run: run_reader.Run) -> None:
+        start, stop = self._in_gallery, len(run.gallery)
+        if stop > start:
+            self.index.add(
+                np.arange(start, stop, dtype=np.int64),
+                run.gallery.embeddings[start:stop],
+                run.rows.arrival[start:stop],
+                run.gallery.sessions[start:stop],
+            )
+        self._in_gallery = stop
+
+    def _sync_added(self, added: additions.Added) -> None:
+        """Puts the added rows the index lacks into it (``added``: what is stored now)."""
+        if len(added) < len(self.run.added_sources):
+            return  # an older read than what is served
+        start, stop = self._in_added, len(added)
+        if stop > start:
+            sessions = added.gallery.sessions[start:stop]
+            self.index.add(
+                ADDED_BASE + np.arange(start, stop, dtype=np.int64),
+                added.gallery.embeddings[start:stop],
+                sessions,
+                sessions,
+            )
+        self._in_added = stop
+        self._added_step = added.step
+        self.run.use_added(added)
+
+    def _switch(self, new: run_reader.Run) -> None:
+        old = self.run
+        if new.session <= old.session:
+            return
+        if len(old._added) > len(new._added):  # rows added while the new run was read
+            new.use_added(old._added)
+        if not _extends(old.gallery, new.gallery):  # joint: every row re-embedded by the new model
+            self.index = self._make_index(self.dim)
+            self._in_gallery = self._in_added = 0
+        self.run = new
+        self._index_gallery(new)
+        self._in_added = min(self._in_added, len(new._added))
+        self._sync_added(new._added)
+        self.switches += 1
+        log.warning("serving the model of session %d (%d rows)", new.session + 1, len(new.rows))
+
+    # --- watching the workdir -----------------------------------------------------------------------
+
+    def _warm(self, run: run_reader.Run) -> None:
+        """Runs the model once, so that its compile does not happen in a request."""
+        run.embed(np.zeros((1, *run.image_shape), np.uint8))
+
+    def poll(self) -> None:
+        """Switches to a newer completed session, and takes in rows added by others (``search --add``)."""
+        newest = newest_session(self.workdir)
+        if newest is not None and newest > self.run.session:
+            new = run_reader.Run(self.workdir)
+            self._warm(new)
+            self.batcher.call(lambda: self._switch(new)).result()
+        step = additions.newest_step(self.workdir)
+        if step is not None and step != self._added_step:
+            added = additions.read(self.workdir, self.dim)
+            self.batcher.call(lambda: self._sync_added(added)).result()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 -- a half-written session or a transient read: next poll
+                log.exception("reading the workdir failed; trying again at the next poll")
+
+    # --- adding rows ---------------------------------------------------------------------------------
+
+    def _store_digests(self, run: run_reader.Run) -> dict[str, str]:
+        if self._stores is None or self._stores[0] != run.session:
+            self._stores = (run.session, run_reader.store_digests(run.config))
+        return self._stores[1]
+
+    def add(self, uploads: list[uploads_lib.Upload], label: str | None, force: bool, wait_s: float = 30.0) -> dict:
+        """Embeds the uploads with the served model and appends them as ``search --add`` does (same
+        duplicate-bytes rule, same row layout); returns when the rows are on disk and searchable."""
+        run = self.run
+        label_value = run.label_of(label)
+        named = [(u.name, u.digest) for u in uploads]
+        with self._add_lock:
+            self._refuse_duplicates(named, run._added, run, force)
+            images = np.stack([u.image for u in uploads])
+            emb, session = self.batcher.call(lambda: (self.run.embed(images), self.run.session)).result()
+            with workdir_lib.hold_additions(self.workdir, wait_s=wait_s):
+                writer = additions.writer(self.workdir)
+                try:
+                    current = additions.read_for_append(writer, self.dim)  # also rows others added
+                    self._refuse_duplicates(named, current, run, force)
+                    sources = [uploads_lib.save(self.workdir, u) for u in uploads]
+                    stored = additions.append(
+                        writer,
+                        current,
+                        emb,
+                        np.full(len(uploads), label_value, np.int32),
+                        sources,
+                        [u.digest for u in uploads],
+                        session,
+                    )
+                finally:
+                    writer.close()
+            n, first = len(uploads), len(stored) - len(uploads)
+
+            def integrate():
+                self._sync_added(stored)
+                return [len(self.run.gallery) + i for i in range(first, first + n)]
+
+            rows = self.batcher.call(integrate).result()
+        return {
+            "added": n,
+            "rows": rows,
+            "label": label_value,
+            "model_session": session + 1,
+            "gallery_rows": len(self.run.rows),
+        }
+
+    def _refuse_duplicates(self, named, added: additions.Added, run, force: bool) -> None:
+        if force:
+            return
+        dup = run_reader.duplicates_of(named, added, self._store_digests(run))
+        if dup:
+            raise Duplicate(
+                f"{len(dup)} of the images are already in the run (same bytes), e.g. {dup[0][0]} = {dup[0][1]}; "
+                f"each would be a second gallery row of one image. Leave them out, or pass force=true."
+            )

@@ -1,0 +1,91 @@
+"""Uploaded images: decoded under limits, and kept on disk when they become gallery rows.
+
+An upload is checked before it is decoded: the header's pixel count against ``max_pixels`` (Pillow
+reads only the header on ``open``; a decompression bomb is refused before any pixel is inflated), and
+Pillow's own bomb warning is an error too.  A bad image is a ``BadUpload`` naming it (a 4xx answer).
+
+An added image is written to ``<workdir>/uploads/<sha256>.<ext>`` (temporary file, fsync, rename,
+fsync of the folder) before its row is written: the row's source is that file, as a ``search --add``
+row's source is the file it was given, and its thumbnail is read from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import os
+import tempfile
+import warnings
+
+import numpy as np
+from PIL import Image
+
+from cvs_jax.data.builders import _resize
+from cvs_jax.data.builders._common import image_errors
+from cvs_jax.retrieval.additions import fsync_dir
+from cvs_jax.rundir import paths
+
+
+class BadUpload(ValueError):
+    """An upload that cannot be a query or a row; ``status``: the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclasses.dataclass(frozen=True)
+class Upload:
+    name: str  # the client's file name (or "image-<i>")
+    data: bytes
+    digest: str  # SHA-256 (hex) of ``data``
+    ext: str  # the file name extension of its format ("png", "jpeg", ...)
+    image: np.ndarray  # uint8, prepared as the gallery images were stored
+
+
+def decode(name: str, data: bytes, shape: tuple[int, int, int], max_pixels: int) -> Upload:
+    """The upload prepared for the model (``_resize.to_stored``), or ``BadUpload``."""
+    if not data:
+        raise BadUpload(f"{name}: the upload is empty; send the image's bytes.")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as im:
+                w, h = im.size
+                if w * h > max_pixels:
+                    raise BadUpload(
+                        f"{name}: {w}x{h} pixels is over the limit of {max_pixels} (--max_pixels); send a "
+                        f"smaller image.",
+                        413,
+                    )
+                fmt = (im.format or "png").lower()
+                image = _resize.to_stored(im, shape)
+    except BadUpload:
+        raise
+    except (*image_errors(), Image.DecompressionBombWarning) as e:
+        why = "not an image file" if isinstance(e, Image.UnidentifiedImageError) else str(e)
+        raise BadUpload(f"{name}: not a readable image ({why}); send PNG, JPEG, WebP or BMP files.") from e
+    return Upload(name, data, hashlib.sha256(data).hexdigest(), fmt, image)
+
+
+def save(workdir: str, upload: Upload) -> str:
+    """Writes the upload durably under ``uploads/`` (once per content); returns its absolute path."""
+    folder = paths.uploads_dir(workdir)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.abspath(os.path.join(folder, f"{upload.digest}.{upload.ext}"))
+    if os.path.exists(path):
+        return path
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".upload-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(upload.data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    fsync_dir(folder)
+    return path
