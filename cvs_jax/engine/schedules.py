@@ -36,5 +36,3 @@ def epoch_lr(name: str, epoch: int, base_lr: float, epochs: int) -> float:
     if name == "constant":
         return base_lr
     raise ConfigError(f"train.schedule={name!r} is unknown; choose one of {SCHEDULES}.")
-
-

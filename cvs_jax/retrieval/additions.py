@@ -18,9 +18,9 @@ import os
 
 import numpy as np
 
-from cvs_jax.retrieval.gallery import Gallery, GalleryPart
 from cvs_jax.rundir import paths
 from cvs_jax.rundir.checkpoint import Checkpoints, Reader
+from cvs_jax.rundir.gallery import Gallery, GalleryPart
 
 _KEY = "part{:05d}"
 

@@ -29,9 +29,9 @@ import numpy as np
 
 from cvs_jax.errors import SearchError
 from cvs_jax.retrieval import additions, run_reader
-from cvs_jax.retrieval.gallery import Gallery
 from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
+from cvs_jax.rundir.gallery import Gallery
 from cvs_jax.serve import exact_index
 from cvs_jax.serve import uploads as uploads_lib
 from cvs_jax.serve.batcher import Batcher

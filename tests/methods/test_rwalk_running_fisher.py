@@ -34,7 +34,7 @@ def _assert_tree(got, want):
 
 
 def test_fork_mode_continues_the_previous_sessions_running_fisher():
-    policy = ForkFisher("rwalk", normalize=False, weight=1.0)
+    policy = ForkFisher("rwalk", normalize=False)
     net = {k: np.ones_like(v) for k, v in RUNNING.items()}
     tracked = policy.tracked_init(ImportanceState((), RUNNING, 0), net)
     for g in GRADS:  # the training steps of the next session
