@@ -161,10 +161,10 @@ def start_baseline(export_dir: str, port: int, log) -> subprocess.Popen:
 
 
 def index_sizes(sizes: list[int], dim: int = 128, reps: int = 20) -> list[dict]:
-    """The index alone at synthetic sizes: ``ExactIndex`` (serve's) beside faiss ``IndexFlatIP``."""
+    """The index alone at synthetic sizes: ``ExactIndex`` (serve's default index) beside faiss ``IndexFlatIP``."""
     import faiss
 
-    from cvs_jax.serve.exact_index import ExactIndex
+    from cvs_jax.index.exact import ExactIndex
 
     out = []
     rng = np.random.default_rng(0)

@@ -15,14 +15,19 @@ A problem to fix ends with one ``error: ...`` line and exit status 2.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
+from typing import Any, Callable
 
+import numpy as np
 from absl import flags
 
 from cvs_jax import cli
 from cvs_jax.errors import UserError
+from cvs_jax.index import registry
+from cvs_jax.index.registry import INDEXES
 
 TOKEN_ENV = "CVS_JAX_TOKEN"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -47,6 +52,26 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_float(
         "poll_s", 1.0, "How often the workdir is checked for a new session or added rows.", flag_values=flag_values
     )
+    flags.DEFINE_enum(
+        "index",
+        "exact",
+        list(INDEXES),
+        "Where the gallery is searched: exact top-K in the process (default), faiss-hnsw / faiss-ivf for big "
+        "galleries on a CPU, or milvus (Milvus Lite on a local file, or a Milvus cluster by its URI).",
+        flag_values=flag_values,
+    )
+    flags.DEFINE_string(
+        "milvus-uri",
+        None,
+        "With --index milvus: a local file (Milvus Lite) or http://host:19530.",
+        flag_values=flag_values,
+    )
+    flags.DEFINE_string(
+        "milvus-collection", "cvs_gallery", "With --index milvus: the collection.", flag_values=flag_values
+    )
+    flags.DEFINE_string(
+        "milvus-token", None, "With --index milvus: the cluster's token (or env MILVUS_TOKEN).", flag_values=flag_values
+    )
     flags.mark_flags_as_required(["workdir"], flag_values=flag_values)
 
 
@@ -59,6 +84,27 @@ def check_token(host: str, token: str | None) -> str | None:
             f"{TOKEN_ENV}=T (clients send 'Authorization: Bearer T'), or bind to 127.0.0.1."
         )
     return token
+
+
+def index_factory(fv) -> Callable[[int], Any]:
+    """``dim -> index`` for ``--index`` (``cvs_jax.index.registry``), its options checked before anything loads."""
+    kind = fv.index
+    options: dict[str, Any] = {}
+    if kind == "milvus":
+        uri = fv["milvus-uri"].value
+        if not uri:
+            raise UserError("--index milvus needs --milvus-uri: a local file for Milvus Lite, or http://host:19530.")
+        token = fv["milvus-token"].value or os.environ.get("MILVUS_TOKEN")
+        options = {"uri": uri, "collection": fv["milvus-collection"].value, **({"token": token} if token else {})}
+    return functools.partial(registry.make_index, kind, **options)
+
+
+def recall_check(served, sample: int = 200, k: int = 10) -> float:
+    """recall@k of the served index against exact search, with up to ``sample`` gallery rows as queries."""
+    rows = served.run.gallery.embeddings  # may be the parts' rows in a row (contiguous slices only)
+    pick = np.sort(np.random.default_rng(0).choice(len(rows), size=min(sample, len(rows)), replace=False))
+    queries = np.stack([np.asarray(rows[int(i) : int(i) + 1])[0] for i in pick])
+    return registry.measured_recall(served.index, served.exact_copy(), queries, k)
 
 
 @cli.command
@@ -80,7 +126,12 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     from PIL import Image  # pylint: disable=g-import-not-at-top
 
     Image.MAX_IMAGE_PIXELS = fv.max_pixels  # Pillow's own guard, besides the header check of each upload
-    served = Served(fv.workdir, max_wait_s=fv.max_wait_ms / 1000, max_batch=fv.max_batch, poll_s=fv.poll_s)
+    make_index = index_factory(fv)
+    served = Served(
+        fv.workdir, make_index=make_index, max_wait_s=fv.max_wait_ms / 1000, max_batch=fv.max_batch, poll_s=fv.poll_s
+    )
+    if fv.index != "exact":  # an approximate index says how close it is, on the gallery's own rows as queries
+        print(f"index {fv.index}: recall@10 against exact search {recall_check(served):.3f}", file=sys.stderr)
     limits = Limits(
         max_upload_bytes=int(fv.max_upload_mb * (1 << 20)), max_images=fv.max_images, max_pixels=fv.max_pixels
     )

@@ -20,6 +20,7 @@ rows under the additions' lock (``workdir.hold_additions``), durably, before the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -27,15 +28,15 @@ from typing import Any, Callable
 
 import numpy as np
 
+from cvs_jax.data import chunks
 from cvs_jax.errors import SearchError
+from cvs_jax.index import registry as index_registry
 from cvs_jax.retrieval import additions, run_reader
 from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.rundir.gallery import Gallery
-from cvs_jax.serve import exact_index
 from cvs_jax.serve import uploads as uploads_lib
 from cvs_jax.serve.batcher import Batcher
-from cvs_jax.serve.exact_index import ExactIndex
 
 ADDED_BASE = 1 << 40
 WARM_K = 5  # the default k: its top-K is compiled for every batch bucket at the start
@@ -79,12 +80,20 @@ def _extends(old: Gallery, new: Gallery) -> bool:
     )
 
 
+QUERY_CHUNK = 1024  # the exact index's query chunk (``index.exact``): batches up to it are one chunk
+
+
+def warm_sizes(max_batch: int, chunk: int) -> list[int]:
+    """One batch size per bucket (``data.chunks.bucket``) that batches of 1..``max_batch`` images fall in."""
+    return sorted({chunks.bucket(min(n, chunk), chunk) for n in range(1, max_batch + 1)})
+
+
 class Served:
     def __init__(
         self,
         workdir: str,
         *,
-        make_index: Callable[[int], Any] = ExactIndex,
+        make_index: Callable[[int], Any] = functools.partial(index_registry.make_index, "exact"),
         max_wait_s: float = 0.005,
         max_batch: int = 64,
         poll_s: float = 1.0,
@@ -103,8 +112,9 @@ class Served:
         self._add_lock = threading.Lock()
         self._stores: tuple[int, dict] | None = None
         self.batcher = Batcher(self._answer, max_wait_s=max_wait_s, max_images=max_batch)
+        self._max_batch = max_batch
         self._warm(self.run)
-        for n in sorted({exact_index.bucket(n) for n in range(1, max_batch + 1)}):  # compiled before serving
+        for n in warm_sizes(max_batch, QUERY_CHUNK):  # the index's query buckets, compiled before serving
             self.index.search(np.zeros((n, self.dim), np.float32), WARM_K)
         self._stop = threading.Event()
         self._poll_s = poll_s
@@ -170,6 +180,17 @@ class Served:
             )
         self._in_gallery = stop
 
+    def exact_copy(self):
+        """An exact index holding the rows the served index holds, under the same keys: what an approximate
+        index's recall is measured against (``--index faiss-*``/``milvus`` print it at start)."""
+        exact = index_registry.make_index("exact", self.dim)
+        g, added = self.run.gallery, self.run._added
+        exact.add(np.arange(len(g), dtype=np.int64), g.embeddings, self.run.rows.arrival[: len(g)], g.sessions)
+        if len(added):
+            s = added.gallery.sessions
+            exact.add(ADDED_BASE + np.arange(len(added), dtype=np.int64), added.gallery.embeddings, s, s)
+        return exact
+
     def _sync_added(self, added: additions.Added) -> None:
         """Puts the added rows the index lacks into it (``added``: what is stored now)."""
         if len(added) < len(self.run.added_sources):
@@ -206,8 +227,10 @@ class Served:
     # --- watching the workdir -----------------------------------------------------------------------
 
     def _warm(self, run: run_reader.Run) -> None:
-        """Runs the model once, so that its compile does not happen in a request."""
-        run.embed(np.zeros((1, *run.image_shape), np.uint8))
+        """Runs the model once per batch bucket a request can hit, so that no compile happens in a request
+        (a new session's model too, before the switch)."""
+        for n in warm_sizes(self._max_batch, int(run.config.train.eval_batch_size)):
+            run.embed(np.zeros((n, *run.image_shape), np.uint8))
 
     def poll(self) -> None:
         """Switches to a newer completed session, and takes in rows added by others (``search --add``)."""
