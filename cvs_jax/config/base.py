@@ -161,6 +161,17 @@ def get_config() -> ml_collections.ConfigDict:
     c.rainbow.memory = "uncertainty"
     c.rainbow.batches = "half"
 
+    # RACT (cvs_jax/methods/ract.py; OpenCompatible config.json comp_loss): the contrastive term's temperature and
+    # negatives kept per block (-1: all, at most train.batch_size); variant "contra" drops the new->new block
+    c.ract = ml_collections.ConfigDict()
+    c.ract.temperature = 0.01
+    c.ract.topk_neg = 10
+    c.ract.variant = "contra_ract"
+
+    # LCE (cvs_jax/methods/lce.py): L_bound on the raw embedding as LCE's code (True: the cosine the paper writes)
+    c.lce = ml_collections.ConfigDict()
+    c.lce.normalize_features = False
+
     c.distributed = ml_collections.ConfigDict()
     c.distributed.multihost = False  # True (or env CVS_JAX_MULTIHOST=1): jax.distributed.initialize() first
 

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cvs_jax.errors import ConfigError
-from cvs_jax.methods import losses
+from cvs_jax.models import classification
 
 SIMPLEX_EPS = 1e-8  # t.div_(torch.norm(t, p=2, dim=1, keepdim=True) + 1e-8)
 
@@ -89,7 +89,7 @@ class SimplexHead:
 
     def loss(self, head: Mapping[str, jax.Array], emb, labels, valid_classes) -> jax.Array:
         """Cross-entropy over all K rows: the references mask none (``valid_classes`` is not used)."""
-        return losses.cross_entropy_loss(self.logits(head, emb), labels, None)
+        return classification.cross_entropy_loss(self.logits(head, emb), labels, None)
 
     def at_session_start(self, head: Mapping[str, jax.Array], key, old_classes: int, new_classes: int) -> dict:
         """The rows as they are: never grown, never reset."""
