@@ -2,19 +2,23 @@
 
 For each: ``results.json`` holds both sessions, session 2 logs the method's own terms, and the logged
 loss is L_c plus the terms at their configured weights (a term computed but left out of the loss, or
-weighted by another term's weight, breaks it)."""
+weighted by another term's weight, breaks it).  The simplex methods end with their head's rows exactly
+the d-simplex they started with (an optimizer that decays or moves them breaks it)."""
 
 import json
 import os
 
+import numpy as np
 import pytest
 
 from cvs_jax.engine import runner
 from cvs_jax.methods import registry
+from cvs_jax.models.simplex_head import simplex_rows
 from cvs_jax.rundir import paths
+from cvs_jax.rundir.checkpoint import Checkpoints
 from cvs_jax.testing.tiny_data import tiny_config
 
-METHODS = ["ract", "lce"]
+METHODS = ["ract", "lce", "cl2r", "hoc"]
 
 
 def _tiny(manual_dir, tmp_path, method):
@@ -41,3 +45,11 @@ def test_a_tiny_run_trains_it_and_logs_its_terms(manual_dir, tmp_path, method):
         extra = sum(config.loss_weights[t] * r[t] for t in terms)
         assert r["loss"] - r["L_c"] == pytest.approx(extra, rel=1e-3, abs=1e-5)
         assert any(r[t] != 0 for t in terms)
+    if registry.head_name(config) == "simplex":  # K = 6 classes in embed_dim 8 >= 5
+        ck = Checkpoints(os.path.join(workdir, "checkpoints", "sessions"), max_to_keep=None)
+        try:
+            for step in ck.steps():
+                head = np.asarray(ck.restore(step, {"variables": None})["variables"]["params"]["head"])
+                np.testing.assert_array_equal(head, np.asarray(simplex_rows(6, config.model.embed_dim)))
+        finally:
+            ck.close()
