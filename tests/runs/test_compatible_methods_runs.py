@@ -7,6 +7,8 @@ the d-simplex they started with (an optimizer that decays or moves them breaks i
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from cvs_jax.methods import registry
 from cvs_jax.models.simplex_head import simplex_rows
 from cvs_jax.rundir import paths
 from cvs_jax.rundir.checkpoint import Checkpoints
+from cvs_jax.testing.methods_runs import REPO
 from cvs_jax.testing.tiny_data import tiny_config
 
 METHODS = ["ract", "lce", "cl2r", "hoc"]
@@ -53,3 +56,23 @@ def test_a_tiny_run_trains_it_and_logs_its_terms(manual_dir, tmp_path, method):
                 np.testing.assert_array_equal(head, np.asarray(simplex_rows(6, config.model.embed_dim)))
         finally:
             ck.close()
+
+
+def _compare(workdir, methods):
+    cmd = [sys.executable, "-m", "cvs_jax.compare", "--config", "configs/fashion_mnist_general.py"]
+    cmd += ["--workdir", workdir, "--methods", methods, "--seeds", "0", "--tabulate"]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_compare_takes_the_new_methods_their_heads_and_settings(tmp_path):
+    workdir = str(tmp_path / "cmp")
+    done = _compare(workdir, "ract,lce,cl2r,hoc,hoc@cosine,ract+ract.topk_neg=5")
+    assert done.returncode == 0, done.stderr
+    with open(os.path.join(workdir, "comparison.json")) as f:
+        listed = json.load(f)["methods"]
+    assert listed == ["ract", "lce", "cl2r", "hoc", "hoc@cosine", "ract+ract.topk_neg=5"]
+    # a setting its method refuses stops compare with one line, before any run
+    done = _compare(str(tmp_path / "bad"), "ract+ract.topk_neg=64")  # the tiny config's batch: 32
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ract.topk_neg=64 exceeds train.batch_size=32"), done.stderr
