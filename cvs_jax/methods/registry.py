@@ -13,7 +13,7 @@ from cvs_jax.methods.baselines import make_bct, make_ewc, make_lwf, make_mmd, ma
 from cvs_jax.methods.cvs import make_cvs
 from cvs_jax.methods.lce import make_lce
 from cvs_jax.methods.ract import make_ract
-from cvs_jax.methods.simplex import make_cl2r, make_hoc
+from cvs_jax.methods.simplex import make_cl2r, make_cores, make_hoc
 from cvs_jax.models.head_choice import make_head
 from cvs_jax.models.heads import HEADS, Head
 
@@ -48,6 +48,7 @@ METHODS: dict[str, Callable[[ml_collections.ConfigDict], Method]] = {
     "lce": make_lce,
     "cl2r": make_cl2r,
     "hoc": make_hoc,
+    "cores": make_cores,
 }
 
 

@@ -41,7 +41,7 @@ import ml_collections
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import policies
 from cvs_jax.methods.base import Method, StepInputs
-from cvs_jax.methods.class_memory import PerClassRandomMemory
+from cvs_jax.methods.class_memory import AllSeenMemory, PerClassRandomMemory
 from cvs_jax.methods.losses import _row_mean, l2_normalize
 from cvs_jax.methods.policies import half_memory_split
 
@@ -153,4 +153,16 @@ def make_hoc(config: ml_collections.ConfigDict) -> Method:
         # L_hoc: 1 - lambda; L_c_hoc is -(1 - hoc.ce_weight) L_c itself, weight 1
         loss_terms={"L_hoc": 1.0 - HOC_LAMBDA, "L_c_hoc": 1.0},
         description=f"d-Simplex-HOC: reversed fixed d-simplex head, lambda={h.ce_weight} CE + L_HOC (mu={h.mu})",
+    )
+
+
+def make_cores(config: ml_collections.ConfigDict) -> Method:
+    """CoReS on the fixed simplex: L_c only, every earlier training image replayed (all data seen so far),
+    the session's own rows added to the gallery.  The reference re-creates the network at every step;
+    here each session starts from the previous model (the engine has no per-session re-initialisation)."""
+    return Method(
+        name="cores",
+        official_head="simplex",
+        memory=AllSeenMemory(),
+        description="CoReS: fixed d-simplex head, trained on all data seen so far (warm start), no extra term",
     )

@@ -131,3 +131,11 @@ def test_a_simplex_wider_than_the_embedding_is_refused_by_the_config_check():
         config_checks.check(c, num_devices=1)
     c.model.head = "cosine"  # another head: no simplex to fit
     config_checks.check(c, num_devices=1)
+
+
+def test_cores_declares_the_simplex_and_no_term():
+    c = _config("cores")
+    m = get_method(c)
+    assert head_name(c) == "simplex" and get_head(c) == SimplexHead(reverse_labels=False)
+    assert not m.uses_old_model and m.extra_terms is None and not m.loss_terms
+    assert m.uses_memory and m.batches == policies.MixedBatches() and m.shares_first_session

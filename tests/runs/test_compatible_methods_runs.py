@@ -76,3 +76,19 @@ def test_compare_takes_the_new_methods_their_heads_and_settings(tmp_path):
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ract.topk_neg=64 exceeds train.batch_size=32"), done.stderr
+
+
+def test_cores_trains_on_all_data_seen_and_adds_only_its_own_rows(manual_dir, tmp_path):
+    config = _tiny(manual_dir, tmp_path, "cores")
+    workdir = str(tmp_path / "cores")
+    runner.run(config, workdir)
+    with open(os.path.join(workdir, "results.json")) as f:
+        first, second = json.load(f)["per_session"]
+    assert first["trained_on_images"] == first["new_images"] == first["gallery_rows"]
+    # session 2: its own images plus every image of session 1; the gallery gains its own rows only
+    assert second["trained_on_images"] == first["new_images"] + second["new_images"]
+    assert second["gallery_rows"] == first["gallery_rows"] + second["new_images"]
+    with open(paths.metrics_file(workdir)) as f:
+        records = [json.loads(line) for line in f]
+    trained = [r for r in records if "loss" in r]
+    assert trained and all(r["loss"] == pytest.approx(r["L_c"]) for r in trained)  # L_c alone
