@@ -161,6 +161,26 @@ def get_config() -> ml_collections.ConfigDict:
     c.rainbow.memory = "uncertainty"
     c.rainbow.batches = "half"
 
+    # RACT (cvs_jax/methods/ract.py; OpenCompatible config.json comp_loss): the contrastive term's temperature and
+    # negatives kept per block (-1: all, at most train.batch_size); variant "contra" drops the new->new block
+    c.ract = ml_collections.ConfigDict()
+    c.ract.temperature = 0.01
+    c.ract.topk_neg = 10
+    c.ract.variant = "contra_ract"
+
+    # LCE (cvs_jax/methods/lce.py): L_bound on the raw embedding as LCE's code (True: the cosine the paper writes)
+    c.lce = ml_collections.ConfigDict()
+    c.lce.normalize_features = False
+
+    # CL²R and d-Simplex-HOC (cvs_jax/methods/simplex.py): fixed d-simplex head, a memory of per_class random
+    # images per class, half-memory batches; HOC's L = ce_weight L_c + loss_weights.L_hoc L_HOC from session 2 on
+    c.cl2r = ml_collections.ConfigDict()
+    c.cl2r.per_class = 20
+    c.hoc = ml_collections.ConfigDict()
+    c.hoc.per_class = 20
+    c.hoc.mu = 10.0
+    c.hoc.ce_weight = 0.1
+
     c.distributed = ml_collections.ConfigDict()
     c.distributed.multihost = False  # True (or env CVS_JAX_MULTIHOST=1): jax.distributed.initialize() first
 

@@ -17,6 +17,7 @@ from cvs_jax.engine import schedules
 from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.methods.registry import METHODS, head_name, population_methods
 from cvs_jax.models import backbones
+from cvs_jax.models.simplex_head import check_simplex_width
 from cvs_jax.retrieval import query_maps
 
 # Classes of the datasets we know without opening them (for early S/C/L checks).
@@ -45,6 +46,8 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
     _check_augment(config.augment)
     _check_method(config, total)
     _check_model(config)
+    if total:  # sessions from the data: checked when it is read (protocol.check_data)
+        check_simplex(config, total)
     _check_retrieval(config)
 
 
@@ -167,6 +170,19 @@ def _check_method(config: ml_collections.ConfigDict, classes: int) -> None:
             f"memory.budget={config.memory.budget} is smaller than the {classes} classes the "
             f"run will have seen; raise memory.budget to at least {classes}."
         )
+
+
+def head_rows(config: ml_collections.ConfigDict, classes: int) -> int:
+    """The head's rows for ``classes``: rounded up to ``model.head_block`` (``Protocol.num_classes``)."""
+    block = config.model.head_block
+    return -(-classes // block) * block if block else classes
+
+
+def check_simplex(config: ml_collections.ConfigDict, classes: int) -> None:
+    """A fixed d-simplex head holds its K rows (every class of the run, rounded up to ``model.head_block``)
+    in ``model.embed_dim`` >= K - 1 dimensions: refused before anything loads."""
+    if head_name(config) == "simplex":
+        check_simplex_width(config.model.embed_dim, head_rows(config, classes))
 
 
 def _check_model(config: ml_collections.ConfigDict) -> None:

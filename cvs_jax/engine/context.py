@@ -24,6 +24,7 @@ from cvs_jax.methods.base import Method
 from cvs_jax.methods.registry import get_head, get_method
 from cvs_jax.methods.seams import PolicyView
 from cvs_jax.models import networks as models
+from cvs_jax.models import simplex_head
 from cvs_jax.models.frozen_trunk import FrozenTrunk
 from cvs_jax.models.heads import Head
 from cvs_jax.retrieval.embedder import Embedder
@@ -100,7 +101,9 @@ class RunContext:
                 momentum=config.train.momentum,
                 nesterov=config.train.nesterov,
                 weight_decay=config.train.weight_decay,
-                labels=functools.partial(models.frozen_mask, model) if frozen else None,
+                labels=functools.partial(_optimizer_labels, model, head, frozen)
+                if frozen or not head.trainable
+                else None,
             )
             pipeline = augment.Pipeline.from_config(config)  # train-time augmentation and eval preprocessing
             if features.cached(config):  # the trunk's outputs replace the images; the top trains on them
@@ -182,6 +185,13 @@ class RunContext:
     def close(self) -> None:
         self.sessions.close()
         self.progress.close()
+
+
+def _optimizer_labels(model, head, frozen_trunk: bool, params) -> dict:
+    """``"train"`` / ``"frozen"`` per parameter: a frozen trunk's leaves and a fixed head's arrays (the
+    simplex) get a zero update, no weight decay either."""
+    labels = models.frozen_mask(model, params) if frozen_trunk else jax.tree.map(lambda _: "train", params)
+    return simplex_head.optimizer_labels(head, labels)
 
 
 def _plural(n: int, one: str, many: str | None = None) -> str:

@@ -12,7 +12,8 @@ from cvs_jax.data import official_splits, parts, records, sources, splits, user_
 from cvs_jax.errors import ConfigError, SplitError
 from cvs_jax.methods import policies
 from cvs_jax.methods.base import Method
-from cvs_jax.methods.registry import get_method
+from cvs_jax.methods.registry import get_method, head_name
+from cvs_jax.models.simplex_head import check_simplex_width
 
 
 @dataclasses.dataclass
@@ -190,7 +191,26 @@ def check_data(config: ml_collections.ConfigDict) -> None:
         return
     c = ml_collections.ConfigDict(config.to_dict())
     c.data.in_memory_limit_mb = 0.0
-    Protocol.build(c)
+    proto = Protocol.build(c)
+    if head_name(config) == "simplex":
+        _check_simplex_rows(c, proto.num_classes)
+
+
+def _check_simplex_rows(c: ml_collections.ConfigDict, rows: int) -> None:
+    """A fixed d-simplex head's rows fit ``model.embed_dim``, and an ``update`` keeps them: the simplex of
+    K rows is a different one for every K, and its rows are never grown."""
+    check_simplex_width(c.model.embed_dim, rows)
+    if not c.data.updates:
+        return
+    before = ml_collections.ConfigDict(c.to_dict())
+    before.data.updates = list(c.data.updates)[:-1]
+    held = Protocol.build(before).num_classes
+    if rows != held:
+        raise ConfigError(
+            f"{c.data.updates[-1]} brings the run to {rows} head rows, but its fixed d-simplex head holds {held} "
+            f"(every class of its first sessions, rounded up to model.head_block={c.model.head_block}) and is "
+            f"never grown; add images of known classes only, or start a run with a larger model.head_block."
+        )
 
 
 def check_user_plan(config: ml_collections.ConfigDict, plan: splits.SessionPlan, protocol_labels: np.ndarray) -> None:

@@ -74,6 +74,9 @@ class Method:
     # method (memory, centres, head copies) is a function of the member's own run; parameter importance
     # and uncertainty memory are not stacked over members
     population: bool = True
+    # the simplex head writes class y on row K - 1 - y (d-Simplex-HOC's target transform); such a session 1
+    # differs from another simplex method's, so it is not shared
+    reverse_labels: bool = False
 
     def __post_init__(self):
         _check_loss_terms(self)
@@ -99,8 +102,9 @@ class Method:
     def shares_first_session(self) -> bool:
         """Whether another method's session-1 checkpoint can stand for this method's (``compare``, for
         runs with the same head): session 1 is plain L_c training, unless a policy keeps statistics of
-        it (fork EWC/RWalk) or the method does not train."""
-        return self.trains and self.importance.shares_first_session
+        it (fork EWC/RWalk), the method does not train, or its head's rows are ordered its own way
+        (``reverse_labels``)."""
+        return self.trains and self.importance.shares_first_session and not self.reverse_labels
 
 
 def _check_loss_terms(method: Method) -> None:

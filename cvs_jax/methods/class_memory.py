@@ -49,3 +49,17 @@ class PerClassRandomMemory:
         rng = np.random.default_rng([view.seed, s, 20])
         ids, labels = add_per_class(mem.source_ids, mem.labels, prev, view.train_labels[prev], self.per_class, rng)
         return ReplayMemory(ids, labels.astype(np.int32), s - 1, mem.seen + len(prev))
+
+
+@dataclasses.dataclass(frozen=True)
+class AllSeenMemory:
+    """A ``seams.MemoryPolicy`` that replays every training image of the earlier sessions: with the
+    session's own images (``policies.MixedBatches``) a session trains on all data seen so far, while its
+    gallery part holds only its own rows (CoReS: ``src/cores/utils.py`` 173-178 train on the data of
+    every step so far; the gallery is never re-extracted)."""
+
+    keeps_memory = True
+
+    def update(self, view: PolicyView, mem: ReplayMemory, variables, s: int) -> ReplayMemory:
+        ids = view.plan.joint_train(s - 1)
+        return ReplayMemory(ids, view.train_labels[ids].astype(np.int32), s - 1, len(ids))

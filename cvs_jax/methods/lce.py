@@ -20,12 +20,14 @@ L_bound (the mean is over the rest), where LCE's code assumes every class has on
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
-from cvs_jax.methods.base import StepInputs
+from cvs_jax.methods.base import Method, StepInputs
 from cvs_jax.methods.losses import _np_l2_normalize, _row_mean, l2_normalize
 from cvs_jax.methods.seams import PolicyView
 from cvs_jax.rundir.gallery import Gallery
@@ -115,3 +117,15 @@ def lce_terms(x: StepInputs, *, normalize_features: bool = False):
         "L_align": lce_align_loss(x.head["head"], c, mask),
         "L_bound": lce_boundary_loss(x.new_emb, x.labels, c, theta, mask, normalize_features=normalize_features),
     }
+
+
+def make_lce(config: ml_collections.ConfigDict) -> Method:
+    """The ``lce`` method: L_c + L_align + L_bound from the stored rows, no old model, no replay;
+    settings ``config.lce``."""
+    return Method(
+        name="lce",
+        constants=(ClassBoundaries(),),
+        extra_terms=functools.partial(lce_terms, normalize_features=config.lce.normalize_features),
+        loss_terms={"L_align": LAMBDA_ALIGN, "L_bound": LAMBDA_BOUND},
+        description="LCE: head rows aligned to the old class centres, features kept inside their boundaries",
+    )

@@ -19,15 +19,20 @@ Transcribed from TencentARC/OpenCompatible (commit 6eb5499):
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import ml_collections
 
-from cvs_jax.methods.base import StepInputs
+from cvs_jax.errors import ConfigError
+from cvs_jax.methods.base import Method, StepInputs
 from cvs_jax.methods.losses import l2_normalize
 
 TEMPERATURE = 0.01  # config.json comp_loss.temperature
 TOPK_NEG = 10  # config.json comp_loss.topk_neg (-1: every negative)
 MASK_PENALTY = 1e9  # loss.py: logits - masks * 1e9
+VARIANTS = ("contra_ract", "contra")  # config.ract.variant; contra: without the new->new block
 
 
 def ract_logits(
@@ -81,3 +86,27 @@ def ract_terms(x: StepInputs, *, temperature: float = TEMPERATURE, topk_neg: int
             x.new_emb, x.old_emb, x.labels, temperature=temperature, topk_neg=topk_neg, new_to_new=new_to_new
         )
     }
+
+
+def make_ract(config: ml_collections.ConfigDict) -> Method:
+    """The ``ract`` method: L_c + L_ract with the frozen old model, no replay; settings ``config.ract``."""
+    r = config.ract
+    if r.variant not in VARIANTS:
+        raise ConfigError(f"ract.variant={r.variant!r} is unknown; choose one of {list(VARIANTS)}.")
+    if not r.temperature > 0:
+        raise ConfigError(f"ract.temperature={r.temperature} must be positive (official 0.01).")
+    if r.topk_neg > config.train.batch_size:
+        raise ConfigError(
+            f"ract.topk_neg={r.topk_neg} exceeds train.batch_size={config.train.batch_size}: the term keeps the "
+            f"topk_neg largest negatives of a batch; lower ract.topk_neg (-1: every negative) or raise the batch."
+        )
+    terms = functools.partial(
+        ract_terms, temperature=r.temperature, topk_neg=r.topk_neg, new_to_new=r.variant == "contra_ract"
+    )
+    return Method(
+        name="ract",
+        uses_old_model=True,
+        extra_terms=terms,
+        loss_terms={"L_ract": 1.0},  # config.json comp_loss weight 1.0
+        description=f"RACT ({r.variant}, T={r.temperature}, topk_neg={r.topk_neg}): contrastive term new -> old",
+    )

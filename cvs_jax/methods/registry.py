@@ -11,7 +11,11 @@ from cvs_jax.methods import policies
 from cvs_jax.methods.base import Method, StepInputs
 from cvs_jax.methods.baselines import make_bct, make_ewc, make_lwf, make_mmd, make_rainbow, make_rwalk
 from cvs_jax.methods.cvs import make_cvs
-from cvs_jax.models.heads import HEADS, Head, make_head
+from cvs_jax.methods.lce import make_lce
+from cvs_jax.methods.ract import make_ract
+from cvs_jax.methods.simplex import make_cl2r, make_cores, make_hoc
+from cvs_jax.models.head_choice import make_head
+from cvs_jax.models.heads import HEADS, Head
 
 FINETUNE = Method(name="finetune", description="lower bound: L_c only, no replay, no re-extraction")
 JOINT = Method(
@@ -40,6 +44,11 @@ METHODS: dict[str, Callable[[ml_collections.ConfigDict], Method]] = {
     "ewc": make_ewc,
     "rwalk": make_rwalk,
     "rainbow": make_rainbow,
+    "ract": make_ract,
+    "lce": make_lce,
+    "cl2r": make_cl2r,
+    "hoc": make_hoc,
+    "cores": make_cores,
 }
 
 
@@ -77,7 +86,8 @@ HEAD_CHOICES = ("official",) + HEADS  # config.model.head
 
 def head_name(config: ml_collections.ConfigDict) -> str:
     """The head the run trains with: ``model.head``, where ``"official"`` is the method's reference head
-    (cosine for the ivclab/CVS methods, linear_reset for the fork's EWC, RWalk and Rainbow)."""
+    (cosine for the ivclab/CVS methods, linear_reset for the fork's EWC, RWalk and Rainbow, simplex for
+    CL²R and d-Simplex-HOC)."""
     if config.model.head not in HEAD_CHOICES:
         raise ConfigError(
             f"model.head={config.model.head!r} is unknown; choose one of {list(HEAD_CHOICES)} "
@@ -87,7 +97,7 @@ def head_name(config: ml_collections.ConfigDict) -> str:
 
 
 def get_head(config: ml_collections.ConfigDict) -> Head:
-    return make_head(head_name(config), config.train.temperature)
+    return make_head(head_name(config), config.train.temperature, reverse_labels=get_method(config).reverse_labels)
 
 
 __all__ = [

@@ -32,10 +32,16 @@ so the memory half is passed as a mask (:func:`memory_half_mask`).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import ml_collections
 
-from cvs_jax.methods.base import StepInputs
+from cvs_jax.errors import ConfigError
+from cvs_jax.methods import policies
+from cvs_jax.methods.base import Method, StepInputs
+from cvs_jax.methods.class_memory import AllSeenMemory, PerClassRandomMemory
 from cvs_jax.methods.losses import _row_mean, l2_normalize
 from cvs_jax.methods.policies import half_memory_split
 
@@ -92,7 +98,71 @@ def cl2r_terms(x: StepInputs, *, memory_batches: str = "cycle"):
     return {"L_fd": scale * cl2r_distillation_loss(x.new_emb, x.old_emb, mask)}
 
 
-def hoc_terms(x: StepInputs, *, mu: float = HOC_MU):
-    """``extra_terms`` of a ``hoc`` method (old model): ``{"L_hoc": L_HOC}``; its weight is 1 - lambda and
-    L_c's lambda from the second session on (the step must be able to weight L_c)."""
-    return {"L_hoc": hoc_loss(x.new_emb, x.old_emb, x.labels, mu)}
+def hoc_terms(x: StepInputs, *, mu: float = HOC_MU, ce_weight: float = HOC_LAMBDA):
+    """``extra_terms`` of a ``hoc`` method (old model): ``{"L_hoc": L_HOC, "L_c_hoc": -(1 - lambda) L_c}``.
+
+    The step adds every term to L_c at weight 1, from the second session on; ``"L_c_hoc"`` (weight 1) is
+    the correction that leaves lambda L_c of it, so that with L_hoc's weight 1 - lambda the loss is
+    iamcl2r's lambda CE + (1 - lambda) L_HOC; session 1 is CE alone, as ``train.py`` 45-48."""
+    ce = x.classifier.loss(x.head, x.new_emb, x.labels, x.consts["valid_classes"])
+    return {"L_hoc": hoc_loss(x.new_emb, x.old_emb, x.labels, mu), "L_c_hoc": -(1.0 - ce_weight) * ce}
+
+
+HALF_BATCHES = "cycle"  # CL²R's and HOC's batches: batch_size // 2 memory rows, the memory cycling
+
+
+def _per_class(config: ml_collections.ConfigDict, section: str) -> int:
+    per_class = config[section].per_class
+    if not isinstance(per_class, int) or per_class < 1:
+        raise ConfigError(f"{section}.per_class={per_class!r} must be a positive integer (official 20).")
+    return per_class
+
+
+def make_cl2r(config: ml_collections.ConfigDict) -> Method:
+    """CL²R on the fixed simplex: random per-class memory, half-memory batches, L_fd on the memory half."""
+    per_class = _per_class(config, "cl2r")
+    return Method(
+        name="cl2r",
+        official_head="simplex",
+        uses_old_model=True,
+        memory=PerClassRandomMemory(per_class),
+        batches=policies.HalfMemoryBatches(HALF_BATCHES),
+        extra_terms=functools.partial(cl2r_terms, memory_batches=HALF_BATCHES),
+        loss_terms={"L_fd": CL2R_BASE},  # weight x term = 5 sqrt(new / old) L_fd
+        description=f"CL²R: fixed d-simplex head, {per_class} random images per class, feature distillation",
+    )
+
+
+def make_hoc(config: ml_collections.ConfigDict) -> Method:
+    """d-Simplex-HOC: the simplex written from its end, per-class memory, half-memory batches,
+    lambda CE + (1 - lambda) L_HOC from the second session on."""
+    h = config.hoc
+    per_class = _per_class(config, "hoc")
+    if not 0 <= h.ce_weight <= 1:
+        raise ConfigError(f"hoc.ce_weight={h.ce_weight} (lambda) must lie in [0, 1] (official 0.1).")
+    if not h.mu > 0:
+        raise ConfigError(f"hoc.mu={h.mu} must be positive (official 10).")
+    return Method(
+        name="hoc",
+        official_head="simplex",
+        reverse_labels=True,
+        uses_old_model=True,
+        memory=PerClassRandomMemory(per_class),
+        batches=policies.HalfMemoryBatches(HALF_BATCHES),
+        extra_terms=functools.partial(hoc_terms, mu=h.mu, ce_weight=h.ce_weight),
+        # L_hoc: 1 - lambda; L_c_hoc is -(1 - hoc.ce_weight) L_c itself, weight 1
+        loss_terms={"L_hoc": 1.0 - HOC_LAMBDA, "L_c_hoc": 1.0},
+        description=f"d-Simplex-HOC: reversed fixed d-simplex head, lambda={h.ce_weight} CE + L_HOC (mu={h.mu})",
+    )
+
+
+def make_cores(config: ml_collections.ConfigDict) -> Method:
+    """CoReS on the fixed simplex: L_c only, every earlier training image replayed (all data seen so far),
+    the session's own rows added to the gallery.  The reference re-creates the network at every step;
+    here each session starts from the previous model (the engine has no per-session re-initialisation)."""
+    return Method(
+        name="cores",
+        official_head="simplex",
+        memory=AllSeenMemory(),
+        description="CoReS: fixed d-simplex head, trained on all data seen so far (warm start), no extra term",
+    )

@@ -1,7 +1,7 @@
 """Classifier heads over the embedding: the official cosine ``NormLayer`` and the fork's linear reset.
 
 Retrieval never uses a head (it searches the embedding); a head exists to train the embedding, and
-what it does at a session start changes what the embedding learns.  Two heads, chosen by
+what it does at a session start changes what the embedding learns.  Three heads, chosen by
 ``config.model.head`` (``"official"``: the head the method's reference code trains with):
 
 * ``cosine`` (ivclab/CVS ``NormLayer``): bias-free, logits cos(e, w_k) / T.  Rows of
@@ -11,6 +11,12 @@ what it does at a session start changes what the embedding learns.  Two heads, c
   ``Linear(D, classes seen)`` with bias on the raw embedding, plain cross-entropy (no
   normalisation, no temperature), **every row and the bias re-initialised at every session start**
   (PyTorch's default ``nn.Linear`` init, uniform +-1/sqrt(D)); old rows are not kept.
+* ``simplex`` (CoReS, CL²R, d-Simplex-HOC; ``models.simplex_head``): K fixed d-simplex rows, logits
+  z W^T on the raw embedding over all K rows, never trained, grown or reset (the optimizer gives its
+  array a zero update: ``simplex_head.optimizer_labels``).
+
+``make_head`` (``models.head_choice``) builds the head a name chooses; ``Head`` is what every head
+provides, a Protocol so that this module, imported low in the package, need not import each head.
 
 The head is a few arrays kept next to the network parameters (``Head.keys``), allocated for every
 class the run will see so that the compiled step keeps one shape across sessions.
@@ -19,14 +25,14 @@ class the run will see so that the compiled step keeps one shape across sessions
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Mapping
+from typing import ClassVar, Mapping, Protocol
 
 import jax
 import jax.numpy as jnp
 
 from cvs_jax.models import classification
 
-HEADS = ("cosine", "linear_reset")
+HEADS = ("cosine", "linear_reset", "simplex")
 
 
 def init_head(key: jax.Array, num_rows: int, embed_dim: int) -> jax.Array:
@@ -53,6 +59,7 @@ class CosineHead:
     temperature: float
     name: ClassVar[str] = "cosine"
     keys: ClassVar[tuple[str, ...]] = ("head",)
+    trainable: ClassVar[bool] = True
 
     def init(self, key: jax.Array, rows: int, embed_dim: int) -> dict:
         return {"head": init_head(key, rows, embed_dim)}
@@ -75,6 +82,7 @@ class LinearResetHead:
 
     name: ClassVar[str] = "linear_reset"
     keys: ClassVar[tuple[str, ...]] = ("head", "head_bias")
+    trainable: ClassVar[bool] = True
 
     def init(self, key: jax.Array, rows: int, embed_dim: int) -> dict:
         k_w, k_b = jax.random.split(key)
@@ -100,17 +108,25 @@ class LinearResetHead:
         return self.init(key, rows, embed_dim)
 
 
-Head = CosineHead | LinearResetHead
-ROW_KEYS = tuple(dict.fromkeys(CosineHead.keys + LinearResetHead.keys))  # every head array: a row per class
+class Head(Protocol):
+    """What the engine and the methods read of a head (``CosineHead``, ``LinearResetHead``,
+    ``simplex_head.SimplexHead``)."""
+
+    name: ClassVar[str]
+    keys: ClassVar[tuple[str, ...]]  # its arrays in the parameters, each with a row per class
+    trainable: ClassVar[bool]  # False: the optimizer gives its arrays a zero update
+
+    def init(self, key: jax.Array, rows: int, embed_dim: int) -> dict: ...
+
+    def logits(self, head: Mapping[str, jax.Array], emb: jax.Array) -> jax.Array: ...
+
+    def loss(self, head: Mapping[str, jax.Array], emb, labels, valid_classes) -> jax.Array: ...
+
+    def at_session_start(self, head: Mapping[str, jax.Array], key, old_classes: int, new_classes: int) -> dict: ...
 
 
-def make_head(name: str, temperature: float) -> Head:
-    """The head called ``name`` (one of ``HEADS``); ``temperature`` is the cosine head's."""
-    if name == "cosine":
-        return CosineHead(temperature)
-    if name == "linear_reset":
-        return LinearResetHead()
-    raise ValueError(f"unknown head {name!r}; choose one of {list(HEADS)}")
+# every head array: a row per class (the simplex head's one array is "head" too)
+ROW_KEYS = tuple(dict.fromkeys(CosineHead.keys + LinearResetHead.keys))
 
 
 def net_variables(params, batch_stats) -> dict:

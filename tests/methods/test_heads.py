@@ -60,8 +60,9 @@ def test_linear_reset_loss_is_plain_cross_entropy():
 
 def test_official_heads_and_the_switch(manual_dir, tmp_path):
     fork = {"ewc", "rwalk", "rainbow"}  # the author's Rainbow-Memory fork: a fresh linear head every session
-    for method in METHODS:  # every registered method: ivclab/CVS's (and ours) train the cosine NormLayer
-        want = "linear_reset" if method in fork else "cosine"
+    simplex = {"cl2r", "hoc", "cores"}  # the d-Simplex line: a fixed simplex head
+    for method in METHODS:  # every other registered method: ivclab/CVS's (and ours) train the cosine NormLayer
+        want = "linear_reset" if method in fork else "simplex" if method in simplex else "cosine"
         c = tiny_config(manual_dir, tmp_path, method=method)
         assert c.model.head == "official" and head_name(c) == want, method
         c.model.head = "cosine" if want == "linear_reset" else "linear_reset"  # the paper's variant / the other
