@@ -6,9 +6,11 @@ Reads the workdir only (``config.json``, ``protocol.json``, ``results.json`` and
 newest completed session, as ``search`` reads it; no dataset, no photo folder):
 
 * the classes, with their gallery rows and the session each first arrived in;
-* the sessions: training images, new classes, the gallery rows its model embedded, recall@1;
+* the sessions: new training images and the images trained on (replay included), new classes, the
+  gallery rows its model embedded, recall@1;
 * the compatibility matrix (recall@1 of the model of session i on the gallery rows of session j: where
-  forgetting shows) and the AR@K so far;
+  forgetting shows; its queries differ from the sessions' R@1), its summaries BC (points), AC, AM and
+  NFR, and the AR@K so far;
 * the record stores its images are read from (what to keep when cleaning ``<data_dir>/cvs_records``).
 
 Sessions are numbered from 1.  A problem to fix ends with one ``error: ...`` line and exit status 2.
@@ -51,17 +53,28 @@ def format_info(info: dict) -> str:
     for s in info["sessions"]:
         recall = s["recall"] or {}
         r1 = f"R@1 {100 * recall['1']:.1f}%" if "1" in recall else "not completed"
+        if s["map"] is not None:
+            r1 += f", mAP {100 * s['map']:.1f}%"
         new = ", ".join(s["new_classes"][:8]) + (", ..." if len(s["new_classes"]) > 8 else "")
+        seen = "" if s["trained_on_images"] is None else f" ({s['trained_on_images']} trained on, replay included)"
         lines.append(
-            f"  session {s['session']}: {s['train_images']} training images, new classes: {new or '-'}; "
-            f"{s['gallery_rows_by_its_model']} gallery rows embedded by its model; {r1}"
+            f"  session {s['session']}: {s['new_images']} new training images{seen}, new classes: {new or '-'}; "
+            f"{s['gallery_rows_by_its_model']} gallery rows embedded by its model; {r1}; "
+            f"lr {s['lr']:g}, {s['epochs']} epochs"
         )
     if info["record_stores"]:
         lines += ["", "record stores (the images, prepared once; the folders are no longer needed):"]
         lines += [f"  {store}" for store in info["record_stores"]]
-    lines += ["", compatibility.format_matrix(info["compatibility_recall1"])]
+    lines += ["", compatibility.format_matrix(info["compatibility_recall1"], info["negative_flip_rate"])]
     if info["average_recall"]:
         lines.append("AR@K: " + ", ".join(f"AR@{k} {100 * v:.2f}%" for k, v in info["average_recall"].items()))
+    if info["average_map"] is not None:
+        lines.append(f"mAP (mean over sessions): {100 * info['average_map']:.2f}%")
+    if info["query_map"] != "none":
+        lines.append(
+            f"query maps: {info['query_map']}, fitted after sessions {info['query_map_sessions'] or '-'}; search and "
+            "the numbers above score older gallery parts with the newest model's queries mapped into their space"
+        )
     return "\n".join(lines)
 
 

@@ -44,6 +44,7 @@ import tensorflow_datasets as tfds
 from absl import flags
 
 from cvs_jax import cli
+from cvs_jax.config import recipe as session_recipe
 from cvs_jax.config import recorded
 from cvs_jax.data import parts, records, sources
 from cvs_jax.engine import determinism, runner
@@ -232,12 +233,15 @@ def _check_recipe(recipe: dict) -> None:
 
 def _check_resumed_recipe(config: ml_collections.ConfigDict, s: int, recipe: dict) -> None:
     """An interrupted update resumes with the recipe its session started with (its steps so far used it)."""
-    recorded = {"train.lr": recipe.session_lr(config, s), "train.epochs": recipe.session_epochs(config, s)}
+    started = {
+        "train.lr": session_recipe.session_lr(config, s),
+        "train.epochs": session_recipe.session_epochs(config, s),
+    }
     for field, value in recipe.items():
-        if value != recorded[field]:
+        if value != started[field]:
             raise ConfigError(
-                f"session {s + 1} was started with {field}={recorded[field]:g} and resumes with it; rerun the "
-                f"update without --config.{field} (or with --config.{field}={recorded[field]:g})."
+                f"session {s + 1} was started with {field}={started[field]:g} and resumes with it; rerun the "
+                f"update without --config.{field} (or with --config.{field}={started[field]:g})."
             )
 
 
