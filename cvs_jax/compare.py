@@ -39,7 +39,7 @@ Writes, in DIR:
 * ``comparison.md`` / ``comparison.csv``: AR@K, mAP (mean over sessions), the backward-compatibility drop (BC,
   ``compatibility.mean_drop``: recall@1 newer models lose on older gallery parts, in points), AC (a tie
   fails; "AC ties pass" beside it where a tie-passing count differs) and
-  AM of the compatibility matrix and the negative-flip rate NFR (README, Compatibility metrics)
+  AM of the compatibility matrix and the negative-flip rate NFR (docs/comparisons.md, Compatibility metrics)
   mean ± std over seeds; per entry the paired difference to ``cvs`` (the entry minus cvs on the
   same seed): its mean and 95 % Student-t interval over the seeds both finished, "significant"
   when the interval excludes 0, "n/a" with fewer than two seeds; the same paired differences for

@@ -1,4 +1,4 @@
-"""Cut a Tiny-ImageNet zip into "photos that arrive over days": the README's "Your own images" data.
+"""Cut a Tiny-ImageNet zip into "photos that arrive over days": the data of docs/your-images.md.
 
     python scripts/photos_from_tiny_imagenet.py --zip ../shared/data/tiny-imagenet-200-mini.zip --out photos
 

@@ -67,7 +67,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.embed_dim = 128
     c.model.frozen_bn = False  # fine-grained recipe: BatchNorm frozen on its ImageNet statistics
     # weight file: timm / Hugging Face .safetensors (ViT, DINOv2, ResNet-50) or torchvision ResNet-50 .npz/.pth;
-    # model.name names the architecture ("vit": read from the file). README "Pretrained backbones"
+    # model.name names the architecture ("vit": read from the file). docs/pretrained-backbones.md
     c.model.pretrained = config_dict.placeholder(str)
     # what trains of a pretrained backbone: "all", or k: the last k ViT blocks (+ final norm) or ResNet stages,
     # the projection and head, on a frozen trunk (models/vit.py, resnet.py); 0: only the projection and head.
@@ -75,7 +75,7 @@ def get_config() -> ml_collections.ConfigDict:
     # with train_blocks set: 1 = the frozen trunk's outputs are computed once per image, of the evaluation
     # view (no train-time crops/flips/policy), and cached in data.data_dir/cvs_features (engine/features.py);
     # V > 1 = V - 1 augmented views cached beside it, each step picks one per image; 0 = no cache: the trunk
-    # runs at every step, so the augmentation applies in full. README "Pretrained backbones"
+    # runs at every step, so the augmentation applies in full. docs/pretrained-backbones.md
     c.model.cache_views = 1
     # head rows: the classes rounded up to a multiple of head_block (0: exactly the classes). Live runs
     # (`update`) grow their head; a multiple means one recompile per head_block new classes, not per session.

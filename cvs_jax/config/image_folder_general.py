@@ -15,7 +15,7 @@ Defaults and why:
 * **Network**: ImageNet-pretrained ResNet-50 (torchvision layout, frozen BatchNorm), lr 1e-4,
   batch 64 (``cvs_jax/config/finegrained.py``).  Pretrained weights matter most for a user's folder, which
   is small next to the paper's datasets: set ``--config.model.pretrained`` to torchvision's
-  ``resnet50-0676ba61.pth`` or its ``.npz`` (README "Data").  Without it the network starts from
+  ``resnet50-0676ba61.pth`` or its ``.npz`` (docs/configs-and-data.md).  Without it the network starts from
   random weights and needs far more images and epochs.
 * **Epochs**: 30 per session (the paper's 100 are for 10k-100k-image sessions; a folder of a few
   thousand photos selects its best-validation epoch well before).
@@ -28,10 +28,10 @@ Defaults and why:
   classes (``model.head_block``), so adding classes recompiles the step once per 256 new classes, not
   once per session.
 * ``:cpu`` (variant below): a width-8 ResNet-18 at 64x64, 4 epochs, for trying the commands on a
-  CPU (the README walkthrough); not a recipe for results.
+  CPU (the docs/your-images.md walkthrough); not a recipe for results.
 * ``:cpu_pretrained``: a frozen pretrained ViT-S/16 whose class tokens are computed once per photo and
   cached; only the projection and the head train, so a CPU trains a session in seconds. The weight
-  file is timm's ``vit_small_patch16_224.augreg_in21k_ft_in1k`` (README, Pretrained backbones)::
+  file is timm's ``vit_small_patch16_224.augreg_in21k_ft_in1k`` (docs/pretrained-backbones.md)::
 
       curl -L -o vit_s16.safetensors \
           https://huggingface.co/timm/vit_small_patch16_224.augreg_in21k_ft_in1k/resolve/main/model.safetensors
@@ -69,7 +69,7 @@ def get_config(variant: str = ""):
 
 
 def cpu(c):
-    """A small network on small images: the README walkthrough on a CPU in minutes."""
+    """A small network on small images: the docs/your-images.md walkthrough on a CPU in minutes."""
     c.data.stored_size = 64
     c.model.name, c.model.layout, c.model.width, c.model.frozen_bn = "resnet18", "cifar", 8, False
     c.model.embed_dim = 64
@@ -84,7 +84,7 @@ def cpu(c):
 def cpu_pretrained(c):
     """A frozen ViT-S/16 with cached class tokens (``model.train_blocks=0``): the photo recipe for a CPU.
     Stored at 248 and centre-cropped to 224 with mean = std = 0.5: timm's evaluation transform for these
-    weights. Training sees the cached evaluation view only (no crops or flips: README, Pretrained backbones)."""
+    weights. Training sees the cached evaluation view only (no crops or flips: docs/pretrained-backbones.md)."""
     c.data.stored_size = 248
     c.augment.size = 224
     c.data.mean, c.data.std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)

@@ -13,7 +13,7 @@ Run::
     python -m cvs_jax.main --config configs/productm_general.py --workdir workdirs/productm --config.method=cvs \
         --config.data.manual_dir=PRODUCT10K --config.model.pretrained=resnet50.npz
 
-AR@1: not yet measured (no run of this config is recorded in RESULTS.md or BENCHMARKS.md); README, Data, gives only the peak memory of a tiny two-session run.
+AR@1: not yet measured (no run of this config is recorded in RESULTS.md or BENCHMARKS.md); docs/configs-and-data.md gives only the peak memory of a tiny two-session run.
 """
 
 from cvs_jax.config import finegrained, variants

@@ -18,7 +18,7 @@ labels ``0..S-1`` and session t >= 1 owns the next C labels, as in the official 
 
 Every session pool is then split into train / val, stratified by label (scikit-learn's
 ``train_test_split`` arithmetic). No image belongs to two sessions; val images are never trained on.
-The official counts are in README.md (Data) and ``tests/engine/test_configs.py``.
+The official counts are in docs/configs-and-data.md and ``tests/engine/test_configs.py``.
 """
 
 from __future__ import annotations

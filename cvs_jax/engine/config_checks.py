@@ -104,7 +104,7 @@ def _check_data(d: ml_collections.ConfigDict) -> int:
         if not os.path.isdir(os.path.expanduser(d.manual_dir)):
             raise ConfigError(
                 f"data.manual_dir={d.manual_dir!r} does not exist; point it at the folder holding "
-                f"the {d.name} source files (see README, Data)."
+                f"the {d.name} source files (see docs/configs-and-data.md)."
             )
     return total
 
@@ -204,7 +204,7 @@ def _check_train_blocks(config: ml_collections.ConfigDict, found) -> None:
     if found is None:
         raise ConfigError(
             f"model.train_blocks={k} freezes part of a pretrained backbone: set model.pretrained to a weight file "
-            "(README, Pretrained backbones), or use model.train_blocks=all."
+            "(docs/pretrained-backbones.md), or use model.train_blocks=all."
         )
     depth, what = (found.vit.depth, "blocks") if found.family == "vit" else (len(found.resnet[0]), "stages")
     if not k.isdigit() or int(k) > depth:

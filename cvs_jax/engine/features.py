@@ -6,7 +6,7 @@ every train and test image once per view. Its outputs replace the images of the 
 (``FeatureSplit``), the network becomes the trained ``top`` and the pipeline ``augment.CachedViews``:
 every epoch, session, validation, gallery embedding and ``update`` reads them.
 
-Where augmentation still applies (README, Pretrained backbones): V = 1 caches the evaluation view
+Where augmentation still applies (docs/pretrained-backbones.md): V = 1 caches the evaluation view
 (``augment.Pipeline.eval``: normalisation, centre crop) only, so training sees no crops, flips or
 ``augment.policy``. V > 1 caches V - 1 training-augmented views of each train image beside it (drawn
 once, the same on every run) and each step picks one per image; test images keep the evaluation view.

@@ -4,8 +4,7 @@ The penalty is ``L_reg = Σ_slots Σ_params importance · (θ − θ_anchor)²``
 cosine head is not regularized), weighted by ``loss_weights.L_reg``.  Two modes
 (``importance.mode``):
 
-``fork`` (default): the author's Rainbow-Memory fork, rule by rule (README: Deviations and
-switches).
+``fork`` (default): the author's Rainbow-Memory fork, rule by rule (docs/deviations.md).
 * one slot per finished session, each with its own anchor = the network at the end of that
   session's training (its **last** epoch, not the best-validation one);
 * EWC: the slot's importance is the diagonal Fisher computed after the session with the last-epoch
@@ -22,7 +21,7 @@ the fork) instead of sharing it with other methods in ``cvs_jax.compare``.
 ``online``: the stabilised variant of earlier cvs-jax versions: after each session one summed (EWC)
 or running (RWalk, replayed over the session's un-augmented images) Fisher of the selected model in
 eval mode, one slot whose anchor is the selected model, normalised to max 1 when
-``importance.normalize``; it diverged less often at weight 10 (README).
+``importance.normalize``; it diverged less often at weight 10 (docs/deviations.md).
 """
 
 from __future__ import annotations

@@ -283,7 +283,7 @@ def check_pretrained(config) -> FileBackbone | None:
     if not os.path.isfile(path):
         raise ConfigError(
             f"model.pretrained={m.pretrained!r} does not exist; model.name={m.name!r} expects {want} "
-            "(README, Pretrained backbones), or unset model.pretrained."
+            "(docs/pretrained-backbones.md), or unset model.pretrained."
         )
     try:
         found = identify(path)

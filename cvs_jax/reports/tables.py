@@ -162,7 +162,7 @@ def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str,
         "part's own model (a tie fails, iamcl2r's rule; AC ties pass, shown where it differs: a tie passes, "
         "CoReS's); mAP: mean over sessions of the test queries' mean average precision on the whole gallery, in "
         "%; AM: mean recall@1 of every model on every part it searches; NFR: % of queries "
-        "an update turns from right to wrong at top-1, mean over updates (README, Compatibility metrics). "
+        "an update turns from right to wrong at top-1, mean over updates (docs/comparisons.md, Compatibility metrics). "
         "Heads: " + ", ".join(f"{m} {h}" for m, h in heads.items() if h) + ".",
     ]
     if any(e["vs_" + REFERENCE] for e in summary):
