@@ -187,7 +187,7 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 # 10 (big_vision has 5, scenic 8).  The engine's own chain (comparison -> runner -> population -> phases ->
 # run_state -> context -> features -> protocol) on top of the data sources and the method registry is what
 # remains; lower MAX_LAYERS with each step toward 10.
-MAX_LAYERS = 16
+MAX_LAYERS = 15
 STORAGE = "cvs_jax.rundir"  # the run directory: locks, checkpoints, logs, the stored gallery
 ABOVE_STORAGE = ("cvs_jax.methods", "cvs_jax.models", "cvs_jax.config", "cvs_jax.engine")
 

@@ -17,7 +17,7 @@ import ml_collections
 
 from cvs_jax import distributed
 from cvs_jax.augment import transforms as augment
-from cvs_jax.engine import features
+from cvs_jax.engine import data_checks, features
 from cvs_jax.engine.protocol import Protocol
 from cvs_jax.engine.train_step import make_optimizer, make_train_step
 from cvs_jax.methods.base import Method
@@ -82,6 +82,7 @@ class RunContext:
             mesh = distributed.data_mesh()  # one "data" axis over every device of every process
             t0 = time.time()
             proto = Protocol.build(config)
+            data_checks.check_plan(config, method, proto)
             plan = proto.plan
             log.print(
                 f"data: {proto.dataset.name} {len(proto.dataset.train)} train / {len(proto.dataset.test)} test "

@@ -20,7 +20,7 @@ import ml_collections
 
 from cvs_jax import distributed
 from cvs_jax.config import recorded
-from cvs_jax.engine import config_checks, phases, population, protocol, reporting
+from cvs_jax.engine import config_checks, data_checks, phases, population, reporting
 from cvs_jax.engine.context import RunContext, devices_line
 from cvs_jax.engine.run_state import resume
 from cvs_jax.rundir import paths
@@ -34,7 +34,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         return run_population(config, workdir)
     distributed.maybe_initialize(config.distributed.multihost)  # before anything touches the devices
     config_checks.check(config, num_devices=jax.device_count())  # before any data loading or compilation
-    with recorded.open_run(config, workdir, check=lambda: protocol.check_data(config)):
+    with recorded.open_run(config, workdir, check=lambda: data_checks.check_data(config)):
         log = RunLog(workdir)
         log.print(devices_line())
         ctx = None

@@ -140,11 +140,3 @@ class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         """Stores the source identity in the dataset metadata (metadata.json)."""
         self.info.metadata["source_fingerprint"] = source.normalized_fingerprint()
         self.info.metadata["source_description"] = source.description
-
-
-def image_errors() -> tuple[type[BaseException], ...]:
-    """What Pillow raises for a broken, truncated or oversized image (a decompression bomb is not an
-    OSError): these files are skipped and recorded, never fatal."""
-    from PIL import Image  # pylint: disable=g-import-not-at-top
-
-    return (OSError, ValueError, SyntaxError, Image.DecompressionBombError)

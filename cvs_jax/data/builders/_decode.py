@@ -16,11 +16,18 @@ from typing import Callable, Iterator, Sequence, TypeVar
 import numpy as np
 
 from cvs_jax.data.builders import _resize
-from cvs_jax.data.builders._common import image_errors
 
 Item = TypeVar("Item")
 
 BLOCK = 256  # Images per block: bounds the memory of encoded bytes in flight.
+
+
+def image_errors() -> tuple[type[BaseException], ...]:
+    """What Pillow raises for a broken, truncated or oversized image (a decompression bomb is not an
+    OSError): these files are skipped and recorded, never fatal."""
+    from PIL import Image  # pylint: disable=g-import-not-at-top
+
+    return (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 
 def decode_keeping_source(data: bytes, size: int) -> tuple[np.ndarray, bool]:

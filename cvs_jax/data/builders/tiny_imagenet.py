@@ -42,9 +42,9 @@ from cvs_jax.data.builders._common import (
     LocalBuilder,
     SourceInfo,
     ZipOrFolder,
-    image_errors,
     sha256_lines,
 )
+from cvs_jax.data.builders._decode import image_errors
 from cvs_jax.errors import DataError
 
 IMAGE_SHAPE = (64, 64, 3)
