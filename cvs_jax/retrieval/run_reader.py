@@ -25,7 +25,7 @@ from cvs_jax import distributed
 from cvs_jax.augment import transforms as augment
 from cvs_jax.config import recorded
 from cvs_jax.data.builders import _resize
-from cvs_jax.data.builders._decode import image_errors
+from cvs_jax.data.builders._resize import image_errors
 from cvs_jax.errors import SearchError, UserError
 from cvs_jax.models import networks as models
 from cvs_jax.models.frozen_trunk import FrozenTrunk

@@ -10,19 +10,6 @@ from typing import Any, ClassVar
 
 import tensorflow_datasets as tfds
 
-from cvs_jax.errors import DataError
-
-
-class DatasetNotFoundError(DataError):
-    """The files a dataset is built from (or its prepared copy) are missing.
-
-    The message names the dataset, the directory that was searched and the fix.
-    """
-
-
-class SourceMismatchError(DataError):
-    """A prepared dataset in `data_dir` was built from different source files."""
-
 
 @dataclasses.dataclass(frozen=True)
 class SourceInfo:
