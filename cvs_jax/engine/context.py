@@ -1,8 +1,7 @@
 """Everything fixed for a whole run: config, method, data, model, compiled functions, checkpoints.
 
 Built once by ``context_builder.build_context``; the session phases (``phases.py``) read it and never
-change it.
-The methods' host-side policies read only its ``policy_view`` (``methods.seams``).
+change it.  The methods' host-side policies read only its ``policy_view`` (``methods.seams``).
 """
 
 from __future__ import annotations
