@@ -64,7 +64,7 @@ from ml_collections import config_flags
 
 from cvs_jax import cli
 from cvs_jax.engine import determinism
-from cvs_jax.engine.comparison import run_comparison
+from cvs_jax.engine.runner import run_comparison
 from cvs_jax.errors import UserError
 from cvs_jax.methods.registry import METHODS
 from cvs_jax.models.heads import HEADS

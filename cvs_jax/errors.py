@@ -25,6 +25,17 @@ class SplitError(DataError):
     """A session split (official files or the generator) cannot be built from the data."""
 
 
+class DatasetNotFoundError(DataError):
+    """The files a dataset is built from (or its prepared copy) are missing.
+
+    The message names the dataset, the directory that was searched and the fix.
+    """
+
+
+class SourceMismatchError(DataError):
+    """A prepared dataset in `data_dir` was built from different source files."""
+
+
 class WeightsError(UserError):
     """Pretrained weights are missing or unreadable."""
 

@@ -36,14 +36,14 @@ from absl import logging
 
 from cvs_jax.data import records
 from cvs_jax.data.builders import image_folder
-from cvs_jax.data.builders._common import DatasetNotFoundError, LocalBuilder, SourceInfo, SourceMismatchError
+from cvs_jax.data.builders._common import LocalBuilder, SourceInfo
 from cvs_jax.data.builders.fashion_mnist_local import FashionMnistLocal
 from cvs_jax.data.builders.image_folder import ImageFolder
 from cvs_jax.data.builders.inat_m import InatM
 from cvs_jax.data.builders.product10k import ProductM
 from cvs_jax.data.builders.stanford_dogs import StanfordDogs256
 from cvs_jax.data.builders.tiny_imagenet import TinyImagenetZip
-from cvs_jax.errors import ConfigError, DataError
+from cvs_jax.errors import ConfigError, DataError, DatasetNotFoundError, SourceMismatchError
 
 __all__ = [
     "BUILDERS",

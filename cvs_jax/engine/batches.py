@@ -13,15 +13,24 @@ from typing import Callable, Iterable, Protocol
 
 import grain
 import jax
+import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from cvs_jax import distributed
-from cvs_jax.engine import prefetch
+from cvs_jax.engine import prefetch, protocol
 from cvs_jax.engine.cadence import CallReader
-from cvs_jax.engine.context import RunContext
 from cvs_jax.methods.seams import SessionBatches
+
+
+class RunData(Protocol):
+    """What the loaders read of a run (``context.RunContext``): the loader fields of its config, its mesh
+    and its data."""
+
+    config: ml_collections.ConfigDict
+    mesh: jax.sharding.Mesh
+    proto: protocol.Protocol
 
 
 class SessionSteps(Protocol):
@@ -32,7 +41,7 @@ class SessionSteps(Protocol):
     total_steps: int
 
 
-def batch_loader(ctx: RunContext, view: SessionSteps, start: int) -> Iterable[dict]:
+def batch_loader(ctx: RunData, view: SessionSteps, start: int) -> Iterable[dict]:
     """This process's rows of the session's batches from step ``start`` on, read ahead of the step by
     ``data.loader_threads`` threads, or, for a split streamed from its records, decoded by
     ``data.loader_workers`` processes when > 0 (grain keeps their order either way).  Each batch is a pure
@@ -43,7 +52,7 @@ def batch_loader(ctx: RunContext, view: SessionSteps, start: int) -> Iterable[di
     return _loader(ctx, read, start, view.total_steps, distributed.batch_sharding(ctx.mesh))
 
 
-def batch_reader(ctx: RunContext, view: SessionSteps) -> prefetch.BatchReader:
+def batch_reader(ctx: RunData, view: SessionSteps) -> prefetch.BatchReader:
     """``step -> batch``: this process's rows of the session's batch ``step``."""
     lo, hi = distributed.process_slice(ctx.config.train.batch_size, ctx.mesh)  # each process loads only its rows
     return prefetch.BatchReader(
@@ -51,7 +60,7 @@ def batch_reader(ctx: RunContext, view: SessionSteps) -> prefetch.BatchReader:
     )
 
 
-def call_loader(ctx: RunContext, readers: list, calls: list[tuple[int, int]], *, members_axis: bool):
+def call_loader(ctx: RunData, readers: list, calls: list[tuple[int, int]], *, members_axis: bool):
     """The batches of ``calls`` (``cadence.calls``), each call's steps stacked ``[n, B, ...]`` (and the
     members' ``[N, n, B, ...]`` with ``members_axis``), read ahead and placed on the devices like
     ``batch_loader``'s, sharded over the batch axis."""
@@ -64,7 +73,7 @@ def _stacked_sharding(mesh, lead: int) -> NamedSharding:
     return NamedSharding(mesh, P(*([None] * lead), distributed.DATA_AXIS))
 
 
-def _loader(ctx: RunContext, read: Callable[[int], dict], start: int, stop: int, sharding) -> Iterable[dict]:
+def _loader(ctx: RunData, read: Callable[[int], dict], start: int, stop: int, sharding) -> Iterable[dict]:
     c = ctx.config
     split = ctx.proto.dataset.train
     threads = c.data.loader_threads

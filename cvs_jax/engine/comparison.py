@@ -1,7 +1,7 @@
-"""Several methods on identical splits and seeds (``python -m cvs_jax.compare``): every (seed, method)
-run in ``DIR/seed<k>/<method>/``, session 1 shared where methods train it alike, then the tables.
-
-``run_comparison`` holds DIR's lock throughout; each run also locks its own workdir.
+"""Several methods on identical splits and seeds (``python -m cvs_jax.compare``): the entries, the records
+of their runs and the tables.  ``runner.run_comparison`` runs every (seed, method) in
+``DIR/seed<k>/<method>/``, session 1 shared where methods train it alike, holding DIR's lock throughout;
+each run also locks its own workdir.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ import os
 import shutil
 import time
 
-from cvs_jax import distributed
-from cvs_jax.engine import runner
-from cvs_jax.errors import ConfigError, NonFiniteError
+from cvs_jax.errors import ConfigError
 from cvs_jax.methods.registry import METHODS, get_method, head_name
 from cvs_jax.models.heads import HEADS
 from cvs_jax.reports import compare_page, plots
@@ -33,7 +31,6 @@ from cvs_jax.reports.tables import (
 )
 from cvs_jax.retrieval import compatibility, query_maps
 from cvs_jax.rundir import paths
-from cvs_jax.rundir import workdir as workdir_lib
 
 
 def share_first_session(source: str, target: str) -> None:
@@ -121,6 +118,11 @@ def _write_json(path: str, value) -> None:
     os.replace(path + ".tmp", path)
 
 
+def record_divergence(run_dir: str, error: Exception) -> None:
+    """Marks a run stopped by the NaN guard (``DIVERGED``), which ``recorded_run`` reads back."""
+    _write_json(os.path.join(run_dir, DIVERGED), {"message": str(error)})
+
+
 def recorded_run(config, workdir: str, entry: str, seed: int, split_seed) -> dict | None:
     """The record of a run already in ``workdir`` (``--tabulate``): finished (results.json), diverged
     (diverged.json), or None when it has not finished."""
@@ -193,21 +195,9 @@ def entry_pairs(config, methods: list[str]) -> list[tuple[str, str, str]]:
     return pairs
 
 
-def run_comparison(
-    config,
-    workdir: str,
-    methods: list[str],
-    seeds: list[int],
-    split_seed: int | None = None,
-    population: bool = False,
-    tabulate: bool = False,
-):
-    """Runs every (seed, method); returns one row per method (see ``rows_from_summary``).
-    ``tabulate``: runs nothing, tabulates the runs already finished in ``workdir`` (``recorded_run``).
-
-    ``split_seed``: every run uses this session plan (None: ``config.split_seed``, and if that is
-    None each seed its own).  ``population``: each method's seeds (consecutive) train as one
-    population, on one plan (``split_seed``, else ``config.split_seed``, else the first seed's)."""
+def check_entries(config, methods: list[str], seeds: list[int], split_seed: int | None, population: bool) -> None:
+    """Refuses a comparison's entries before anything runs: seeds a population cannot take, unknown
+    methods or heads, an entry named twice, an override of a field that does not exist."""
     if population and sorted(seeds) != list(range(min(seeds), min(seeds) + len(seeds))):
         raise ConfigError(
             f"--population trains seeds k..k+N-1 as one population; --seeds {','.join(map(str, seeds))} are "
@@ -226,86 +216,15 @@ def run_comparison(
         raise ConfigError(f"--methods {','.join(methods)} names an entry twice; name each once.")
     for entry in methods:  # an override of a field that does not exist, or of the wrong type, stops here
         get_method(entry_config(config, entry, seeds[0], split_seed))
-    distributed.maybe_initialize(config.distributed.multihost)  # before the lock asks JAX for the process index
-    with workdir_lib.hold(workdir):  # one comparison per DIR; each run also locks its own workdir
-        return _compare(config, workdir, methods, seeds, split_seed, population, tabulate)
 
 
 # Config groups read only from session 2 on: an entry whose overrides stay inside them shares session 1.
 SESSION_TWO_GROUPS = ("cvs", "rainbow", "memory", "loss_weights", "retrieval")
 
 
-def _share_session_one(c, entry: str, seed: int, run_dir: str, earlier: dict) -> None:
-    """Copies session 1 into ``run_dir`` from the first earlier run of this seed and head that saved it
-    (``earlier``: (seed, head) -> run dirs, updated), unless the method trains its own session 1 (it keeps
-    statistics of it, or the entry overrides a field that session 1 reads)."""
-    if not get_method(c).shares_first_session:  # its session 1 keeps statistics: it trains its own
-        return
-    if any(key.split(".")[0] not in SESSION_TWO_GROUPS for key in parse_entry(entry)[2]):
-        return
-    sharing = earlier.setdefault((seed, head_name(c)), [])
-    source = next((d for d in sharing if os.path.exists(paths.session_dir(d, 0))), None)
-    if source is not None:
-        share_first_session(source, run_dir)
-    sharing.append(run_dir)
-
-
-def _run_populations(config, workdir: str, methods: list[str], seeds: list[int], split_seed: int) -> list[dict]:
-    """Each method's seeds as one population, in ``DIR/seed<k>/<method>`` (session 1 shared as without)."""
-    seeds = sorted(seeds)
-    runs: list[dict] = []
-    t0 = time.time()
-    earlier: dict = {}
-    for method in methods:
-        c = entry_config(config, method, seeds[0], split_seed)
-        c.population = len(seeds)
-        dirs = [os.path.join(workdir, f"seed{seed}", method) for seed in seeds]
-        for seed, run_dir in zip(seeds, dirs):
-            _share_session_one(c, method, seed, run_dir, earlier)
-        print(
-            f"\n##### method {method}, seeds {seeds[0]}..{seeds[-1]} as a population ({time.time() - t0:.0f}s elapsed)"
-        )
-        try:
-            out = runner.run_population(c, os.path.join(workdir, "population", method), dirs)
-            runs += [run_record(s, method, c, d, workdir, r) for s, d, r in zip(seeds, dirs, out["results"])]
-        except NonFiniteError as e:  # the population stops as a whole: every seed of the method diverged
-            print(f"method {method} (population) diverged: {e}", flush=True)
-            runs += [run_record(s, method, c, d, workdir, None, e) for s, d in zip(seeds, dirs)]
-    return sorted(runs, key=lambda r: r["seed"])  # seed-major, as without --population
-
-
-def _compare(
-    config,
-    workdir: str,
-    methods: list[str],
-    seeds: list[int],
-    split_seed: int | None,
-    population: bool = False,
-    tabulate: bool = False,
-) -> list[dict]:
-    if split_seed is None:
-        split_seed = config.split_seed
-    if population and split_seed is None:
-        split_seed = min(seeds)  # the members of a population share one session plan
-    runs: list[dict] = []
-    t0 = time.time()
-    if tabulate:
-        runs = [r for seed in seeds for m in methods if (r := recorded_run(config, workdir, m, seed, split_seed))]
-    elif population:
-        runs = _run_populations(config, workdir, methods, seeds, split_seed)
-    earlier: dict = {}  # (seed, head) -> sharing run dirs so far: session 1 comes from the first that saved it
-    for seed in [] if population or tabulate else seeds:
-        for method in methods:
-            c = entry_config(config, method, seed, split_seed)
-            run_dir = os.path.join(workdir, f"seed{seed}", method)
-            _share_session_one(c, method, seed, run_dir, earlier)
-            print(f"\n##### seed {seed}, method {method} ({time.time() - t0:.0f}s elapsed)", flush=True)
-            try:
-                runs.append(run_record(seed, method, c, run_dir, workdir, runner.run(c, run_dir)))
-            except NonFiniteError as e:  # a diverged run: recorded, the comparison goes on
-                print(f"seed {seed}, method {method} diverged: {e}", flush=True)
-                _write_json(os.path.join(run_dir, DIVERGED), {"message": str(e)})
-                runs.append(run_record(seed, method, c, run_dir, workdir, None, e))
+def write_outputs(config, workdir: str, methods: list[str], seeds: list[int], split_seed, runs: list[dict], t0: float):
+    """The comparison's tables, JSON, page and plot from its runs' records; returns one row per method
+    (``rows_from_summary``)."""
     summary = summarize_runs(runs, methods)
     pairs = summarize_pairs(runs, entry_pairs(config, methods))
     rows = rows_from_summary(summary)

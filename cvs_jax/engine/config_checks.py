@@ -46,7 +46,7 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
     _check_augment(config.augment)
     _check_method(config, total)
     _check_model(config)
-    if total:  # sessions from the data: checked when it is read (protocol.check_data)
+    if total:  # sessions from the data: checked when it is read (data_checks.check_data)
         check_simplex(config, total)
     _check_retrieval(config)
 
@@ -248,7 +248,7 @@ def _check_image_folders(config: ml_collections.ConfigDict, uses_memory: bool) -
                 "prepared from it; pass a folder of class folders (<class>/<image>) or a CSV manifest "
                 "(path,label[,split][,session])."
             )
-        listed = False  # a moved folder: its classes are counted from its store (protocol.check_data)
+        listed = False  # a moved folder: its classes are counted from its store (data_checks.check_data)
     if uses_memory and d.split == "user" and listed and config.memory.budget < len(classes):
         raise ConfigError(user_sessions.budget_message(config.memory.budget, len(classes), fixed=bool(folders[1:])))
 

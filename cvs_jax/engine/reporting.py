@@ -25,7 +25,7 @@ from cvs_jax.retrieval.compatibility import (
     mean_drop,
     negative_flips,
 )
-from cvs_jax.retrieval.run_reader import Rows
+from cvs_jax.retrieval.run_rows import Rows
 from cvs_jax.rundir import paths
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
@@ -22,12 +21,8 @@ import numpy as np
 from cvs_jax.methods.seams import ImportanceState, ReplayMemory
 from cvs_jax.models.frozen_trunk import FrozenTrunk
 from cvs_jax.models.heads import ROW_KEYS
-from cvs_jax.retrieval import query_maps
 from cvs_jax.rundir.checkpoint import Checkpoints
 from cvs_jax.rundir.gallery import Gallery, GalleryPart
-
-if TYPE_CHECKING:
-    from cvs_jax.engine.context import RunContext
 
 
 def _head_rows(variables: dict, rows: int) -> dict:
@@ -142,18 +137,3 @@ class RunState:
             importance=ImportanceState.from_item(items["regularizer"], meta["regularizer_built_after"]),
             records=tuple(meta["per_session"]),
         )
-
-
-def resume(ctx: RunContext) -> RunState:
-    """The state after the newest session checkpoint of ``ctx``'s run, or a fresh one."""
-    fresh = RunState.initial(ctx.initial_variables(), ctx.config.model.embed_dim)
-    state = RunState.restore(ctx.sessions, fresh, ctx.trunk)
-    if state is None:
-        return fresh
-    state = state.replace(
-        query_maps=query_maps.stored_maps(ctx.workdir, state.completed - 1, ctx.config.retrieval.query_map)
-    )
-    ctx.log.print(
-        f"resumed after session {state.completed}: gallery {len(state.gallery)} rows, memory {len(state.memory)}"
-    )
-    return state

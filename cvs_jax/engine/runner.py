@@ -1,10 +1,12 @@
 """The continual visual-search protocol, session after session, for one run or a population.
 
 ``run`` checks the config, holds the workdir, builds the run's context and resumes from the newest
-session checkpoint (``run_state.resume``); each session is then a short sequence of phases
+session checkpoint (``resume``); each session is then a short sequence of phases
 (``phases.py``), and the run ends with results and pictures (``reporting.py``).  A population
 (``config.population = N > 1``, ``run_population``) is the same loop over N members
 (``run_sessions``), whose training phase is one vmapped step for all of them (``population.train``).
+``run_comparison`` runs compare's entries, every seed x method with session 1 shared where it can be
+(the entries, their records and the tables: ``comparison.py``).
 """
 
 from __future__ import annotations
@@ -20,10 +22,15 @@ import ml_collections
 
 from cvs_jax import distributed
 from cvs_jax.config import recorded
-from cvs_jax.engine import config_checks, phases, population, protocol, reporting
-from cvs_jax.engine.context import RunContext, devices_line
-from cvs_jax.engine.run_state import resume
+from cvs_jax.engine import comparison, config_checks, data_checks, phases, population, reporting
+from cvs_jax.engine.context import RunContext
+from cvs_jax.engine.context_builder import build_context, devices_line
+from cvs_jax.engine.run_state import RunState
+from cvs_jax.errors import NonFiniteError
+from cvs_jax.methods.registry import get_method, head_name
+from cvs_jax.retrieval import query_maps
 from cvs_jax.rundir import paths
+from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.rundir.run_log import RunLog
 
 
@@ -34,12 +41,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         return run_population(config, workdir)
     distributed.maybe_initialize(config.distributed.multihost)  # before anything touches the devices
     config_checks.check(config, num_devices=jax.device_count())  # before any data loading or compilation
-    with recorded.open_run(config, workdir, check=lambda: protocol.check_data(config)):
+    with recorded.open_run(config, workdir, check=lambda: data_checks.check_data(config)):
         log = RunLog(workdir)
         log.print(devices_line())
         ctx = None
         try:
-            ctx = RunContext.build(config, workdir, log)
+            ctx = build_context(config, workdir, log)
             return run_sessions([ctx])[0]
         finally:  # also after an error: files closed, no writer thread outlives the run
             if ctx is not None:
@@ -78,7 +85,7 @@ def run_population(config: ml_collections.ConfigDict, workdir: str, dirs: list[s
         try:
             logs[0].print(devices_line())
             for c, d, log in zip(configs, dirs, logs):
-                ctxs.append(RunContext.build(c, d, log, share=ctxs[0] if ctxs else None))
+                ctxs.append(build_context(c, d, log, share=ctxs[0] if ctxs else None))
             logs[0].print(
                 f"population of {n} {config.method} members, seeds {configs[0].seed}..{configs[-1].seed}, "
                 f"split seed {configs[0].split_seed}: {', '.join(dirs)}"
@@ -122,6 +129,21 @@ def run_sessions(ctxs: list[RunContext]) -> list[dict]:
     return [reporting.finish(ctx, st) for ctx, st in zip(ctxs, states)]
 
 
+def resume(ctx: RunContext) -> RunState:
+    """The state after the newest session checkpoint of ``ctx``'s run, or a fresh one."""
+    fresh = RunState.initial(ctx.initial_variables(), ctx.config.model.embed_dim)
+    state = RunState.restore(ctx.sessions, fresh, ctx.trunk)
+    if state is None:
+        return fresh
+    state = state.replace(
+        query_maps=query_maps.stored_maps(ctx.workdir, state.completed - 1, ctx.config.retrieval.query_map)
+    )
+    ctx.log.print(
+        f"resumed after session {state.completed}: gallery {len(state.gallery)} rows, memory {len(state.memory)}"
+    )
+    return state
+
+
 def _train(size: int, ctxs, states, views, consts) -> list[phases.Selection]:
     """The active members' training phase: a plain run's loop, or the population's vmapped one (also
     when a kill left one member of a population to finish the session)."""
@@ -130,3 +152,100 @@ def _train(size: int, ctxs, states, views, consts) -> list[phases.Selection]:
     if size == 1:
         return [phases.train(ctxs[0], states[0], views[0], consts[0])]
     return population.train(ctxs, states, views, consts)
+
+
+def run_comparison(
+    config,
+    workdir: str,
+    methods: list[str],
+    seeds: list[int],
+    split_seed: int | None = None,
+    population: bool = False,
+    tabulate: bool = False,
+):
+    """Runs every (seed, method); returns one row per method (see ``rows_from_summary``).
+    ``tabulate``: runs nothing, tabulates the runs already finished in ``workdir`` (``recorded_run``).
+
+    ``split_seed``: every run uses this session plan (None: ``config.split_seed``, and if that is
+    None each seed its own).  ``population``: each method's seeds (consecutive) train as one
+    population, on one plan (``split_seed``, else ``config.split_seed``, else the first seed's)."""
+    comparison.check_entries(config, methods, seeds, split_seed, population)
+    distributed.maybe_initialize(config.distributed.multihost)  # before the lock asks JAX for the process index
+    with workdir_lib.hold(workdir):  # one comparison per DIR; each run also locks its own workdir
+        return _compare(config, workdir, methods, seeds, split_seed, population, tabulate)
+
+
+def _share_session_one(c, entry: str, seed: int, run_dir: str, earlier: dict) -> None:
+    """Copies session 1 into ``run_dir`` from the first earlier run of this seed and head that saved it
+    (``earlier``: (seed, head) -> run dirs, updated), unless the method trains its own session 1 (it keeps
+    statistics of it, or the entry overrides a field that session 1 reads)."""
+    if not get_method(c).shares_first_session:  # its session 1 keeps statistics: it trains its own
+        return
+    if any(key.split(".")[0] not in comparison.SESSION_TWO_GROUPS for key in comparison.parse_entry(entry)[2]):
+        return
+    sharing = earlier.setdefault((seed, head_name(c)), [])
+    source = next((d for d in sharing if os.path.exists(paths.session_dir(d, 0))), None)
+    if source is not None:
+        comparison.share_first_session(source, run_dir)
+    sharing.append(run_dir)
+
+
+def _run_populations(config, workdir: str, methods: list[str], seeds: list[int], split_seed: int) -> list[dict]:
+    """Each method's seeds as one population, in ``DIR/seed<k>/<method>`` (session 1 shared as without)."""
+    seeds = sorted(seeds)
+    runs: list[dict] = []
+    t0 = time.time()
+    earlier: dict = {}
+    for method in methods:
+        c = comparison.entry_config(config, method, seeds[0], split_seed)
+        c.population = len(seeds)
+        dirs = [os.path.join(workdir, f"seed{seed}", method) for seed in seeds]
+        for seed, run_dir in zip(seeds, dirs):
+            _share_session_one(c, method, seed, run_dir, earlier)
+        print(
+            f"\n##### method {method}, seeds {seeds[0]}..{seeds[-1]} as a population ({time.time() - t0:.0f}s elapsed)"
+        )
+        try:
+            out = run_population(c, os.path.join(workdir, "population", method), dirs)
+            runs += [comparison.run_record(s, method, c, d, workdir, r) for s, d, r in zip(seeds, dirs, out["results"])]
+        except NonFiniteError as e:  # the population stops as a whole: every seed of the method diverged
+            print(f"method {method} (population) diverged: {e}", flush=True)
+            runs += [comparison.run_record(s, method, c, d, workdir, None, e) for s, d in zip(seeds, dirs)]
+    return sorted(runs, key=lambda r: r["seed"])  # seed-major, as without --population
+
+
+def _compare(
+    config,
+    workdir: str,
+    methods: list[str],
+    seeds: list[int],
+    split_seed: int | None,
+    population: bool = False,
+    tabulate: bool = False,
+) -> list[dict]:
+    if split_seed is None:
+        split_seed = config.split_seed
+    if population and split_seed is None:
+        split_seed = min(seeds)  # the members of a population share one session plan
+    runs: list[dict] = []
+    t0 = time.time()
+    if tabulate:
+        runs = [
+            r for seed in seeds for m in methods if (r := comparison.recorded_run(config, workdir, m, seed, split_seed))
+        ]
+    elif population:
+        runs = _run_populations(config, workdir, methods, seeds, split_seed)
+    earlier: dict = {}  # (seed, head) -> sharing run dirs so far: session 1 comes from the first that saved it
+    for seed in [] if population or tabulate else seeds:
+        for method in methods:
+            c = comparison.entry_config(config, method, seed, split_seed)
+            run_dir = os.path.join(workdir, f"seed{seed}", method)
+            _share_session_one(c, method, seed, run_dir, earlier)
+            print(f"\n##### seed {seed}, method {method} ({time.time() - t0:.0f}s elapsed)", flush=True)
+            try:
+                runs.append(comparison.run_record(seed, method, c, run_dir, workdir, run(c, run_dir)))
+            except NonFiniteError as e:  # a diverged run: recorded, the comparison goes on
+                print(f"seed {seed}, method {method} diverged: {e}", flush=True)
+                comparison.record_divergence(run_dir, e)
+                runs.append(comparison.run_record(seed, method, c, run_dir, workdir, None, e))
+    return comparison.write_outputs(config, workdir, methods, seeds, split_seed, runs, t0)

@@ -21,9 +21,18 @@ from typing import Any, Callable, Mapping
 import jax
 
 from cvs_jax.errors import ConfigError
-from cvs_jax.methods import policies
-from cvs_jax.methods.importance_policies import NoImportance
-from cvs_jax.methods.seams import BatchPolicy, ConstantsPolicy, ImportancePolicy, MemoryPolicy, ScopePolicy, misfit
+from cvs_jax.methods.seams import (
+    BatchPolicy,
+    ConstantsPolicy,
+    ImportancePolicy,
+    MemoryPolicy,
+    MixedBatches,
+    NoImportance,
+    NoMemory,
+    ScopePolicy,
+    SessionData,
+    misfit,
+)
 from cvs_jax.models.heads import HEADS, Head
 
 
@@ -55,9 +64,9 @@ class Method:
     name: str
     description: str = ""
     official_head: str = "cosine"  # the head of the method's reference code (one of models.heads.HEADS)
-    scope: ScopePolicy = policies.SessionData()  # which images a session trains on and adds to the gallery
-    memory: MemoryPolicy = policies.NoMemory()  # replay memory policy
-    batches: BatchPolicy = policies.MixedBatches()  # how replayed images enter the batches
+    scope: ScopePolicy = SessionData()  # which images a session trains on and adds to the gallery
+    memory: MemoryPolicy = NoMemory()  # replay memory policy
+    batches: BatchPolicy = MixedBatches()  # how replayed images enter the batches
     importance: ImportancePolicy = NoImportance()  # EWC/RWalk parameter importance
     constants: tuple[ConstantsPolicy, ...] = ()  # per-session constants for the step, e.g. (ClassCenters(...),)
     uses_old_model: bool = False  # run the frozen previous model in the step (sessions >= 1)

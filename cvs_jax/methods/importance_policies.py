@@ -34,28 +34,7 @@ import numpy as np
 from cvs_jax.methods import fisher as importance
 from cvs_jax.methods import regularizers
 from cvs_jax.methods.seams import ImportanceState, PolicyView, TrainedSession
-
-
-@dataclasses.dataclass(frozen=True)
-class NoImportance:
-    shares_first_session = True
-
-    def update(self, view: PolicyView, state: ImportanceState, variables, s: int) -> ImportanceState:
-        return state
-
-    def after_session(
-        self, view: PolicyView, state: ImportanceState, trained: TrainedSession, s: int
-    ) -> ImportanceState:
-        return state
-
-    def constants(self, view: PolicyView, state: ImportanceState) -> dict:
-        return {}
-
-    def tracked_init(self, state: ImportanceState, net_params) -> dict:
-        return {}
-
-    def track(self, tracked, net_grads):
-        return tracked
+from cvs_jax.methods.seams import NoImportance as NoImportance
 
 
 def _penalty_slots(state: ImportanceState, normalize: bool) -> dict:

@@ -9,8 +9,9 @@
 Each ``update`` runs at the start of session ``s`` with the selected model of session
 ``s - 1`` (``variables``) and is a pure function of the completed sessions, so a resumed
 run and a run that shares session 1 with another method compute the same values.
-The Protocol each kind implements, and the ``view`` (``seams.PolicyView``) they read the run
-through, are in ``methods.seams``; the memory budget is given when a policy is built.
+The Protocol each kind implements, its default (``SessionData``, ``NoMemory``, ``MixedBatches``, with
+``ShuffledEpochs``), and the ``view`` (``seams.PolicyView``) they read the run through, are in
+``methods.seams``; the memory budget is given when a policy is built.
 """
 
 from __future__ import annotations
@@ -27,25 +28,17 @@ from cvs_jax.data.chunks import iter_chunks
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import losses, replay
 from cvs_jax.methods.seams import ImportanceState as ImportanceState
+from cvs_jax.methods.seams import MixedBatches as MixedBatches
+from cvs_jax.methods.seams import NoMemory as NoMemory
 from cvs_jax.methods.seams import PolicyView
 from cvs_jax.methods.seams import ReplayMemory as ReplayMemory
+from cvs_jax.methods.seams import SessionData as SessionData
+from cvs_jax.methods.seams import ShuffledEpochs as ShuffledEpochs
+from cvs_jax.methods.seams import epoch_order as epoch_order
 from cvs_jax.models.heads import head_params, net_variables
 from cvs_jax.rundir.gallery import Gallery
 
 # ------------------------------------------------------------------ data scope
-
-
-@dataclasses.dataclass(frozen=True)
-class SessionData:
-    """Train on the session's own images; append their rows to the never-re-extracted gallery."""
-
-    replaces_gallery = False
-
-    def indices(self, plan, s: int) -> np.ndarray:
-        return plan.sessions[s].train
-
-    def stored(self, gallery: Gallery) -> Gallery:
-        return gallery
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,14 +55,6 @@ class AllSeenData:
 
 
 # ------------------------------------------------------------------ replay memory
-
-
-@dataclasses.dataclass(frozen=True)
-class NoMemory:
-    keeps_memory = False
-
-    def update(self, view: PolicyView, mem: ReplayMemory, variables, s: int) -> ReplayMemory:
-        return mem
 
 
 def _pool(view: PolicyView, mem: ReplayMemory, s: int) -> np.ndarray:
@@ -239,31 +224,6 @@ class UncertaintyMemory:
 # ------------------------------------------------------------------ batch composition
 
 
-@functools.lru_cache(maxsize=2)  # called every step; the permutation is drawn once per epoch
-def epoch_order(seed: int, session: int, epoch: int, n: int) -> np.ndarray:
-    """The sample order of an epoch, a pure function of (seed, session, epoch): resumable."""
-    return np.random.default_rng([seed, session, epoch]).permutation(n)
-
-
-@dataclasses.dataclass(frozen=True)
-class ShuffledEpochs:
-    """One stream (session images, then replayed ones) in a fresh order every epoch."""
-
-    indices: np.ndarray
-    batch_size: int
-    seed: int
-    session: int
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return len(self.indices) // self.batch_size
-
-    def batch(self, epoch: int, i: int) -> np.ndarray:
-        """Dataset indices of step i of an epoch: a pure function of (seed, session, epoch, i)."""
-        order = epoch_order(self.seed, self.session, epoch, len(self.indices))
-        return self.indices[order[i * self.batch_size : (i + 1) * self.batch_size]]
-
-
 @functools.lru_cache(maxsize=4)  # a batch spans at most a few passes; called every step
 def memory_pass_order(seed: int, session: int, epoch: int, cycle: int, n: int) -> np.ndarray:
     """The memory order of pass ``cycle`` of an epoch: a pure function of (seed, session, epoch, cycle)."""
@@ -327,14 +287,6 @@ class HalfMemoryEpochs:
         else:
             rows = np.random.default_rng([self.seed, self.session, epoch, i, 1]).integers(0, len(self.memory), n_mem)
         return np.concatenate([stream, self.memory[rows]])
-
-
-@dataclasses.dataclass(frozen=True)
-class MixedBatches:
-    """Replayed images join the session's images in one shuffled stream (iCaRL, reservoir)."""
-
-    def plan(self, indices, mem: ReplayMemory, *, batch_size: int, seed: int, session: int):
-        return ShuffledEpochs(np.concatenate([indices, mem.source_ids]), batch_size, seed, session)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,14 +12,15 @@ does not fit (``misfit``: a missing member, or a method whose parameters differ)
 
 Policies read the run through a ``PolicyView``, the few things they need, never the engine's whole
 run context; what a method's config fixes (the memory budget, the penalty's weight) they are given
-when they are built.  This module holds the Protocols, the view and the two states that cross the
-seam; it is apart from ``base.py`` because both ``base.py`` and the policy modules import it, and
-``base.py`` imports the policies (its defaults).
+when they are built.  This module holds the Protocols, each kind's default, the view and the two
+states that cross the seam; it is apart from ``base.py`` because both ``base.py`` and the policy
+modules import it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
@@ -175,6 +176,86 @@ class ImportancePolicy(Protocol):
 class ConstantsPolicy(Protocol):
     def __call__(self, view: PolicyView, gallery: Gallery) -> dict:
         """Per-session constants for the step, from the stored gallery."""
+
+
+# ------------------------------------------------------------------ each kind's default: what a Method gets
+# that does not set it (here, beside the Protocols, so that ``base.Method`` needs no policy module)
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionData:
+    """Train on the session's own images; append their rows to the never-re-extracted gallery."""
+
+    replaces_gallery = False
+
+    def indices(self, plan, s: int) -> np.ndarray:
+        return plan.sessions[s].train
+
+    def stored(self, gallery: Gallery) -> Gallery:
+        return gallery
+
+
+@dataclasses.dataclass(frozen=True)
+class NoMemory:
+    keeps_memory = False
+
+    def update(self, view: PolicyView, mem: ReplayMemory, variables, s: int) -> ReplayMemory:
+        return mem
+
+
+@functools.lru_cache(maxsize=2)  # called every step; the permutation is drawn once per epoch
+def epoch_order(seed: int, session: int, epoch: int, n: int) -> np.ndarray:
+    """The sample order of an epoch, a pure function of (seed, session, epoch): resumable."""
+    return np.random.default_rng([seed, session, epoch]).permutation(n)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShuffledEpochs:
+    """One stream (session images, then replayed ones) in a fresh order every epoch."""
+
+    indices: np.ndarray
+    batch_size: int
+    seed: int
+    session: int
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.indices) // self.batch_size
+
+    def batch(self, epoch: int, i: int) -> np.ndarray:
+        """Dataset indices of step i of an epoch: a pure function of (seed, session, epoch, i)."""
+        order = epoch_order(self.seed, self.session, epoch, len(self.indices))
+        return self.indices[order[i * self.batch_size : (i + 1) * self.batch_size]]
+
+
+@dataclasses.dataclass(frozen=True)
+class MixedBatches:
+    """Replayed images join the session's images in one shuffled stream (iCaRL, reservoir)."""
+
+    def plan(self, indices, mem: ReplayMemory, *, batch_size: int, seed: int, session: int):
+        return ShuffledEpochs(np.concatenate([indices, mem.source_ids]), batch_size, seed, session)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoImportance:
+    shares_first_session = True
+
+    def update(self, view: PolicyView, state: ImportanceState, variables, s: int) -> ImportanceState:
+        return state
+
+    def after_session(
+        self, view: PolicyView, state: ImportanceState, trained: TrainedSession, s: int
+    ) -> ImportanceState:
+        return state
+
+    def constants(self, view: PolicyView, state: ImportanceState) -> dict:
+        return {}
+
+    def tracked_init(self, state: ImportanceState, net_params) -> dict:
+        return {}
+
+    def track(self, tracked, net_grads):
+        return tracked
 
 
 def misfit(policy: Any, kind: type) -> str | None:

@@ -19,8 +19,10 @@ import numpy as np
 from cvs_jax.config import recorded
 from cvs_jax.reports import html, plots
 from cvs_jax.reports.html import plt
-from cvs_jax.retrieval import compatibility, run_reader, topk
+from cvs_jax.retrieval import compatibility, run_rows, topk
 from cvs_jax.rundir import paths
+from cvs_jax.rundir.checkpoint import Reader as _Reader
+from cvs_jax.rundir.gallery import Gallery
 
 LOST_POINTS = 5.0  # a newer model "loses" old rows when its recall@1 on them is this far below their own model's
 SAMPLES = 8  # gallery images shown per session
@@ -40,6 +42,27 @@ def lost_cells(matrix) -> set[tuple[int, int]]:
             if own is not None and v is not None and 100 * (own - v) >= LOST_POINTS:
                 out.add((i, j))
     return out
+
+
+def stored_rows(workdir: str) -> tuple[int, run_rows.Rows] | None:
+    """The newest completed session (0-based) and its gallery's columns, read from the session
+    checkpoints alone (no model, no additions), or None before the first session: what the run
+    report counts and shows."""
+    config = recorded.stored_config(workdir)
+    sessions_dir = paths.sessions_dir(workdir)
+    reader = _Reader(sessions_dir, max_to_keep=None) if os.path.isdir(sessions_dir) else None
+    if reader is None or not reader.steps():
+        return None
+    last = reader.steps()[-1]
+    log = run_rows.PartLog(reader)
+    gallery = Gallery.restore(log, last, config.model.embed_dim)
+    return last, run_rows.Rows(
+        embeddings=gallery.embeddings,
+        labels=gallery.labels,
+        arrival=run_rows.arrival_sessions(log.parts, gallery).astype(np.int32),
+        model=gallery.sessions,
+        source_ids=gallery.source_ids,
+    )
 
 
 def partial_results(records: list[dict], ks) -> dict:
@@ -210,7 +233,7 @@ def _sessions_section(protocol: dict, stored, results: dict | None = None) -> st
     out = []
     for s, sess in enumerate(protocol["sessions"]):
         new = [int(c) for c in sess["new_classes"]]
-        seen = run_reader.trained_on(per[s]) if s in per else None
+        seen = run_rows.trained_on(per[s]) if s in per else None
         counts_cells = [str(s + 1), str(sess["train"]), "-" if seen is None else str(seen)]
         if rows is not None and s <= last:
             counts = np.bincount(rows.labels[(rows.arrival == s) & (rows.labels >= 0)], minlength=len(names))
@@ -278,10 +301,10 @@ def render(workdir: str, *, results: dict | None = None, stored=None, read_train
     if results is None:
         results = _read_json(paths.results_file(workdir))
     if stored is None:
-        stored = run_reader.stored_rows(workdir)
+        stored = stored_rows(workdir)
     config = recorded.stored_config(workdir)
     if read_train is None and stored is not None:
-        split = run_reader.train_split(config)
+        split = run_rows.train_split(config)
         read_train = None if split is None else split.read
     done = stored[0] + 1 if stored is not None else 0
     last, rows = stored if stored is not None else (-1, None)

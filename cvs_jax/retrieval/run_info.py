@@ -10,7 +10,7 @@ import numpy as np
 
 from cvs_jax.config import recipe
 from cvs_jax.errors import UserError
-from cvs_jax.retrieval import compatibility, run_reader
+from cvs_jax.retrieval import compatibility, run_reader, run_rows
 from cvs_jax.rundir import paths
 
 
@@ -55,7 +55,7 @@ def describe_run(run: run_reader.Run) -> dict:
                 "session": s + 1,
                 "completed": bool(done),
                 "new_images": sess["train"],
-                "trained_on_images": run_reader.trained_on(r) if r else None,
+                "trained_on_images": run_rows.trained_on(r) if r else None,
                 "val_queries": sess["val"],
                 "new_classes": [names[c] for c in sess["new_classes"] if c < len(names)],
                 "classes_seen": sess["num_outputs"],

@@ -9,7 +9,6 @@ workdir's lock).  A query is prepared as the gallery images were stored (``prepa
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import functools
 import hashlib
@@ -26,21 +25,16 @@ from cvs_jax import distributed
 from cvs_jax.augment import transforms as augment
 from cvs_jax.config import recorded
 from cvs_jax.data.builders import _resize
-from cvs_jax.data.builders._common import image_errors
+from cvs_jax.data.builders._resize import image_errors
 from cvs_jax.errors import SearchError, UserError
 from cvs_jax.models import networks as models
 from cvs_jax.models.frozen_trunk import FrozenTrunk
 from cvs_jax.retrieval import additions, query_maps, topk
 from cvs_jax.retrieval.embedder import Embedder
+from cvs_jax.retrieval.run_rows import PartLog, Rows, arrival_sessions, train_split
 from cvs_jax.rundir import paths
 from cvs_jax.rundir.checkpoint import Reader as _Reader
 from cvs_jax.rundir.gallery import Gallery, RowConcat
-
-
-def trained_on(record: dict) -> int | None:
-    """The images a session trained on (its new images plus replay, or all so far for ``joint``) from its
-    ``results.json`` record (named ``train_images`` in runs written before ``new_images`` was recorded)."""
-    return record["trained_on_images"] if "trained_on_images" in record else record.get("train_images")
 
 
 def prepare(images: Iterable[Any], shape: tuple[int, int, int]) -> np.ndarray:
@@ -127,42 +121,6 @@ def check_is_run(workdir: str) -> None:
             )
 
 
-class _PartLog:
-    """Passes ``Gallery.restore``'s reads through and keeps each part's (session, source ids): a
-    ``joint`` part re-embeds every row, so a row's arrival session is that of the first part holding it."""
-
-    def __init__(self, checkpoints):
-        self._checkpoints = checkpoints
-        self.parts: list[tuple[int, np.ndarray]] = []
-
-    @property
-    def directory(self) -> str:
-        return self._checkpoints.directory
-
-    def restore(self, step: int, templates: dict) -> dict:
-        out = self._checkpoints.restore(step, templates)
-        if out.get("gallery"):
-            self.parts.append((int(out["gallery"]["session"]), np.asarray(out["gallery"]["source_ids"], np.int64)))
-        return out
-
-
-def arrival_sessions(parts: list[tuple[int, np.ndarray]], gallery: Gallery) -> np.ndarray:
-    """0-based session in which each gallery row's image arrived: the first part (in session order)
-    holding its source id; a row without a source id (-1) arrived with its own part."""
-    arrival = gallery.sessions.copy()
-    if not parts or gallery.source_ids.size == 0:
-        return arrival
-    ids = np.concatenate([p[1] for p in parts])
-    sessions = np.concatenate([np.full(len(p[1]), p[0], np.int32) for p in parts])
-    order = np.argsort(sessions, kind="stable")
-    first_ids, first = np.unique(ids[order], return_index=True)  # first occurrence = earliest session
-    first_sessions = sessions[order][first]
-    known = gallery.source_ids >= 0
-    pos = np.searchsorted(first_ids, gallery.source_ids[known])
-    arrival[known] = first_sessions[pos]
-    return arrival
-
-
 def train_source_names(config: ml_collections.ConfigDict) -> list[str] | None:
     """Each train-split row's source (a file path, or e.g. ``file.gz#123`` for packed sources) when the
     data layer can tell (``sources.source_names``, where present and the data is reachable), else None."""
@@ -175,40 +133,6 @@ def train_source_names(config: ml_collections.ConfigDict) -> list[str] | None:
         return names(config.data, "train")
     except (UserError, OSError):  # the dataset is not on this machine: the rows keep their train index
         return None
-
-
-def train_split(config: ml_collections.ConfigDict):
-    """The run's train split, read on demand (``records.StoreSplit`` per part, nothing decoded ahead),
-    or None when its data is not on this machine: what thumbnails of gallery rows are read from."""
-    from cvs_jax.data import parts  # tensorflow_datasets: imported only when images are shown
-
-    c = ml_collections.ConfigDict(config.to_dict())
-    c.data.in_memory_limit_mb = 0.0
-    try:
-        return parts.load_run_dataset(c.data).train
-    except (UserError, OSError):
-        return None
-
-
-def stored_rows(workdir: str) -> tuple[int, Rows] | None:
-    """The newest completed session (0-based) and its gallery's columns, read from the session
-    checkpoints alone (no model, no additions), or None before the first session: what the run
-    report counts and shows."""
-    config = recorded.stored_config(workdir)
-    sessions_dir = paths.sessions_dir(workdir)
-    reader = _Reader(sessions_dir, max_to_keep=None) if os.path.isdir(sessions_dir) else None
-    if reader is None or not reader.steps():
-        return None
-    last = reader.steps()[-1]
-    log = _PartLog(reader)
-    gallery = Gallery.restore(log, last, config.model.embed_dim)
-    return last, Rows(
-        embeddings=gallery.embeddings,
-        labels=gallery.labels,
-        arrival=arrival_sessions(log.parts, gallery).astype(np.int32),
-        model=gallery.sessions,
-        source_ids=gallery.source_ids,
-    )
 
 
 def file_digest(path: str) -> str:
@@ -243,21 +167,6 @@ def store_digests(config: ml_collections.ConfigDict) -> dict[str, str]:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class Rows:
-    """Every searchable row in search order: the session parts (gallery order), then the ``--add`` rows.
-    Sessions are 0-based here (printed 1-based)."""
-
-    embeddings: RowConcat  # raw float32 [N, D], as stored
-    labels: np.ndarray  # int32 [N], protocol labels (-1: added without a label)
-    arrival: np.ndarray  # int32 [N], session in which the image arrived
-    model: np.ndarray  # int32 [N], session whose model embedded the row
-    source_ids: np.ndarray  # int64 [N], train-split index (-1: added with --add)
-
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
-
-
 class Run:
     """The newest model and the full gallery of a finished (or partly finished) run."""
 
@@ -277,7 +186,7 @@ class Run:
         # protocol was written); a reader never moves a checkpoint (a damaged one is refused)
         self.session = sessions.steps()[-1]
         self._stored = sessions.restore(self.session, {"variables": None})
-        log = _PartLog(sessions)
+        log = PartLog(sessions)
         self.gallery = Gallery.restore(log, self.session, c.model.embed_dim)
         self._arrival = arrival_sessions(log.parts, self.gallery)
         # retrieval.query_map: {s: model s -> model s - 1}; empty for a run without maps

@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from cvs_jax.data.builders import _resize
-from cvs_jax.data.builders._common import image_errors
+from cvs_jax.data.builders._resize import image_errors
 from cvs_jax.retrieval.additions import fsync_dir
 from cvs_jax.rundir import paths
 

@@ -6,7 +6,7 @@ import os
 import jax
 import numpy as np
 
-from cvs_jax.engine.context import RunContext
+from cvs_jax.engine.context_builder import build_context
 from cvs_jax.rundir.run_log import RunLog
 from cvs_jax.testing.tiny_data import tiny_config
 
@@ -17,7 +17,7 @@ def build_ctx(manual_dir, tmp_path, method="cvs", sessions=2, **train):
         setattr(c.train, k, v)
     wd = str(tmp_path / f"wd-{method}")
     os.makedirs(wd, exist_ok=True)
-    return RunContext.build(c, wd, RunLog(wd))
+    return build_context(c, wd, RunLog(wd))
 
 
 def tree_equal(a, b) -> bool:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs import fashion_mnist_general
-from cvs_jax.engine import comparison, config_checks, phases
+from cvs_jax.engine import comparison, config_checks, phases, runner
 from cvs_jax.engine.run_state import RunState
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods.seams import ReplayMemory
@@ -57,7 +57,7 @@ def test_query_map_entries_pair_with_their_entry_without_the_map():
 
 def test_a_bad_tag_after_at_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="after '@' name a head, one of .* or a query map"):
-        comparison.run_comparison(fashion_mnist_general.get_config(), str(tmp_path), ["cvs@rotate"], [0])
+        runner.run_comparison(fashion_mnist_general.get_config(), str(tmp_path), ["cvs@rotate"], [0])
 
 
 def test_the_map_is_fitted_on_the_replay_memory(manual_dir, tmp_path):

@@ -14,7 +14,7 @@ import pytest
 
 from cvs_jax.config import recorded
 from cvs_jax.engine import comparison, runner
-from cvs_jax.engine.context import RunContext
+from cvs_jax.engine.context_builder import build_context
 from cvs_jax.errors import ConfigError, NonFiniteError, WorkdirBusyError
 from cvs_jax.methods.registry import get_method
 from cvs_jax.reports import statistics
@@ -29,7 +29,7 @@ def test_runner_table_and_shared_first_session(tmp_path, capsys):
     c.train.epochs = 1
     wd = str(tmp_path / "cmp")
     methods = ["finetune", "cvs", "joint", "bct", "lwf", "mmd", "ewc", "rwalk", "rainbow", "finetune@linear_reset"]
-    rows = comparison.run_comparison(c, wd, methods, [0])
+    rows = runner.run_comparison(c, wd, methods, [0])
     assert [r["method"] for r in rows] == methods
     with open(os.path.join(wd, "comparison.md")) as f:
         table = f.read()
@@ -94,7 +94,7 @@ def _with_method(config, method):
 def test_unknown_method_refused(tmp_path):
     c = tiny_config(str(tmp_path), tmp_path, sessions=2)
     with pytest.raises(ConfigError, match="unknown methods"):
-        comparison.run_comparison(c, str(tmp_path / "cmp"), ["finetune", "lwf2"], [0])
+        runner.run_comparison(c, str(tmp_path / "cmp"), ["finetune", "lwf2"], [0])
 
 
 # ---------------------------------------------------------------- statistics
@@ -179,7 +179,7 @@ def test_diverged_run_is_marked_and_the_comparison_goes_on(tmp_path, monkeypatch
     monkeypatch.setattr(runner, "run", fake_run)
     c = tiny_config(str(tmp_path), tmp_path, sessions=2)
     wd = str(tmp_path / "cmp")
-    rows = comparison.run_comparison(c, wd, ["finetune", "ewc", "lwf", "cvs"], [0, 1, 2], split_seed=7)
+    rows = runner.run_comparison(c, wd, ["finetune", "ewc", "lwf", "cvs"], [0, 1, 2], split_seed=7)
     assert len(calls) == 12 and {s for _, _, s in calls} == {7}  # every run, all on split 7
     by = {r["method"]: r for r in rows}
     assert by["ewc"]["seeds"] == 0 and by["ewc"]["diverged"] == 3 and by["ewc"]["AR@1"] is None
@@ -210,12 +210,12 @@ def test_diverged_run_is_marked_and_the_comparison_goes_on(tmp_path, monkeypatch
 
     # --tabulate runs nothing and reads the same numbers back from the run dirs (lwf seed 1 not finished)
     calls.clear()
-    rows2 = comparison.run_comparison(c, wd, ["finetune", "ewc", "lwf", "cvs"], [0, 1, 2], split_seed=7, tabulate=True)
+    rows2 = runner.run_comparison(c, wd, ["finetune", "ewc", "lwf", "cvs"], [0, 1, 2], split_seed=7, tabulate=True)
     assert calls == []
     by2 = {r["method"]: r for r in rows2}
     assert by2["finetune"] == by["finetune"] and by2["ewc"]["diverged"] == 3
     assert by2["lwf"]["seeds"] == 1 and by2["lwf"]["diverged"] == 1
-    comparison.run_comparison(c, wd, ["finetune", "cvs", "bct"], [0, 1], split_seed=7, tabulate=True)
+    runner.run_comparison(c, wd, ["finetune", "cvs", "bct"], [0, 1], split_seed=7, tabulate=True)
     with open(os.path.join(wd, "comparison.md")) as f:
         assert "| bct | not run | not run | not run | not run |" in f.read()  # never run is not "diverged"
     with open(os.path.join(wd, "seed0", "ewc", "diverged.json")) as f:
@@ -227,7 +227,7 @@ def test_diverged_run_is_marked_and_the_comparison_goes_on(tmp_path, monkeypatch
 
     monkeypatch.setattr(runner, "run", broken)
     with pytest.raises(RuntimeError, match="a bug"):
-        comparison.run_comparison(c, str(tmp_path / "cmp2"), ["finetune"], [0])
+        runner.run_comparison(c, str(tmp_path / "cmp2"), ["finetune"], [0])
 
 
 def test_split_seed_fixes_the_plan_while_seed_changes_the_initialisation(tmp_path):
@@ -242,7 +242,7 @@ def test_split_seed_fixes_the_plan_while_seed_changes_the_initialisation(tmp_pat
         wd = str(tmp_path / f"run_{seed}_{split_seed}")
         os.makedirs(wd)
         log = RunLog(wd)
-        ctx = RunContext.build(cc, wd, log)
+        ctx = build_context(cc, wd, log)
         try:
             return ctx.proto.plan, ctx.initial_variables()
         finally:
@@ -291,9 +291,9 @@ def test_entries_heads_overrides_and_their_pairs(tmp_path):
         ("rainbow", "cvs@linear_reset", "against cvs with the linear_reset head"),
     ]
     with pytest.raises(ConfigError, match="after '@' name a head"):
-        comparison.run_comparison(c, str(tmp_path / "cmp"), ["ewc@linear"], [0])
+        runner.run_comparison(c, str(tmp_path / "cmp"), ["ewc@linear"], [0])
     with pytest.raises(ConfigError, match="no field"):
-        comparison.run_comparison(c, str(tmp_path / "cmp"), ["cvs", "cvs+cvs.lm=1"], [0])
+        runner.run_comparison(c, str(tmp_path / "cmp"), ["cvs", "cvs+cvs.lm=1"], [0])
 
 
 def test_ablation_entries_share_session_one_only_when_it_is_unchanged(tmp_path):
@@ -304,7 +304,7 @@ def test_ablation_entries_share_session_one_only_when_it_is_unchanged(tmp_path):
     for entry, shared in (("cvs+cvs.use_lm=False", True), ("cvs+train.lr=0.1", False), ("ewc@cosine", False)):
         earlier = {(0, "cosine"): [str(source)]}
         target = tmp_path / entry
-        comparison._share_session_one(comparison.entry_config(c, entry, 0, 0), entry, 0, str(target), earlier)
+        runner._share_session_one(comparison.entry_config(c, entry, 0, 0), entry, 0, str(target), earlier)
         assert (target / "checkpoints" / "sessions" / "0").exists() == shared, entry
 
 
@@ -322,7 +322,7 @@ def test_compare_on_a_held_directory_is_refused_naming_the_holder(tmp_path, monk
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with workdir.hold(wd):
         with pytest.raises(WorkdirBusyError, match=f"in use by pid {os.getpid()} on "):
-            comparison.run_comparison(fashion_mnist_general.get_config(), wd, ["finetune"], [0])
+            runner.run_comparison(fashion_mnist_general.get_config(), wd, ["finetune"], [0])
         cmd = [sys.executable, "-m", "cvs_jax.compare", "--config", "configs/fashion_mnist_general.py"]
         cmd += ["--workdir", wd, "--methods", "finetune", "--seeds", "0"]
         out = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=300)

@@ -20,7 +20,7 @@ from cvs_jax import info, search, update
 from cvs_jax.engine import runner
 from cvs_jax.errors import UserError
 from cvs_jax.reports import run_page
-from cvs_jax.retrieval import compatibility, run_reader
+from cvs_jax.retrieval import compatibility, run_reader, run_rows
 from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.testing import image_folders as pf
@@ -62,7 +62,7 @@ def _protocol(wd) -> dict:
 
 
 def _rows_by_model(wd) -> list[int]:
-    last, rows = run_reader.stored_rows(wd)
+    last, rows = run_page.stored_rows(wd)
     counts = [int(np.sum(rows.model == s)) for s in range(last + 1)]
     assert last == 1 and counts[0] != counts[1]  # sessions of different sizes: a wrong session shows
     return counts
@@ -103,7 +103,7 @@ def test_new_images_and_trained_on_are_named_apart(run, capsys):
     assert "new training images" in page and "trained on (replay incl.)" in page
     assert f"<td>{per[1]['new_images']}</td><td>{per[1]['trained_on_images']}</td>" in page
     # a results.json written before the new names: its train_images is what the session trained on
-    assert run_reader.trained_on({"train_images": 390}) == 390
+    assert run_rows.trained_on({"train_images": 390}) == 390
 
 
 def test_summaries_agree_in_results_info_and_page(run):

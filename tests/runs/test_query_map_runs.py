@@ -16,8 +16,8 @@ import pytest
 from PIL import Image
 
 from cvs_jax import export, info, search
-from cvs_jax.engine import comparison, runner
-from cvs_jax.engine.context import RunContext
+from cvs_jax.engine import runner
+from cvs_jax.engine.context_builder import build_context
 from cvs_jax.errors import CheckpointError
 from cvs_jax.retrieval import query_maps
 from cvs_jax.rundir import paths
@@ -43,7 +43,7 @@ def runs(manual_dir, tmp_path_factory):
         out[kind] = (c, wd, runner.run(c, wd))
     scratch = str(root / "ctx")
     os.makedirs(scratch)
-    ctx = RunContext.build(out["procrustes"][0], scratch, RunLog(scratch))
+    ctx = build_context(out["procrustes"][0], scratch, RunLog(scratch))
     yield out, ctx, root
     ctx.close()
 
@@ -294,7 +294,7 @@ def test_compare_tabulates_map_and_both_ac_rules(runs, tmp_path):
     entries = {"finetune": out["none"], "finetune@procrustes": out["procrustes"]}
     for entry, (_, wd, _) in entries.items():
         shutil.copytree(wd, cmp_dir / "seed0" / entry)
-    comparison.run_comparison(out["none"][0], str(cmp_dir), list(entries), [0], tabulate=True)
+    runner.run_comparison(out["none"][0], str(cmp_dir), list(entries), [0], tabulate=True)
     with open(cmp_dir / "comparison.json") as f:
         written = json.load(f)
     for run in written["runs"]:

@@ -14,7 +14,7 @@ from cvs_jax import search
 from cvs_jax.data import sources
 from cvs_jax.data.builders import _resize
 from cvs_jax.engine import runner
-from cvs_jax.retrieval import run_reader
+from cvs_jax.retrieval import run_reader, run_rows
 from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.rundir.gallery import Gallery, GalleryPart
 from cvs_jax.testing.tiny_data import fake_class_image, tiny_config, write_fashion_idx
@@ -150,10 +150,10 @@ def test_arrival_session_is_the_first_part_holding_the_image():
     for p in parts:
         gallery = gallery.with_part(p)
     log = [(p.session, p.source_ids) for p in parts]
-    np.testing.assert_array_equal(run_reader.arrival_sessions(log, gallery), [1, 0, 0, 2])  # joint: all by model 2
+    np.testing.assert_array_equal(run_rows.arrival_sessions(log, gallery), [1, 0, 0, 2])  # joint: all by model 2
     np.testing.assert_array_equal(gallery.sessions, [2, 2, 2, 2])
     kept = Gallery.empty(2).with_part(part(0, [5, 3])).with_part(part(1, [7]))
-    np.testing.assert_array_equal(run_reader.arrival_sessions([(0, [5, 3]), (1, [7])], kept), [0, 0, 1])
+    np.testing.assert_array_equal(run_rows.arrival_sessions([(0, [5, 3]), (1, [7])], kept), [0, 0, 1])
 
 
 # --- --add -------------------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def test_compare_on_a_directory_another_process_holds_is_refused_naming_it(holde
     """A run in another process holds DIR (``open_run``): ``compare`` takes DIR's lock before anything
     else, so it starts no run and names that process."""
     from configs import fashion_mnist_general
-    from cvs_jax.engine import comparison, runner
+    from cvs_jax.engine import runner
 
     def no_run(*args, **kwargs):
         raise AssertionError("a run started although DIR is held")
@@ -76,7 +76,7 @@ def test_compare_on_a_directory_another_process_holds_is_refused_naming_it(holde
     monkeypatch.setattr(runner, "run_population", no_run)
     wd, proc = holder
     with pytest.raises(WorkdirBusyError, match=rf"in use by pid {proc.pid} on \S+ "):
-        comparison.run_comparison(fashion_mnist_general.get_config(), wd, ["finetune", "cvs"], [0, 1])
+        runner.run_comparison(fashion_mnist_general.get_config(), wd, ["finetune", "cvs"], [0, 1])
     assert not os.path.exists(os.path.join(wd, "seed0")), "compare wrote a run while DIR was held"
 
 

@@ -6,13 +6,14 @@ the CVS paper stored as 256x256 arrays: `stanford_dogs_256` and `inat_m`
 (Product-10K files in a manual dir); `image_folder`, a user's own images.
 """
 
-from cvs_jax.data.builders._common import DatasetNotFoundError, LocalBuilder, SourceInfo, SourceMismatchError
+from cvs_jax.data.builders._common import LocalBuilder, SourceInfo
 from cvs_jax.data.builders.fashion_mnist_local import FashionMnistLocal
 from cvs_jax.data.builders.image_folder import ImageFolder
 from cvs_jax.data.builders.inat_m import InatM
 from cvs_jax.data.builders.product10k import ProductM
 from cvs_jax.data.builders.stanford_dogs import StanfordDogs256
 from cvs_jax.data.builders.tiny_imagenet import TinyImagenetZip
+from cvs_jax.errors import DatasetNotFoundError, SourceMismatchError
 
 __all__ = [
     "DatasetNotFoundError",

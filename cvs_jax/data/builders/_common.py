@@ -10,19 +10,6 @@ from typing import Any, ClassVar
 
 import tensorflow_datasets as tfds
 
-from cvs_jax.errors import DataError
-
-
-class DatasetNotFoundError(DataError):
-    """The files a dataset is built from (or its prepared copy) are missing.
-
-    The message names the dataset, the directory that was searched and the fix.
-    """
-
-
-class SourceMismatchError(DataError):
-    """A prepared dataset in `data_dir` was built from different source files."""
-
 
 @dataclasses.dataclass(frozen=True)
 class SourceInfo:
@@ -140,11 +127,3 @@ class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         """Stores the source identity in the dataset metadata (metadata.json)."""
         self.info.metadata["source_fingerprint"] = source.normalized_fingerprint()
         self.info.metadata["source_description"] = source.description
-
-
-def image_errors() -> tuple[type[BaseException], ...]:
-    """What Pillow raises for a broken, truncated or oversized image (a decompression bomb is not an
-    OSError): these files are skipped and recorded, never fatal."""
-    from PIL import Image  # pylint: disable=g-import-not-at-top
-
-    return (OSError, ValueError, SyntaxError, Image.DecompressionBombError)

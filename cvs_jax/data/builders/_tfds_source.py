@@ -24,8 +24,9 @@ from typing import Any, Callable, ClassVar, Sequence
 import numpy as np
 import tensorflow_datasets as tfds
 
-from cvs_jax.data.builders import _decode, _resize
-from cvs_jax.data.builders._common import DatasetNotFoundError, LocalBuilder, SourceInfo
+from cvs_jax.data.builders import _resize
+from cvs_jax.data.builders._common import LocalBuilder, SourceInfo
+from cvs_jax.errors import DatasetNotFoundError
 
 _INDEX_CHUNK = 256  # Records per read in the label pass (bounds memory).
 
@@ -225,7 +226,7 @@ class TfdsDerivedBuilder(LocalBuilder, skip_registration=True):
         undecodable images go to `metadata['skipped_<split>']`.
         """
         skipped = self.info.metadata.setdefault(f"skipped_{split}", [])
-        items = _decode.decode_blocks(
+        items = _resize.decode_blocks(
             records,
             lambda block: source.read_encoded([p for p, _ in block]),
             size,

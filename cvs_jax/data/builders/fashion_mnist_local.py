@@ -14,8 +14,8 @@ import struct
 import numpy as np
 import tensorflow_datasets as tfds
 
-from cvs_jax.data.builders._common import DatasetNotFoundError, LocalBuilder, SourceInfo
-from cvs_jax.errors import DataError
+from cvs_jax.data.builders._common import LocalBuilder, SourceInfo
+from cvs_jax.errors import DataError, DatasetNotFoundError
 
 DEFAULT_MANUAL_DIR = "/usr/share/datasets/fashion-mnist"
 

@@ -26,8 +26,9 @@ from typing import ClassVar
 import tensorflow_datasets as tfds
 
 from cvs_jax.data import folder_inventory
-from cvs_jax.data.builders import _decode
-from cvs_jax.data.builders._common import DatasetNotFoundError, LocalBuilder, SourceInfo, normalize_json
+from cvs_jax.data.builders import _resize
+from cvs_jax.data.builders._common import LocalBuilder, SourceInfo, normalize_json
+from cvs_jax.errors import DatasetNotFoundError
 
 MIN_SIDE = 8  # images with a shorter side are stored with a warning (sources._warn_degenerate)
 
@@ -127,7 +128,7 @@ class ImageFolder(LocalBuilder, skip_registration=True):
                     out.append(f.read())
             return out
 
-        items = _decode.decode_blocks(entries, read_block, self.STORED_SIZE, skipped, describe=lambda e: e.path)
+        items = _resize.decode_blocks(entries, read_block, self.STORED_SIZE, skipped, describe=lambda e: e.path)
         tiny = self.info.metadata.setdefault("tiny", [])
         for i, (entry, image, data, passthrough) in enumerate(items):
             if _smaller_than(data, MIN_SIDE):

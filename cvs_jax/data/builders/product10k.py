@@ -43,9 +43,9 @@ import os
 import numpy as np
 import tensorflow_datasets as tfds
 
-from cvs_jax.data.builders import _decode, _resize
-from cvs_jax.data.builders._common import DatasetNotFoundError, LocalBuilder, SourceInfo, ZipOrFolder
-from cvs_jax.errors import DataError
+from cvs_jax.data.builders import _resize
+from cvs_jax.data.builders._common import LocalBuilder, SourceInfo, ZipOrFolder
+from cvs_jax.errors import DataError, DatasetNotFoundError
 
 # Read at preparation time (tests patch them).
 MIN_IMAGES_PER_CLASS = 20
@@ -232,7 +232,7 @@ class ProductM(LocalBuilder):
     def _generate_examples(self, images: ImageFiles, records, size: int, split_name: str):
         """Yields records in order; `id` = position among the stored ones."""
         skipped = self.info.metadata.setdefault(f"skipped_{split_name}", [])
-        items = _decode.decode_blocks(
+        items = _resize.decode_blocks(
             records,
             lambda block: [images.read(name) for name, _ in block],
             size,

@@ -38,14 +38,13 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from cvs_jax.data.builders._common import (
-    DatasetNotFoundError,
     LocalBuilder,
     SourceInfo,
     ZipOrFolder,
-    image_errors,
     sha256_lines,
 )
-from cvs_jax.errors import DataError
+from cvs_jax.data.builders._resize import image_errors
+from cvs_jax.errors import DataError, DatasetNotFoundError
 
 IMAGE_SHAPE = (64, 64, 3)
 NUM_OFFICIAL_CLASSES = 200

@@ -1,0 +1,90 @@
+"""The checks that need the run's data and its method: the sessions of your own images against what
+the method trains on, and a fixed simplex head's rows.  Here, not in ``Protocol.build``, because the
+protocol is the data alone; the method comes from the registry, above it."""
+
+from __future__ import annotations
+
+import ml_collections
+import numpy as np
+
+from cvs_jax.data import user_sessions
+from cvs_jax.data.splits import SessionPlan
+from cvs_jax.engine.protocol import Protocol
+from cvs_jax.errors import ConfigError
+from cvs_jax.methods import policies
+from cvs_jax.methods.base import Method
+from cvs_jax.methods.registry import get_method, head_name
+from cvs_jax.models.simplex_head import check_simplex_width
+
+
+def check_plan(config: ml_collections.ConfigDict, method: Method, proto: Protocol) -> None:
+    """What ``Protocol.build`` leaves to the method: sessions that come from the data (``data.split=user``,
+    or generated sessions continued by ``update``) must be trainable by it (``check_user_plan``)."""
+    d = config.data
+    if d.split == "user" or (d.split == "generator" and d.updates):
+        check_user_plan(config, method, proto.plan, proto.train_labels)
+
+
+def check_data(config: ml_collections.ConfigDict) -> None:
+    """The data checks of a run of your own images (``data.name=image_folder``), made before anything in
+    the workdir changes (``runner.run``): every folder readable (its store prepared), classes, sessions,
+    their size against the batch, the memory budget.  No image is decoded here (the stores are read for
+    their labels only); other datasets are checked when the run builds."""
+    if config.data.name != "image_folder":
+        return
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.data.in_memory_limit_mb = 0.0
+    proto = Protocol.build(c)
+    check_plan(c, get_method(c), proto)
+    if head_name(config) == "simplex":
+        _check_simplex_rows(c, proto.num_classes)
+
+
+def _check_simplex_rows(c: ml_collections.ConfigDict, rows: int) -> None:
+    """A fixed d-simplex head's rows fit ``model.embed_dim``, and an ``update`` keeps them: the simplex of
+    K rows is a different one for every K, and its rows are never grown."""
+    check_simplex_width(c.model.embed_dim, rows)
+    if not c.data.updates:
+        return
+    before = ml_collections.ConfigDict(c.to_dict())
+    before.data.updates = list(c.data.updates)[:-1]
+    held_proto = Protocol.build(before)
+    check_plan(before, get_method(before), held_proto)
+    held = held_proto.num_classes
+    if rows != held:
+        raise ConfigError(
+            f"{c.data.updates[-1]} brings the run to {rows} head rows, but its fixed d-simplex head holds {held} "
+            f"(every class of its first sessions, rounded up to model.head_block={c.model.head_block}) and is "
+            f"never grown; add images of known classes only, or start a run with a larger model.head_block."
+        )
+
+
+def check_user_plan(
+    config: ml_collections.ConfigDict, method: Method, plan: SessionPlan, protocol_labels: np.ndarray
+) -> None:
+    """``user_sessions.check_plan_feasible`` with what the run's method really trains on: its data scope
+    (``joint``: every image seen), its replay memory (a lower bound of its size) and Rainbow's
+    half-memory batches; the memory budget of replay methods."""
+    b = config.train.batch_size
+    trained = [len(method.scope.indices(plan, s)) for s in range(plan.num_sessions)]
+    kind = {
+        policies.HerdingMemory: "class_quota",
+        policies.UncertaintyMemory: "class_quota",
+        policies.ReservoirMemory: "reservoir",
+    }.get(type(method.memory), "none")
+    replayed = user_sessions.replay_sizes(plan, protocol_labels, kind, config.memory.budget)
+    stream_rows = None
+    if isinstance(method.batches, policies.HalfMemoryBatches):
+        stream_rows = policies.half_memory_split(b, method.batches.memory_batches)[0]
+    d = config.data
+    user_sessions.check_plan_feasible(
+        plan,
+        batch_size=b,
+        memory_budget=config.memory.budget if method.uses_memory else None,
+        trained=trained,
+        replayed=replayed,
+        stream_rows=stream_rows,
+        batch_size_fixed=bool(d.updates),
+        val_fraction=d.val_fraction if d.val_per_class is None else None,
+        test_fraction=d.test_fraction,
+    )
