@@ -7,9 +7,9 @@ Example (the offline Fashion-MNIST demo, CVS, 2 epochs per session):
     python -m cvs_jax.main --config configs/fashion_mnist_general.py --workdir workdirs/demo \
         --config.method=cvs --config.train.epochs=2
 
-Fields you usually change (any field of cvs_jax/config/base.py works; an unknown one is refused before anything
-runs): ``method``, ``seed``, ``train.epochs``, ``train.lr``, ``train.batch_size``, ``memory.budget``,
-``model.head``, ``data.manual_dir`` (where the dataset's files are), ``data.num_sessions``,
+Fields you usually change (any field of cvs_jax/config/defaults.py works, and loss_weights.<term>; an unknown
+one is refused before anything runs): ``method``, ``seed``, ``train.epochs``, ``train.lr``, ``train.batch_size``,
+``memory.budget``, ``model.head``, ``data.manual_dir`` (where the dataset's files are), ``data.num_sessions``,
 ``population`` (N members of one method in one vmapped step).
 
 Rerunning the same command resumes after the last checkpoint.  A problem to fix (config, data,

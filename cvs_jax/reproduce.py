@@ -37,7 +37,7 @@ import numpy as np
 from absl import flags
 
 from cvs_jax import cli
-from cvs_jax.config import recorded
+from cvs_jax.config import stored
 from cvs_jax.data import splits
 from cvs_jax.errors import UserError
 from cvs_jax.reports import paper_results, statistics
@@ -294,7 +294,7 @@ def infer_variant(config: dict, dataset: str, setup: str) -> str:
 
 
 def recipe_differences(config: dict, expected: dict) -> tuple[str, ...]:
-    a, b = recorded.comparable(expected), recorded.comparable(config)
+    a, b = stored.comparable(expected), stored.comparable(config)
     keys = sorted(k for k in set(a) | set(b) if k not in IGNORED_FIELDS and a.get(k) != b.get(k))
     return tuple(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys)
 

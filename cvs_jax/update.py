@@ -95,7 +95,7 @@ def run_config(workdir: str) -> ml_collections.ConfigDict:
         raise ConfigError(
             f"{workdir} holds no cvs_jax run (config.json is missing); start one with python -m cvs_jax.main."
         )
-    return recorded.stored_config(workdir)
+    return recorded.continued_config(workdir)
 
 
 def completed_sessions(workdir: str) -> int:

@@ -1,6 +1,6 @@
 """CIFAR-100, blurry10: every session holds all 100 classes, 90% of a session from its 20 major classes.
 
-The paper's recipe (cvs_jax/config/base.py): ResNet-18 with the CIFAR stem, 5 sessions, batch 16,
+The paper's recipe (cvs_jax/config/defaults.py): ResNet-18 with the CIFAR stem, 5 sessions, batch 16,
 256 epochs, memory budget 2000, 10% validation split.  Method defaults to cvs; pass
 ``--config.method=finetune|joint|...`` for the others and ``configs/cifar100_blurry.py:<variant>``
 for the ablations in ``cvs_jax/config/variants.py`` (and ``:smoke``).  Needs TFDS ``cifar100`` prepared in ArrayRecord format.

@@ -1,6 +1,6 @@
 """CIFAR-100, general (S,C,M,L) = (20,20,10,5): 400 images per new class, 10% old-class data (official session files).
 
-The paper's recipe (cvs_jax/config/base.py): ResNet-18 with the CIFAR stem, 5 sessions, batch 16,
+The paper's recipe (cvs_jax/config/defaults.py): ResNet-18 with the CIFAR stem, 5 sessions, batch 16,
 256 epochs, memory budget 2000, 10% validation split.  Method defaults to cvs; pass
 ``--config.method=finetune|joint|...`` for the others and ``configs/cifar100_general.py:<variant>``
 for the ablations in ``cvs_jax/config/variants.py`` (and ``:smoke``).  Needs TFDS ``cifar100`` prepared in ArrayRecord format.

@@ -1,13 +1,13 @@
-"""A run's recorded config (``config.json``): what a resumed run must match, and what readers of a
-finished run get.
+"""A run's recorded config (``config.json``) on the writing side: what a resumed or updated run must
+match, and the config it trains on.
 
 ``open_run(config, workdir)`` holds the workdir (``rundir.workdir``: the lock), checks the data, then
 the config.  The first run writes ``config.json``.  A later run with a different config (apart from
-fields that do not change results, ``OPERATIONAL``) is refused once the workdir holds a checkpoint,
+fields that do not change results, ``stored.OPERATIONAL``) is refused once the workdir holds a checkpoint,
 unless ``overwrite=True``, which moves the existing run into ``previous-<time>/``: saved checkpoints
 and galleries are never deleted.  A workdir without any checkpoint (a start that failed, e.g. on a
-data check) takes the new config.  ``stored_config(workdir)`` is a run's config laid over today's
-defaults, for the readers (``search``, ``update``, the reports).
+data check) takes the new config.  ``continued_config(workdir)`` is the stored config ``update``
+trains on: the readers' ``stored.stored_config`` with the loss weights completed from today's methods.
 """
 
 from __future__ import annotations
@@ -19,98 +19,26 @@ from typing import Callable, Iterator
 
 import ml_collections
 
-from cvs_jax.config import base
+from cvs_jax.config import base, stored
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import registry
 from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
 
-# Fields that may change between a run and its resumption.
-OPERATIONAL = (
-    "overwrite",
-    "data.data_dir",
-    "data.manual_dir",
-    "data.on_corrupt",  # refusing or skipping undecodable images never changes a session that trained
-    "data.in_memory_limit_mb",
-    "data.loader_threads",
-    "data.loader_workers",
-    "train.eval_batch_size",
-    "train.checkpoint_every_steps",
-    "log_every_steps",
-    "distributed.multihost",
-)
-# Keys added after runs were recorded without them, with the value that reproduces what those runs did.
 # the per-session recipe lists an update extends with its session's --config.train.lr / epochs
 SESSION_KEYS = ("train.session_lr", "train.session_epochs")
-ADDED_KEYS = {"model.head": "cosine"}  # before model.head existed, every method trained the cosine head
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
+def continued_config(workdir: str) -> ml_collections.ConfigDict:
+    """The run's ``config.json`` to train on (``update``): ``stored.stored_config`` with the run's loss
+    weights laid over those today's methods declare, so that a term added since trains with its
+    declared default; a recorded term no method declares any more is refused."""
+    return stored.stored_config(workdir, term_weights=base.get_config().loss_weights.to_dict())
 
 
-def comparable(config_dict: dict) -> dict:
-    """The fields of a config (as a dict) that change results, flattened (``"train.lr"``)."""
-    flat = _flatten(json.loads(json.dumps(config_dict)))  # tuples -> lists, as stored
-    return {k: v for k, v in flat.items() if k not in OPERATIONAL}
-
-
-def _with_added_keys(config_dict: dict) -> dict:
-    """``config_dict`` with every ``ADDED_KEYS`` entry it lacks set to the value its run used."""
-    out = json.loads(json.dumps(config_dict))
-    for dotted, value in ADDED_KEYS.items():
-        *path, last = dotted.split(".")
-        node = out
-        for key in path:
-            node = node.setdefault(key, {})
-        node.setdefault(last, value)
-    return out
-
-
-def _lay_over(defaults: dict, stored: dict, prefix: str, unknown: list[str]) -> dict:
-    out = dict(defaults)
-    for key, value in stored.items():
-        if key not in defaults:
-            unknown.append(prefix + key)
-        elif isinstance(value, dict) and isinstance(defaults[key], dict):
-            out[key] = _lay_over(defaults[key], value, f"{prefix}{key}.", unknown)
-        else:
-            out[key] = value
-    return out
-
-
-def over_defaults(stored: dict, where: str) -> ml_collections.ConfigDict:
-    """``stored`` (a run's recorded config) laid over today's defaults (``config.base.get_config()``):
-    every recorded value is the run's, a field added since keeps its one default (or, for
-    ``ADDED_KEYS``, the value the run used).  A recorded field that no longer exists is refused."""
-    unknown: list[str] = []
-    merged = _lay_over(base.get_config().to_dict(), _with_added_keys(stored), "", unknown)
-    if unknown:
-        raise ConfigError(
-            f"{where} records field(s) this version of cvs_jax no longer has: {', '.join(sorted(unknown))}; "
-            "the run was made by another version: read it with that version, or start a new run."
-        )
-    return ml_collections.ConfigDict(merged)
-
-
-def stored_config(workdir: str) -> ml_collections.ConfigDict:
-    """The run's ``config.json`` laid over today's defaults (``over_defaults``): what search and update
-    read of a run."""
-    path = paths.config_file(workdir)
-    with open(path) as f:
-        return over_defaults(json.load(f), path)
-
-
-def _extends(stored, current) -> bool:
-    stored, current = list(stored or []), list(current or [])
-    return len(current) > len(stored) and current[: len(stored)] == stored
+def _extends(before, after) -> bool:
+    before, after = list(before or []), list(after or [])
+    return len(after) > len(before) and after[: len(before)] == before
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -120,11 +48,11 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
     current = config.to_dict()
     if os.path.exists(path):
         with open(path) as f:
-            stored = json.load(f)
-        a, b = comparable(stored), comparable(current)
+            on_disk = json.load(f)
+        a, b = stored.comparable(on_disk), stored.comparable(current)
         # a field added since the run was recorded takes the value that run used (ADDED_KEYS) or its one
-        # default, as stored_config reads it: a run recorded by an earlier version resumes
-        since = {**_flatten(base.get_config().to_dict()), **ADDED_KEYS}
+        # default, as stored.stored_config reads it: a run recorded by an earlier version resumes
+        since = {**stored.flatten(base.get_config().to_dict()), **stored.ADDED_KEYS}
         a.update({k: since[k] for k in b if k not in a and k in since})
         if "model.head" in b:
             # the head the run trains with, "official" resolved for the method (a run recorded before

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from cvs_jax.config import recorded
+from cvs_jax.config.stored import stored_config
 from cvs_jax.reports import html, plots
 from cvs_jax.reports.html import plt
 from cvs_jax.retrieval import compatibility, run_rows, topk
@@ -48,7 +48,7 @@ def stored_rows(workdir: str) -> tuple[int, run_rows.Rows] | None:
     """The newest completed session (0-based) and its gallery's columns, read from the session
     checkpoints alone (no model, no additions), or None before the first session: what the run
     report counts and shows."""
-    config = recorded.stored_config(workdir)
+    config = stored_config(workdir)
     sessions_dir = paths.sessions_dir(workdir)
     reader = _Reader(sessions_dir, max_to_keep=None) if os.path.isdir(sessions_dir) else None
     if reader is None or not reader.steps():
@@ -302,7 +302,7 @@ def render(workdir: str, *, results: dict | None = None, stored=None, read_train
         results = _read_json(paths.results_file(workdir))
     if stored is None:
         stored = stored_rows(workdir)
-    config = recorded.stored_config(workdir)
+    config = stored_config(workdir)
     if read_train is None and stored is not None:
         split = run_rows.train_split(config)
         read_train = None if split is None else split.read

@@ -23,7 +23,7 @@ from PIL import Image
 
 from cvs_jax import distributed
 from cvs_jax.augment import transforms as augment
-from cvs_jax.config import recorded
+from cvs_jax.config import stored
 from cvs_jax.data.builders import _resize
 from cvs_jax.data.builders._resize import image_errors
 from cvs_jax.errors import SearchError, UserError
@@ -174,7 +174,7 @@ class Run:
         """``for_add``: the caller holds the workdir's lock and may write the additions."""
         self.workdir = workdir
         check_is_run(workdir)
-        self.config = recorded.stored_config(workdir)
+        self.config = stored.stored_config(workdir)
         with open(paths.protocol_file(workdir)) as f:
             self.protocol = json.load(f)
         c = self.config

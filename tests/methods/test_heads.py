@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from cvs_jax.config import recorded
+from cvs_jax.config.stored import stored_config
 from cvs_jax.engine import phases
 from cvs_jax.engine.run_state import RunState
 from cvs_jax.engine.train_step import TrainState
@@ -195,7 +196,7 @@ def test_old_config_resumes_only_where_its_head_stays(manual_dir, tmp_path):
         old = json.loads(c.to_json())
         del old["model"]["head"]
         (wd / "config.json").write_text(json.dumps(old))
-        assert recorded.stored_config(str(wd)).model.head == "cosine"
+        assert stored_config(str(wd)).model.head == "cosine"
         if resumes:
             recorded.prepare(c, str(wd))
         else:

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from cvs_jax.config import recorded
+from cvs_jax.config.stored import stored_config
 from cvs_jax.engine import features, runner
 from cvs_jax.reports import html, run_page
 from cvs_jax.retrieval import run_rows
@@ -26,7 +26,7 @@ def test_cached_feature_run_report_shows_the_photos(tmp_path):
     with open(os.path.join(workdir, "report.html")) as f:
         page = f.read()
     last, rows = run_page.stored_rows(workdir)
-    photos = run_rows.train_split(recorded.stored_config(workdir))
+    photos = run_rows.train_split(stored_config(workdir))
     ids = rows.source_ids[rows.source_ids >= 0][:4]
     shown = [html.thumbnail_uri(im) for im in photos.read(np.asarray(ids, np.int64))]
     assert sum(uri in page for uri in shown) >= 2, "the gallery samples are not the run's photos"

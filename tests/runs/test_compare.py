@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from cvs_jax.config import recorded
+from cvs_jax.config import stored
 from cvs_jax.engine import comparison, runner
 from cvs_jax.engine.context_builder import build_context
 from cvs_jax.errors import ConfigError, NonFiniteError, WorkdirBusyError
@@ -234,7 +234,7 @@ def test_split_seed_fixes_the_plan_while_seed_changes_the_initialisation(tmp_pat
     manual = write_fashion_idx(str(tmp_path / "idx"), train_per_class=60, test_per_class=10)
     c = tiny_config(manual, tmp_path, sessions=2)
     assert c.split_seed is None  # default: the split follows the seed, as before
-    assert "split_seed" in recorded.comparable(c.to_dict())  # a result-changing field of config.json
+    assert "split_seed" in stored.comparable(c.to_dict())  # a result-changing field of config.json
 
     def build(seed, split_seed):
         cc = copy.deepcopy(c)

@@ -1,7 +1,8 @@
 """An ``update`` whose new classes grow the head past a ``model.head_block`` boundary, with its own
 ``--config.train.lr`` and ``--config.train.epochs``: the older sessions' checkpoints (a shorter head)
 are restored for the compatibility matrix and the run ends; the new session trains with its recipe,
-recorded in config.json and shown by ``info``."""
+recorded in config.json and shown by ``info``.  The run's config.json lacks a loss term, as if recorded
+before the term existed: the update trains with the weight the method declares."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ import pytest
 from cvs_jax import info, update
 from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError
+from cvs_jax.methods import registry
 from cvs_jax.testing import image_folders as photo_folders
+
+DROPPED = "L_d"  # a term of the run's method (cvs)
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +30,12 @@ def run(tmp_path_factory):
     c.model.head_block = 3  # 3 classes fill the block: the fourth grows the head to 6 rows
     workdir = str(tmp / "run")
     runner.run(c, workdir)
+    config_file = os.path.join(workdir, "config.json")
+    with open(config_file) as f:
+        recorded = json.load(f)
+    del recorded["loss_weights"][DROPPED]
+    with open(config_file, "w") as f:
+        json.dump(recorded, f)
     status = update.update(workdir, second, {"train.lr": 0.004, "train.epochs": 2})
     return workdir, status, c
 
@@ -57,6 +67,14 @@ def test_update_trains_its_session_with_its_own_lr_and_epochs(run):
     shown = info.describe(workdir)["sessions"]
     assert [(s["lr"], s["epochs"]) for s in shown] == [(c.train.lr, 1), (0.004, 2)]
     assert "lr 0.004, 2 epochs" in info.format_info(info.describe(workdir))
+
+
+def test_update_trains_a_term_the_run_did_not_record_with_its_declared_weight(run):
+    workdir, status, c = run
+    assert status == 0  # the train step refuses a method's term that config.loss_weights lacks
+    with open(os.path.join(workdir, "config.json")) as f:
+        weights = json.load(f)["loss_weights"]  # the config session 2 trained with
+    assert weights[DROPPED] == registry.get_method(c).loss_terms[DROPPED] == c.loss_weights[DROPPED]
 
 
 def test_an_interrupted_update_resumes_with_the_recipe_it_started_with(run, tmp_path):
