@@ -283,7 +283,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="bench-serve-")
     from pathlib import Path
 
-    from cvs_jax.testing.folder_runs import photo_run
+    from cvs_jax.testing.image_folders import photo_run
 
     if a.workdir is None:
         t = time.perf_counter()

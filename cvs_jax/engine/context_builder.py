@@ -15,7 +15,7 @@ from cvs_jax import distributed
 from cvs_jax.augment import transforms as augment
 from cvs_jax.engine import data_checks, features
 from cvs_jax.engine.context import RunContext
-from cvs_jax.engine.protocol import Protocol
+from cvs_jax.engine.protocol_builder import build_protocol
 from cvs_jax.engine.train_step import make_optimizer, make_train_step
 from cvs_jax.methods.registry import get_head, get_method
 from cvs_jax.models import networks as models
@@ -49,7 +49,7 @@ def build_context(
     if share is None:
         mesh = distributed.data_mesh()  # one "data" axis over every device of every process
         t0 = time.time()
-        proto = Protocol.build(config)
+        proto = build_protocol(config)
         data_checks.check_plan(config, method, proto)
         plan = proto.plan
         log.print(

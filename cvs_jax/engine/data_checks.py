@@ -1,5 +1,5 @@
 """The checks that need the run's data and its method: the sessions of your own images against what
-the method trains on, and a fixed simplex head's rows.  Here, not in ``Protocol.build``, because the
+the method trains on, and a fixed simplex head's rows.  Here, not in ``build_protocol``, because the
 protocol is the data alone; the method comes from the registry, above it."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import numpy as np
 from cvs_jax.data import user_sessions
 from cvs_jax.data.splits import SessionPlan
 from cvs_jax.engine.protocol import Protocol
+from cvs_jax.engine.protocol_builder import build_protocol
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import policies
 from cvs_jax.methods.base import Method
@@ -18,7 +19,7 @@ from cvs_jax.models.simplex_head import check_simplex_width
 
 
 def check_plan(config: ml_collections.ConfigDict, method: Method, proto: Protocol) -> None:
-    """What ``Protocol.build`` leaves to the method: sessions that come from the data (``data.split=user``,
+    """What ``build_protocol`` leaves to the method: sessions that come from the data (``data.split=user``,
     or generated sessions continued by ``update``) must be trainable by it (``check_user_plan``)."""
     d = config.data
     if d.split == "user" or (d.split == "generator" and d.updates):
@@ -34,7 +35,7 @@ def check_data(config: ml_collections.ConfigDict) -> None:
         return
     c = ml_collections.ConfigDict(config.to_dict())
     c.data.in_memory_limit_mb = 0.0
-    proto = Protocol.build(c)
+    proto = build_protocol(c)
     check_plan(c, get_method(c), proto)
     if head_name(config) == "simplex":
         _check_simplex_rows(c, proto.num_classes)
@@ -48,7 +49,7 @@ def _check_simplex_rows(c: ml_collections.ConfigDict, rows: int) -> None:
         return
     before = ml_collections.ConfigDict(c.to_dict())
     before.data.updates = list(c.data.updates)[:-1]
-    held_proto = Protocol.build(before)
+    held_proto = build_protocol(before)
     check_plan(before, get_method(before), held_proto)
     held = held_proto.num_classes
     if rows != held:

@@ -1,6 +1,6 @@
-"""Photo folders written by the tests themselves (images in four formats, learnable classes) and the
-tiny image_folder config that trains on them: shared by the your-own-images tests, the feature cache's
-and the pretrained backbone's."""
+"""Photo folders written by the tests themselves (images in four formats, learnable classes), the
+tiny image_folder config that trains on them and a finished run of it to start from: shared by the
+your-own-images tests, the feature cache's, the pretrained backbone's, update's and serve's."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 from PIL import Image
 
 from cvs_jax.config import image_folder_general
+from cvs_jax.engine import runner
 
 FORMATS = (("png", "PNG"), ("jpg", "JPEG"), ("webp", "WEBP"), ("bmp", "BMP"))
 
@@ -56,3 +57,21 @@ def folder_config(tmp_path, manual_dir):
     c.train.checkpoint_every_steps = 2
     c.memory.budget = 24
     return c
+
+
+PHOTO_RUN_SESSIONS = ({"ant": 16, "bee": 16, "cat": 16}, {"dog": 16, "ant": 4})
+
+
+def photo_run(root) -> tuple[str, str]:
+    """A finished one-session photo run under ``root/run`` and the folder of its next session
+    (``python -m cvs_jax.update --workdir root/run --data <folder>``)."""
+    sessions = enumerate(PHOTO_RUN_SESSIONS)
+    first, second = (write_folder(root / f"s{i + 1}", classes, 3, seed=i) for i, classes in sessions)
+    runner.run(folder_config(root, first), str(root / "run"))
+    return str(root / "run"), second
+
+
+def new_photo(path, name: str = "ant", seed: int = 1000) -> str:
+    """A photo of class ``name``'s pattern whose bytes are in no run (for adds); returns ``path``."""
+    folder_image(sum(map(ord, name)) % 97, np.random.default_rng(seed)).save(path)
+    return str(path)

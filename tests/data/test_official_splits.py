@@ -283,7 +283,7 @@ def test_refusals(source, tmp_path):
             )
 
 
-# ---------------------------------------------------------------- through Protocol.build, TFDS mocked
+# ---------------------------------------------------------------- through build_protocol, TFDS mocked
 class _Source(list):
     """A TFDS data source: ``len`` and batched reads."""
 
@@ -318,7 +318,7 @@ def test_protocol_build_official_on_mocked_cifar100(split_dir, tmp_path):
 
     from configs import cifar100_blurry
     from cvs_jax.engine import config_checks
-    from cvs_jax.engine.protocol import Protocol
+    from cvs_jax.engine.protocol_builder import build_protocol
 
     real_info = cifar.Cifar100._info
 
@@ -337,7 +337,7 @@ def test_protocol_build_official_on_mocked_cifar100(split_dir, tmp_path):
             policy=tfds.testing.MockPolicy.USE_CODE, as_data_source_fn=_mock_cifar100({"train": TRAIN, "test": TEST})
         ),
     ):
-        proto = Protocol.build(c)
+        proto = build_protocol(c)
     ds = proto.dataset
     assert tuple(ds.class_names) == NAMES
     for split, labels in ((ds.train, TRAIN), (ds.test, TEST)):  # records back in release order (by id)

@@ -63,7 +63,7 @@ def test_split_source(name):
 
 
 def _official_plan(c, seed=0):
-    """The plan ``Protocol.build`` makes for ``c`` (data.split="official") on CIFAR-100-shaped labels."""
+    """The plan ``build_protocol`` makes for ``c`` (data.split="official") on CIFAR-100-shaped labels."""
     rng = np.random.default_rng(seed)
     train, test = rng.permutation(np.repeat(np.arange(100), 500)), rng.permutation(np.repeat(np.arange(100), 100))
     names = sorted(str(n) for n in official_splits.packaged_arrays()["class_names"])

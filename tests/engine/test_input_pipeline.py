@@ -16,7 +16,7 @@ import pytest
 from cvs_jax import distributed
 from cvs_jax.data import records, sources
 from cvs_jax.engine import batches, phases, prefetch
-from cvs_jax.engine.protocol import Protocol
+from cvs_jax.engine.protocol_builder import build_protocol
 from cvs_jax.methods import policies
 from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 
@@ -32,9 +32,9 @@ def data(tmp_path_factory):
     c.data.samples_per_new_class = 20
     c.train.batch_size = BATCH
     c.data.in_memory_limit_mb = 4096.0
-    in_ram = Protocol.build(c)
+    in_ram = build_protocol(c)
     c.data.in_memory_limit_mb = 0.0
-    streamed = Protocol.build(c)
+    streamed = build_protocol(c)
     assert isinstance(in_ram.dataset.train, sources.Split)
     assert isinstance(streamed.dataset.train, records.StoreSplit)
     return types.SimpleNamespace(config=c, in_ram=in_ram, streamed=streamed, tmp=tmp)
@@ -142,7 +142,7 @@ def test_corrupted_record_error_reaches_the_train_loop(data, tmp_path, workers):
     c = data.config.copy_and_resolve_references()
     c.data.data_dir = str(tmp_path / "records")
     shutil.copytree(data.config.data.data_dir, c.data.data_dir)
-    proto = Protocol.build(c)
+    proto = build_protocol(c)
     path = proto.dataset.train.path
     size = os.path.getsize(path)
     with open(path, "r+b") as f:

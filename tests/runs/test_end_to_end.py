@@ -92,12 +92,12 @@ def test_streamed_records_give_the_in_memory_results(manual_dir, tmp_path):
     """data.in_memory_limit_mb=0 reads every image from its ArrayRecord record on demand; the batches,
     embeddings and results equal those of the decoded in-memory dataset."""
     from cvs_jax.data import records, sources
-    from cvs_jax.engine.protocol import Protocol
+    from cvs_jax.engine.protocol_builder import build_protocol
 
     c = tiny_config(manual_dir, tmp_path, method="cvs", sessions=2)
-    in_ram = Protocol.build(c)
+    in_ram = build_protocol(c)
     c.data.in_memory_limit_mb = 0.0
-    streamed = Protocol.build(c)
+    streamed = build_protocol(c)
     assert isinstance(streamed.dataset.train, records.StoreSplit)
     assert isinstance(in_ram.dataset.train, sources.Split)
     idx = np.random.default_rng(0).permutation(len(in_ram.dataset.train))[:50]

@@ -20,7 +20,7 @@ from cvs_jax import search
 from cvs_jax.retrieval import run_reader
 from cvs_jax.rundir import paths
 from cvs_jax.testing import serve_process
-from cvs_jax.testing.folder_runs import new_photo, photo_run
+from cvs_jax.testing.image_folders import new_photo, photo_run
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from cvs_jax.testing import serve_process
-from cvs_jax.testing.folder_runs import new_photo, photo_run
+from cvs_jax.testing.image_folders import new_photo, photo_run
 
 pytestmark = pytest.mark.slow
 CHROMIUM_FLAGS = (

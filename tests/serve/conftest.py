@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from cvs_jax import update
-from cvs_jax.testing.folder_runs import photo_run
+from cvs_jax.testing.image_folders import photo_run
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from cvs_jax.retrieval import run_reader
 from cvs_jax.rundir import paths
 from cvs_jax.serve.app import Limits, create_app
 from cvs_jax.serve.state import Query, Served
-from cvs_jax.testing.folder_runs import new_photo
+from cvs_jax.testing.image_folders import new_photo
 
 
 def _client(wd, **kwargs):
