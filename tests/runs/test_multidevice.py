@@ -82,16 +82,16 @@ def _worker(argv) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     out = {"devices": jax.device_count()}
     if a.mode == "train":
-        from cvs_jax.engine import context, runner
+        from cvs_jax.engine import context_builder, runner
 
         steps = []
-        original = context.make_train_step
+        original = context_builder.make_train_step
 
         def recording_make_train_step(*args, **kwargs):
             steps.append(original(*args, **kwargs))
             return steps[-1]
 
-        context.make_train_step = recording_make_train_step  # to count the step's compilations
+        context_builder.make_train_step = recording_make_train_step  # to count the step's compilations
         c = _tiny_cvs_config(
             a.manual_dir,
             os.path.join(a.workdir, "tfds"),
