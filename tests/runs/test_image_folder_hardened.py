@@ -4,7 +4,6 @@ mistake, the same duplicate rules for ``update`` and ``search --add``."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,20 +22,10 @@ from cvs_jax.data import sources, user_sessions
 from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.retrieval import run_reader
+from cvs_jax.testing.file_tree import checksums
 from cvs_jax.testing.image_folders import SESSIONS, folder_config, folder_image, write_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def checksums(workdir) -> dict[str, str]:
-    """SHA-256 of every file below ``workdir`` (what a refusal must leave as it was)."""
-    out = {}
-    for folder, _, files in os.walk(workdir):
-        for name in files:
-            path = os.path.join(folder, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, workdir)] = hashlib.sha256(f.read()).hexdigest()
-    return out
 
 
 @pytest.fixture(scope="module")

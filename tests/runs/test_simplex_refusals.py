@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ import sys
 from cvs_jax import update
 from cvs_jax.engine import runner
 from cvs_jax.testing import image_folders as photo_folders
+from cvs_jax.testing.file_tree import checksums
 from cvs_jax.testing.methods_runs import REPO
 
 
@@ -36,29 +36,19 @@ def test_main_refuses_a_simplex_wider_than_the_embedding(tmp_path):
     assert not os.path.exists(workdir)
 
 
-def _files(root: str) -> dict[str, str]:
-    out = {}
-    for folder, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(folder, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
-    return out
-
-
 def test_update_refuses_classes_past_the_simplex_and_takes_known_ones(tmp_path, capsys):
     first = photo_folders.write_folder(tmp_path / "s1", {"ant": 16, "bee": 16, "cat": 16}, 3, seed=0)
     c = photo_folders.folder_config(tmp_path, first)
     c.method, c.model.head, c.model.head_block = "cl2r", "official", 0  # the simplex, K = the 3 classes
     workdir = str(tmp_path / "run")
     runner.run(c, workdir)
-    before = _files(workdir)
+    before = checksums(workdir)
     grown = photo_folders.write_folder(tmp_path / "s2", {"dog": 16, "ant": 8}, 3, seed=1)
     capsys.readouterr()
     assert update.update(workdir, grown) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "brings the run to 4 head rows, but its fixed d-simplex head holds 3" in err[0], err
-    assert _files(workdir) == before
+    assert checksums(workdir) == before
     known = photo_folders.write_folder(tmp_path / "s3", {"ant": 8, "bee": 8}, 3, seed=2)
     assert update.update(workdir, known) == 0
     with open(os.path.join(workdir, "results.json")) as f:
