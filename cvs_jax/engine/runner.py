@@ -27,7 +27,7 @@ from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.context_builder import build_context, devices_line
 from cvs_jax.engine.run_state import RunState
 from cvs_jax.errors import NonFiniteError
-from cvs_jax.methods.registry import get_method, head_name
+from cvs_jax.methods.registry import get_method, head_name, head_note
 from cvs_jax.retrieval import query_maps
 from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
@@ -44,6 +44,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     with recorded.open_run(config, workdir, check=lambda: data_checks.check_data(config)):
         log = RunLog(workdir)
         log.print(devices_line())
+        note = head_note(config)
+        if note:
+            log.print(note)
         ctx = None
         try:
             ctx = build_context(config, workdir, log)

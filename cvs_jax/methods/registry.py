@@ -96,6 +96,21 @@ def head_name(config: ml_collections.ConfigDict) -> str:
     return get_method(config).head_name(config.model.head)
 
 
+def head_note(config: ml_collections.ConfigDict) -> str | None:
+    """One ``note:`` line when a fixed-simplex method (CL²R, HOC, CoReS) trains with another head: the
+    simplex is what makes those methods compatible, and the photo config's ``model.head=linear_reset``
+    would otherwise swap it out without a word.  ``None`` for every other run."""
+    method = get_method(config)
+    head = head_name(config)
+    if method.official_head != "simplex" or head == "simplex":
+        return None
+    return (
+        f"note: {method.name} trains here with the {head} head (model.head={config.model.head}), not its own "
+        "fixed d-simplex; for the simplex pass --config.model.head=official with model.head_block >= the "
+        "classes the run will have and model.embed_dim >= model.head_block - 1 (docs/your-images.md)"
+    )
+
+
 def get_head(config: ml_collections.ConfigDict) -> Head:
     return make_head(head_name(config), config.train.temperature, reverse_labels=get_method(config).reverse_labels)
 
