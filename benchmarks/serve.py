@@ -269,6 +269,12 @@ def main():
     p.add_argument("--update_requests", type=int, default=1000)
     p.add_argument("--sizes", type=int, nargs="*", default=(10_000, 1_000_000))
     p.add_argument("--quick", action="store_true")
+    p.add_argument(
+        "--network",
+        choices=("tiny", "walkthrough"),
+        default="tiny",
+        help="the built run's network: the tests' tiny one, or the :cpu walkthrough's (64-pixel images)",
+    )
     p.add_argument("--out", help="also write the results as JSON here")
     p.add_argument("--baseline_app", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -287,7 +293,7 @@ def main():
 
     if a.workdir is None:
         t = time.perf_counter()
-        a.workdir, folder = photo_run(Path(tmp))
+        a.workdir, folder = photo_run(Path(tmp), a.network)
         a.update_data = a.update_data or folder
         print(f"built a tiny photo run in {time.perf_counter() - t:.0f} s: {a.workdir}", file=sys.stderr)
     workdir = os.path.abspath(a.workdir)
@@ -297,7 +303,7 @@ def main():
         if f.lower().endswith((".png", ".jpg", ".jpeg", ".webp", ".bmp"))
     )[:64]  # fmt: skip
     payloads = [(os.path.basename(f), open(f, "rb").read()) for f in photos]
-    results: dict = {"workdir": workdir, "environment": _common.environment(), "loops": {}}
+    results: dict = {"workdir": workdir, "network": a.network, "environment": _common.environment(), "loops": {}}
     log = open(os.path.join(tmp, "servers.log"), "wb")
 
     # serve: cold start, then the loops

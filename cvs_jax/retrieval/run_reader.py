@@ -103,9 +103,14 @@ class Network:  # shared with cvs_jax.export, as Run and prepare are
             config.model.embed_dim,
         )
 
+    @functools.cached_property
+    def _placed(self) -> dict:
+        """The variables on the device, put there once: a served model embeds a query per request."""
+        return self._embedder.place(self.variables)
+
     def embed(self, images: np.ndarray) -> np.ndarray:
         """uint8 [N, H, W, C] of the stored shape -> raw float32 embeddings [N, D]."""
-        return self._embedder(self.variables, np.asarray(images, np.uint8))
+        return self._embedder(self._placed, np.asarray(images, np.uint8), placed=True)
 
     def embed_images(self, images: Iterable[Any]) -> np.ndarray:
         """Image files, PIL images or uint8 arrays of any size (``prepare``) -> float32 [N, D]."""

@@ -62,12 +62,20 @@ def folder_config(tmp_path, manual_dir):
 PHOTO_RUN_SESSIONS = ({"ant": 16, "bee": 16, "cat": 16}, {"dog": 16, "ant": 4})
 
 
-def photo_run(root) -> tuple[str, str]:
+def photo_run(root, network: str = "tiny") -> tuple[str, str]:
     """A finished one-session photo run under ``root/run`` and the folder of its next session
-    (``python -m cvs_jax.update --workdir root/run --data <folder>``)."""
+    (``python -m cvs_jax.update --workdir root/run --data <folder>``).  ``network="walkthrough"``: the
+    ``:cpu`` variant's network and image sizes (docs/your-images.md), one epoch, instead of the tiny one."""
     sessions = enumerate(PHOTO_RUN_SESSIONS)
     first, second = (write_folder(root / f"s{i + 1}", classes, 3, seed=i) for i, classes in sessions)
-    runner.run(folder_config(root, first), str(root / "run"))
+    config = folder_config(root, first)
+    if network == "walkthrough":
+        cpu = image_folder_general.get_config("cpu")
+        config.data.stored_size, config.augment.size = cpu.data.stored_size, cpu.augment.size
+        config.model.width, config.model.embed_dim = cpu.model.width, cpu.model.embed_dim
+    elif network != "tiny":
+        raise ValueError(f"network={network!r}: 'tiny' or 'walkthrough'")
+    runner.run(config, str(root / "run"))
     return str(root / "run"), second
 
 

@@ -353,12 +353,20 @@ def test_compile_cache_on_by_default(monkeypatch, tmp_path):
     import jax
 
     before = jax.config.jax_compilation_cache_dir
+    min_time = jax.config.jax_persistent_cache_min_compile_time_secs
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
     monkeypatch.delenv("CVS_JAX_COMPILE_CACHE", raising=False)
+    monkeypatch.delenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     try:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
         cli.enable_compile_cache()
         assert jax.config.jax_compilation_cache_dir == str(tmp_path / "cvs_jax" / "xla")
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0  # serve's small programs too
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+        monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1.0")  # the user's threshold is kept
+        cli.enable_compile_cache()
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 1.0
         monkeypatch.setenv("CVS_JAX_COMPILE_CACHE", str(tmp_path / "mine"))
         cli.enable_compile_cache()
         assert jax.config.jax_compilation_cache_dir == str(tmp_path / "mine")
@@ -368,3 +376,4 @@ def test_compile_cache_on_by_default(monkeypatch, tmp_path):
         assert jax.config.jax_compilation_cache_dir == before
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", min_time)

@@ -229,3 +229,23 @@ def test_a_newer_session_is_served_with_every_stored_row_kept(photo_runs, run_co
     assert added["model_session"] == 1 and added["source"].startswith(os.path.abspath(paths.uploads_dir(run_copy)))
     assert len(served.index) == len(new.rows)
     served.close()
+
+
+def test_a_bug_answers_one_500_line_is_counted_and_the_server_goes_on(photo_runs, monkeypatch, caplog):
+    served = Served(photo_runs[0], poll_s=0)
+    client = TestClient(create_app(served), raise_server_exceptions=False)
+
+    def broken(run):
+        raise RuntimeError("a bug in describe_run")
+
+    monkeypatch.setattr("cvs_jax.retrieval.run_info.describe_run", broken)
+    r = client.get("/info")
+    assert r.status_code == 500
+    assert r.json() == {"error": "internal error (RuntimeError); the server's log has the details"}
+    assert "a bug in describe_run" in caplog.text  # the traceback went to the server's log, not the client
+    ok = _post(client, _photos(photo_runs[0])[:1], k=2)
+    assert ok.status_code == 200 and len(ok.json()["queries"][0]["hits"]) == 2
+    metrics = client.get("/metrics").text
+    assert 'cvs_requests_total{route="/info",status="500"} 1' in metrics
+    assert 'cvs_requests_total{route="/search",status="200"} 1' in metrics
+    served.close()
