@@ -350,10 +350,16 @@ def main():
         health = url.replace("/search", "/healthz")
         first = httpx.get(health).json()["model_session"]
 
-        def switched():  # the update is over and its session served (or it failed: stop too)
+        seen = []  # when /healthz first named the new session
+
+        def switched():  # the update is over and its session served for a second (or it failed: stop too)
             if update.poll() is None:
                 return False
-            return update.returncode != 0 or httpx.get(health).json()["model_session"] > first
+            if update.returncode != 0:
+                return True
+            if not seen and httpx.get(health).json()["model_session"] > first:
+                seen.append(time.perf_counter())
+            return bool(seen) and time.perf_counter() - seen[0] > 1.0
 
         results["during_update"] = http_loop(url, payloads, 4, a.update_requests, until=switched)
         results["during_update"]["update_status"] = update.wait()
