@@ -8,6 +8,8 @@ where installed), of the CVS training step with it and without it, and a one-ima
 Rows (random weights: the speed does not depend on them; batch ``train.batch_size``):
 * ``trunk``: the frozen trunk (``model.train_blocks=0``) on stored uint8 photos, a batch of 64, the
   evaluation transform included: the trunk's own forward rate.
+* ``batch``: the same trunk on batches of 1, 4 and 16: what ``serve``'s dynamic batching can gain per
+  image on this machine (not in the default ``--only``).
 * ``torch``: PyTorch + timm's ViT of the same size on a batch of 64 (where torch and timm import).
 * ``prepare N``: ``features.Trunk.compute`` on a folder of N photos, as ``main``/``update`` prepare the
   cache (chunks of ``train.eval_batch_size``, the last one padded to its bucket), and ``old``: the last
@@ -196,6 +198,9 @@ def main():
     trunk_rate = 64 / per
     if "trunk" in only:
         rows.append(("trunk forward, batch 64 (eval transform)", trunk_rate, first))
+    for n in (1, 4, 16) if "batch" in only else ():  # what batching concurrent queries can gain (serve)
+        first_n, per_n = time_calls(lambda n=n: cache_fn(net, photos[:n]), max(a.calls, 16 // n))
+        rows.append((f"trunk forward, batch {n} (eval transform)", n / per_n, first_n))
     if "torch" in only:
         got = torch_rate(c, a.quick, 64, a.calls)
         if got is None:
