@@ -101,7 +101,7 @@ def head_note(config: ml_collections.ConfigDict) -> str | None:
     simplex is what makes those methods compatible, and the photo config's ``model.head=linear_reset``
     would otherwise swap it out without a word.  ``None`` for every other run."""
     method = get_method(config)
-    head = head_name(config)
+    head = method.head_name(config.model.head)
     if method.official_head != "simplex" or head == "simplex":
         return None
     return (
