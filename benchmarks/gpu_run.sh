@@ -8,6 +8,7 @@
 #   c / d / e / f: see each section below
 #   bash benchmarks/gpu_run.sh race # benchmarks/race.py at its three configs (f32 and bf16) + the loader
 #                                   # benchmark, into $OUT/race/; resumable: run it again until it prints "race: done"
+#   bash benchmarks/gpu_run.sh scale # benchmarks/index_scale.py: the exact index at 1M and 10M rows beside faiss-cpu
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}
@@ -101,7 +102,8 @@ case "$1" in
     # "timed out after N s" (placeholder) instead of being retried for ever.
     # RACE_DIR keeps the parts between calls (default $OUT/race; under a tool whose $OUT starts empty each
     # call, RACE_DIR=/tmp/race: kept while the machine stays up, and copied to $OUT/race at every exit).
-    # RACE_DTYPES=float32,bfloat16 adds the bf16 rows (about twice the time).
+    # RACE_DTYPES=float32,bfloat16 adds the bf16 rows (about twice the time).  RACE_CONFIGS="cifar16" runs
+    # one configuration's parts only; RACE_LOADER=0 leaves out the loader benchmark.
     PY=${PYTHON:-python3}
     R=${RACE_DIR:-$OUT/race}; mkdir -p "$R" "$OUT/race"
     [ "$R" -ef "$OUT/race" ] || trap 'cp -r "$R"/. "$OUT/race/"' EXIT
@@ -109,10 +111,10 @@ case "$1" in
     t0=$(date +%s)
     parts=()
     for dt in ${RACE_DTYPES//,/ }; do
-      for cfg in cifar16 cifar256 rn50_64; do
+      for cfg in ${RACE_CONFIGS:-cifar16 cifar256 rn50_64}; do  # max-autotune last: its autotuning is the longest part
         parts+=("$cfg $dt jax step" "$cfg $dt jax kstep 4" "$cfg $dt jax kstep 8" "$cfg $dt jax population 4"
                 "$cfg $dt jax population 8" "$cfg $dt torch eager" "$cfg $dt torch default"
-                "$cfg $dt torch max-autotune" "$cfg $dt torch reduce-overhead")
+                "$cfg $dt torch reduce-overhead" "$cfg $dt torch max-autotune")
       done
     done
     for part in "${parts[@]}"; do
@@ -133,7 +135,7 @@ case "$1" in
         echo "race: $cfg $dt $side $rows $n did not finish in $left s; run again (it gets a whole call next)"; exit 0
       fi
     done
-    if [ -f benchmarks/input_pipeline.py ] && [ ! -f "$R/input_pipeline.json" ] && [ ! -f "$R/input_pipeline.failed" ]; then
+    if [ "${RACE_LOADER:-1}" = 1 ] && [ -f benchmarks/input_pipeline.py ] && [ ! -f "$R/input_pipeline.json" ] && [ ! -f "$R/input_pipeline.failed" ]; then
       # the batch loader alone (the machine's CPU side), on the data it can find
       ds=product_m
       [ -d /usr/share/datasets/fashion-mnist ] && ds="fashion_mnist_local,$ds"
@@ -151,5 +153,13 @@ case "$1" in
     fi
     "$PY" benchmarks/race.py --merge "$R"/part_*.json --json "$R/race.json" | tee "$R/race.md"
     echo "race: done ($R/race.md, $R/race.json, $R/input_pipeline.md)"
+    ;;
+esac
+case "$1" in
+  scale)  # serve's exact index on the device at 1M and 10M rows beside faiss-cpu (IndexFlatIP) on the same rows,
+          # at the default gallery_block and two larger scan steps (SCALE_SIZES / SCALE_BLOCKS override)
+    "${PYTHON:-python3}" benchmarks/index_scale.py --sizes ${SCALE_SIZES:-1000000 10000000} \
+      --blocks ${SCALE_BLOCKS:-4096 65536 262144} --json "$OUT/index_scale.json" 2>&1 \
+      | grep --line-buffered -v -E "^[WI][0-9]{4} " | tee "$OUT/index_scale.md"
     ;;
 esac

@@ -34,6 +34,7 @@ import time
 
 import _common  # noqa: F401  (puts the repository on sys.path)
 import httpx
+import index_scale
 import numpy as np
 from fastapi import FastAPI, File, UploadFile  # module level: the baseline's handler annotations resolve
 
@@ -158,54 +159,6 @@ def start_baseline(export_dir: str, port: int, log) -> subprocess.Popen:
             time.sleep(0.2)
     proc.kill()
     raise RuntimeError("the baseline app did not start (see servers.log)")
-
-
-def index_sizes(sizes: list[int], dim: int = 128, reps: int = 20) -> list[dict]:
-    """The index alone at synthetic sizes: ``ExactIndex`` (serve's default index) beside faiss ``IndexFlatIP``."""
-    import faiss
-
-    from cvs_jax.index.exact import ExactIndex
-
-    out = []
-    rng = np.random.default_rng(0)
-    for n in sizes:
-        rows = rng.standard_normal((n, dim), dtype=np.float32)
-        q1, q16 = rng.standard_normal((1, dim), np.float32), rng.standard_normal((16, dim), np.float32)
-        t0 = time.perf_counter()
-        exact = ExactIndex(dim)
-        exact.add(np.arange(n), rows, np.zeros(n, np.int32), np.zeros(n, np.int32))
-        build = time.perf_counter() - t0
-        normalized = rows / np.linalg.norm(rows, axis=1, keepdims=True)
-        flat = faiss.IndexFlatIP(dim)
-        flat.add(normalized)
-        del rows
-
-        def p50(fn):
-            fn()
-            times = []
-            for _ in range(reps):
-                t = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t)
-            return float(np.median(times)) * 1000
-
-        one = np.zeros((1, dim), np.float32)
-        exact.add([n], one + 1, [0], [0])  # the first add compiles the row writer
-        t = time.perf_counter()
-        exact.add([n + 1], one + 2, [0], [0])
-        add_ms = (time.perf_counter() - t) * 1000
-        out.append(
-            {
-                "rows": n,
-                "exact_build_s": build,
-                "exact_1q_ms": p50(lambda: exact.search(q1, 5)),
-                "exact_16q_ms": p50(lambda: exact.search(q16, 5)),
-                "exact_add_1row_ms": add_ms,
-                "faiss_1q_ms": p50(lambda: flat.search(q1 / np.linalg.norm(q1), 5)),
-                "faiss_16q_ms": p50(lambda: flat.search(q16 / np.linalg.norm(q16, axis=1, keepdims=True), 5)),
-            }
-        )
-    return out
 
 
 def _fmt(x, digits=1):
@@ -338,7 +291,7 @@ def main():
         str(c): process_loop(workdir, photos, c, n) for c, n in zip(CONCURRENCY, a.process_requests)
     }
 
-    results["index"] = index_sizes(list(a.sizes))
+    results["index"] = index_scale.index_sizes(list(a.sizes))
 
     if a.update_requests and a.update_data:
         update = subprocess.Popen(
@@ -374,12 +327,7 @@ def main():
         )
     )
     print()
-    print("| index rows | ExactIndex build s | 1 query ms | 16 queries ms | add 1 row ms | faiss 1 query ms | ", end="")
-    print("faiss 16 queries ms |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for r in results["index"]:
-        print(f"| {r['rows']:,} | {r['exact_build_s']:.1f} | {r['exact_1q_ms']:.2f} | {r['exact_16q_ms']:.2f} | "
-              f"{r['exact_add_1row_ms']:.2f} | {r['faiss_1q_ms']:.2f} | {r['faiss_16q_ms']:.2f} |")  # fmt: skip
+    print(index_scale.table(results["index"]))
     if results.get("during_update"):
         u = results["during_update"]
         print(

@@ -19,12 +19,18 @@ from cvs_jax.retrieval import topk
 class ExactIndex:
     """Exact cosine top-K (``retrieval.topk``) over every row held."""
 
-    def __init__(self, dim: int, *, mesh=None, gallery_block: int = topk.DEFAULT_BLOCK, query_chunk: int = 1024):
+    def __init__(self, dim: int, *, mesh=None, gallery_block: int | None = None, query_chunk: int = 1024):
+        """``gallery_block``: rows per device per scan step (None: ``topk.default_block``, by device kind)."""
         self._ids = RowIds(dim)
-        self._mesh, self._block, self._chunk = mesh, int(gallery_block), int(query_chunk)
+        block = topk.default_block(mesh) if gallery_block is None else gallery_block
+        self._mesh, self._block, self._chunk = mesh, int(block), int(query_chunk)
         self._rows = np.zeros(0, np.int64)  # row id of each position
         self._tail = np.zeros((0, dim), np.float32)  # the last segment's embeddings (while it may grow)
         self._segments: list[topk.ShardedGallery] = []
+
+    @property
+    def gallery_block(self) -> int:
+        return self._block
 
     def __len__(self) -> int:
         return len(self._ids)

@@ -19,7 +19,8 @@ device mesh (all devices by default):
   given ``chunk`` and ``gallery_block`` the scores and indices are bitwise the same
   on any number of devices (and processes), and equal a stable sort of the scores;
 * queries are processed in chunks of ``chunk`` rows, the last one zero-padded to its bucket
-  (``chunks.bucket``: a lone query scores one row, with a compile per bucket shape).
+  (``chunks.bucket``: a lone query scores one row, with a compile per bucket shape);
+* the block is ``default_block(mesh)`` unless given: 4,096 rows on CPUs, 65,536 on GPUs (measured below).
 
 ``recall_at_k_blocked`` streams a gallery that lives on disk (a memory-mapped
 ``.npy``, or any array-like read by row slices, e.g. a TensorStore/zarr array)
@@ -46,6 +47,10 @@ from cvs_jax.errors import NonFiniteError
 _SENTINEL = np.iinfo(np.int32).max  # index of "no candidate yet"; sorts after every real row on ties
 DEFAULT_PRECISION = jax.lax.Precision.HIGHEST  # exact f32 scores (no TF32 on GPUs), as faiss
 DEFAULT_BLOCK = 4096  # gallery rows per device per scan step; also the recompile granularity
+# A GPU runs each scan step as a few small kernels, so few large steps win there: serve's exact index on an
+# H200 searched 1M rows in 10.50 ms (1 query) at 4,096 rows per step and 2.88 ms at 65,536, 10M rows in
+# 81.6 vs 17.7 ms (benchmarks/index_scale.py, BENCHMARKS.md "search at scale"); on CPUs 4,096 is faster.
+GPU_BLOCK = 65536
 
 
 def _normalize(x):
@@ -72,6 +77,13 @@ def _ceil_to(x: int, m: int) -> int:
 @functools.lru_cache(maxsize=1)
 def _default_mesh() -> Mesh:
     return distributed.data_mesh()
+
+
+def default_block(mesh: Mesh | None = None) -> int:
+    """Rows per device per scan step on ``mesh``'s devices (None: all): ``GPU_BLOCK`` on GPUs (where the
+    step count, not the padding, costs), ``DEFAULT_BLOCK`` elsewhere.  Every search without an explicit
+    block uses it, so ``search``, ``serve`` and the evaluator score with the same compiled shapes."""
+    return GPU_BLOCK if _resolve_mesh(mesh).devices.flat[0].platform == "gpu" else DEFAULT_BLOCK
 
 
 def _resolve_mesh(mesh: Mesh | None) -> Mesh:
@@ -218,7 +230,7 @@ class ShardedGallery:
         embeddings,
         *,
         mesh: Mesh | None = None,
-        gallery_block: int = DEFAULT_BLOCK,
+        gallery_block: int | None = None,
         precision=DEFAULT_PRECISION,
         base: int = 0,
         rows_per_device: int | None = None,
@@ -231,6 +243,7 @@ class ShardedGallery:
         self.base = base
         self.precision = precision
         n_dev = _n_dev(self.mesh)
+        gallery_block = default_block(self.mesh) if gallery_block is None else int(gallery_block)
         self.scan_block = gallery_block
         self.rows_per_dev = rows_per_device or _rows_per_device(self.n, n_dev, gallery_block)
         if self.rows_per_dev % gallery_block or self.rows_per_dev * n_dev < self.n:
@@ -353,7 +366,7 @@ def topk_indices(
     k: int,
     *,
     chunk: int = 1024,
-    gallery_block: int = DEFAULT_BLOCK,
+    gallery_block: int | None = None,
     mesh: Mesh | None = None,
     precision=DEFAULT_PRECISION,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -369,7 +382,7 @@ def topk_labels(
     k: int,
     *,
     chunk: int = 1024,
-    gallery_bucket: int = DEFAULT_BLOCK,
+    gallery_bucket: int | None = None,
     mesh: Mesh | None = None,
     precision=DEFAULT_PRECISION,
 ) -> np.ndarray:
@@ -401,7 +414,7 @@ def recall_at_k(
     *,
     chunk: int = 1024,
     mesh: Mesh | None = None,
-    gallery_block: int = DEFAULT_BLOCK,
+    gallery_block: int | None = None,
     precision=DEFAULT_PRECISION,
 ) -> dict[int, float]:
     """``{k: fraction of queries with a same-label row among their k nearest}``.
@@ -436,7 +449,7 @@ def topk_indices_blocked(
     *,
     block_rows: int = 1 << 20,
     chunk: int = 1024,
-    gallery_block: int = DEFAULT_BLOCK,
+    gallery_block: int | None = None,
     mesh: Mesh | None = None,
     precision=DEFAULT_PRECISION,
     prefetch: bool = True,
@@ -461,6 +474,7 @@ def topk_indices_blocked(
         raise ValueError("the gallery is empty: nothing to search")
     k_eff = min(k, n)
     n_dev = _n_dev(mesh)
+    gallery_block = default_block(mesh) if gallery_block is None else int(gallery_block)
     # every block (the last, shorter one too) has the same per-device layout: one compile.
     block_rows = _ceil_to(min(block_rows, n), n_dev * gallery_block)
     chunks = list(query_chunks(query_emb, chunk, mesh))

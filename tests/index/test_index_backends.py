@@ -172,3 +172,20 @@ def test_bad_input_names_the_fix(gallery):
     with pytest.raises(IndexBackendError, match=r"float32 \[Q, 16\]"):
         index.search(emb[:2, :4], 3)
     assert len(index) == 0
+
+
+def test_the_scan_block_follows_the_device_kind_and_never_changes_the_answer(gallery):
+    """CPUs scan 4,096 rows per step, GPUs 65,536 (fewer, larger steps: BENCHMARKS.md); both are exact."""
+    import types
+
+    assert topk.default_block() == topk.DEFAULT_BLOCK  # this machine's devices: CPUs
+    assert ExactIndex(DIM).gallery_block == topk.DEFAULT_BLOCK
+    gpu = types.SimpleNamespace(devices=np.array([types.SimpleNamespace(platform="gpu")], dtype=object))
+    assert topk.default_block(gpu) == topk.GPU_BLOCK
+    rows, emb, arrival, model, queries = gallery
+    wide = ExactIndex(DIM, gallery_block=topk.GPU_BLOCK)  # the GPU's block, run here: 600 rows in one padded step
+    wide.add(rows, emb, arrival, model)
+    scores, got = wide.search(queries, K)
+    want_s, want_r = brute_force(rows, emb, queries, K)
+    np.testing.assert_array_equal(got, want_r)
+    np.testing.assert_allclose(scores, want_s, rtol=0, atol=1e-5)
