@@ -22,8 +22,8 @@ class ExactIndex:
     def __init__(self, dim: int, *, mesh=None, gallery_block: int | None = None, query_chunk: int = 1024):
         """``gallery_block``: rows per device per scan step (None: ``topk.default_block``, by device kind)."""
         self._ids = RowIds(dim)
-        block = topk.default_block(mesh) if gallery_block is None else gallery_block
-        self._mesh, self._block, self._chunk = mesh, int(block), int(query_chunk)
+        self._mesh, self._chunk = mesh, int(query_chunk)
+        self._block = topk.resolve_block(gallery_block, mesh)
         self._rows = np.zeros(0, np.int64)  # row id of each position
         self._tail = np.zeros((0, dim), np.float32)  # the last segment's embeddings (while it may grow)
         self._segments: list[topk.ShardedGallery] = []

@@ -86,6 +86,11 @@ def default_block(mesh: Mesh | None = None) -> int:
     return GPU_BLOCK if _resolve_mesh(mesh).devices.flat[0].platform == "gpu" else DEFAULT_BLOCK
 
 
+def resolve_block(gallery_block: int | None, mesh: Mesh | None = None) -> int:
+    """``gallery_block`` as given, or ``default_block(mesh)`` when None (every public search's default)."""
+    return default_block(mesh) if gallery_block is None else int(gallery_block)
+
+
 def _resolve_mesh(mesh: Mesh | None) -> Mesh:
     """``mesh``, or the ``data`` mesh over all devices (the trainer's mesh: the same compiled search)."""
     return mesh if mesh is not None else _default_mesh()
@@ -243,7 +248,7 @@ class ShardedGallery:
         self.base = base
         self.precision = precision
         n_dev = _n_dev(self.mesh)
-        gallery_block = default_block(self.mesh) if gallery_block is None else int(gallery_block)
+        gallery_block = resolve_block(gallery_block, self.mesh)
         self.scan_block = gallery_block
         self.rows_per_dev = rows_per_device or _rows_per_device(self.n, n_dev, gallery_block)
         if self.rows_per_dev % gallery_block or self.rows_per_dev * n_dev < self.n:
@@ -474,7 +479,7 @@ def topk_indices_blocked(
         raise ValueError("the gallery is empty: nothing to search")
     k_eff = min(k, n)
     n_dev = _n_dev(mesh)
-    gallery_block = default_block(mesh) if gallery_block is None else int(gallery_block)
+    gallery_block = resolve_block(gallery_block, mesh)
     # every block (the last, shorter one too) has the same per-device layout: one compile.
     block_rows = _ceil_to(min(block_rows, n), n_dev * gallery_block)
     chunks = list(query_chunks(query_emb, chunk, mesh))
