@@ -189,7 +189,7 @@ def _empty_topk(mesh: Mesh, rows: int, k: int):
     )
 
 
-def _pow2(m: int) -> int:
+def pow2(m: int) -> int:
     return 1 << max(int(m) - 1, 0).bit_length()
 
 
@@ -280,10 +280,10 @@ class ShardedGallery:
         if m == 0:
             return
         n_dev = _n_dev(self.mesh)
-        while self.n + _pow2(m) > self.capacity:  # written in power-of-two row counts: few compiles
+        while self.n + pow2(m) > self.capacity:  # written in power-of-two row counts: few compiles
             self.rows_per_dev *= 2
             self.embeddings = _grow_fn(self.mesh, self.capacity)(self.embeddings)
-        new = _pad_rows(np.asarray(embeddings, np.float32), _pow2(m))
+        new = _pad_rows(np.asarray(embeddings, np.float32), pow2(m))
         replicated = NamedSharding(self.mesh, P())
         new = _normalize_replicated_fn(self.mesh)(_host_to_mesh(new, replicated, new.shape[0]))
         self.embeddings = _write_rows_fn(self.mesh)(self.embeddings, new, np.int32(self.n))
@@ -342,10 +342,12 @@ def query_chunks(query_emb, chunk: int, mesh: Mesh):
     query_emb = np.asarray(query_emb, np.float32)
     replicated = NamedSharding(mesh, P())
     norm = _normalize_replicated_fn(mesh)
+    one_device = mesh.devices.size == 1  # the jitted call places a host array itself: 13 us against 56 us
     for start in range(0, query_emb.shape[0], chunk):
         q = query_emb[start : start + chunk]
         rows = bucket(q.shape[0], chunk) if q.shape[0] < chunk else chunk
-        yield _Chunk(norm(_host_to_mesh(_pad_rows(q, rows), replicated, rows)), q.shape[0])
+        padded = _pad_rows(q, rows)
+        yield _Chunk(norm(padded if one_device else _host_to_mesh(padded, replicated, rows)), q.shape[0])
 
 
 def checked_indices(idx: np.ndarray, n: int) -> np.ndarray:

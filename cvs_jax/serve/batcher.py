@@ -5,7 +5,11 @@ Concurrent searches are gathered for at most ``max_wait_s`` after the first arri
 counts them, so a lone query never waits) and answered by one embed and one top-K call.  Other work (an
 add's embedding, integrating added rows, the switch to a new model) is queued as a call and runs on
 the same thread between batches, so a batch runs start to end on one model and one index: a query in
-flight finishes on the model it started with, and nothing needs a lock.
+flight finishes on the model it started with.
+
+A lone search (``now``: nothing queued, running or arriving beside it) runs on the caller's thread
+instead, under the same lock the worker holds for each batch and call: the hop to the worker and back
+cost a lone query 0.12 ms of its 0.81 ms in-process here (2-core CPU, the benchmark's tiny run).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import queue
 import threading
 import time
 from typing import Any, Callable, Iterator
+
+LONE = 8  # a search runs on the caller's thread only after this many single-image batches in a row
 
 
 @dataclasses.dataclass
@@ -44,6 +50,7 @@ class Batcher:
         self.batch_sizes: list[int] = []  # images per processed batch (for metrics), most recent last
         self._arriving = 0  # requests being read that will submit a search (``arriving``)
         self._arriving_lock = threading.Lock()
+        self._busy = threading.Lock()  # held while a batch or a call runs (the worker's or ``now``'s)
         self._thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
         self._thread.start()
 
@@ -63,6 +70,21 @@ class Batcher:
             with self._arriving_lock:
                 self._arriving -= 1
 
+    def now(self, payload: Any, size: int) -> tuple[bool, Any]:
+        """``(True, process([payload])[0])`` run here when this search is alone (no other request arriving,
+        nothing queued, no batch or call running, and the last ``LONE`` batches were one image each: under
+        load, a query run on the event loop's thread would hold back the requests not read yet);
+        ``(False, None)`` otherwise: ``submit`` it."""
+        if self._arriving > 1 or any(n > 1 for n in self.batch_sizes[-LONE:]) or not self._queue.empty():
+            return False, None  # others are around, or were lately: the worker batches them
+        if not self._busy.acquire(blocking=False):
+            return False, None
+        try:
+            self.batch_sizes = (self.batch_sizes + [size])[-1000:]
+            return True, self._process([payload])[0]
+        finally:
+            self._busy.release()
+
     def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._queue.put(_Call(fn, future))
@@ -81,7 +103,8 @@ class Batcher:
             if job is None:
                 continue
             if isinstance(job, _Call):
-                _run(job.future, job.fn)
+                with self._busy:
+                    _run(job.future, job.fn)
                 continue
             batch, images = [job], job.size
             deadline = time.monotonic() + self._max_wait_s
@@ -98,7 +121,8 @@ class Batcher:
                 images += nxt.size
             self.batch_sizes = (self.batch_sizes + [images])[-1000:]
             try:
-                results = self._process([item.payload for item in batch])
+                with self._busy:
+                    results = self._process([item.payload for item in batch])
             except BaseException as e:  # noqa: BLE001 -- every waiting request learns it, the loop goes on
                 for item in batch:
                     item.future.set_exception(e)

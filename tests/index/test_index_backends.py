@@ -183,9 +183,33 @@ def test_the_scan_block_follows_the_device_kind_and_never_changes_the_answer(gal
     gpu = types.SimpleNamespace(devices=np.array([types.SimpleNamespace(platform="gpu")], dtype=object))
     assert topk.default_block(gpu) == topk.GPU_BLOCK
     rows, emb, arrival, model, queries = gallery
-    wide = ExactIndex(DIM, gallery_block=topk.GPU_BLOCK)  # the GPU's block, run here: 600 rows in one padded step
-    wide.add(rows, emb, arrival, model)
-    scores, got = wide.search(queries, K)
+    scores, got = topk.topk_indices(queries, emb, K, gallery_block=topk.GPU_BLOCK)  # the GPU's step, run here
     want_s, want_r = brute_force(rows, emb, queries, K)
-    np.testing.assert_array_equal(got, want_r)
+    np.testing.assert_array_equal(rows[got], want_r)
     np.testing.assert_allclose(scores, want_s, rtol=0, atol=1e-5)
+
+
+def test_a_small_segment_scans_a_small_block_and_its_shapes_compile_in_add_not_in_search(gallery):
+    """Under one scan block a segment is scanned in its own power-of-two block (at least SMALL_BLOCK):
+    a lone query on a small gallery no longer pays for 4,096 padded rows.  The answer is the CLI's search
+    to the last bit, and a query shape searched before never compiles in a search after an add."""
+    from cvs_jax import distributed
+    from cvs_jax.index.exact import SMALL_BLOCK
+
+    rows, emb, arrival, model, queries = gallery
+    index = ExactIndex(DIM)
+    index.add(rows[:10], emb[:10], arrival[:10], model[:10])
+    assert index._segments[-1].scan_block == SMALL_BLOCK
+    index.search(queries[:1], K)  # the shapes a server warms at its start
+    index.search(queries, K)
+    index.add(rows[10:], emb[10:], arrival[10:], model[10:])  # 600 rows: the tail's block doubles to 1024
+    segment = index._segments[-1]
+    assert (segment.scan_block, segment.rows_per_dev) == (1024, 1024) and len(index._segments) == 1
+    fn = topk._search_fn(distributed.data_mesh(), K, 1024, 1024, topk.DEFAULT_PRECISION)
+    compiled = fn._cache_size()
+    scores, got = index.search(queries, K)
+    index.search(queries[:1], K)
+    assert fn._cache_size() == compiled  # both were compiled in add
+    today_s, today_i = topk.topk_indices(queries, emb, K)  # the CLI's search, at the full 4,096-row block
+    np.testing.assert_array_equal(got, rows[today_i])
+    np.testing.assert_array_equal(scores, today_s)
