@@ -1,4 +1,4 @@
-"""Dynamic batching: one worker thread runs everything that touches the model and the index.
+"""Dynamic batching: one worker thread runs what touches the model and the index, one job at a time.
 
 Concurrent searches are gathered for at most ``max_wait_s`` after the first arrives (or until
 ``max_images`` images are waiting, or every request the server is reading has arrived: ``arriving``

@@ -13,8 +13,9 @@ switch to the batcher's thread, which adds only the new session's rows to the in
 embeddings; no row is re-embedded) and replaces the run between two batches.  Only a ``joint``
 session, which re-embeds the whole gallery, makes a new index.
 
-Everything that reads or changes ``run`` and ``index`` runs on the batcher's thread; adds write their
-rows under the additions' lock (``workdir.hold_additions``), durably, before they are answered.
+Everything that reads or changes ``run`` and ``index`` runs under the batcher's lock (on its thread, or
+a lone search on the event loop's: ``Batcher.now``); adds write their rows under the additions' lock
+(``workdir.hold_additions``), durably, before they are answered.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ class Served:
         self._stop.set()
         self.batcher.close()
 
-    # --- searching (the batcher's thread) ----------------------------------------------------------
+    # --- searching (under the batcher's lock) ------------------------------------------------------
 
     def search(self, images: np.ndarray, k: int, label: int | None = None) -> Answer:
         return self.batcher.submit(Query(images, k, label), len(images)).result()
@@ -167,7 +168,7 @@ class Served:
             s2, keys = self.index.search(emb[None], k_fetch)
             s, r = s2[0], self._rows(keys, run)[0]
 
-    # --- the index (the batcher's thread) ----------------------------------------------------------
+    # --- the index (under the batcher's lock) ------------------------------------------------------
 
     def _index_gallery(self, run: run_reader.Run) -> None:
         start, stop = self._in_gallery, len(run.gallery)
