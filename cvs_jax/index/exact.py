@@ -64,20 +64,26 @@ class ExactIndex:
             self._shapes.add((segment.rows_per_dev, segment.scan_block))
             for rows, k in self._searched:
                 zeros = next(topk.query_chunks(np.zeros((rows, self._ids.dim), np.float32), rows, segment.mesh))
-                segment.search_chunk(zeros.array, min(k, self._rows.size))
+                segment.search_chunk(zeros.array, self._k_run(k))
+
+    def _k_run(self, k: int) -> int:
+        """The k a search runs with: ``k`` (at most the rows held) rounded up to a power of two, so that
+        one compile serves every k of its bucket; the first ``k`` of its answer are the top ``k`` (the same
+        order: score, then position)."""
+        return min(topk.pow2(min(int(k), self._rows.size)), self._rows.size)
 
     def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
         q = self._ids.queries(queries, k)
         if not self._segments or not q.shape[0]:
             return empty_results(q.shape[0], k)
-        k_eff = min(int(k), self._rows.size)
+        k_eff, k_run = min(int(k), self._rows.size), self._k_run(k)
         scores, idx = [], []
         for chunk in topk.query_chunks(q, self._chunk, self._segments[0].mesh):
-            self._searched.add((chunk.array.shape[0], int(k)))
+            self._searched.add((chunk.array.shape[0], k_run))
             vals = ids = None
             for segment in self._segments:
-                vals, ids = segment.search_chunk(chunk.array, k_eff, vals, ids)
-            scores.append(np.asarray(vals)[: chunk.rows])
-            idx.append(np.asarray(ids)[: chunk.rows])
+                vals, ids = segment.search_chunk(chunk.array, k_run, vals, ids)
+            scores.append(np.asarray(vals)[: chunk.rows, :k_eff])
+            idx.append(np.asarray(ids)[: chunk.rows, :k_eff])
         idx = topk.checked_indices(np.concatenate(idx), self._rows.size)
         return padded(np.concatenate(scores), self._rows[idx], int(k))

@@ -213,3 +213,22 @@ def test_a_small_segment_scans_a_small_block_and_its_shapes_compile_in_add_not_i
     today_s, today_i = topk.topk_indices(queries, emb, K)  # the CLI's search, at the full 4,096-row block
     np.testing.assert_array_equal(got, rows[today_i])
     np.testing.assert_array_equal(scores, today_s)
+
+
+def test_every_k_of_a_power_of_two_bucket_shares_one_compile_and_answers_exactly(gallery):
+    """k runs rounded up to a power of two (5, 6, 7 and 8 compile once); the answer is the top k."""
+    from cvs_jax import distributed
+
+    rows, emb, arrival, model, queries = gallery
+    index = ExactIndex(DIM)
+    index.add(rows, emb, arrival, model)
+    segment = index._segments[0]
+    fn = topk._search_fn(distributed.data_mesh(), 8, segment.rows_per_dev, segment.scan_block, topk.DEFAULT_PRECISION)
+    index.search(queries, 5)
+    compiled = fn._cache_size()
+    for k in (6, 7, 8):
+        scores, got = index.search(queries, k)
+        want_s, want_r = brute_force(rows, emb, queries, k)
+        np.testing.assert_array_equal(got, want_r)
+        np.testing.assert_allclose(scores, want_s, rtol=0, atol=1e-5)
+    assert fn._cache_size() == compiled
