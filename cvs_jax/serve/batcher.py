@@ -80,10 +80,14 @@ class Batcher:
         if not self._busy.acquire(blocking=False):
             return False, None
         try:
-            self.batch_sizes = (self.batch_sizes + [size])[-1000:]
+            self._record(size)
             return True, self._process([payload])[0]
         finally:
             self._busy.release()
+
+    def _record(self, images: int) -> None:
+        """Keeps the last 1,000 batch sizes (``/metrics``, and ``now``'s look at the recent traffic)."""
+        self.batch_sizes = (self.batch_sizes + [images])[-1000:]
 
     def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -119,7 +123,7 @@ class Batcher:
                     break
                 batch.append(nxt)
                 images += nxt.size
-            self.batch_sizes = (self.batch_sizes + [images])[-1000:]
+            self._record(images)
             try:
                 with self._busy:
                     results = self._process([item.payload for item in batch])
