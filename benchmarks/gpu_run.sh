@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu_run.sh race # benchmarks/race.py at its three configs (f32 and bf16) + the loader
 #                                   # benchmark, into $OUT/race/; resumable: run it again until it prints "race: done"
 #   bash benchmarks/gpu_run.sh scale # benchmarks/index_scale.py: the exact index at 1M and 10M rows beside faiss-cpu
+#   bash benchmarks/gpu_run.sh profile # race.py's cifar16 k=1, k=8 and population-8 rows traced (profile_summary.py)
+#   bash benchmarks/gpu_run.sh serve # benchmarks/serve.py on the GPU host (16 cores: clients no longer starve the server)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}
@@ -161,5 +163,37 @@ case "$1" in
     "${PYTHON:-python3}" benchmarks/index_scale.py --sizes ${SCALE_SIZES:-1000000 10000000} \
       --blocks ${SCALE_BLOCKS:-4096 65536 262144} --json "$OUT/index_scale.json" 2>&1 \
       | grep --line-buffered -v -E "^[WI][0-9]{4} " | tee "$OUT/index_scale.md"
+    ;;
+esac
+case "$1" in
+  profile)  # the race's best rows again, each followed by 5 traced calls; the trace read into a table
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false
+    timeout "${PROFILE_S:-200}" "${PYTHON:-python3}" benchmarks/race.py --side jax --configs cifar16 --rows kstep,population \
+      --ks 1,8 --populations 8 --profile "$OUT/prof" --json "$OUT/prof_rows.json" 2>&1 | grep -v -E "^[WI][0-9]{4} " | tail -8
+    "${PYTHON:-python3}" benchmarks/profile_summary.py "$OUT"/prof/* --json "$OUT/prof_summary.json" > "$OUT/prof.md"
+    rm -f "$OUT"/prof/*/plugins/profile/*/*.xplane.pb "$OUT"/prof/*/plugins/profile/*/*.trace.json.gz  # perfetto JSON kept
+    ;;
+esac
+case "$1" in
+  serve)  # serve, the baseline and one search process per query, on this host (processes share the GPU: no preallocation)
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false
+    timeout "${SERVE_S:-330}" "${PYTHON:-python3}" benchmarks/serve.py ${SERVE_ARGS:-} --out "$OUT/serve_gpu.json" 2>&1 \
+      | grep --line-buffered -v -E "^[WI][0-9]{4} " > "$OUT/serve_gpu.txt"; tail -40 "$OUT/serve_gpu.txt"
+    ;;
+esac
+case "$1" in
+  stages)  # serve's batch stages in one process beside the baseline's (no HTTP), traced; the race rows not yet run
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false
+    timeout 150 "${PYTHON:-python3}" benchmarks/serve_stages.py --profile "$OUT/prof_serve" --json "$OUT/stages.json" 2>&1 \
+      | grep -E "^batch" | tee "$OUT/stages.txt"
+    "${PYTHON:-python3}" benchmarks/profile_summary.py "$OUT"/prof_serve/* --top 25 > "$OUT/prof_serve.md"
+    rm -rf "$OUT/prof_serve"
+    R="$OUT/race"; mkdir -p "$R"
+    timeout 120 "${PYTHON:-python3}" benchmarks/race.py --side jax --configs cifar16,cifar256 --dtype bfloat16 --rows step,population \
+      --populations 8 --json "$R/part_bf16_jax.json" 2>&1 | grep -v -E "^[WI][0-9]{4} " | tail -6
+    timeout 60 "${PYTHON:-python3}" benchmarks/race.py --side jax --configs cifar256 --rows step --json "$R/part_cifar256_f32_jax.json" 2>&1 \
+      | grep -v -E "^[WI][0-9]{4} " | tail -3
+    timeout 60 "${PYTHON:-python3}" benchmarks/race.py --side torch --configs cifar256 --rows eager --json "$R/part_cifar256_f32_torch.json" 2>&1 \
+      | grep -v -E "^[WI][0-9]{4} " | tail -3
     ;;
 esac

@@ -131,8 +131,15 @@ def _batch(batch: int, side: int, lead: tuple[int, ...] = ()):
     return jax.device_put({"images": images, "labels": labels}, jax.devices()[0])
 
 
-def _time_calls(call, state, calls: int):
-    """(seconds for ``calls`` calls, compile + first call s, last metrics); one untimed warm-up call."""
+PROFILE = {"dir": None, "calls": 5}  # --profile: after a row is timed, trace a few more calls (perfetto JSON)
+
+
+def _time_calls(call, state, calls: int, label: str = "row"):
+    """(seconds for ``calls`` calls, compile + first call s, last metrics); one untimed warm-up call.
+
+    With ``--profile DIR``, ``PROFILE["calls"]`` more calls run afterwards under ``jax.profiler.trace``
+    into ``DIR/<label>`` (``benchmarks/profile_summary.py`` reads the trace: device busy time and the
+    kernels that fill it)."""
     import jax
 
     t0 = time.perf_counter()
@@ -145,7 +152,13 @@ def _time_calls(call, state, calls: int):
     for _ in range(calls):
         state, m = call(state)
     jax.block_until_ready((state, m))
-    return time.perf_counter() - t0, compile_s, m
+    elapsed = time.perf_counter() - t0
+    if PROFILE["dir"]:
+        with jax.profiler.trace(os.path.join(PROFILE["dir"], label), create_perfetto_trace=True):
+            for _ in range(PROFILE["calls"]):
+                state, m = call(state)
+            jax.block_until_ready((state, m))
+    return elapsed, compile_s, m
 
 
 def _kstep_api():
@@ -257,11 +270,14 @@ def run_jax(name: str, a) -> tuple[list[dict], str | None]:
             elif group == "kstep":
                 step, state, frozen, consts = _kstep_step(config, a.dtype, mesh, side, k, emulate)
                 data, calls = _batch(batch, side, (k,)), max(1, timed // k)
-                dt, c, m = _time_calls(lambda s: step(s, frozen, data, consts, lr, key), state, calls)
+                label = f"{name}_{a.dtype}_k{k}"
+                dt, c, m = _time_calls(lambda s: step(s, frozen, data, consts, lr, key), state, calls, label)
             else:
                 step, states, frozens, consts = _population_step(config, a.dtype, mesh, side, n, emulate)
                 data, keys, calls = _batch(batch, side, (n,)), jax.random.split(key, n), timed
-                dt, c, m = _time_calls(lambda s: step(s, frozens, data, consts, lr, keys), states, calls)
+                dt, c, m = _time_calls(
+                    lambda s: step(s, frozens, data, consts, lr, keys), states, calls, f"{name}_{a.dtype}_pop{n}"
+                )
             assert np.all(np.isfinite(np.asarray(m["loss"]))), "non-finite loss"
             total = calls * k * batch * n / dt
             rows.append(_row(name, "jax", variant, batch, a.dtype, images_per_s_total=total,
@@ -400,11 +416,13 @@ def _order(r: dict) -> tuple:
 
 def report(rows: list[dict], envs: list[str], quick: bool) -> str:
     rows, table_rows, goals = sorted(dedupe(rows), key=_order), [], []
-    for name in dict.fromkeys(r["config"] for r in rows):
-        rs = [r for r in rows if r["config"] == name]
+    for name, dtype in dict.fromkeys((r["config"], r["dtype"]) for r in rows):  # ratios within one precision
+        rs = [r for r in rows if r["config"] == name and r["dtype"] == dtype]
         eager = next((r["images_per_s_total"] for r in rs if r["variant"] == "torch eager"), None)
         best = max((r["images_per_s_total"] or 0 for r in rs if r["variant"].startswith("torch.compile")), default=0)
-        ours = next((r["images_per_s_total"] for r in rs if r["impl"] == "jax" and r["variant"] == "step"), None)
+        ours = next(
+            (r["images_per_s_total"] for r in rs if r["impl"] == "jax" and r["variant"] in ("step", "k-step k=1")), None
+        )
         for r in rs:
             tot = r["images_per_s_total"]
             table_rows.append([
@@ -413,14 +431,14 @@ def report(rows: list[dict], envs: list[str], quick: bool) -> str:
                 r["ms_per_call"] or "-", r["compile_s"] or "-", _common.ratio(tot, eager),
                 _common.ratio(tot, best or None), _common.ratio(tot, ours) if r["impl"] == "jax" else "-",
             ])  # fmt: skip
-        goals += _goals(name, rs, eager, best or None, ours, quick)
+        goals += _goals(name, dtype, rs, eager, best or None, ours, quick)
     headers = ["config", "batch", "dtype", "row", "members", "status", "img/s per member", "img/s total",
                "ms/call", "compile s", "x torch eager", "x best torch.compile", "x our 1-step"]  # fmt: skip
     head = ["# " + e for e in dict.fromkeys(envs)]
     return "\n".join(head + ["", _common.table(headers, table_rows), ""] + goals)
 
 
-def _goals(name, rs, eager, best, ours, quick) -> list[str]:
+def _goals(name, dtype, rs, eager, best, ours, quick) -> list[str]:
     """The race's goals (>= 5x torch eager, >= 1.5x torch.compile, a population of 8 >= 5x our
     one step and < 20 min per member on the paper's CIFAR-100 schedule), measured against this run (batch 16
     only)."""
@@ -429,7 +447,7 @@ def _goals(name, rs, eager, best, ours, quick) -> list[str]:
     single = [r["images_per_s_total"] for r in rs if r["impl"] == "jax" and r["members"] == 1 and r["status"] == "ok"]
     top = max(single, default=None)
     pop8 = next((r for r in rs if r["impl"] == "jax" and r["members"] == 8 and r["status"] == "ok"), None)
-    lines = [f"goals at batch 16{' (CPU --quick: a smoke check, not evidence)' if quick else ''}:"]
+    lines = [f"goals at batch 16, {dtype}{' (CPU --quick: a smoke check, not evidence)' if quick else ''}:"]
     lines.append(f"  our best single-member row / torch eager = {_common.ratio(top, eager)} (goal >= 5x)")
     lines.append(f"  our best single-member row / best torch.compile = {_common.ratio(top, best)} (goal >= 1.5x)")
     if pop8:
@@ -478,7 +496,14 @@ def main():
     p.add_argument("--placeholder", default=None, help="with --side: write the part's rows with this status, unrun")
     p.add_argument("--merge", nargs="+", default=None, help="render saved part JSON files")
     p.add_argument("--json", default=None, help="write the rows here")
+    p.add_argument(
+        "--profile",
+        default=None,
+        help="k-step and population rows: trace 5 more calls after timing into DIR/<row> (jax.profiler, perfetto "
+        "JSON); read with benchmarks/profile_summary.py",
+    )
     a = p.parse_args()
+    PROFILE["dir"] = a.profile
     a.torch_modes = [m for m in a.torch_modes.split(",") if m and m != "none"]
     a.rows = set(a.rows.split(","))
     a.ks = [int(k) for k in (a.ks or ("4" if a.quick else "4,8")).split(",") if k]

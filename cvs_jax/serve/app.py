@@ -166,6 +166,11 @@ def create_app(served: Served, *, token: str | None = None, limits: Limits = Lim
     @app.post("/search")
     async def search(request: Request):
         with served.batcher.arriving():  # a batch forming now waits for this request, not for nobody
+            # One turn of the loop before deciding: requests already received (read together after the loop
+            # ran a lone query itself) are counted first. Without it, a request whose body was buffered ran
+            # start to end without yielding, saw itself alone and ran on the loop too: on one H200 the
+            # server answered 16 clients one query at a time (180 queries/s, as for 1 client).
+            await asyncio.sleep(0)
             return await answer(request)
 
     async def answer(request: Request):

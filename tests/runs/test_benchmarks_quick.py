@@ -56,3 +56,28 @@ def test_jax_rows_report_not_built_yet_when_the_api_is_absent(monkeypatch):
     monkeypatch.setattr(race, "_population_api", lambda: None)
     a = type("A", (), dict(rows={"population"}, ks=[4], populations=[4, 8], emulate=False))()
     assert [v for _, v, *_ in race._jax_plan(a)] == ["population N=4", "population N=8"]
+
+
+def test_ratios_compare_rows_of_one_precision_only():
+    """A merge of f32 and bf16 parts (RACE_DTYPES=float32,bfloat16): each row's ratios are against the torch
+    rows of its own dtype, and a k=1 k-step row is the one-step row."""
+
+    def row(variant, impl, dtype, total, members=1):
+        return race._row("cifar16", impl, variant, 16, dtype, members=members, images_per_s_total=total,
+                         images_per_s_per_member=total / members, ms_per_call=1.0, compile_s=1.0)  # fmt: skip
+
+    rows = [
+        row("k-step k=1", "jax", "float32", 6000.0),
+        row("population N=8", "jax", "float32", 12000.0, 8),
+        row("torch eager", "torch", "float32", 1200.0),
+        row("step", "jax", "bfloat16", 4000.0),
+        row("torch eager", "torch", "bfloat16", 1000.0),
+    ]
+    out = race.report(rows, ["test"], quick=False)
+    table = [ln for ln in out.splitlines() if ln.startswith("| cifar16")]
+    lines = {ln.split("|")[3].strip() + " " + ln.split("|")[4].strip(): ln for ln in table}
+    assert "| 5.00x |" in lines["float32 jax k-step k=1"]  # 6,000 / 1,200 (f32 eager), not / 1,000 (bf16)
+    assert "| 2.00x |" in lines["float32 jax population N=8"]  # over the f32 k=1 row
+    assert "| 4.00x |" in lines["bfloat16 jax step"]
+    assert "goals at batch 16, float32:" in out and "goals at batch 16, bfloat16:" in out
+    assert "our best single-member row / torch eager = 5.00x" in out

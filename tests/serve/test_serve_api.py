@@ -17,6 +17,7 @@ from cvs_jax import search
 from cvs_jax.retrieval import run_reader
 from cvs_jax.rundir import paths
 from cvs_jax.serve.app import Limits, create_app
+from cvs_jax.serve.batcher import LONE
 from cvs_jax.serve.state import Query, Served
 from cvs_jax.testing.image_folders import new_photo
 
@@ -249,3 +250,28 @@ def test_a_bug_answers_one_500_line_is_counted_and_the_server_goes_on(photo_runs
     assert 'cvs_requests_total{route="/info",status="500"} 1' in metrics
     assert 'cvs_requests_total{route="/search",status="200"} 1' in metrics
     served.close()
+
+
+def test_requests_already_received_are_batched_even_after_a_run_of_lone_queries(photo_runs, served_one):
+    """Many requests read in one turn of the event loop (bodies already buffered, as under load, after the
+    loop ran a lone query itself) are counted before any of them decides to run alone: they are batched.
+    Without the yield in ``/search`` each ran alone in turn and the server served one query at a time."""
+    import asyncio
+
+    import httpx
+
+    wd = photo_runs[0]
+    served, _ = served_one
+    app = create_app(served)
+    files = _files(_photos(wd)[:1])
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            for _ in range(LONE + 1):  # a run of lone queries: the next search may run on the event loop
+                assert (await c.post("/search", params={"k": 3}, files=files)).status_code == 200
+            assert served.batcher.batch_sizes[-LONE:] == [1] * LONE
+            rs = await asyncio.gather(*(c.post("/search", params={"k": 3}, files=files) for _ in range(12)))
+            assert all(r.status_code == 200 for r in rs)
+
+    asyncio.run(go())
+    assert max(served.batcher.batch_sizes[-12:]) > 1, served.batcher.batch_sizes[-12:]
