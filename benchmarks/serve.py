@@ -130,12 +130,20 @@ def process_loop(workdir: str, photos: list[str], clients: int, requests: int) -
     return _summary(latencies, time.perf_counter() - t0, len(failed))
 
 
-def baseline_app(export_dir: str):
-    """What a user writes over an export: FastAPI, ``export.load(...).embed``, faiss ``IndexFlatIP``."""
-    import io
+def photo_payloads(workdir: str, limit: int = 64) -> tuple[list[str], list[tuple[str, bytes]]]:
+    """The photos a loop sends (the built run's session-1 training photos, else the workdir's own), and
+    their (name, bytes)."""
+    root = os.path.join(os.path.dirname(workdir), "s1", "train")
+    photos = sorted(
+        os.path.join(dp, f) for dp, _, fs in os.walk(root if os.path.isdir(root) else workdir) for f in fs
+        if f.lower().endswith((".png", ".jpg", ".jpeg", ".webp", ".bmp"))
+    )[:limit]  # fmt: skip
+    return photos, [(os.path.basename(f), open(f, "rb").read()) for f in photos]
 
+
+def baseline_index(export_dir: str):
+    """(``export.load(export_dir)``, a faiss ``IndexFlatIP`` of its normalised rows): the baseline's search."""
     import faiss
-    from PIL import Image
 
     from cvs_jax import export
 
@@ -144,6 +152,16 @@ def baseline_app(export_dir: str):
     rows /= np.linalg.norm(rows, axis=1, keepdims=True)
     index = faiss.IndexFlatIP(rows.shape[1])
     index.add(rows)
+    return exported, index
+
+
+def baseline_app(export_dir: str):
+    """What a user writes over an export: FastAPI, ``export.load(...).embed``, faiss ``IndexFlatIP``."""
+    import io
+
+    from PIL import Image
+
+    exported, index = baseline_index(export_dir)
     app = FastAPI()
 
     @app.get("/healthz")
@@ -280,12 +298,7 @@ def main():
         a.update_data = a.update_data or folder
         print(f"built a tiny photo run in {time.perf_counter() - t:.0f} s: {a.workdir}", file=sys.stderr)
     workdir = os.path.abspath(a.workdir)
-    root = os.path.join(os.path.dirname(workdir), "s1", "train")
-    photos = sorted(
-        os.path.join(dp, f) for dp, _, fs in os.walk(root if os.path.isdir(root) else workdir) for f in fs
-        if f.lower().endswith((".png", ".jpg", ".jpeg", ".webp", ".bmp"))
-    )[:64]  # fmt: skip
-    payloads = [(os.path.basename(f), open(f, "rb").read()) for f in photos]
+    photos, payloads = photo_payloads(workdir)
     results: dict = {"workdir": workdir, "network": a.network, "environment": _common.environment(), "loops": {}}
     log = open(os.path.join(tmp, "servers.log"), "wb")
 

@@ -15,14 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import _common  # noqa: F401  (puts the repository on sys.path)
-import httpx
 import numpy as np
 import serve as serve_bench
 
@@ -40,28 +36,16 @@ def main():
     a = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="serve-ab-")
     workdir, _ = photo_run(Path(tmp), "tiny")
-    root = os.path.join(os.path.dirname(workdir), "s1", "train")
-    photos = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".png"))[:64]
-    payloads = [(os.path.basename(f), open(f, "rb").read()) for f in photos]
+    _, payloads = serve_bench.photo_payloads(workdir)
     log = open(os.path.join(tmp, "servers.log"), "wb")
     servers = {}
-    for name in ("a", "b"):
-        repo = os.path.abspath(getattr(a, name))
-        port = serve_process.free_port()
-        cmd = [sys.executable, "-m", "cvs_jax.serve", "--workdir", workdir, "--port", str(port), "--poll_s", "0"]
-        env = dict(os.environ, PYTHONPATH=repo)
-        servers[name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=repo), port)
     try:
-        for name, (proc, port) in servers.items():
-            deadline = time.monotonic() + 300
-            while True:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"error: server {name} did not start; see {log.name}")
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.5)
+        for name in ("a", "b"):
+            repo = os.path.abspath(getattr(a, name))
+            port = serve_process.free_port()
+            env = dict(os.environ, PYTHONPATH=repo)
+            proc = serve_process.start(workdir, port, log, "--poll_s", "0", cwd=repo, env=env)
+            servers[name] = (proc, port)
             serve_bench.http_loop(f"http://127.0.0.1:{port}/search", payloads, 4, 32)  # every bucket warm
         qps = {n: {c: [] for c in a.clients} for n in servers}
         for r in range(a.rounds):

@@ -47,11 +47,9 @@ def main():
     p.add_argument("--profile", default=None)
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    import faiss
     import jax
+    from serve import baseline_index
 
-    from cvs_jax import export
-    from cvs_jax.serve.batcher import Batcher  # noqa: F401  (imported as the server does)
     from cvs_jax.serve.state import Query, Served
     from cvs_jax.testing.image_folders import photo_run
 
@@ -61,19 +59,14 @@ def main():
     served = Served(a.workdir, poll_s=0)
     run = served.run
     rng = np.random.default_rng(0)
-    stored = np.asarray(run.gallery.parts[0].embeddings)  # only for the row count
     h, w, c = run.image_shape
     images = rng.integers(0, 256, size=(max(SIZES), h, w, c), dtype=np.uint8)
 
     export_dir = os.path.join(tmp, "export")
     subprocess.run([sys.executable, "-m", "cvs_jax.export", "--workdir", a.workdir, "--out", export_dir], check=True)
-    exported = export.load(export_dir)
-    rows = np.array(exported.embeddings(), np.float32)
-    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
-    flat = faiss.IndexFlatIP(rows.shape[1])
-    flat.add(rows)
+    exported, flat = baseline_index(export_dir)
 
-    out = {"device": str(jax.devices()[0]), "gallery_rows": len(run.rows), "stored_part_rows": len(stored), "sizes": {}}
+    out = {"device": str(jax.devices()[0]), "gallery_rows": len(run.rows), "sizes": {}}
     for n in SIZES:
         x = images[:n]
         emb = run.embed(x)

@@ -17,10 +17,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(workdir: str, port: int, log, *flags: str, timeout_s: float = 300) -> subprocess.Popen:
-    """Starts the server and returns once ``/healthz`` answers (the run is loaded, the model compiled)."""
+def start(
+    workdir: str, port: int, log, *flags: str, timeout_s: float = 300, cwd: str | None = None, env: dict | None = None
+) -> subprocess.Popen:
+    """Starts the server and returns once ``/healthz`` answers (the run is loaded, the model compiled).
+    ``cwd`` and ``env``: another checkout's server (``benchmarks/serve_ab.py``)."""
     cmd = [sys.executable, "-m", "cvs_jax.serve", "--workdir", workdir, "--port", str(port), *flags]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:

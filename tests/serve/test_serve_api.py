@@ -2,6 +2,7 @@
 ``search --add``'s, every bad request gets one 4xx line, and a newer session is switched to between
 batches with every stored row kept."""
 
+import asyncio
 import concurrent.futures
 import glob
 import json
@@ -9,6 +10,7 @@ import os
 import shutil
 import threading
 
+import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -256,10 +258,6 @@ def test_requests_already_received_are_batched_even_after_a_run_of_lone_queries(
     """Many requests read in one turn of the event loop (bodies already buffered, as under load, after the
     loop ran a lone query itself) are counted before any of them decides to run alone: they are batched.
     Without the yield in ``/search`` each ran alone in turn and the server served one query at a time."""
-    import asyncio
-
-    import httpx
-
     wd = photo_runs[0]
     served, _ = served_one
     app = create_app(served)
