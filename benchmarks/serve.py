@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import _common  # noqa: F401  (puts the repository on sys.path)
 import httpx
@@ -138,7 +139,7 @@ def photo_payloads(workdir: str, limit: int = 64) -> tuple[list[str], list[tuple
         os.path.join(dp, f) for dp, _, fs in os.walk(root if os.path.isdir(root) else workdir) for f in fs
         if f.lower().endswith((".png", ".jpg", ".jpeg", ".webp", ".bmp"))
     )[:limit]  # fmt: skip
-    return photos, [(os.path.basename(f), open(f, "rb").read()) for f in photos]
+    return photos, [(os.path.basename(f), Path(f).read_bytes()) for f in photos]  # closes each file
 
 
 def baseline_index(export_dir: str):
@@ -288,8 +289,6 @@ def main():
     if a.quick:
         a.requests, a.process_requests, a.sizes, a.update_requests, a.rounds = 20, (1, 2, 4), (10_000,), 0, 1
     tmp = tempfile.mkdtemp(prefix="bench-serve-")
-    from pathlib import Path
-
     from cvs_jax.testing.image_folders import photo_run
 
     if a.workdir is None:
