@@ -131,15 +131,33 @@ def process_loop(workdir: str, photos: list[str], clients: int, requests: int) -
     return _summary(latencies, time.perf_counter() - t0, len(failed))
 
 
-def photo_payloads(workdir: str, limit: int = 64) -> tuple[list[str], list[tuple[str, bytes]]]:
-    """The photos a loop sends (the built run's session-1 training photos, else the workdir's own), and
-    their (name, bytes)."""
-    root = os.path.join(os.path.dirname(workdir), "s1", "train")
-    photos = sorted(
-        os.path.join(dp, f) for dp, _, fs in os.walk(root if os.path.isdir(root) else workdir) for f in fs
+def photo_folder(workdir: str, photos: str | None = None) -> str:
+    """Where the query photos come from: ``photos`` when given, the built run's session-1 training photos,
+    else the run's own photo folder (its ``data.manual_dir``); never the workdir itself, whose PNGs are the
+    run's plots and report images, not photos of its classes."""
+    if photos:
+        return photos
+    built = os.path.join(os.path.dirname(workdir), "s1", "train")
+    if os.path.isdir(built):
+        return built
+    from cvs_jax.config import stored
+
+    folder = str(stored.stored_config(workdir).data.get("manual_dir") or "")
+    if folder and os.path.isdir(folder) and not os.path.abspath(folder).startswith(os.path.abspath(workdir) + os.sep):
+        return folder
+    raise SystemExit(f"error: no photo folder for {workdir}'s queries; pass --photos DIR (images of its classes).")
+
+
+def photo_payloads(
+    workdir: str, limit: int = 64, photos: str | None = None
+) -> tuple[list[str], list[tuple[str, bytes]]]:
+    """The photos a loop sends (``photo_folder``) and their (name, bytes)."""
+    root = photo_folder(workdir, photos)
+    found = sorted(
+        os.path.join(dp, f) for dp, _, fs in os.walk(root) for f in fs
         if f.lower().endswith((".png", ".jpg", ".jpeg", ".webp", ".bmp"))
     )[:limit]  # fmt: skip
-    return photos, [(os.path.basename(f), Path(f).read_bytes()) for f in photos]  # closes each file
+    return found, [(os.path.basename(f), Path(f).read_bytes()) for f in found]  # closes each file
 
 
 def baseline_index(export_dir: str):
@@ -269,6 +287,8 @@ def main():
     )
     p.add_argument("--process_requests", type=int, nargs=3, default=(3, 4, 16), help="search processes per level")
     p.add_argument("--update_requests", type=int, default=1000)
+    p.add_argument("--update_timeout_s", type=float, default=1800, help="the update loop stops after this")
+    p.add_argument("--photos", help="a folder of query photos (default: the run's own photo folder)")
     p.add_argument("--sizes", type=int, nargs="*", default=(10_000, 1_000_000))
     p.add_argument("--quick", action="store_true")
     p.add_argument(
@@ -297,7 +317,7 @@ def main():
         a.update_data = a.update_data or folder
         print(f"built a tiny photo run in {time.perf_counter() - t:.0f} s: {a.workdir}", file=sys.stderr)
     workdir = os.path.abspath(a.workdir)
-    photos, payloads = photo_payloads(workdir)
+    photos, payloads = photo_payloads(workdir, photos=a.photos)
     results: dict = {"workdir": workdir, "network": a.network, "environment": _common.environment(), "loops": {}}
     log = open(os.path.join(tmp, "servers.log"), "wb")
 
@@ -351,7 +371,12 @@ def main():
 
         seen = []  # when /healthz first named the new session
 
+        deadline = t + a.update_timeout_s
+
         def switched():  # the update is over and its session served for a second (or it failed: stop too)
+            if time.perf_counter() > deadline:  # bounded: an update that hangs ends the loop
+                update.kill()
+                return True
             if update.poll() is None:
                 return False
             if update.returncode != 0:

@@ -9,8 +9,9 @@ Writes, from the run's newest completed session (as ``search`` reads it):
 
 * ``embeddings.npy``: float32 [N, D], every gallery row in gallery order, then the ``--add`` rows,
   raw as stored (cosine search = inner product of the L2-normalised rows);
-* ``rows.csv``: ``row, path, label, class_name, arrival_session, model_session`` per row
-  (sessions 1-based, as ``search`` prints them; ``path`` is the image's source);
+* ``rows.csv``: ``row, id, path, label, class_name, arrival_session, model_session`` per row
+  (sessions 1-based, as ``search`` prints them; ``id`` the row's stable id, as ``search --json`` and the
+  server show it; ``path`` is the image's source);
 * ``model.msgpack``: the newest model's Flax variables (``flax.serialization.to_bytes``);
 * ``query_maps.npz`` (a run with ``retrieval.query_map`` set): per model session j (1-based) ``matrix_<j>``
   and ``bias_<j>``, the composed map q -> q @ matrix + bias that takes an L2-normalised query of the newest
@@ -47,7 +48,7 @@ from cvs_jax.rundir import paths
 
 FORMAT_VERSION = 1
 FILES = ("embeddings.npy", "rows.csv", "model.msgpack", "config.json", "export.json")
-ROW_COLUMNS = ("row", "path", "label", "class_name", "arrival_session", "model_session")
+ROW_COLUMNS = ("row", "id", "path", "label", "class_name", "arrival_session", "model_session")
 QUERY_MAPS = "query_maps.npz"  # a run with query maps: matrix_<j>, bias_<j> per model session j (1-based)
 _BLOCK = 1 << 16  # rows copied at a time: a large gallery is never held twice
 
@@ -82,7 +83,9 @@ def export(workdir: str, out: str, *, overwrite: bool = False) -> dict:
         writer.writerow(ROW_COLUMNS)
         for j in range(len(rows)):
             d = run.describe(j)
-            writer.writerow([j, d["source"], d["label"], d["class_name"], d["arrival_session"], d["model_session"]])
+            writer.writerow(
+                [j, d["id"], d["source"], d["label"], d["class_name"], d["arrival_session"], d["model_session"]]
+            )
     with open(os.path.join(out, "model.msgpack"), "wb") as f:
         f.write(flax.serialization.to_bytes(jax.device_get(run.variables)))
     shutil.copyfile(paths.config_file(workdir), os.path.join(out, "config.json"))

@@ -49,6 +49,7 @@ from cvs_jax.config import recorded
 from cvs_jax.data import parts, records, sources
 from cvs_jax.engine import determinism, runner
 from cvs_jax.errors import ConfigError, DataError, UserError
+from cvs_jax.retrieval import gate
 from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
 
@@ -266,7 +267,15 @@ def update(workdir: str, data: str, overrides: dict | None = None) -> int:
     except UserError as e:
         return cli.report(e)
     print(f"{workdir}: {len(results['per_session'])} sessions; results in {paths.results_file(workdir)}")
+    print(gate_line(workdir, results))
     return 0
+
+
+def gate_line(workdir: str, results: dict) -> str:
+    """The compatibility gate's verdict on the session just completed against the one before it, with the
+    server's default thresholds (``retrieval.gate``): what a server would decide, for an operator without one."""
+    candidate = len(results["per_session"]) - 1
+    return gate.line(gate.evaluate(results, candidate, candidate - 1 if candidate else None, gate.Thresholds()))
 
 
 @cli.command

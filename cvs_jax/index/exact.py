@@ -11,8 +11,11 @@ A segment smaller than one scan block is scanned in a block of its own power-of-
 ``SMALL_BLOCK``): a lone query on a 43-row gallery took 198 us at 4,096 rows per step and 56 us at 512
 here (2-core CPU, ``search_chunk`` and its fetch), which is most of what serve's answer spent beyond the
 network's own.  Scores do not depend on the block (the same dot per row), and ties still break by position.
-A new segment shape is compiled in ``add`` for every query shape searched so far, so that the
-few doublings of a growing tail never compile inside a search.
+A new segment shape is compiled for every query shape searched so far, so that the few doublings of a
+growing tail never compile inside a search; and a server compiles them in ``prepare`` before the ``add``,
+beside serving (``add`` itself runs between two batches, under the lock every search needs: a compile
+there held searches for up to 57 s when a gallery passed 512 rows).  ``warm`` compiles a query shape and
+k for the segments held, also beside serving.
 """
 
 from __future__ import annotations
@@ -56,15 +59,49 @@ class ExactIndex:
             self._segments.pop()
             base -= self._tail.shape[0]
             emb = np.concatenate([self._tail, emb])
-        small = min(self._block, max(SMALL_BLOCK, topk.pow2(emb.shape[0])))
-        segment = topk.ShardedGallery(emb, mesh=self._mesh, gallery_block=small, base=base)
+        segment = self._segment(emb, base)
         self._segments.append(segment)
         self._tail = emb if emb.shape[0] < self._block else emb[:0]
-        if (segment.rows_per_dev, segment.scan_block) not in self._shapes:  # compiled here, not in a search
-            self._shapes.add((segment.rows_per_dev, segment.scan_block))
-            for rows, k in self._searched:
-                zeros = next(topk.query_chunks(np.zeros((rows, self._ids.dim), np.float32), rows, segment.mesh))
-                segment.search_chunk(zeros.array, self._k_run(k))
+        self._compile(segment, self._k_run)  # only for a shape ``prepare`` did not compile
+
+    def _segment(self, emb: np.ndarray, base: int) -> topk.ShardedGallery:
+        small = min(self._block, max(SMALL_BLOCK, topk.pow2(emb.shape[0])))
+        return topk.ShardedGallery(emb, mesh=self._mesh, gallery_block=small, base=base)
+
+    def _compile(self, segment: topk.ShardedGallery, k_run) -> None:
+        """Compiles ``segment``'s shape for every (query rows, k) searched so far, once per shape."""
+        if (segment.rows_per_dev, segment.scan_block) in self._shapes:
+            return
+        for rows, k in list(self._searched):
+            zeros = next(topk.query_chunks(np.zeros((rows, self._ids.dim), np.float32), rows, segment.mesh))
+            segment.search_chunk(zeros.array, k_run(k))
+        self._shapes.add((segment.rows_per_dev, segment.scan_block))
+
+    def prepare(self, counts) -> None:
+        """Compiles, beside serving, what adding ``counts`` rows (one ``add`` per entry, in order) will
+        search with: the segment shapes they make and each searched (query rows, k) on them, so that the
+        ``add`` itself, run under the searches' lock, compiles nothing.  Reads the index; changes nothing
+        a search reads."""
+        tail, total = self._tail.shape[0], self._rows.size
+        for n in counts:
+            if n <= 0:
+                continue
+            total += n
+            size = tail + n if 0 < tail < self._block else n
+            segment = self._segment(np.zeros((size, self._ids.dim), np.float32), 0)
+            self._compile(segment, lambda k, total=total: min(topk.pow2(min(int(k), total)), total))
+            tail = size if size < self._block else 0
+
+    def warm(self, query_rows: int, k: int) -> None:
+        """Compiles a search of ``query_rows`` queries (a bucket) for ``k`` on the segments held, beside
+        serving (the searches to come then find it compiled; later segment shapes get it in ``prepare``)."""
+        if not self._segments:
+            return
+        k_run = self._k_run(k)
+        for segment in list(self._segments):
+            zeros = next(topk.query_chunks(np.zeros((query_rows, self._ids.dim), np.float32), query_rows, segment.mesh))
+            segment.search_chunk(zeros.array, k_run)
+        self._searched.add((query_rows, k_run))
 
     def _k_run(self, k: int) -> int:
         """The k a search runs with: ``k`` (at most the rows held) rounded up to a power of two, so that

@@ -87,6 +87,29 @@ class MilvusIndex:
     def __len__(self) -> int:
         return len(self._ids)
 
+    def check_rows(self, ids: np.ndarray, embeddings_of, sample: int = 32) -> None:
+        """Refuses a collection that is not this run's: one holding a row id the run lacks, or whose
+        vectors for ids both hold differ from the run's (another copy of the run served on the same
+        Milvus).  ``embeddings_of(ids)``: the run's raw embeddings of those ids."""
+        held = self._ids._sorted  # noqa: SLF001 -- the ids read at reopening
+        ids = np.asarray(ids, np.int64)
+        extra = held[~np.isin(held, ids)]
+        shared = held[np.isin(held, ids)]
+        differ = 0
+        if not extra.size and shared.size:
+            pick = np.unique(np.concatenate([shared[:: max(1, shared.size // sample)], shared[-4:]]))
+            got = self._client.query(self._name, filter=f"{ROW} in {pick.tolist()}", output_fields=[ROW, VECTOR])
+            stored = {int(r[ROW]): np.asarray(r[VECTOR], np.float32) for r in got}
+            want = normalized(np.asarray(embeddings_of(pick), np.float32))
+            differ = sum(not np.allclose(stored.get(int(i), 0 * w), w, atol=1e-3) for i, w in zip(pick, want))
+        if extra.size or differ:
+            what = f"{extra.size} row id(s) this run lacks" if extra.size else f"{differ} sampled row(s) unlike its own"
+            raise IndexBackendError(
+                f"the Milvus collection {self._name!r} holds {held.size} rows, {what}; this run has {ids.size} "
+                f"rows: it is another run's (or another copy's) gallery. Pass --milvus-collection with a new name "
+                f"(the default is derived from the run's folder), or drop the collection."
+            )
+
     def count(self) -> int:
         """Rows in the collection, as Milvus counts them (what tests compare with ``len``)."""
         out = self._client.query(self._name, filter="", output_fields=["count(*)"])

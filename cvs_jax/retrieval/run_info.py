@@ -48,7 +48,7 @@ def describe_run(run: run_reader.Run) -> dict:
     per_session = dict(enumerate(results.get("per_session", [])))  # in session order (numbered from 1 since)
     sessions = []
     for s, sess in enumerate(run.protocol["sessions"]):
-        done = s <= run.session
+        done = s <= run.gallery_session
         r = per_session.get(s, {})
         sessions.append(
             {
@@ -72,7 +72,7 @@ def describe_run(run: run_reader.Run) -> dict:
         "method": run.config.method,
         "dataset": run.protocol.get("dataset"),
         "setup": run.protocol.get("setup"),
-        "sessions_completed": run.session + 1,
+        "sessions_completed": run.gallery_session + 1,
         "gallery_rows": len(rows),
         "added_rows": len(run.added),
         "classes": classes,

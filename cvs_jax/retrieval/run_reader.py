@@ -14,6 +14,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 from typing import Any, Iterable
 
 import jax
@@ -35,6 +36,17 @@ from cvs_jax.retrieval.run_rows import PartLog, Rows, arrival_sessions, train_sp
 from cvs_jax.rundir import paths
 from cvs_jax.rundir.checkpoint import Reader as _Reader
 from cvs_jax.rundir.gallery import Gallery, RowConcat
+
+ADDED_BASE = 1 << 40  # an added row's id is ADDED_BASE + its place among the added rows
+
+
+def parse_int(text: str) -> int | None:
+    """``text`` as an integer written the plain way (ASCII digits, an optional leading ``-``, no leading
+    zero), else None: ``"²"``, ``"--5"``, ``"٣"`` and ``"007"`` are not numbers here (``str.isdigit`` and
+    ``int`` accept some of them, or fail on them)."""
+    if re.fullmatch(r"-?(0|[1-9][0-9]{0,17})", text, flags=re.ASCII) is None or text == "-0":
+        return None
+    return int(text)
 
 
 def prepare(images: Iterable[Any], shape: tuple[int, int, int]) -> np.ndarray:
@@ -175,8 +187,10 @@ def store_digests(config: ml_collections.ConfigDict) -> dict[str, str]:
 class Run:
     """The newest model and the full gallery of a finished (or partly finished) run."""
 
-    def __init__(self, workdir: str, *, for_add: bool = False):
-        """``for_add``: the caller holds the workdir's lock and may write the additions."""
+    def __init__(self, workdir: str, *, for_add: bool = False, model_session: int | None = None):
+        """``for_add``: the caller holds the workdir's lock and may write the additions; ``model_session``
+        (0-based): embed queries with that completed session's model instead of the newest (a server's
+        pin, or a model the gate kept); the gallery is the newest session's either way."""
         self.workdir = workdir
         check_is_run(workdir)
         self.config = stored.stored_config(workdir)
@@ -189,13 +203,20 @@ class Run:
             raise SearchError(f"{workdir} has no completed session yet; wait for the first session to finish.")
         # the newest session's model, as stored (no template: the head may have grown since the
         # protocol was written); a reader never moves a checkpoint (a damaged one is refused)
-        self.session = sessions.steps()[-1]
+        steps = sessions.steps()
+        if model_session is not None and model_session not in steps:
+            raise SearchError(
+                f"session {model_session + 1} of {workdir} is not a completed session; pass one of "
+                f"{[s + 1 for s in steps]}."
+            )
+        self.gallery_session = steps[-1]  # the newest completed session: its gallery is searched
+        self.session = steps[-1] if model_session is None else model_session  # the model's session
         self._stored = sessions.restore(self.session, {"variables": None})
         log = PartLog(sessions)
-        self.gallery = Gallery.restore(log, self.session, c.model.embed_dim)
+        self.gallery = Gallery.restore(log, self.gallery_session, c.model.embed_dim)
         self._arrival = arrival_sessions(log.parts, self.gallery)
         # retrieval.query_map: {s: model s -> model s - 1}; empty for a run without maps
-        self.query_maps = query_maps.stored_maps(workdir, self.session, c.retrieval.query_map)
+        self.query_maps = query_maps.stored_maps(workdir, self.gallery_session, c.retrieval.query_map)
         self._additions = additions.writer(workdir) if for_add else None
         if for_add:
             self._added = additions.read_for_append(self._additions, c.model.embed_dim)
@@ -205,6 +226,38 @@ class Run:
     @property
     def added(self) -> Gallery:
         return self._added.gallery
+
+    @property
+    def stored_added(self) -> additions.Added:
+        """The added rows as read (or as last handed to ``use_added``): what a server keeps in step."""
+        return self._added
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Each row's id, int64, which never changes for the life of the run: a session row's place in the
+        session gallery (which only appends), ``ADDED_BASE`` + an added row's place among the added rows.
+        Row numbers are positions (session rows, then added rows) and shift when a session adds rows."""
+        return np.concatenate(
+            [np.arange(len(self.gallery), dtype=np.int64), ADDED_BASE + np.arange(len(self._added), dtype=np.int64)]
+        )
+
+    def row_of_id(self, row_id: int) -> int | None:
+        """The row (position) of an id, None when no row has it."""
+        n, m = len(self.gallery), len(self._added)
+        if 0 <= row_id < n:
+            return int(row_id)
+        if ADDED_BASE <= row_id < ADDED_BASE + m:
+            return n + int(row_id - ADDED_BASE)
+        return None
+
+    def id_of_row(self, row: int) -> int:
+        n = len(self.gallery)
+        return int(row) if row < n else ADDED_BASE + int(row) - n
+
+    def added_path(self, source: str) -> str:
+        """An added row's file: a stored path relative to the workdir (the server's uploads) is read
+        from the workdir where it is now, so a moved or copied workdir still shows its rows."""
+        return source if os.path.isabs(source) else os.path.join(self.workdir, source)
 
     @property
     def added_sources(self) -> list[str]:
@@ -259,10 +312,10 @@ class Run:
 
     def source(self, row: int) -> str:
         """Where a row's image came from: its file (or packed-file entry), ``train[i]`` when the data
-        layer cannot tell, the absolute path given to ``--add`` for an added row."""
+        layer cannot tell, for an added row its file (relative to the workdir when inside it)."""
         n = len(self.gallery)
         if row >= n:
-            return self.added_sources[row - n]
+            return _relative_inside(self.added_sources[row - n], self.workdir)
         i = int(self.gallery.source_ids[row])
         names = self._train_sources
         return names[i] if names is not None and 0 <= i < len(names) else f"train[{i}]"
@@ -276,6 +329,7 @@ class Run:
         label = int(r.labels[row])
         return {
             "row": int(row),
+            "id": self.id_of_row(row),
             "label": label,
             "class_name": self.class_name(label),
             "arrival_session": int(r.arrival[row]) + 1,
@@ -295,7 +349,7 @@ class Run:
             image = None
             if row >= n:
                 try:
-                    image = prepare([self.added_sources[row - n]], self.image_shape)[0]
+                    image = prepare([self.added_path(self.added_sources[row - n])], self.image_shape)[0]
                 except SearchError:
                     image = None
             elif self._train_split is not None:
@@ -363,8 +417,9 @@ class Run:
         names = self.protocol["class_names"]
         if name in names:
             return names.index(name)
-        if name.lstrip("-").isdigit() and -1 <= int(name) < len(names):
-            return int(name)
+        number = parse_int(name)
+        if number is not None and -1 <= number < len(names):
+            return number
         close = difflib.get_close_matches(name, names, n=1) or difflib.get_close_matches(
             name.lower(), [n.lower() for n in names], n=1
         )
@@ -373,6 +428,14 @@ class Run:
             f"--label {name!r} is neither a class name nor a label; {hint}known classes: "
             f"{', '.join(names[:10])}{', ...' if len(names) > 10 else ''}."
         )
+
+
+def _relative_inside(path: str, workdir: str) -> str:
+    """``path`` relative to ``workdir`` when it lies inside it (an answer names no server folder)."""
+    if not os.path.isabs(path):
+        return path
+    rel = os.path.relpath(path, os.path.abspath(workdir))
+    return path if rel == ".." or rel.startswith(".." + os.sep) else rel
 
 
 def duplicates_of(
@@ -387,7 +450,7 @@ def duplicates_of(
         where = known.get(digest) or stores_known.get(digest)
         if where is not None:
             out.append((name, where))
-        known.setdefault(digest, os.path.abspath(name))
+        known.setdefault(digest, name)
     return out
 
 

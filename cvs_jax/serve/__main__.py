@@ -1,6 +1,6 @@
 """Serve a run's visual search over HTTP while it keeps learning.
 
-    python -m cvs_jax.serve --workdir W [--host 127.0.0.1] [--port 8000] [--token T]
+    python -m cvs_jax.serve --workdir W [--host 127.0.0.1] [--port 8000] [--token_file F] [--gate on|off]
 
 Example: ``python -m cvs_jax.serve --workdir workdirs/demo/cvs``, then open http://127.0.0.1:8000/ or
 ``curl -F file=@q.png 'http://127.0.0.1:8000/search?k=3'``.
@@ -16,8 +16,11 @@ A problem to fix ends with one ``error: ...`` line and exit status 2.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
+import re
+import socket
 import sys
 from typing import Any, Callable
 
@@ -28,6 +31,8 @@ from cvs_jax import cli
 from cvs_jax.errors import UserError
 from cvs_jax.index import registry
 from cvs_jax.index.registry import INDEXES
+from cvs_jax.retrieval import gate
+from cvs_jax.serve import guard
 
 TOKEN_ENV = "CVS_JAX_TOKEN"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -40,7 +45,29 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     )
     flags.DEFINE_integer("port", 8000, "Port to listen on.", flag_values=flag_values)
     flags.DEFINE_string(
-        "token", None, f"Token that POST /add requires (default: ${TOKEN_ENV}, if set).", flag_values=flag_values
+        "token",
+        None,
+        f"Token that POST /add and /model require (default: ${TOKEN_ENV}, if set; visible in ps: prefer "
+        "--token_file or the environment variable).",
+        flag_values=flag_values,
+    )
+    flags.DEFINE_string("token_file", None, "A file whose first line is the token.", flag_values=flag_values)
+    flags.DEFINE_list(
+        "allowed_hosts",
+        None,
+        "Host names the server answers (the Host header; against DNS rebinding). Default: the loopback names "
+        "and --host; '*': any.",
+        flag_values=flag_values,
+    )
+    flags.DEFINE_float(
+        "read_timeout_s", 30.0, "A request's head, then its body, must arrive within this.", flag_values=flag_values
+    )
+    flags.DEFINE_enum("gate", "on", ["on", "off"], "The compatibility gate on each switch.", flag_values=flag_values)
+    flags.DEFINE_float(
+        "gate_bc", gate.DEFAULT_BC, "Switch only when BC >= -gate_bc (recall@1 points).", flag_values=flag_values
+    )
+    flags.DEFINE_float(
+        "gate_nfr", gate.DEFAULT_NFR, "Switch only when NFR <= gate_nfr (% of probe queries).", flag_values=flag_values
     )
     flags.DEFINE_float("max_upload_mb", 20.0, "Largest request body, in MiB.", flag_values=flag_values)
     flags.DEFINE_integer("max_images", 16, "Most images in one request.", flag_values=flag_values)
@@ -67,7 +94,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         flag_values=flag_values,
     )
     flags.DEFINE_string(
-        "milvus-collection", "cvs_gallery", "With --index milvus: the collection.", flag_values=flag_values
+        "milvus-collection",
+        None,
+        "With --index milvus: the collection (default: named after the run's folder, so two runs never share one).",
+        flag_values=flag_values,
     )
     flags.DEFINE_string(
         "milvus-token", None, "With --index milvus: the cluster's token (or env MILVUS_TOKEN).", flag_values=flag_values
@@ -75,8 +105,17 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.mark_flags_as_required(["workdir"], flag_values=flag_values)
 
 
-def check_token(host: str, token: str | None) -> str | None:
-    """The token ``/add`` requires; refuses a non-loopback address without one."""
+def check_token(host: str, token: str | None, token_file: str | None = None) -> str | None:
+    """The token ``/add`` and ``/model`` require (``--token``, ``--token_file``, ``$CVS_JAX_TOKEN``);
+    refuses a non-loopback address without one."""
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                token = f.readline().strip() or None
+        except OSError as e:
+            raise UserError(f"--token_file {token_file}: cannot read it ({e.strerror}); pass a readable file.") from e
+        if token is None:
+            raise UserError(f"--token_file {token_file} is empty; write the token on its first line.")
     token = token or os.environ.get(TOKEN_ENV) or None
     if host not in LOOPBACK and token is None:
         raise UserError(
@@ -84,6 +123,34 @@ def check_token(host: str, token: str | None) -> str | None:
             f"{TOKEN_ENV}=T (clients send 'Authorization: Bearer T'), or bind to 127.0.0.1."
         )
     return token
+
+
+def allowed_hosts(host: str, given: list[str] | None) -> tuple[str, ...] | None:
+    """The Host names answered: ``given`` ('*': any), else the loopback names and ``host``."""
+    if given:
+        return None if "*" in given else tuple(h.lower() for h in given)
+    extra = () if host in ("0.0.0.0", "::", "") else (host.lower(),)
+    return tuple(dict.fromkeys(guard.LOOPBACK_HOSTS + extra))
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuses a port already in use before the run is loaded (which takes a while)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise UserError(
+                f"cannot listen on {host}:{port} ({e.strerror}); stop what uses it, or pass another --port."
+            ) from e
+
+
+def default_collection(workdir: str) -> str:
+    """A Milvus collection name of this run's folder (letters, digits, _), with a hash of its full path."""
+    path = os.path.realpath(workdir)
+    name = re.sub(r"[^A-Za-z0-9_]", "_", os.path.basename(path))[:40]
+    return f"cvs_{name}_{hashlib.sha256(path.encode()).hexdigest()[:8]}"
 
 
 def index_factory(fv) -> Callable[[int], Any]:
@@ -95,7 +162,8 @@ def index_factory(fv) -> Callable[[int], Any]:
         if not uri:
             raise UserError("--index milvus needs --milvus-uri: a local file for Milvus Lite, or http://host:19530.")
         token = fv["milvus-token"].value or os.environ.get("MILVUS_TOKEN")
-        options = {"uri": uri, "collection": fv["milvus-collection"].value, **({"token": token} if token else {})}
+        collection = fv["milvus-collection"].value or default_collection(fv.workdir)
+        options = {"uri": uri, "collection": collection, **({"token": token} if token else {})}
     return functools.partial(registry.make_index, kind, **options)
 
 
@@ -113,12 +181,14 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     cli.quiet_logging()
     if len(argv) > 1:
         raise UserError(f"unexpected arguments {' '.join(argv[1:])}; pass --workdir (and --host, --port).")
-    token = check_token(fv.host, fv.token)
+    token = check_token(fv.host, fv.token, fv.token_file)
     for name, value in (("max_images", fv.max_images), ("max_pixels", fv.max_pixels), ("max_batch", fv.max_batch)):
         if value < 1:
             raise UserError(f"--{name}={value}: pass a positive number.")
+    check_port(fv.host, fv.port)
     import uvicorn  # pylint: disable=g-import-not-at-top  # the serve extra
 
+    from cvs_jax.serve import protocol  # pylint: disable=g-import-not-at-top
     from cvs_jax.serve.app import Limits, create_app  # pylint: disable=g-import-not-at-top
     from cvs_jax.serve.state import Served  # pylint: disable=g-import-not-at-top
 
@@ -128,14 +198,23 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     Image.MAX_IMAGE_PIXELS = fv.max_pixels  # Pillow's own guard, besides the header check of each upload
     make_index = index_factory(fv)
     served = Served(
-        fv.workdir, make_index=make_index, max_wait_s=fv.max_wait_ms / 1000, max_batch=fv.max_batch, poll_s=fv.poll_s
+        fv.workdir,
+        make_index=make_index,
+        max_wait_s=fv.max_wait_ms / 1000,
+        max_batch=fv.max_batch,
+        poll_s=fv.poll_s,
+        thresholds=gate.Thresholds(bc=fv.gate_bc, nfr=fv.gate_nfr, off=fv.gate == "off"),
+        warm_all=True,
     )
     if fv.index != "exact":  # an approximate index says how close it is, on the gallery's own rows as queries
         print(f"index {fv.index}: recall@10 against exact search {recall_check(served):.3f}", file=sys.stderr)
     limits = Limits(
-        max_upload_bytes=int(fv.max_upload_mb * (1 << 20)), max_images=fv.max_images, max_pixels=fv.max_pixels
+        max_upload_bytes=int(fv.max_upload_mb * (1 << 20)),
+        max_images=fv.max_images,
+        max_pixels=fv.max_pixels,
+        read_timeout_s=fv.read_timeout_s,
     )
-    app = create_app(served, token=token, limits=limits)
+    app = create_app(served, token=token, limits=limits, allowed_hosts=allowed_hosts(fv.host, fv.allowed_hosts))
     print(
         f"serving {fv.workdir} (model of session {served.model_session}, {len(served.run.rows)} rows) on "
         f"http://{fv.host}:{fv.port}/",
@@ -143,7 +222,14 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
         flush=True,
     )
     try:
-        uvicorn.run(app, host=fv.host, port=fv.port, log_level="warning")
+        uvicorn.run(
+            app,
+            host=fv.host,
+            port=fv.port,
+            log_level="warning",
+            http=protocol.with_head_deadline(fv.read_timeout_s),
+            timeout_keep_alive=5,
+        )
     finally:
         served.close()
     return 0

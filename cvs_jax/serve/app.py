@@ -1,14 +1,15 @@
 """The HTTP routes (FastAPI on Starlette): search, add, info, health, metrics, the page, thumbnails.
 
 Every refusal is a 4xx JSON ``{"error": "..."}`` with one message, and anything unexpected a 500 with
-one line (the traceback goes to the server's log, never to the client); the server keeps serving.
+one line (the traceback goes to the server's log, never to the client); the server keeps serving, and
+the client's connection stays open (the 500 is answered by ``_Observe``, not re-raised into uvicorn).
+Routes are module-level functions that find the server's state in ``request.app.state.ctx``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import io
 import logging
 import os
@@ -26,8 +27,9 @@ from starlette.exceptions import HTTPException
 from cvs_jax.errors import UserError, WorkdirBusyError
 from cvs_jax.reports import search_page
 from cvs_jax.retrieval import run_info
+from cvs_jax.retrieval.run_reader import parse_int
 from cvs_jax.rundir import paths
-from cvs_jax.serve import page
+from cvs_jax.serve import guard, page
 from cvs_jax.serve import uploads as uploads_lib
 from cvs_jax.serve.metrics import Metrics
 from cvs_jax.serve.state import Duplicate, Query, Served
@@ -41,6 +43,7 @@ class Limits:
     max_images: int = 16  # images per request
     max_pixels: int = 40_000_000  # per image, checked from its header before decoding
     max_k: int = 100
+    read_timeout_s: float = 30.0  # a request's body arrives within this, or the answer is 408
 
 
 # uploads up to this size are decoded on the event loop (a small PNG decodes in 0.07 ms, less than a hop
@@ -62,208 +65,309 @@ def _bool(value: str | None) -> bool:
     return value is not None and value.lower() in ("1", "true", "yes", "on")
 
 
-class _Observe:
-    """Counts every answer and its latency per route (``/metrics``).  A plain ASGI middleware: Starlette's
-    ``@app.middleware("http")`` wraps each request in extra tasks and streams, which cost a lone query
-    about 0.3 ms here."""
+@dataclasses.dataclass
+class Ctx:
+    """What every route reads: the served run, the limits, the token, the counters."""
 
-    def __init__(self, app, metrics: Metrics):
-        self.app, self.metrics = app, metrics
+    served: Served
+    token: str | None
+    limits: Limits
+    metrics: Metrics
+    allowed_hosts: tuple[str, ...] | None
+
+
+def _ctx(request: Request) -> Ctx:
+    return request.app.state.ctx
+
+
+class _Observe:
+    """Counts every answer and its latency per route (``/metrics``), refuses a ``Host`` not allowed, and
+    answers anything unexpected with one 500 line.  A plain ASGI middleware: Starlette's
+    ``@app.middleware("http")`` wraps each request in extra tasks and streams, which cost a lone query
+    about 0.3 ms here.  A 500 answered by Starlette's ``ServerErrorMiddleware`` is re-raised into uvicorn,
+    which then closes the connection: a client's next keep-alive request failed. Here it is not."""
+
+    def __init__(self, app, metrics: Metrics, allowed_hosts: tuple[str, ...] | None):
+        self.app, self.metrics, self.allowed_hosts = app, metrics, allowed_hosts
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         start, status = time.perf_counter(), [500]
+        started = [False]
 
         async def observed(message):
             if message["type"] == "http.response.start":
-                status[0] = message["status"]
+                status[0], started[0] = message["status"], True
             await send(message)
 
         try:
-            await self.app(scope, receive, observed)
+            host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+            refusal = guard.host_refusal(host, self.allowed_hosts)
+            if refusal is not None:
+                await _error(400, refusal)(scope, receive, observed)
+            else:
+                await self.app(scope, receive, observed)
+        except Exception as e:  # noqa: BLE001 -- a bug: one line to the client, the traceback to the log
+            log.error("unexpected error on %s", scope.get("path"), exc_info=e)
+            if not started[0]:
+                body = _error(500, f"internal error ({type(e).__name__}); the server's log has the details")
+                await body(scope, receive, observed)
         finally:
             route = scope.get("route")
             self.metrics.observe(getattr(route, "path", "other"), status[0], time.perf_counter() - start)
 
 
-def create_app(served: Served, *, token: str | None = None, limits: Limits = Limits()) -> FastAPI:
-    """The app over a loaded ``Served``; ``token``: required (Bearer) for ``/add`` when set."""
-    app = FastAPI(title="cvs_jax visual search", docs_url=None, redoc_url=None, openapi_url=None)
-    metrics = Metrics()
+def _handlers() -> dict:
+    """Exception class -> handler: each refusal one 4xx JSON line."""
 
-    app.add_middleware(_Observe, metrics=metrics)
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, e: Exception):  # a bug: one line to the client, the traceback to the log
-        log.error("unexpected error on %s", request.url.path, exc_info=e)
-        return _error(500, f"internal error ({type(e).__name__}); the server's log has the details")
-
-    @app.exception_handler(_Refused)
-    async def refused(request, e: _Refused):
+    async def refused(request, e):
         return _error(e.status, str(e))
 
-    @app.exception_handler(uploads_lib.BadUpload)
-    async def bad_upload(request, e: uploads_lib.BadUpload):
-        return _error(e.status, str(e))
-
-    @app.exception_handler(UserError)
     async def user_error(request, e: UserError):
         status = 409 if isinstance(e, Duplicate) else 503 if isinstance(e, WorkdirBusyError) else 400
         return _error(status, str(e))
 
-    @app.exception_handler(HTTPException)
     async def http_error(request, e: HTTPException):
         return _error(e.status_code, str(e.detail))
 
-    @app.exception_handler(RequestValidationError)
     async def invalid(request, e: RequestValidationError):
         first = e.errors()[0] if e.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()))
         return _error(400, f"{where}: {first.get('msg', 'invalid request')}")
 
-    async def read_uploads(request: Request) -> tuple[list[uploads_lib.Upload], dict[str, str]]:
-        """The request's images (multipart files, or the raw body) decoded, and its form/query fields."""
-        length = request.headers.get("content-length")
-        if length is None:
-            raise _Refused(411, "send the request with a Content-Length header (no chunked uploads).")
-        if not length.isdigit() or int(length) > limits.max_upload_bytes:
-            raise _Refused(
-                413, f"the request is {length} bytes, over the limit of {limits.max_upload_bytes} (--max_upload_mb)."
-            )
-        fields = dict(request.query_params)
-        named: list[tuple[str, bytes]] = []
-        if request.headers.get("content-type", "").startswith("multipart/form-data"):
-            form = await request.form(
-                max_files=limits.max_images + 1, max_fields=32, max_part_size=limits.max_upload_bytes
-            )
-            for key, value in form.multi_items():
-                if isinstance(value, UploadFile):
-                    named.append((value.filename or f"image-{len(named)}", await value.read()))
-                else:
-                    fields[key] = value
-        else:
-            named.append(("image-0", await request.body()))
-        if not named:
-            raise _Refused(400, "no image in the request; send image files (multipart) or one image as the body.")
-        if len(named) > limits.max_images:
-            raise _Refused(413, f"{len(named)} images in one request, over the limit of {limits.max_images}.")
-        shape = served.run.image_shape
+    return {
+        _Refused: refused,
+        uploads_lib.BadUpload: refused,
+        UserError: user_error,
+        HTTPException: http_error,
+        RequestValidationError: invalid,
+    }
 
-        def decode():
-            return [uploads_lib.decode(n, d, shape, limits.max_pixels) for n, d in named]
 
-        if sum(len(d) for _, d in named) <= INLINE_DECODE_BYTES:
-            return decode(), fields
-        return await run_in_threadpool(decode), fields
+async def _body(request: Request, ctx: Ctx, multipart: bool):
+    """The request's form or body, read within ``read_timeout_s`` (a slow or stalled client gets 408)."""
+    limits = ctx.limits
+    if multipart:
+        read = request.form(max_files=limits.max_images + 1, max_fields=32, max_part_size=limits.max_upload_bytes)
+    else:
+        read = request.body()
+    try:
+        return await asyncio.wait_for(read, limits.read_timeout_s)
+    except asyncio.TimeoutError:
+        raise _Refused(408, f"the request's body did not arrive within {limits.read_timeout_s:g} s.") from None
 
-    def k_of(fields: dict[str, str]) -> int:
-        raw = fields.get("k", "5")
-        if not raw.lstrip("-").isdigit() or not 1 <= int(raw) <= limits.max_k:
-            raise _Refused(400, f"k={raw!r}: ask for 1 to {limits.max_k} gallery rows per query.")
-        return int(raw)
 
-    @app.post("/search")
-    async def search(request: Request):
-        with served.batcher.arriving():  # a batch forming now waits for this request, not for nobody
-            # One turn of the loop before deciding: requests already received (read together after the loop
-            # ran a lone query itself) are counted first. Without it, a request whose body was buffered ran
-            # start to end without yielding, saw itself alone and ran on the loop too: on one H200 the
-            # server answered 16 clients one query at a time (180 queries/s, as for 1 client).
-            await asyncio.sleep(0)
-            return await answer(request)
-
-    async def answer(request: Request):
-        got, fields = await read_uploads(request)
-        k = k_of(fields)
-        label = fields.get("label") or None
-        run = served.run
-        label_value = run.label_of(label) if label is not None else None
-        images = np.stack([u.image for u in got])
-        query = Query(images, k, label_value)
-        done, answer = served.batcher.now(query, len(images))  # alone: answered here, without the hop
-        if not done:
-            answer = await asyncio.wrap_future(served.batcher.submit(query, len(images)))
-        queries = [
-            {"query": u.name, "model_session": answer.model_session, "hits": hits} for u, hits in zip(got, answer.hits)
-        ]
-        out = {"model_session": answer.model_session, "gallery_rows": answer.gallery_rows, "queries": queries}
-        if _bool(fields.get("html")):
-            shown = [
-                {
-                    "query": u.name,
-                    "class_name": search_page.query_class(u.name, label, run.class_names) if label else None,
-                    "image": u.image,
-                    "error": None,
-                    "hits": hits,
-                }
-                for u, hits in zip(got, answer.hits)
-            ]
-            out["html"] = page.hits_html(shown)
-        return JSONResponse(out)  # plain JSON types already: FastAPI's encoder pass would only cost time
-
-    @app.post("/add")
-    async def add(request: Request):
-        if token is not None:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                raise _Refused(401, "adding rows needs the server's token: send 'Authorization: Bearer TOKEN'.")
-        got, fields = await read_uploads(request)
-        return await run_in_threadpool(served.add, got, fields.get("label") or None, _bool(fields.get("force")))
-
-    @app.get("/info")
-    async def info():
-        return await run_in_threadpool(run_info.describe_run, served.run)
-
-    @app.get("/healthz")
-    async def healthz():
-        return {"status": "ok", "model_session": served.model_session, "gallery_rows": len(served.run.rows)}
-
-    @app.get("/metrics")
-    async def prometheus():
-        gauges = {
-            "cvs_gallery_rows": ("Rows searched (session rows and added rows).", len(served.run.rows)),
-            "cvs_model_session": ("The session (1-based) whose model embeds the queries.", served.model_session),
-            "cvs_model_switches_total": ("Switches to a newer session since the start.", served.switches),
-            "cvs_index_rows": ("Rows held by the index.", len(served.index)),
-        }
-        sizes = served.batcher.batch_sizes
-        if sizes:
-            gauges["cvs_batch_images_mean"] = ("Images per batch, mean of the last 1000.", float(np.mean(sizes)))
-        return Response(metrics.text(gauges), media_type="text/plain; version=0.0.4")
-
-    @app.get("/")
-    async def index_page():
-        run = served.run
-        return HTMLResponse(
-            page.render(
-                workdir=os.path.abspath(served.workdir),
-                model_session=served.model_session,
-                gallery_rows=len(run.rows),
-                k=5,
-                max_k=limits.max_k,
-                has_report=os.path.exists(paths.report_file(served.workdir)),
-            )
+async def read_uploads(request: Request, ctx: Ctx) -> tuple[list[uploads_lib.Upload], dict[str, str]]:
+    """The request's images (multipart files, or the raw body) decoded, and its form/query fields."""
+    limits = ctx.limits
+    length = request.headers.get("content-length")
+    if length is None:
+        raise _Refused(411, "send the request with a Content-Length header (no chunked uploads).")
+    if not length.isdigit() or int(length) > limits.max_upload_bytes:
+        raise _Refused(
+            413, f"the request is {length} bytes, over the limit of {limits.max_upload_bytes} (--max_upload_mb)."
         )
+    fields = dict(request.query_params)
+    named: list[tuple[str, bytes]] = []
+    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+        form = await _body(request, ctx, True)
+        for key, value in form.multi_items():
+            if isinstance(value, UploadFile):
+                named.append((value.filename or f"image-{len(named)}", await value.read()))
+            else:
+                fields[key] = value
+    else:
+        named.append(("image-0", await _body(request, ctx, False)))
+    if not named:
+        raise _Refused(400, "no image in the request; send image files (multipart) or one image as the body.")
+    if len(named) > limits.max_images:
+        raise _Refused(413, f"{len(named)} images in one request, over the limit of {limits.max_images}.")
+    shape = ctx.served.run.image_shape
 
-    @app.get("/report.html")
-    async def report():
-        path = paths.report_file(served.workdir)
-        if not os.path.exists(path):
-            raise _Refused(404, "the run has no report.html yet (python -m cvs_jax.report writes it).")
-        return FileResponse(path, media_type="text/html")
+    def decode():
+        return [uploads_lib.decode(n, d, shape, limits.max_pixels) for n, d in named]
 
-    @app.get("/thumb/{row}.png")
-    async def thumb(row: int):
-        run = served.run
-        if not 0 <= row < len(run.rows):
-            raise _Refused(404, f"row {row}: the gallery has rows 0 to {len(run.rows) - 1}.")
-        image = (await run_in_threadpool(run.row_images, [row]))[0]
-        if image is None:
-            raise _Refused(404, f"row {row}: its image cannot be read on this machine.")
-        arr = image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image
-        buf = io.BytesIO()
-        Image.fromarray(arr).save(buf, format="PNG")
-        return Response(buf.getvalue(), media_type="image/png", headers={"Cache-Control": "max-age=3600"})
+    if sum(len(d) for _, d in named) <= INLINE_DECODE_BYTES:
+        return decode(), fields
+    return await run_in_threadpool(decode), fields
 
+
+def k_of(fields: dict[str, str], max_k: int) -> int:
+    raw = fields.get("k", "5")
+    k = parse_int(raw)
+    if k is None or not 1 <= k <= max_k:
+        raise _Refused(400, f"k={raw!r}: ask for 1 to {max_k} gallery rows per query (ASCII digits).")
+    return k
+
+
+async def search(request: Request):
+    served = _ctx(request).served
+    with served.batcher.arriving():  # a batch forming now waits for this request, not for nobody
+        # One turn of the loop before deciding: requests already received (read together after the loop
+        # ran a lone query itself) are counted first. Without it, a request whose body was buffered ran
+        # start to end without yielding, saw itself alone and ran on the loop too: on one H200 the
+        # server answered 16 clients one query at a time (180 queries/s, as for 1 client).
+        await asyncio.sleep(0)
+        return await answer(request)
+
+
+async def answer(request: Request):
+    ctx = _ctx(request)
+    served = ctx.served
+    got, fields = await read_uploads(request, ctx)
+    k = k_of(fields, ctx.limits.max_k)
+    label = fields.get("label") or None
+    run = served.run
+    label_value = run.label_of(label) if label is not None else None
+    images = np.stack([u.image for u in got])
+    query = Query(images, k, label_value)
+    done, found = served.batcher.now(query, len(images))  # alone: answered here, without the hop
+    if not done:
+        found = await asyncio.wrap_future(served.batcher.submit(query, len(images)))
+    queries = [
+        {"query": u.name, "model_session": found.model_session, "hits": hits} for u, hits in zip(got, found.hits)
+    ]
+    out = {"model_session": found.model_session, "gallery_rows": found.gallery_rows, "queries": queries}
+    if _bool(fields.get("html")):
+        shown = [
+            {
+                "query": u.name,
+                "class_name": search_page.query_class(u.name, label, run.class_names) if label else None,
+                "image": u.image,
+                "error": None,
+                "hits": hits,
+            }
+            for u, hits in zip(got, found.hits)
+        ]
+        out["html"] = page.hits_html(shown)
+    return JSONResponse(out)  # plain JSON types already: FastAPI's encoder pass would only cost time
+
+
+def _check_write(request: Request, ctx: Ctx) -> None:
+    refusal = guard.write_refusal(request.headers, ctx.token)
+    if refusal is not None:
+        raise _Refused(*refusal)
+
+
+async def add(request: Request):
+    ctx = _ctx(request)
+    _check_write(request, ctx)
+    got, fields = await read_uploads(request, ctx)
+    return await run_in_threadpool(ctx.served.add, got, fields.get("label") or None, _bool(fields.get("force")))
+
+
+async def pin_model(request: Request):
+    """``POST /model?session=N``: serve the model of completed session N (past the gate, or a rollback);
+    ``session=newest``: follow the newest session again, through the gate."""
+    ctx = _ctx(request)
+    _check_write(request, ctx)
+    raw = request.query_params.get("session", "")
+    if raw == "newest":
+        return await run_in_threadpool(ctx.served.pin, None)
+    n = parse_int(raw)
+    if n is None or n < 1:
+        raise _Refused(400, f"session={raw!r}: pass a completed session's number (1, 2, ...) or 'newest'.")
+    return await run_in_threadpool(ctx.served.pin, n - 1)
+
+
+async def info(request: Request):
+    served = _ctx(request).served
+    out = await run_in_threadpool(run_info.describe_run, served.run)
+    out["workdir"] = os.path.basename(os.path.abspath(served.workdir))  # no server folder in an answer
+    out.update(served.status())
+    return out
+
+
+async def healthz(request: Request):
+    served = _ctx(request).served
+    return {"status": "ok", "model_session": served.model_session, "gallery_rows": len(served.run.rows)}
+
+
+async def prometheus(request: Request):
+    ctx = _ctx(request)
+    served = ctx.served
+    gauges = {
+        "cvs_gallery_rows": ("Rows searched (session rows and added rows).", len(served.run.rows)),
+        "cvs_model_session": ("The session (1-based) whose model embeds the queries.", served.model_session),
+        "cvs_model_switches_total": ("Switches to a newer session since the start.", served.switches),
+        "cvs_index_rows": ("Rows held by the index.", len(served.index)),
+    }
+    sizes = served.batcher.batch_sizes
+    if sizes:
+        gauges["cvs_batch_images_mean"] = ("Images per batch, mean of the last 1000.", float(np.mean(sizes)))
+    counters = {"cvs_gate_decisions_total": ("Gate verdicts on new sessions, by decision.", served.gate_counts)}
+    return Response(ctx.metrics.text(gauges, counters), media_type="text/plain; version=0.0.4")
+
+
+async def index_page(request: Request):
+    ctx = _ctx(request)
+    served = ctx.served
+    return HTMLResponse(
+        page.render(
+            workdir=os.path.basename(os.path.abspath(served.workdir)),
+            model_session=served.model_session,
+            gallery_rows=len(served.run.rows),
+            k=5,
+            max_k=ctx.limits.max_k,
+            has_report=os.path.exists(paths.report_file(served.workdir)),
+        )
+    )
+
+
+async def report(request: Request):
+    path = paths.report_file(_ctx(request).served.workdir)
+    if not os.path.exists(path):
+        raise _Refused(404, "the run has no report.html yet (python -m cvs_jax.report writes it).")
+    return FileResponse(path, media_type="text/html")
+
+
+async def thumb(request: Request):
+    """``/thumb/<id>.png``: a row's stored image by its id (``"id"`` of a hit; a session row's id is also
+    its row number)."""
+    run = _ctx(request).served.run
+    raw = request.path_params["row_id"]
+    row_id = parse_int(raw)
+    row = run.row_of_id(row_id) if row_id is not None else None
+    if row is None:
+        raise _Refused(404, f'id {raw}: no gallery row has it (a hit\'s "id" names its row).')
+    image = (await run_in_threadpool(run.row_images, [row]))[0]
+    if image is None:
+        raise _Refused(404, f"id {raw}: its image cannot be read on this machine.")
+    arr = image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG")
+    return Response(buf.getvalue(), media_type="image/png", headers={"Cache-Control": "max-age=3600"})
+
+
+ROUTES = (
+    ("/search", search, ["POST"]),
+    ("/add", add, ["POST"]),
+    ("/model", pin_model, ["POST"]),
+    ("/info", info, ["GET"]),
+    ("/healthz", healthz, ["GET"]),
+    ("/metrics", prometheus, ["GET"]),
+    ("/", index_page, ["GET"]),
+    ("/report.html", report, ["GET"]),
+    ("/thumb/{row_id}.png", thumb, ["GET"]),
+)
+
+
+def create_app(
+    served: Served,
+    *,
+    token: str | None = None,
+    limits: Limits = Limits(),
+    allowed_hosts: tuple[str, ...] | None = None,
+) -> FastAPI:
+    """The app over a loaded ``Served``; ``token``: required (Bearer) for ``/add`` and ``/model`` when set;
+    ``allowed_hosts``: the ``Host`` names answered (None: any; the command passes loopback names by default)."""
+    app = FastAPI(title="cvs_jax visual search", docs_url=None, redoc_url=None, openapi_url=None)
+    metrics = Metrics()
+    app.state.ctx = Ctx(served, token, limits, metrics, allowed_hosts)
+    app.add_middleware(_Observe, metrics=metrics, allowed_hosts=allowed_hosts)
+    for cls, handler in _handlers().items():
+        app.add_exception_handler(cls, handler)
+    for path, endpoint, methods in ROUTES:
+        app.add_api_route(path, endpoint, methods=methods)
     return app

@@ -51,6 +51,7 @@ class Batcher:
         self._arriving = 0  # requests being read that will submit a search (``arriving``)
         self._arriving_lock = threading.Lock()
         self._busy = threading.Lock()  # held while a batch or a call runs (the worker's or ``now``'s)
+        self._holder: int | None = None  # the thread holding ``_busy`` (``holds_lock``)
         self._thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
         self._thread.start()
 
@@ -79,11 +80,27 @@ class Batcher:
             return False, None  # others are around, or were lately: the worker batches them
         if not self._busy.acquire(blocking=False):
             return False, None
+        self._holder = threading.get_ident()
         try:
             self._record(size)
             return True, self._process([payload])[0]
         finally:
+            self._holder = None
             self._busy.release()
+
+    @contextlib.contextmanager
+    def _holding(self) -> Iterator[None]:
+        with self._busy:
+            self._holder = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._holder = None
+
+    def holds_lock(self) -> bool:
+        """Whether the calling thread runs a batch or a call now (what searches wait for): a compile
+        seen here is one a search waits on (tests count them)."""
+        return self._holder == threading.get_ident()
 
     def _record(self, images: int) -> None:
         """Keeps the last 1,000 batch sizes (``/metrics``, and ``now``'s look at the recent traffic)."""
@@ -107,7 +124,7 @@ class Batcher:
             if job is None:
                 continue
             if isinstance(job, _Call):
-                with self._busy:
+                with self._holding():
                     _run(job.future, job.fn)
                 continue
             batch, images = [job], job.size
@@ -125,7 +142,7 @@ class Batcher:
                 images += nxt.size
             self._record(images)
             try:
-                with self._busy:
+                with self._holding():
                     results = self._process([item.payload for item in batch])
             except BaseException as e:  # noqa: BLE001 -- every waiting request learns it, the loop goes on
                 for item in batch:

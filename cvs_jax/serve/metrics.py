@@ -29,8 +29,9 @@ class Metrics:
             self._sum[route] += seconds
             self._count[route] += 1
 
-    def text(self, gauges: dict[str, tuple[str, float]]) -> str:
-        """The exposition; ``gauges``: name -> (help, value)."""
+    def text(self, gauges: dict[str, tuple[str, float]], labelled: dict[str, tuple[str, dict]] | None = None) -> str:
+        """The exposition; ``gauges``: name -> (help, value); ``labelled``: counters kept elsewhere, name ->
+        (help, {decision: count}) (the gate's verdicts)."""
         out = [
             "# HELP cvs_requests_total Requests answered, by route and HTTP status.",
             "# TYPE cvs_requests_total counter",
@@ -60,4 +61,7 @@ class Metrics:
                 out.append(f'cvs_request_seconds_count{{route="{route}"}} {self._count[route]}')
         for name, (help_text, value) in gauges.items():
             out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value:g}"]
+        for name, (help_text, counts) in (labelled or {}).items():
+            out += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+            out += [f'{name}{{decision="{d}"}} {n}' for d, n in sorted(counts.items())]
         return "\n".join(out) + "\n"

@@ -25,6 +25,7 @@ import functools
 import logging
 import os
 import threading
+from collections import Counter
 from typing import Any, Callable
 
 import numpy as np
@@ -32,14 +33,14 @@ import numpy as np
 from cvs_jax.data import chunks
 from cvs_jax.errors import SearchError
 from cvs_jax.index import registry as index_registry
-from cvs_jax.retrieval import additions, run_reader
+from cvs_jax.retrieval import additions, gate, query_maps, run_reader, topk
+from cvs_jax.retrieval.run_reader import ADDED_BASE
 from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.rundir.gallery import Gallery
 from cvs_jax.serve import uploads as uploads_lib
 from cvs_jax.serve.batcher import Batcher
 
-ADDED_BASE = 1 << 40
 WARM_K = 5  # the default k: its top-K is compiled for every batch bucket at the start
 log = logging.getLogger("cvs_jax.serve")
 
@@ -98,17 +99,29 @@ class Served:
         max_wait_s: float = 0.005,
         max_batch: int = 64,
         poll_s: float = 1.0,
+        thresholds: gate.Thresholds = gate.Thresholds(),
+        max_k: int = 100,
+        warm_all: bool = False,
     ):
+        """``thresholds``: the compatibility gate on each switch; ``warm_all``: compile every k bucket up to
+        ``max_k`` (and the label path's) in a background thread, so that no request compiles."""
         self.workdir = workdir
         self.run = run_reader.Run(workdir)
+        self.thresholds = thresholds
+        self.gate: dict | None = None  # the last verdict (``/info``)
+        self.gate_counts: Counter = Counter()
+        self._pin: int | None = None  # the pinned session (0-based), None: follow the newest through the gate
         self.dim = int(self.run.config.model.embed_dim)
         self._make_index = make_index
         self.index = make_index(self.dim)
+        check = getattr(self.index, "check_rows", None)
+        if check is not None:  # a store that outlives the process (Milvus): it must hold this run's rows
+            check(self.run.ids, self._embeddings_of)  # before anything is written to it
         self._in_gallery = 0  # session rows in the index
         self._in_added = 0  # added rows in the index
         self._added_step = None
         self._index_gallery(self.run)
-        self._sync_added(self.run._added)
+        self._sync_added(self.run.stored_added)
         self.switches = 0
         self._add_lock = threading.Lock()
         self._stores: tuple[int, dict] | None = None
@@ -118,6 +131,10 @@ class Served:
         for n in warm_sizes(max_batch, QUERY_CHUNK):  # the index's query buckets, compiled before serving
             self.index.search(np.zeros((n, self.dim), np.float32), WARM_K)
         self._stop = threading.Event()
+        self._switching = threading.Lock()  # one switch or pin at a time (the watcher, a request)
+        self.warmed = threading.Event()  # set when ``warm_all``'s compiles are done
+        if warm_all:
+            threading.Thread(target=self._warm_ks, args=(max_k,), name="warm-k", daemon=True).start()
         self._poll_s = poll_s
         self._watcher = threading.Thread(target=self._watch, name="watcher", daemon=True)
         if poll_s > 0:
@@ -126,6 +143,14 @@ class Served:
     @property
     def model_session(self) -> int:
         return self.run.session + 1
+
+    def status(self) -> dict:
+        """What ``/info`` adds: the served model, the pin and the gate's last verdict (sessions 1-based)."""
+        return {
+            "model_session": self.model_session,
+            "pinned_session": None if self._pin is None else self._pin + 1,
+            "gate": self.gate,
+        }
 
     def close(self) -> None:
         self._stop.set()
@@ -143,8 +168,7 @@ class Served:
         run = self.run  # one model and one index for the whole batch
         emb = run.embed(np.concatenate([q.images for q in queries]))
         k_fetch = max(q.k * (4 if q.label is not None else 1) for q in queries)
-        scores, keys = self.index.search(emb, k_fetch)
-        rows = self._rows(keys, run)
+        scores, rows = self._top(emb, k_fetch, run)
         out, start = [], 0
         for q in queries:
             hits = []
@@ -165,8 +189,34 @@ class Served:
             if keep.sum() >= q.k or k_fetch >= len(self.index):
                 return s[keep], r[keep]
             k_fetch = min(k_fetch * 4, len(self.index))
-            s2, keys = self.index.search(emb[None], k_fetch)
-            s, r = s2[0], self._rows(keys, run)[0]
+            s2, r2 = self._top(emb[None], k_fetch, run)
+            s, r = s2[0], r2[0]
+
+    def _top(self, emb: np.ndarray, k: int, run: run_reader.Run) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, rows) of the top ``k``: the index's, or, for a run with query maps, ``search``'s own
+        mapped search (each part scored with the query mapped into its model's space; no index can hold
+        one vector per query for that)."""
+        if not run.query_maps:
+            scores, keys = self.index.search(emb, k)
+            return scores, self._rows(keys, run)
+        parts = [(p.session, p.embeddings) for p in run.gallery.parts + run.added.parts]
+        mapped = {p for p, _ in parts if p <= run.session}
+        per = query_maps.map_queries(run.query_maps, emb, run.session, sorted(mapped)) if mapped else {}
+        scores, rows, base = [], [], 0
+        for session, rows_of_part in parts:  # a part newer than a pinned model takes the query as it is
+            if len(rows_of_part):
+                s, idx = topk.topk_indices(per.get(session, emb), rows_of_part, k)
+                scores.append(np.asarray(s, np.float64))
+                rows.append(np.asarray(idx, np.int64) + base)
+            base += len(rows_of_part)
+        scores, rows = np.concatenate(scores, axis=1), np.concatenate(rows, axis=1)
+        order = np.lexsort((rows, -scores), axis=1)[:, :k]  # best score first, then the lowest row
+        scores, rows = np.take_along_axis(scores, order, axis=1), np.take_along_axis(rows, order, axis=1)
+        pad = k - rows.shape[1]
+        if pad > 0:
+            scores = np.concatenate([scores, np.full((len(rows), pad), -np.inf)], 1)
+            rows = np.concatenate([rows, np.full((len(rows), pad), -1, np.int64)], 1)
+        return scores, rows
 
     # --- the index (under the batcher's lock) ------------------------------------------------------
 
@@ -184,13 +234,23 @@ class Served:
     def exact_copy(self):
         """An exact index holding the rows the served index holds, under the same keys: what an approximate
         index's recall is measured against (``--index faiss-*``/``milvus`` print it at start)."""
-        exact = index_registry.make_index("exact", self.dim)
-        g, added = self.run.gallery, self.run._added
-        exact.add(np.arange(len(g), dtype=np.int64), g.embeddings, self.run.rows.arrival[: len(g)], g.sessions)
+        return self._fill(index_registry.make_index("exact", self.dim), self.run)
+
+    def _embeddings_of(self, ids: np.ndarray) -> np.ndarray:
+        """The stored embeddings of rows by id (float32 [N, D])."""
+        run = self.run
+        rows = [run.row_of_id(int(i)) for i in ids]
+        return np.stack([np.asarray(run.rows.embeddings[r : r + 1], np.float32)[0] for r in rows])
+
+    @staticmethod
+    def _fill(index, run: run_reader.Run):
+        """``index`` with every row of ``run`` under its id."""
+        g, added = run.gallery, run.stored_added
+        index.add(np.arange(len(g), dtype=np.int64), g.embeddings, run.rows.arrival[: len(g)], g.sessions)
         if len(added):
             s = added.gallery.sessions
-            exact.add(ADDED_BASE + np.arange(len(added), dtype=np.int64), added.gallery.embeddings, s, s)
-        return exact
+            index.add(ADDED_BASE + np.arange(len(added), dtype=np.int64), added.gallery.embeddings, s, s)
+        return index
 
     def _sync_added(self, added: additions.Added) -> None:
         """Puts the added rows the index lacks into it (``added``: what is stored now)."""
@@ -209,20 +269,26 @@ class Served:
         self._added_step = added.step
         self.run.use_added(added)
 
-    def _switch(self, new: run_reader.Run) -> None:
+    def _switch(self, new: run_reader.Run, index=None) -> None:
+        """Serves ``new`` (a newer gallery, or another model: a pin); ``index``: a new index already filled
+        beside serving (a ``joint`` session re-embeds every row)."""
         old = self.run
-        if new.session <= old.session:
+        if new.gallery_session < old.gallery_session or (
+            new.gallery_session == old.gallery_session and new.session == old.session
+        ):
             return
-        if len(old._added) > len(new._added):  # rows added while the new run was read
-            new.use_added(old._added)
-        if not _extends(old.gallery, new.gallery):  # joint: every row re-embedded by the new model
+        if len(old.stored_added) > len(new.stored_added):  # rows added while the new run was read
+            new.use_added(old.stored_added)
+        if index is not None:
+            self.index, self._in_gallery, self._in_added = index
+        elif not _extends(old.gallery, new.gallery):  # joint, and no index made beside serving
             self.index = self._make_index(self.dim)
             self._in_gallery = self._in_added = 0
         self.run = new
         self._index_gallery(new)
-        self._in_added = min(self._in_added, len(new._added))
-        self._sync_added(new._added)
-        self.switches += 1
+        self._in_added = min(self._in_added, len(new.stored_added))
+        self._sync_added(new.stored_added)
+        self.switches += new.session != old.session
         log.warning("serving the model of session %d (%d rows)", new.session + 1, len(new.rows))
 
     # --- watching the workdir -----------------------------------------------------------------------
@@ -233,17 +299,110 @@ class Served:
         for n in warm_sizes(self._max_batch, int(run.config.train.eval_batch_size)):
             run.embed(np.zeros((n, *run.image_shape), np.uint8))
 
+    def _warm_ks(self, max_k: int) -> None:
+        """Compiles, beside serving, the index's search for every k bucket up to ``4 max_k`` (a label
+        fetches 4 k) and every query bucket, lone queries first: no request compiles a new k."""
+        warm = getattr(self.index, "warm", None)
+        if warm is None:
+            return
+        ks = sorted({1 << e for e in range(topk.pow2(4 * max_k).bit_length())} | {len(self.index)})
+        for n in warm_sizes(self._max_batch, QUERY_CHUNK):
+            for k in ks:
+                if self._stop.is_set():
+                    return
+                if k < 1:
+                    continue
+                try:
+                    warm(n, k)
+                except Exception:  # noqa: BLE001 -- a warm-up only: the request would compile it itself
+                    log.exception("warming the search for k=%d failed", k)
+                    return
+        self.warmed.set()
+
     def poll(self) -> None:
-        """Switches to a newer completed session, and takes in rows added by others (``search --add``)."""
+        """Takes a newer completed session through the gate (or at the pinned model), and the rows added
+        by others (``search --add``)."""
         newest = newest_session(self.workdir)
-        if newest is not None and newest > self.run.session:
-            new = run_reader.Run(self.workdir)
-            self._warm(new)
-            self.batcher.call(lambda: self._switch(new)).result()
+        if newest is not None and newest > self.run.gallery_session:
+            with self._switching:
+                self._take(newest)
         step = additions.newest_step(self.workdir)
         if step is not None and step != self._added_step:
             added = additions.read(self.workdir, self.dim)
+            prepare = getattr(self.index, "prepare", None)
+            if prepare is not None:
+                prepare([len(added) - self._in_added])
             self.batcher.call(lambda: self._sync_added(added)).result()
+
+    def _take(self, newest: int) -> None:
+        """Serves session ``newest``'s gallery with the model the gate (or the pin) chooses."""
+        if newest <= self.run.gallery_session:
+            return
+        model = self._pin
+        if model is None:
+            verdict = gate.for_workdir(self.workdir, newest, self.run.session, self.thresholds)
+            if verdict["decision"] == "pending":
+                return  # the run writes its scores with the session: read them at the next poll
+            self.gate = verdict
+            self.gate_counts[verdict["decision"]] += 1
+            log.warning("%s", gate.line(verdict))
+            model = None if verdict["decision"] == "switched" else self.run.session
+        self._install(run_reader.Run(self.workdir, model_session=model))
+
+    def _install(self, new: run_reader.Run) -> None:
+        """Everything slow beside serving (the model's first runs, a bigger index's compiles, or a whole new
+        index for ``joint``), then the switch itself between two batches."""
+        if new.session != self.run.session:
+            self._warm(new)
+        index = None
+        if not _extends(self.run.gallery, new.gallery):
+            fresh = self._make_index(self.dim)
+            self._fill(fresh, new)
+            for n in warm_sizes(self._max_batch, QUERY_CHUNK):
+                fresh.search(np.zeros((n, self.dim), np.float32), WARM_K)
+            index = (fresh, len(new.gallery), len(new.stored_added))
+        else:
+            prepare = getattr(self.index, "prepare", None)
+            if prepare is not None:
+                prepare([len(new.gallery) - self._in_gallery, len(new.stored_added) - self._in_added])
+        self.batcher.call(lambda: self._switch(new, index)).result()
+
+    def pin(self, session: int | None) -> dict:
+        """Serves the model of completed session ``session`` (0-based), past the gate; None: follows the
+        newest session again (through the gate).  Says how many rows a newer model than the served one
+        embedded: those are searched across models (docs/serve.md has what that cost when measured)."""
+        with self._switching:
+            newest = newest_session(self.workdir)
+            if session is not None and (newest is None or session > newest):
+                raise SearchError(
+                    f"session {session + 1} has not completed; pass one of 1 to {0 if newest is None else newest + 1}."
+                )
+            self._pin = session
+            if session is None:
+                model = self.run.session
+                if newest is not None and newest != self.run.session:
+                    verdict = gate.for_workdir(self.workdir, newest, self.run.session, self.thresholds)
+                    self.gate = verdict
+                    self.gate_counts[verdict["decision"]] += 1
+                    log.warning("%s", gate.line(verdict))
+                    model = None if verdict["decision"] in ("switched", "pending") else self.run.session
+            else:
+                model = session
+            self._install(run_reader.Run(self.workdir, model_session=model))
+            run = self.run
+        newer = int(np.sum(run.rows.model > run.session))
+        return {
+            "model_session": run.session + 1,
+            "pinned_session": None if self._pin is None else self._pin + 1,
+            "gallery_rows": len(run.rows),
+            "rows_by_newer_models": newer,
+            "note": (
+                f"{newer} of {len(run.rows)} rows were embedded by a newer model than session {run.session + 1}'s "
+                f"and are searched across models (docs/serve.md, 'Pinning a model', has what that costs)."
+                if newer
+                else "every row was embedded by this model or an older one"
+            ),
+        }
 
     def _watch(self) -> None:
         while not self._stop.wait(self._poll_s):
@@ -266,7 +425,7 @@ class Served:
         label_value = run.label_of(label)
         named = [(u.name, u.digest) for u in uploads]
         with self._add_lock:
-            self._refuse_duplicates(named, run._added, run, force)
+            self._refuse_duplicates(named, run.stored_added, run, force)
             images = np.stack([u.image for u in uploads])
             emb, session = self.batcher.call(lambda: (self.run.embed(images), self.run.session)).result()
             with workdir_lib.hold_additions(self.workdir, wait_s=wait_s):
@@ -287,6 +446,9 @@ class Served:
                 finally:
                     writer.close()
             n, first = len(uploads), len(stored) - len(uploads)
+            prepare = getattr(self.index, "prepare", None)
+            if prepare is not None:  # a bigger index's compiles here, beside serving, not under the lock
+                prepare([len(stored) - self._in_added])
 
             def integrate():
                 self._sync_added(stored)
@@ -295,6 +457,7 @@ class Served:
             rows = self.batcher.call(integrate).result()
         return {
             "added": n,
+            "ids": [ADDED_BASE + i for i in range(first, first + n)],
             "rows": rows,
             "label": label_value,
             "model_session": session + 1,

@@ -5,8 +5,8 @@ reads only the header on ``open``; a decompression bomb is refused before any pi
 Pillow's own bomb warning is an error too.  A bad image is a ``BadUpload`` naming it (a 4xx answer).
 
 An added image is written to ``<workdir>/uploads/<sha256>.<ext>`` (temporary file, fsync, rename,
-fsync of the folder) before its row is written: the row's source is that file, as a ``search --add``
-row's source is the file it was given, and its thumbnail is read from it.
+fsync of the folder) before its row is written: the row's source is that file, stored relative to the
+workdir (``uploads/<sha256>.<ext>``), and its thumbnail is read from it.
 """
 
 from __future__ import annotations
@@ -68,19 +68,23 @@ def decode(name: str, data: bytes, shape: tuple[int, int, int], max_pixels: int)
                 image = _resize.to_stored(im, shape)
     except BadUpload:
         raise
-    except (*image_errors(), Image.DecompressionBombWarning) as e:
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:  # Pillow's own pixel limit
+        raise BadUpload(f"{name}: too many pixels to decode safely ({e}); send a smaller image.", 413) from e
+    except image_errors() as e:
         why = "not an image file" if isinstance(e, Image.UnidentifiedImageError) else str(e)
         raise BadUpload(f"{name}: not a readable image ({why}); send PNG, JPEG, WebP or BMP files.") from e
     return Upload(name, data, fmt, image)
 
 
 def save(workdir: str, upload: Upload) -> str:
-    """Writes the upload durably under ``uploads/`` (once per content); returns its absolute path."""
+    """Writes the upload durably under ``uploads/`` (once per content); returns its path relative to the
+    workdir (what the row stores: a moved or copied workdir still finds it)."""
     folder = paths.uploads_dir(workdir)
     os.makedirs(folder, exist_ok=True)
-    path = os.path.abspath(os.path.join(folder, f"{upload.digest}.{upload.ext}"))
+    path = os.path.join(folder, f"{upload.digest}.{upload.ext}")
+    stored = os.path.relpath(path, workdir)
     if os.path.exists(path):
-        return path
+        return stored
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".upload-")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -93,4 +97,4 @@ def save(workdir: str, upload: Upload) -> str:
             os.unlink(tmp)
         raise
     fsync_dir(folder)
-    return path
+    return stored

@@ -82,6 +82,7 @@ def test_export_round_trip(exported_run):
         table = list(csv.DictReader(f))
     assert list(table[0]) == list(export.ROW_COLUMNS) and len(table) == emb.shape[0]
     assert [int(r["row"]) for r in table] == list(range(len(table)))
+    assert [int(r["id"]) for r in table] == run.ids.tolist()  # the ids search --json and the server show
     np.testing.assert_array_equal([int(r["label"]) for r in table], rows.labels)
     np.testing.assert_array_equal([int(r["arrival_session"]) for r in table], rows.arrival + 1)
     np.testing.assert_array_equal([int(r["model_session"]) for r in table], rows.model + 1)

@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from cvs_jax import search
 from cvs_jax.retrieval import run_reader
+from cvs_jax.retrieval.run_reader import ADDED_BASE
 from cvs_jax.rundir import paths
 from cvs_jax.serve.app import Limits, create_app
 from cvs_jax.serve.batcher import LONE
@@ -117,9 +118,10 @@ def test_added_rows_are_found_by_the_api_and_the_cli(run_copy, tmp_path, capsys)
     r = _post(client, [photo], "/add", label="bee")
     assert r.status_code == 200, r.text
     assert r.json()["rows"] == [n] and r.json()["label"] == served.run.class_names.index("bee")
+    assert r.json()["ids"] == [ADDED_BASE]
     hits = _post(client, [photo], k=3).json()["queries"][0]["hits"]
     assert hits[0]["row"] == n and hits[0]["class_name"] == "bee" and abs(hits[0]["score"] - 1.0) <= 1e-5
-    assert hits[0]["source"].startswith(os.path.abspath(paths.uploads_dir(run_copy)))
+    assert hits[0]["id"] == ADDED_BASE and hits[0]["source"].startswith(paths.UPLOADS + os.sep)
     _same_hits(hits, _cli(run_copy, [photo], 3, capsys)[0]["hits"])
     # the duplicate-bytes rule of search --add, both ways
     assert _post(client, [photo], "/add").status_code == 409
@@ -131,7 +133,7 @@ def test_added_rows_are_found_by_the_api_and_the_cli(run_copy, tmp_path, capsys)
     hits = _post(client, [other], k=2).json()["queries"][0]["hits"]
     assert hits[0]["row"] == n + 1 and hits[0]["source"] == os.path.abspath(other)
     assert client.get("/info").json()["added_rows"] == 2
-    assert client.get(f"/thumb/{n}.png").headers["content-type"] == "image/png"
+    assert client.get(f"/thumb/{ADDED_BASE}.png").headers["content-type"] == "image/png"
     served.close()
 
 
@@ -229,7 +231,7 @@ def test_a_newer_session_is_served_with_every_stored_row_kept(photo_runs, run_co
     for got, want in zip(body["queries"], _cli(run_copy, queries, 6, capsys)):
         _same_hits(got["hits"], want["hits"])  # the CLI scores the stored rows: none re-embedded
     added = served.run.describe(len(new.gallery))  # the added row: after the new part, still model 1's
-    assert added["model_session"] == 1 and added["source"].startswith(os.path.abspath(paths.uploads_dir(run_copy)))
+    assert added["model_session"] == 1 and added["source"].startswith(paths.UPLOADS + os.sep)
     assert len(served.index) == len(new.rows)
     served.close()
 

@@ -1,0 +1,323 @@
+"""The service safe to run (issue 46): no compile under the searches' lock when the index grows, query maps
+served, a 500 that keeps the connection, strict integers, Pillow's pixel limit as 413, stable row ids,
+relative upload paths, cross-origin and Host refusals, the compatibility gate and the model pin."""
+
+import glob
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+from absl import flags
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from cvs_jax import search
+from cvs_jax.index import exact
+from cvs_jax.retrieval import gate, query_maps
+from cvs_jax.retrieval.run_reader import ADDED_BASE
+from cvs_jax.rundir import paths
+from cvs_jax.serve import __main__ as command
+from cvs_jax.serve import guard
+from cvs_jax.serve.app import Limits, create_app
+from cvs_jax.serve.state import Served
+from cvs_jax.testing.image_folders import new_photo
+
+LOWERING = "/jax/core/compile/jaxpr_to_mlir_module_duration"  # one per jit cache miss (persistent cache or not)
+OFF = gate.Thresholds(off=True)
+
+
+def _photos(wd, split="train"):
+    return sorted(glob.glob(os.path.join(os.path.dirname(wd), "s1", split, "*", "*")))
+
+
+def _files(paths_):
+    return [("file", (os.path.basename(p), open(p, "rb").read())) for p in paths_]
+
+
+def _cli(wd, paths_, k, capsys):
+    capsys.readouterr()
+    assert search.search_or_add(wd, paths_, k=k, as_json=True) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _next_session_completes(two, wd):
+    for name in (paths.CONFIG, paths.PROTOCOL, paths.RESULTS):
+        shutil.copy(os.path.join(two, name), os.path.join(wd, name))
+    shutil.copytree(paths.session_dir(two, 1), paths.session_dir(wd, 1))
+
+
+@pytest.fixture(scope="module")
+def shared(photo_runs):
+    served = Served(photo_runs[0], poll_s=0, max_wait_s=0.01)
+    yield served, TestClient(create_app(served))
+    served.close()
+
+
+def test_a_500_is_answered_without_raising_into_the_server(photo_runs, shared, monkeypatch):
+    """Starlette's ``ServerErrorMiddleware`` re-raised into uvicorn, which closed the client's connection;
+    TestClient(raise_server_exceptions=True) shows that re-raise as an exception."""
+    served, _ = shared
+    client = TestClient(create_app(served))
+
+    def broken(run):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("cvs_jax.retrieval.run_info.describe_run", broken)
+    r = client.get("/info")
+    assert r.status_code == 500 and r.json()["error"].startswith("internal error (RuntimeError)")
+    assert client.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "params,route",
+    [
+        ({"k": "²"}, "/search"),
+        ({"k": "--5"}, "/search"),
+        ({"k": "٣"}, "/search"),
+        ({"k": "03"}, "/search"),
+        ({"label": "²"}, "/search"),
+        ({"label": "--1"}, "/search"),
+        ({"label": "007"}, "/search"),
+        ({"label": "²"}, "/add"),
+    ],
+)
+def test_odd_integers_are_400(photo_runs, shared, params, route):
+    _, client = shared
+    r = client.post(route, params=params, files=_files(_photos(photo_runs[0])[:1]))
+    assert r.status_code == 400, r.text
+    assert list(r.json()) == ["error"]
+
+
+def test_pillows_pixel_limit_is_413(photo_runs, shared, tmp_path, monkeypatch):
+    """The command sets ``Image.MAX_IMAGE_PIXELS`` to --max_pixels: Pillow's own warning came first (400)."""
+    _, client = shared
+    big = tmp_path / "big.png"
+    Image.new("RGB", (80, 80)).save(big)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3000)
+    r = client.post("/search", files=_files([str(big)]))
+    assert r.status_code == 413, r.text
+
+
+def test_write_routes_refuse_cross_origin_and_the_host_list(photo_runs, run_copy, tmp_path):
+    served = Served(run_copy, poll_s=0)
+    try:
+        app = create_app(served, allowed_hosts=guard.LOOPBACK_HOSTS)
+        client = TestClient(app, base_url="http://127.0.0.1:8000")
+        photo = new_photo(tmp_path / "x.png", "ant", seed=3)
+        for headers in ({"origin": "http://evil.example"}, {"sec-fetch-site": "cross-site"}, {"origin": "null"}):
+            r = client.post("/add", files=_files([photo]), headers=headers)
+            assert r.status_code == 403, r.text
+        assert not os.path.exists(paths.uploads_dir(run_copy))
+        r = client.get("/healthz", headers={"host": "evil.example:8000"})  # DNS rebinding: another name
+        assert r.status_code == 400 and "--allowed_hosts" in r.json()["error"]
+        same = client.post("/add", files=_files([photo]), headers={"origin": "http://127.0.0.1:8000"})
+        assert same.status_code == 200, same.text  # the server's own page
+        info = client.get("/info").json()
+        assert not os.path.isabs(info["workdir"]) and os.path.abspath(run_copy) not in client.get("/").text
+    finally:
+        served.close()
+
+
+def test_command_token_file_hosts_and_port(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(command.TOKEN_ENV, raising=False)
+    f = tmp_path / "token"
+    f.write_text("t0k\n")
+    assert command.check_token("0.0.0.0", None, str(f)) == "t0k"
+    assert command.allowed_hosts("127.0.0.1", None) == guard.LOOPBACK_HOSTS
+    assert command.allowed_hosts("0.0.0.0", ["*"]) is None
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        fv = flags.FlagValues()
+        command.define_flags(fv)
+        argv = fv(["serve", "--workdir", str(tmp_path / "none"), "--port", str(port)])
+        assert command.main(argv, fv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: cannot listen on 127.0.0.1:{port}")
+    a, b = command.default_collection(str(tmp_path / "a" / "run")), command.default_collection(str(tmp_path / "run"))
+    assert a != b and a.startswith("cvs_run_")
+
+
+def test_a_half_sent_request_line_is_closed_after_the_deadline():
+    import uvicorn
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = uvicorn.Config(app, port=port, log_level="error", http=command_protocol(0.3), lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(100):
+            if server.started:
+                break
+            time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+            c.sendall(b"GET / HT")
+            start = time.monotonic()
+            assert c.recv(100) == b""  # closed by the server, not by the 5 s client timeout
+            assert time.monotonic() - start < 4
+    finally:
+        server.should_exit = True
+        thread.join(5)
+
+
+def command_protocol(seconds):
+    from cvs_jax.serve import protocol
+
+    return protocol.with_head_deadline(seconds)
+
+
+def test_query_maps_are_applied_as_search_does(photo_runs, tmp_path, capsys):
+    wd = str(tmp_path / "mapped")
+    shutil.copytree(photo_runs[1], wd)
+    config = json.load(open(paths.config_file(wd)))
+    config.setdefault("retrieval", {})["query_map"] = "procrustes"
+    json.dump(config, open(paths.config_file(wd), "w"))
+    dim = int(config["model"]["embed_dim"])
+    q, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(dim, dim)))
+    query_maps.QueryMap(q, np.zeros(dim), "procrustes").save(paths.query_map_file(wd, 1))
+    served = Served(wd, poll_s=0)
+    try:
+        queries = _photos(photo_runs[0])[::6]
+        body = TestClient(create_app(served)).post("/search", params={"k": 5}, files=_files(queries)).json()
+        for got, want in zip(body["queries"], _cli(wd, queries, 5, capsys)):
+            assert [h["row"] for h in got["hits"]] == [h["row"] for h in want["hits"]]
+            np.testing.assert_allclose([h["score"] for h in got["hits"]], [h["score"] for h in want["hits"]], atol=1e-5)
+    finally:
+        served.close()
+
+
+def test_growth_and_switch_compile_nothing_under_the_lock(photo_runs, run_copy, tmp_path, monkeypatch):
+    """An add and a switch each take the index past a power of two (64 rows, then 128: ``SMALL_BLOCK`` made
+    small); every compile they need happens beside serving, none while the batcher's lock is held."""
+    monkeypatch.setattr(exact, "SMALL_BLOCK", 8)
+    served = Served(run_copy, poll_s=0, thresholds=OFF)
+    client = TestClient(create_app(served, limits=Limits(max_images=64)))
+    under_lock = []
+
+    def listener(event, duration, **kwargs):
+        if event == LOWERING and served.batcher.holds_lock():
+            under_lock.append(threading.current_thread().name)
+
+    def add(n, seed):
+        photos = [new_photo(tmp_path / f"p{seed + j}.png", "ant", seed=seed + j) for j in range(n)]
+        assert client.post("/add", files=_files(photos), params={"label": "ant"}).status_code == 200
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        query = _files(_photos(photo_runs[0])[:1])
+        for k in (3, 9):
+            assert client.post("/search", params={"k": k}, files=query).status_code == 200
+        assert len(served.index) + 16 < 64
+        add(64 - len(served.index) - 4, 100)
+        under_lock.clear()
+        _next_session_completes(photo_runs[1], run_copy)
+        served.poll()  # the new part takes the index past 64 rows
+        assert served.model_session == 2 and len(served.index) > 64
+        add(129 - len(served.index), 200)  # past 128
+        assert len(served.index) > 128
+        assert client.post("/search", params={"k": 9}, files=query).status_code == 200
+        assert under_lock == []
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+        served.close()
+
+
+def test_an_added_rows_id_names_the_same_photo_after_a_switch_and_a_moved_workdir(
+    photo_runs, run_copy, tmp_path, capsys
+):
+    served = Served(run_copy, poll_s=0, thresholds=OFF)
+    client = TestClient(create_app(served))
+    photo = new_photo(tmp_path / "mine.png", "bee", seed=41)
+    added = client.post("/add", files=_files([photo]), params={"label": "bee"}).json()
+    (row_id,), (row_before,) = added["ids"], added["rows"]
+    assert row_id == ADDED_BASE
+    thumb = client.get(f"/thumb/{row_id}.png").content
+    _next_session_completes(photo_runs[1], run_copy)
+    served.poll()
+    assert served.model_session == 2
+    hit = client.post("/search", params={"k": 1}, files=_files([photo])).json()["queries"][0]["hits"][0]
+    assert hit["id"] == row_id and hit["row"] != row_before  # the row number is a position; the id stays
+    assert client.get(f"/thumb/{row_id}.png").content == thumb
+    assert client.get(f"/thumb/{row_before}.png").content != thumb  # that number is a session row now
+    assert _cli(run_copy, [photo], 1, capsys)[0]["hits"][0]["id"] == row_id
+    served.close()
+    moved = str(tmp_path / "moved")
+    shutil.move(run_copy, moved)  # the rows store paths relative to the workdir: a moved run shows them
+    served = Served(moved, poll_s=0)
+    try:
+        r = TestClient(create_app(served)).get(f"/thumb/{row_id}.png")
+        assert r.status_code == 200 and r.content == thumb
+    finally:
+        served.close()
+
+
+def test_the_gate_keeps_a_model_that_loses_old_rows_and_a_pin_overrides_it(photo_runs, run_copy):
+    """The tiny run's second session loses 33 recall@1 points on the first session's rows (its
+    results.json): kept by the default gate; a looser gate switches; ``POST /model`` pins either way."""
+    served = Served(run_copy, poll_s=0)
+    client = TestClient(create_app(served, token="t"))
+    auth = {"authorization": "Bearer t"}
+    try:
+        _next_session_completes(photo_runs[1], run_copy)
+        served.poll()
+        verdict = client.get("/info").json()["gate"]
+        assert verdict["decision"] == "kept" and verdict["candidate_session"] == 2 and verdict["bc"] < -gate.DEFAULT_BC
+        assert set(verdict) >= {"candidate_session", "decision", "bc", "nfr", "thresholds", "reason"}
+        assert served.model_session == 1 and len(served.run.rows) == len(served.index) > len(
+            served.run.gallery.parts[0]
+        )
+        assert 'cvs_gate_decisions_total{decision="kept"} 1' in client.get("/metrics").text
+        assert client.post("/model", params={"session": "2"}).status_code == 401
+        assert client.post("/model", params={"session": "3"}, headers=auth).status_code == 400
+        pinned = client.post("/model", params={"session": "2"}, headers=auth).json()
+        assert pinned["model_session"] == served.model_session == 2 and pinned["pinned_session"] == 2
+        back = client.post("/model", params={"session": "1"}, headers=auth).json()
+        assert back["model_session"] == 1 and back["rows_by_newer_models"] > 0
+        body = client.post("/search", params={"k": 3}, files=_files(_photos(photo_runs[0])[:1])).json()
+        assert body["model_session"] == 1
+        served.thresholds = gate.Thresholds(bc=50, nfr=50)
+        assert client.post("/model", params={"session": "newest"}, headers=auth).json()["model_session"] == 2
+        assert client.get("/info").json()["gate"]["decision"] == "switched"
+    finally:
+        served.close()
+
+
+def test_update_prints_the_gate_verdict(photo_runs):
+    from cvs_jax import update
+
+    line = update.gate_line(photo_runs[1], gate.read_results(photo_runs[1]))
+    assert line.startswith("gate: kept session 2 (BC -33.33 points")
+
+
+def test_the_benchmark_sends_the_runs_photos_not_its_plots(photo_runs, tmp_path):
+    import importlib.util
+    import sys
+
+    bench = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
+    sys.path.insert(0, os.path.abspath(bench))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_serve", os.path.join(bench, "serve.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(os.path.abspath(bench))
+    wd = str(tmp_path / "elsewhere" / "run")  # no photo folder beside it, as for --workdir W
+    shutil.copytree(photo_runs[0], wd)
+    Image.new("RGB", (8, 8)).save(os.path.join(wd, "plot.png"))
+    photos, payloads = module.photo_payloads(wd)
+    assert photos and len(payloads) == len(photos)
+    assert not any(os.path.abspath(p).startswith(os.path.abspath(wd)) for p in photos)
