@@ -11,9 +11,9 @@ request waits for is the batcher's lock, which these phases used to hold for com
   loses 33 points of recall@1 on the old rows), its rows taken in under the served model;
 * switch: ``POST /model``'s pin to session 2 (its model warmed, then the switch between two batches).
 
-    python benchmarks/serve_phases.py [--clients 4] [--rest_s 5] [--out phases.json]
+    python benchmarks/serve_phases.py [--clients 4] [--rest_s 5] [--built DIR] [--out phases.json]
 
-builds a tiny photo run and its update in a temp folder (a few minutes on a CPU).
+builds a tiny photo run and its update in a temp folder (a few minutes on a CPU), or copies ``DIR``.
 """
 
 from __future__ import annotations
@@ -80,13 +80,18 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--rest_s", type=float, default=5.0)
     p.add_argument("--grow_to", type=int, default=520, help="rows the adds take the index to (past 512)")
+    p.add_argument("--built", help="a folder where this script (or the serve tests' fixture) built run, run2, s1")
     p.add_argument("--out")
     a = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-phases-"))
-    one, folder = photo_run(tmp)
-    two = str(tmp / "run2")
-    shutil.copytree(one, two)
-    assert update.update(two, folder) == 0
+    if a.built:  # a copy: the benchmark adds rows and completes a session in it
+        shutil.copytree(a.built, tmp, dirs_exist_ok=True, symlinks=True)
+        one, two = str(tmp / "run"), str(tmp / "run2")
+    else:
+        one, folder = photo_run(tmp)
+        two = str(tmp / "run2")
+        shutil.copytree(one, two)
+        assert update.update(two, folder) == 0
     served = Served(one, poll_s=0, max_wait_s=0.002)
     shape = served.run.image_shape
     photos = sorted(str(f) for f in (tmp / "s1" / "train").rglob("*.*"))[:16]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
 import numpy as np
 
@@ -101,7 +100,3 @@ def line(verdict: dict) -> str:
 
 def for_workdir(workdir: str, candidate: int, served: int | None, thresholds: Thresholds) -> dict:
     return evaluate(read_results(workdir), candidate, served, thresholds)
-
-
-def results_ready(workdir: str) -> bool:
-    return os.path.exists(paths.results_file(workdir))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from cvs_jax.errors import IndexBackendError
 from cvs_jax.index import registry
 from cvs_jax.retrieval import run_reader
 from cvs_jax.serve import __main__ as serve_main
@@ -65,6 +66,20 @@ def test_a_reopened_milvus_collection_takes_only_the_new_rows(photo_runs, tmp_pa
     first = len(index)
     _, index = _hits(photo_runs[1], make)  # the updated run: its session-2 rows are the only new ones
     assert first < len(index) == len(run_reader.Run(photo_runs[1]).gallery)
+
+
+def test_a_milvus_collection_holding_rows_the_run_lacks_is_refused_before_anything_is_written(photo_runs, tmp_path):
+    """An older copy of a run (fewer rows) served on a collection a newer copy filled: refused at start
+    (its hits would name rows the run does not have), the collection left as it was."""
+    pytest.importorskip("milvus_lite")
+    pytest.importorskip("pymilvus")
+    make = functools.partial(registry.make_index, "milvus", uri=str(tmp_path / "m.db"), collection="shared")
+    _, index = _hits(photo_runs[1], make)
+    held, mine = len(index), len(run_reader.Run(photo_runs[0]).gallery)
+    why = rf"holds {held} rows, {held - mine} row id\(s\) this run lacks; this run has {mine} rows"
+    with pytest.raises(IndexBackendError, match=why):
+        Served(photo_runs[0], make_index=make, poll_s=0)
+    assert make(index._ids.dim).count() == held
 
 
 def test_the_command_refuses_milvus_without_a_uri():

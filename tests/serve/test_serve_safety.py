@@ -84,6 +84,7 @@ def test_a_500_is_answered_without_raising_into_the_server(photo_runs, shared, m
         ({"label": "²"}, "/search"),
         ({"label": "--1"}, "/search"),
         ({"label": "007"}, "/search"),
+        ({"label": "01"}, "/search"),  # the tiny run has 3 classes: 007 is refused as a number anyway
         ({"label": "²"}, "/add"),
     ],
 )
@@ -191,11 +192,16 @@ def test_query_maps_are_applied_as_search_does(photo_runs, tmp_path, capsys):
     query_maps.QueryMap(q, np.zeros(dim), "procrustes").save(paths.query_map_file(wd, 1))
     served = Served(wd, poll_s=0)
     try:
-        queries = _photos(photo_runs[0])[::6]
-        body = TestClient(create_app(served)).post("/search", params={"k": 5}, files=_files(queries)).json()
-        for got, want in zip(body["queries"], _cli(wd, queries, 5, capsys)):
-            assert [h["row"] for h in got["hits"]] == [h["row"] for h in want["hits"]]
-            np.testing.assert_allclose([h["score"] for h in got["hits"]], [h["score"] for h in want["hits"]], atol=1e-5)
+        run = served.run
+        newer = set(run.gallery.parts[1].labels.tolist())
+        only_old = next(c for c in run.gallery.parts[0].labels.tolist() if c not in newer)  # its rows: model 1's
+        name, queries = run.class_names[only_old], _photos(photo_runs[0])[::6]
+        client = TestClient(create_app(served))
+        body = client.post("/search", params={"k": 3, "label": name}, files=_files(queries)).json()
+        for got, want in zip(body["queries"], _cli(wd, queries, len(run.rows), capsys)):
+            want = [h for h in want["hits"] if h["class_name"] == name][:3]  # the mapped query scores them
+            assert [h["row"] for h in got["hits"]] == [h["row"] for h in want]
+            np.testing.assert_allclose([h["score"] for h in got["hits"]], [h["score"] for h in want], atol=1e-5)
     finally:
         served.close()
 
@@ -246,14 +252,22 @@ def test_an_added_rows_id_names_the_same_photo_after_a_switch_and_a_moved_workdi
     (row_id,), (row_before,) = added["ids"], added["rows"]
     assert row_id == ADDED_BASE
     thumb = client.get(f"/thumb/{row_id}.png").content
+    (added_source,) = [
+        h["source"]
+        for h in client.post("/search", params={"k": 3}, files=_files([photo])).json()["queries"][0]["hits"]
+        if h["id"] == row_id
+    ]
     _next_session_completes(photo_runs[1], run_copy)
     served.poll()
     assert served.model_session == 2
-    hit = client.post("/search", params={"k": 1}, files=_files([photo])).json()["queries"][0]["hits"][0]
-    assert hit["id"] == row_id and hit["row"] != row_before  # the row number is a position; the id stays
+    every = len(served.run.rows)
+    hits = client.post("/search", params={"k": every}, files=_files([photo])).json()["queries"][0]["hits"]
+    (hit,) = [h for h in hits if h["id"] == row_id]
+    assert hit["row"] != row_before and hit["source"] == added_source  # the row number is a position
     assert client.get(f"/thumb/{row_id}.png").content == thumb
     assert client.get(f"/thumb/{row_before}.png").content != thumb  # that number is a session row now
-    assert _cli(run_copy, [photo], 1, capsys)[0]["hits"][0]["id"] == row_id
+    (cli,) = [h for h in _cli(run_copy, [photo], every, capsys)[0]["hits"] if h["id"] == row_id]
+    assert cli["row"] == hit["row"] and cli["source"] == added_source
     served.close()
     moved = str(tmp_path / "moved")
     shutil.move(run_copy, moved)  # the rows store paths relative to the workdir: a moved run shows them
