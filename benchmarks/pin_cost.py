@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 
+import _common  # noqa: F401  (puts the repo root on sys.path)
 import numpy as np
 
 from cvs_jax.retrieval import run_reader, topk

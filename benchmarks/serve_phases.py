@@ -29,6 +29,7 @@ import threading
 import time
 from pathlib import Path
 
+import _common  # noqa: F401  (puts the repo root on sys.path)
 import numpy as np
 from PIL import Image
 

@@ -335,3 +335,24 @@ def test_the_benchmark_sends_the_runs_photos_not_its_plots(photo_runs, tmp_path)
     photos, payloads = module.photo_payloads(wd)
     assert photos and len(payloads) == len(photos)
     assert not any(os.path.abspath(p).startswith(os.path.abspath(wd)) for p in photos)
+
+
+def test_new_k_buckets_and_labels_are_compiled_before_any_request(photo_runs):
+    served = Served(photo_runs[0], poll_s=0, max_batch=1, max_k=8, warm_all=True)
+    client = TestClient(create_app(served, limits=Limits(max_k=8)))
+    compiled = []
+
+    def listener(event, duration, **kwargs):
+        if event == LOWERING:
+            compiled.append(event)
+
+    assert served.warmed.wait(120)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        query = _files(_photos(photo_runs[0])[:1])
+        for params in ({"k": 7}, {"k": 8, "label": served.run.class_names[0]}, {"k": 2, "label": "1"}):
+            assert client.post("/search", params=params, files=query).status_code == 200
+        assert compiled == []
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+        served.close()
