@@ -1,7 +1,7 @@
 """``GET /``: drop or pick a photo, see its hits as thumbnails, labelled as ``search --html`` labels them.
 
 The page posts the photo to ``/search?html=1``; the server answers with the hits' rows rendered by
-``reports/search_page.py`` (the same cells as ``search --html``, thumbnails from ``/thumb/<row>.png``).
+``reports/search_page.py`` (the same cells as ``search --html``, thumbnails from ``/thumb/<id>.png``).
 """
 
 from __future__ import annotations
@@ -59,5 +59,6 @@ def render(*, workdir: str, model_session: int, gallery_rows: int, k: int, max_k
 
 
 def hits_html(queries: list[dict]) -> str:
-    """The rows of ``search --html`` for the answered queries, thumbnails by row number."""
-    return "\n".join(search_page.query_row(q, lambda hit: f"thumb/{hit['row']}.png") for q in queries)
+    """The rows of ``search --html`` for the answered queries, thumbnails by row id (a row number is a
+    position, which a switch moves)."""
+    return "\n".join(search_page.query_row(q, lambda hit: f"thumb/{hit['id']}.png") for q in queries)

@@ -106,6 +106,7 @@ class Served:
         """``thresholds``: the compatibility gate on each switch; ``warm_all``: compile every k bucket up to
         ``max_k`` (and the label path's) in a background thread, so that no request compiles."""
         self.workdir = workdir
+        self._workdir_abs = os.path.abspath(workdir)
         self.run = run_reader.Run(workdir)
         self.thresholds = thresholds
         self.gate: dict | None = None  # the last verdict (``/info``)
@@ -161,6 +162,14 @@ class Served:
     def search(self, images: np.ndarray, k: int, label: int | None = None) -> Answer:
         return self.batcher.submit(Query(images, k, label), len(images)).result()
 
+    def public_path(self, path: str) -> str:
+        """A source as an answer shows it: relative to the workdir (``../photos/x.jpg`` for a run's photo
+        folder beside it), so that no answer names a server folder; ``train[i]`` and relative paths as
+        they are."""
+        if not os.path.isabs(path):
+            return path
+        return os.path.relpath(path, self._workdir_abs)
+
     def _rows(self, keys: np.ndarray, run: run_reader.Run) -> np.ndarray:
         return np.where(keys < 0, -1, np.where(keys >= ADDED_BASE, len(run.gallery) + keys - ADDED_BASE, keys))
 
@@ -176,7 +185,10 @@ class Served:
                 s, r = scores[i], rows[i]
                 if q.label is not None:
                     s, r = self._of_label(emb[i], s, r, q, run, k_fetch)
-                hits.append(run.hits(s[None, : q.k], r[None, : q.k])[0])
+                found = run.hits(s[None, : q.k], r[None, : q.k])[0]
+                for hit in found:
+                    hit["source"] = self.public_path(hit["source"])
+                hits.append(found)
             out.append(Answer(run.session + 1, len(run.rows), hits))
             start += len(q.images)
         return out
@@ -470,6 +482,7 @@ class Served:
         dup = run_reader.duplicates_of(named, added, self._store_digests(run))
         if dup:
             raise Duplicate(
-                f"{len(dup)} of the images are already in the run (same bytes), e.g. {dup[0][0]} = {dup[0][1]}; "
+                f"{len(dup)} of the images are already in the run (same bytes), e.g. {dup[0][0]} = "
+                f"{self.public_path(dup[0][1])}; "
                 f"each would be a second gallery row of one image. Leave them out, or pass force=true."
             )

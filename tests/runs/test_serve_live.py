@@ -148,7 +148,7 @@ def test_kill_during_adds_loses_no_acknowledged_row_and_leaves_no_partial_one(wo
     for digest, row in acknowledged.items():
         assert digests[row - n] == digest  # every acknowledged row is there, where it was acknowledged
     for source, digest in zip(run.added_sources, digests):  # every row whole: its image is there too
-        with open(source, "rb") as f:
+        with open(run.added_path(source), "rb") as f:  # stored relative to the workdir
             assert hashlib.sha256(f.read()).hexdigest() == digest
     with open(tmp_path / "serve.log", "ab") as log:
         # the restarted server adds after the surviving rows

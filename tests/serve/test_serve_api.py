@@ -48,11 +48,16 @@ def _cli(wd, paths, k, capsys):
     return json.loads(capsys.readouterr().out)
 
 
-def _same_hits(api: list[dict], cli: list[dict]) -> None:
+def _same_hits(api: list[dict], cli: list[dict], workdir: str) -> None:
+    """The server's hits are the CLI's, with each source relative to the workdir (no server folder)."""
     assert [h["row"] for h in api] == [h["row"] for h in cli]
     np.testing.assert_allclose([h["score"] for h in api], [h["score"] for h in cli], atol=1e-5)
     for a, c in zip(api, cli):
-        assert {k: v for k, v in a.items() if k != "score"} == {k: v for k, v in c.items() if k != "score"}
+        shown = os.path.relpath(c["source"], workdir) if os.path.isabs(c["source"]) else c["source"]
+        assert not os.path.isabs(a["source"]) and a["source"] == shown
+        assert {k: v for k, v in a.items() if k not in ("score", "source")} == {
+            k: v for k, v in c.items() if k not in ("score", "source")
+        }
 
 
 def _photos(wd, split="train"):
@@ -77,7 +82,7 @@ def test_hits_equal_search_json(photo_runs, served_one, capsys):
     assert body["model_session"] == 1 and body["gallery_rows"] == len(run_reader.Run(wd).rows)
     for got, want in zip(body["queries"], cli):
         assert got["model_session"] == want["model_session"] == 1
-        _same_hits(got["hits"], want["hits"])
+        _same_hits(got["hits"], want["hits"], wd)
 
 
 def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(photo_runs, served_one, capsys):
@@ -90,7 +95,7 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(photo_runs
     cli = _cli(wd, queries, 4, capsys)
     for r, k, want in zip(answers, ks, cli):
         assert r.status_code == 200, r.text
-        _same_hits(r.json()["queries"][0]["hits"], want["hits"][:k])
+        _same_hits(r.json()["queries"][0]["hits"], want["hits"][:k], wd)
 
 
 def test_a_stored_image_gets_its_own_row_first_with_its_stored_score(photo_runs, served_one):
@@ -122,7 +127,7 @@ def test_added_rows_are_found_by_the_api_and_the_cli(run_copy, tmp_path, capsys)
     hits = _post(client, [photo], k=3).json()["queries"][0]["hits"]
     assert hits[0]["row"] == n and hits[0]["class_name"] == "bee" and abs(hits[0]["score"] - 1.0) <= 1e-5
     assert hits[0]["id"] == ADDED_BASE and hits[0]["source"].startswith(paths.UPLOADS + os.sep)
-    _same_hits(hits, _cli(run_copy, [photo], 3, capsys)[0]["hits"])
+    _same_hits(hits, _cli(run_copy, [photo], 3, capsys)[0]["hits"], run_copy)
     # the duplicate-bytes rule of search --add, both ways
     assert _post(client, [photo], "/add").status_code == 409
     assert search.search_or_add(run_copy, [photo], add=True) == 2
@@ -131,7 +136,7 @@ def test_added_rows_are_found_by_the_api_and_the_cli(run_copy, tmp_path, capsys)
     assert search.search_or_add(run_copy, [other], add=True, label="cat") == 0
     served.poll()
     hits = _post(client, [other], k=2).json()["queries"][0]["hits"]
-    assert hits[0]["row"] == n + 1 and hits[0]["source"] == os.path.abspath(other)
+    assert hits[0]["row"] == n + 1 and hits[0]["source"] == os.path.relpath(other, run_copy)
     assert client.get("/info").json()["added_rows"] == 2
     assert client.get(f"/thumb/{ADDED_BASE}.png").headers["content-type"] == "image/png"
     served.close()
@@ -144,7 +149,7 @@ def test_a_label_keeps_only_hits_of_that_class(photo_runs, served_one, capsys):
     hits = _post(client, [query], k=4, label="cat").json()["queries"][0]["hits"]
     everything = _cli(wd, [query], len(served.run.rows), capsys)[0]["hits"]
     cats = [h for h in everything if h["class_name"] == "cat"][:4]
-    _same_hits(hits, [dict(h, rank=rank) for rank, h in enumerate(cats, 1)])  # ranked among the class's rows
+    _same_hits(hits, [dict(h, rank=rank) for rank, h in enumerate(cats, 1)], wd)  # ranked among the class's rows
 
 
 def test_each_bad_request_gets_one_4xx_line_and_the_next_query_is_answered(photo_runs, run_copy, tmp_path):
@@ -229,7 +234,7 @@ def test_a_newer_session_is_served_with_every_stored_row_kept(photo_runs, run_co
     body = _post(client, queries, k=6).json()
     assert body["model_session"] == 2 and body["gallery_rows"] == len(new.rows)
     for got, want in zip(body["queries"], _cli(run_copy, queries, 6, capsys)):
-        _same_hits(got["hits"], want["hits"])  # the CLI scores the stored rows: none re-embedded
+        _same_hits(got["hits"], want["hits"], run_copy)  # the CLI scores the stored rows: none re-embedded
     added = served.run.describe(len(new.gallery))  # the added row: after the new part, still model 1's
     assert added["model_session"] == 1 and added["source"].startswith(paths.UPLOADS + os.sep)
     assert len(served.index) == len(new.rows)
