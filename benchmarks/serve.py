@@ -324,7 +324,7 @@ def main():
     # serve: cold start, then the loops
     port = serve_process.free_port()
     t0 = time.perf_counter()
-    server = serve_process.start(workdir, port, log, "--poll_s", "0.5")
+    server = serve_process.start(workdir, port, log, "--poll_s", "0.5", "--gate", "off")  # the update loop's switch
     healthy = time.perf_counter() - t0
     url = f"http://127.0.0.1:{port}/search"
     t = time.perf_counter()

@@ -284,6 +284,15 @@ class Run:
             variables = trunk.with_(variables, {"params": trunk.file_params(c, self.image_shape)})
         return Network(c, variables, self.image_shape)
 
+    def preload(self, same_model: "Run | None" = None) -> None:
+        """Reads now what the first answer would read lazily (the rows, the train split's source names,
+        which import the data layer: seconds), so that a server does it beside serving, not under its
+        lock; ``same_model``: a run of the same model session whose network (placed and compiled) this
+        one takes instead of building its own."""
+        if same_model is not None and same_model.session == self.session and "network" in same_model.__dict__:
+            self.__dict__["network"] = same_model.network
+        _ = self.rows, self._train_sources
+
     @property
     def variables(self) -> dict:
         return self.network.variables

@@ -108,6 +108,7 @@ class Served:
         self.workdir = workdir
         self._workdir_abs = os.path.abspath(workdir)
         self.run = run_reader.Run(workdir)
+        self.run.preload()
         self.thresholds = thresholds
         self.gate: dict | None = None  # the last verdict (``/info``)
         self.gate_counts: Counter = Counter()
@@ -312,13 +313,16 @@ class Served:
             run.embed(np.zeros((n, *run.image_shape), np.uint8))
 
     def _warm_ks(self, max_k: int) -> None:
-        """Compiles, beside serving, the index's search for every k bucket up to ``4 max_k`` (a label
-        fetches 4 k) and every query bucket, lone queries first: no request compiles a new k."""
+        """Compiles, beside serving, the index's search of one query (a lone request, and every step of
+        a label's wider fetch) for every k bucket up to ``4 max_k`` and the whole gallery: a request
+        with a new k or a label compiles nothing.  Batches of several images are warmed at k=5 only:
+        every warmed shape is compiled again at each growth past a power of two (``prepare``), so all
+        ~20 batch buckets x 11 k buckets would cost minutes of CPU per growth on a small host."""
         warm = getattr(self.index, "warm", None)
         if warm is None:
             return
         ks = sorted({1 << e for e in range(topk.pow2(4 * max_k).bit_length())} | {len(self.index)})
-        for n in warm_sizes(self._max_batch, QUERY_CHUNK):
+        for n in (1,):
             for k in ks:
                 if self._stop.is_set():
                     return
@@ -364,6 +368,7 @@ class Served:
     def _install(self, new: run_reader.Run) -> None:
         """Everything slow beside serving (the model's first runs, a bigger index's compiles, or a whole new
         index for ``joint``), then the switch itself between two batches."""
+        new.preload(same_model=self.run)  # the rows, the sources, the network when the model stays
         if new.session != self.run.session:
             self._warm(new)
         index = None

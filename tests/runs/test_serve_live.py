@@ -56,7 +56,9 @@ def test_update_completes_under_a_running_server(first_run, workdir, tmp_path, c
     url = f"http://127.0.0.1:{port}"
     queries = _photos(os.path.dirname(first_run[0]))[::10]
     with open(tmp_path / "serve.log", "wb") as log:
-        server = serve_process.start(wd, port, log, "--poll_s", "0.2")
+        # --gate off: the tiny run's session 2 loses a third of the old rows' recall@1, which the default
+        # gate keeps out (tests/serve/test_serve_safety.py); this test is about the switch under load
+        server = serve_process.start(wd, port, log, "--poll_s", "0.2", "--gate", "off")
         try:
             update = subprocess.Popen(
                 [sys.executable, "-m", "cvs_jax.update", "--workdir", wd, "--data", folder],
