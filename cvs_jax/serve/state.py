@@ -402,7 +402,7 @@ class Served:
                     self.gate = verdict
                     self.gate_counts[verdict["decision"]] += 1
                     log.warning("%s", gate.line(verdict))
-                    model = None if verdict["decision"] in ("switched", "pending") else self.run.session
+                    model = None if verdict["decision"] == "switched" else self.run.session  # pending: stay
             else:
                 model = session
             self._install(run_reader.Run(self.workdir, model_session=model))
