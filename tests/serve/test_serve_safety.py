@@ -30,6 +30,7 @@ from cvs_jax.testing.image_folders import new_photo
 
 LOWERING = "/jax/core/compile/jaxpr_to_mlir_module_duration"  # one per jit cache miss (persistent cache or not)
 OFF = gate.Thresholds(off=True)
+SMALL = 4  # batches of up to 4 images: a model is warmed for 4 batch sizes, not ~20 (cheaper tests)
 
 
 def _photos(wd, split="train"):
@@ -54,7 +55,7 @@ def _next_session_completes(two, wd):
 
 @pytest.fixture(scope="module")
 def shared(photo_runs):
-    served = Served(photo_runs[0], poll_s=0, max_wait_s=0.01)
+    served = Served(photo_runs[0], poll_s=0, max_batch=SMALL, max_wait_s=0.01)
     yield served, TestClient(create_app(served))
     served.close()
 
@@ -106,7 +107,7 @@ def test_pillows_pixel_limit_is_413(photo_runs, shared, tmp_path, monkeypatch):
 
 
 def test_write_routes_refuse_cross_origin_and_the_host_list(photo_runs, run_copy, tmp_path):
-    served = Served(run_copy, poll_s=0)
+    served = Served(run_copy, poll_s=0, max_batch=SMALL)
     try:
         app = create_app(served, allowed_hosts=guard.LOOPBACK_HOSTS)
         client = TestClient(app, base_url="http://127.0.0.1:8000")
@@ -190,7 +191,7 @@ def test_query_maps_are_applied_as_search_does(photo_runs, tmp_path, capsys):
     dim = int(config["model"]["embed_dim"])
     q, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(dim, dim)))
     query_maps.QueryMap(q, np.zeros(dim), "procrustes").save(paths.query_map_file(wd, 1))
-    served = Served(wd, poll_s=0)
+    served = Served(wd, poll_s=0, max_batch=SMALL)
     try:
         run = served.run
         newer = set(run.gallery.parts[1].labels.tolist())
@@ -245,7 +246,7 @@ def test_growth_and_switch_compile_nothing_under_the_lock(photo_runs, run_copy, 
 def test_an_added_rows_id_names_the_same_photo_after_a_switch_and_a_moved_workdir(
     photo_runs, run_copy, tmp_path, capsys
 ):
-    served = Served(run_copy, poll_s=0, thresholds=OFF)
+    served = Served(run_copy, poll_s=0, max_batch=SMALL, thresholds=OFF)
     client = TestClient(create_app(served))
     photo = new_photo(tmp_path / "mine.png", "bee", seed=41)
     added = client.post("/add", files=_files([photo]), params={"label": "bee"}).json()
@@ -271,7 +272,7 @@ def test_an_added_rows_id_names_the_same_photo_after_a_switch_and_a_moved_workdi
     served.close()
     moved = str(tmp_path / "moved")
     shutil.move(run_copy, moved)  # the rows store paths relative to the workdir: a moved run shows them
-    served = Served(moved, poll_s=0)
+    served = Served(moved, poll_s=0, max_batch=SMALL)
     try:
         r = TestClient(create_app(served)).get(f"/thumb/{row_id}.png")
         assert r.status_code == 200 and r.content == thumb
@@ -282,7 +283,7 @@ def test_an_added_rows_id_names_the_same_photo_after_a_switch_and_a_moved_workdi
 def test_the_gate_keeps_a_model_that_loses_old_rows_and_a_pin_overrides_it(photo_runs, run_copy):
     """The tiny run's second session loses 33 recall@1 points on the first session's rows (its
     results.json): kept by the default gate; a looser gate switches; ``POST /model`` pins either way."""
-    served = Served(run_copy, poll_s=0)
+    served = Served(run_copy, poll_s=0, max_batch=SMALL)
     client = TestClient(create_app(served, token="t"))
     auth = {"authorization": "Bearer t"}
     try:
