@@ -1,4 +1,4 @@
-"""The service safe to run (issue 46): no compile under the searches' lock when the index grows, query maps
+"""The service safe to run: no compile under the searches' lock when the index grows, query maps
 served, a 500 that keeps the connection, strict integers, Pillow's pixel limit as 413, stable row ids,
 relative upload paths, cross-origin and Host refusals, the compatibility gate and the model pin."""
 
