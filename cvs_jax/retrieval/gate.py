@@ -24,7 +24,7 @@ import numpy as np
 from cvs_jax.rundir import paths
 
 # Measured on the runs of docs/serve.md's table: every cvs switch of the demo (3 seeds) and the photo runs
-# passes (worst: BC -18.15, NFR 20.9 %), finetune's breaks on the demo (-34.4, -37.4) and the issue's photo
+# passes (worst: BC -18.15, NFR 20.9 %), finetune's breaks on the demo (-34.4, -37.4) and a reported photo
 # run (-34 to -55) are kept out; smaller finetune losses (the photo runs' -2 to -12.6) pass.
 DEFAULT_BC = 20.0  # points of recall@1 a candidate may lose on the stored parts (mean over parts)
 DEFAULT_NFR = 25.0  # % of probe queries an update may turn from right to wrong at top 1
