@@ -2,7 +2,8 @@
 switch, each as a ratio to the p99 at rest measured in the same run (goal: <= 3x).
 
 In-process (``Served``, the server's state, searched through its batcher by client threads): what a
-request waits for is the batcher's lock, which these phases used to hold for compiles (57 s on a photo run passing 512 rows).
+request waits for is the batcher's lock, which these phases used to hold for compiles (57 s on a photo
+run passing 512 rows).
 
 * rest: the clients alone;
 * growth: ``/add``-ed rows (16 per add, as ``Served.add``) take the index from its size past 512 rows
