@@ -96,7 +96,36 @@ def maybe_initialize(
             kwargs[name] = value
     _log.info("jax.distributed.initialize(%s)", ", ".join(f"{k}={v!r}" for k, v in kwargs.items()))
     jax.distributed.initialize(**kwargs)
+    open_collectives()
     return True
+
+
+COLLECTIVES_BARRIER_MS = 20 * 60 * 1000  # how long a process waits at start for the others (compiles, data)
+
+
+def open_collectives() -> None:
+    """Opens the collectives' connections between every device of every process now, while the
+    processes are in step.
+
+    On CPU, XLA's Gloo collectives connect a set of devices at the first collective over that set and
+    give up after 30 s (``Gloo context initialization failed: ... GetKeyValue() timed out``); later
+    collectives over the same set wait as long as a peer needs.  With several devices per process, the
+    first collective over all devices is the first training step, which each process reaches after its
+    own compile (cache hit or miss) and data preparation: 40 s apart, the run died (issue #48).  A
+    coordination-service barrier (no 30 s limit) lines the processes up, then one small sum over the
+    ``data`` mesh connects all devices."""
+    if jax.process_count() == 1 or jax.default_backend() != "cpu":
+        return
+    from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+
+    client = jax_distributed.global_state.client
+    if client is not None:
+        client.wait_at_barrier("cvs_jax_open_collectives", COLLECTIVES_BARRIER_MS)
+    mesh = data_mesh()
+    ones = global_batch(np.ones((jax.local_device_count(),), np.float32), mesh)
+    total = jax.jit(lambda x: x.sum(), out_shardings=replicated_sharding(mesh))(ones)
+    if float(jax.device_get(total)) != jax.device_count():
+        raise RuntimeError(f"the collectives' first sum over {jax.device_count()} devices gave {total}")
 
 
 def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
