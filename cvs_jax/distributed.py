@@ -111,7 +111,7 @@ def open_collectives() -> None:
     give up after 30 s (``Gloo context initialization failed: ... GetKeyValue() timed out``); later
     collectives over the same set wait as long as a peer needs.  With several devices per process, the
     first collective over all devices is the first training step, which each process reaches after its
-    own compile (cache hit or miss) and data preparation: 40 s apart, the run died (issue #48).  A
+    own compile (cache hit or miss) and data preparation: 40 s apart, the run died.  A
     coordination-service barrier (no 30 s limit) lines the processes up, then one small sum over the
     ``data`` mesh connects all devices."""
     if jax.process_count() == 1 or jax.default_backend() != "cpu":
