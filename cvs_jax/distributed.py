@@ -110,14 +110,14 @@ _FATAL = "Terminating process because the JAX distributed service detected fatal
 _GLOO_LOST = ("Connection closed by peer", "Connection reset by peer", "Gloo all-reduce failed", "Gloo all-gather")
 
 
-def _lost(processes: list[int], how: str) -> None:
+def _lost(processes: list[int], n: int, how: str) -> None:
     """The one line a survivor prints before it stops (exit status 2); no atexit: jax's shutdown barrier
     would wait for the lost process."""
     who = " and ".join(f"process {p}" for p in processes)
     os.write(
         _STDERR,
         (
-            f"error: lost {who} of {jax.process_count()} ({how}); this process stops too. Rerun every process "
+            f"error: lost {who} of {n} ({how}); this process stops too. Rerun every process "
             f"with the same command to resume from the last checkpoint.\n"
         ).encode(),
     )
@@ -152,8 +152,8 @@ def watch_peers(coordinator: str) -> None:
     def relay():  # C++ logging: passed on line by line, except the abort of a lost coordinator
         with os.fdopen(read, "rb") as pipe:
             for line in pipe:
-                if _FATAL.encode() in line and me != 0:
-                    _lost([0], f"it ran the coordination service at {coordinator}")
+                if _FATAL.encode() in line and me != 0 and not exiting.is_set():
+                    _lost([0], n, f"it ran the coordination service at {coordinator}")
                 os.write(_STDERR, line)
 
     exiting = threading.Event()
@@ -170,18 +170,24 @@ def watch_peers(coordinator: str) -> None:
                 live = client.get_live_nodes(list(range(n)))
             except Exception:  # noqa: BLE001 -- the service itself is gone: process 0 died
                 if not exiting.is_set():
-                    _lost([0], f"the coordination service at {coordinator} stopped answering")
+                    _lost([0], n, f"the coordination service at {coordinator} stopped answering")
                 return
             missing = [p for p in sorted(set(range(n)) - set(live)) if not left(p)]
             if missing and not exiting.is_set():
-                _lost(missing, f"no heartbeat for {HEARTBEAT_S} s: killed, crashed or unreachable")
+                _lost(missing, n, f"no heartbeat for {HEARTBEAT_S} s: killed, crashed or unreachable")
             time.sleep(1.0)
 
-    def at_exit():  # a process leaving on its own is not lost; the service (process 0) waits for the others
+    def at_exit():  # a process leaving on its own is not lost; the service (process 0) stops last
         exiting.set()
         try:
             client.key_value_set(f"cvs_jax/exit/{me}", "1")
             client.wait_at_barrier("cvs_jax_exit", 120_000)
+            if me != 0:  # disconnect before process 0 stops the service (else XLA aborts this process)
+                jax.distributed.shutdown()
+                return
+            deadline = time.time() + 30
+            while time.time() < deadline and len(client.get_live_nodes(list(range(n)))) > 1:
+                time.sleep(0.2)
         except Exception:  # noqa: BLE001 -- a peer already gone: nothing to wait for
             pass
 
