@@ -17,9 +17,11 @@ JAX's cluster auto-detection (SLURM, Open MPI, Kubernetes, Cloud TPU).
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
+import re
+import sys
+import threading
 import time
 from typing import Any, Sequence
 
@@ -97,7 +99,6 @@ def maybe_initialize(
         if value is not None:
             kwargs[name] = value
     kwargs["heartbeat_timeout_seconds"] = HEARTBEAT_S
-    jax.config.update("jax_enable_recoverability", True)  # a lost peer is reported by watch_peers, not aborted
     _log.info("jax.distributed.initialize(%s)", ", ".join(f"{k}={v!r}" for k, v in kwargs.items()))
     jax.distributed.initialize(**kwargs)
     watch_peers(coordinator_address or "the coordinator")
@@ -106,103 +107,69 @@ def maybe_initialize(
 
 
 HEARTBEAT_S = 10  # a process silent this long is lost (jax's default, 100 s, left the survivor hanging)
-_FATAL = "Terminating process because the JAX distributed service detected fatal errors"
+_FATAL = b"Terminating process because the JAX distributed service detected fatal errors"
 _GLOO_LOST = ("Connection closed by peer", "Connection reset by peer", "Gloo all-reduce failed", "Gloo all-gather")
 
 
-def _lost(processes: list[int], n: int, how: str) -> None:
-    """The one line a survivor prints before it stops (exit status 2); no atexit: jax's shutdown barrier
-    would wait for the lost process."""
+def _lost_line(processes: list[int], n: int, how: str) -> bytes:
     who = " and ".join(f"process {p}" for p in processes)
-    os.write(
-        _STDERR,
-        (
-            f"error: lost {who} of {n} ({how}); this process stops too. Rerun every process "
-            f"with the same command to resume from the last checkpoint.\n"
-        ).encode(),
-    )
-    os._exit(2)
+    return (
+        f"error: lost {who} of {n} ({how}); this process stops too. Rerun every process with the same "
+        f"command to resume from the last checkpoint.\n"
+    ).encode()
 
 
-_STDERR = 2
+def _lost_processes(lines: list[bytes], me: int) -> list[int]:
+    """The processes XLA's coordination service reported dead, from its log lines before the abort."""
+    found: set[int] = set()
+    for k, line in enumerate(lines):
+        found.update(int(t) for t in re.findall(rb"Task (\d+) heartbeat timeout", line))
+        if b"stopped sending heartbeats" in line and k + 1 < len(lines):
+            found.update(int(t) for t in re.findall(rb"\d+", lines[k + 1]))
+    found.discard(me)
+    return sorted(found) or [0]  # no word on a peer: the service itself (process 0) is gone
 
 
 def watch_peers(coordinator: str) -> None:
-    """Turns the loss of another process into one ``error:`` line within about ``HEARTBEAT_S`` seconds.
+    """Turns the loss of another process into one ``error:`` line (exit status 2) within about
+    ``HEARTBEAT_S`` seconds, instead of a C++ stack trace after 100 s.
 
-    A thread asks the coordination service which processes still send heartbeats (a dead one drops out
-    after ``HEARTBEAT_S``).  When process 0, which runs that service, dies, XLA's agent aborts this
-    process at once with a C++ stack trace on stderr; C++ output therefore passes through a pipe read
-    here, and that abort becomes the line instead (Python's own ``sys.stderr`` keeps the terminal).  A
-    collective cut short by the loss (``Gloo ... Connection closed by peer``) waits for the thread."""
-    global _STDERR
-    import sys  # pylint: disable=g-import-not-at-top
-    import threading  # pylint: disable=g-import-not-at-top
-
-    from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
-
-    client, me, n = jax_distributed.global_state.client, jax.process_index(), jax.process_count()
-    _STDERR = os.dup(2)
+    XLA's coordination service marks a process dead after ``HEARTBEAT_S`` without heartbeats and every
+    survivor's agent then aborts with a stack trace on stderr (at once when process 0, which runs the
+    service, dies).  C++ output therefore passes through a pipe read here: lines are passed on, and that
+    abort becomes the one line naming the lost process (Python's own ``sys.stderr`` keeps the terminal).
+    A collective cut short by the loss (``Gloo ... Connection closed by peer``) waits for that line."""
+    me, n = jax.process_index(), jax.process_count()
+    err = os.dup(2)
     sys.stderr.flush()
-    sys.stderr = os.fdopen(os.dup(_STDERR), "w", buffering=1, encoding=sys.stderr.encoding, errors="replace")
+    sys.stderr = os.fdopen(os.dup(err), "w", buffering=1, encoding=sys.stderr.encoding, errors="replace")
     read, write = os.pipe()
     os.dup2(write, 2)
     os.close(write)
 
-    def relay():  # C++ logging: passed on line by line, except the abort of a lost coordinator
+    def relay():  # C++ logging, passed on line by line until an abort for a lost process
+        recent: list[bytes] = []
         with os.fdopen(read, "rb") as pipe:
             for line in pipe:
-                if _FATAL.encode() in line and me != 0 and not exiting.is_set():
-                    _lost([0], n, f"it ran the coordination service at {coordinator}")
-                os.write(_STDERR, line)
-
-    exiting = threading.Event()
-
-    def left(p: int) -> bool:  # process p exited on its own (at_exit below)
-        try:
-            return bool(client.key_value_try_get(f"cvs_jax/exit/{p}"))
-        except Exception:  # noqa: BLE001 -- no such key
-            return False
-
-    def poll():
-        while not exiting.is_set():
-            try:
-                live = client.get_live_nodes(list(range(n)))
-            except Exception:  # noqa: BLE001 -- the service itself is gone: process 0 died
-                if not exiting.is_set():
-                    _lost([0], n, f"the coordination service at {coordinator} stopped answering")
-                return
-            missing = [p for p in sorted(set(range(n)) - set(live)) if not left(p)]
-            if missing and not exiting.is_set():
-                _lost(missing, n, f"no heartbeat for {HEARTBEAT_S} s: killed, crashed or unreachable")
-            time.sleep(1.0)
-
-    def at_exit():  # a process leaving on its own is not lost; the service (process 0) stops last
-        exiting.set()
-        try:
-            client.key_value_set(f"cvs_jax/exit/{me}", "1")
-            client.wait_at_barrier("cvs_jax_exit", 120_000)
-            if me != 0:  # disconnect before process 0 stops the service (else XLA aborts this process)
-                jax.distributed.shutdown()
-                return
-            deadline = time.time() + 30
-            while time.time() < deadline and len(client.get_live_nodes(list(range(n)))) > 1:
-                time.sleep(0.2)
-        except Exception:  # noqa: BLE001 -- a peer already gone: nothing to wait for
-            pass
-
-    atexit.register(at_exit)
+                if _FATAL in line:
+                    lost = _lost_processes(recent, me)
+                    how = "no heartbeat for {} s: killed, crashed or unreachable".format(HEARTBEAT_S)
+                    if lost == [0] and me != 0:
+                        how = f"it ran the coordination service at {coordinator}"
+                    os.write(err, _lost_line(lost, n, how))
+                    os._exit(2)
+                recent = (recent + [line])[-50:]
+                os.write(err, line)
 
     hook = sys.excepthook
 
     def excepthook(kind, value, tb):
         if any(s in str(value) for s in _GLOO_LOST):
-            time.sleep(HEARTBEAT_S + 15)  # poll() names the lost process and exits meanwhile
+            time.sleep(HEARTBEAT_S + 15)  # relay() names the lost process and exits meanwhile
         hook(kind, value, tb)
 
     sys.excepthook = excepthook
     threading.Thread(target=relay, name="cvs_jax-stderr", daemon=True).start()
-    threading.Thread(target=poll, name="cvs_jax-peers", daemon=True).start()
 
 
 COLLECTIVES_BARRIER_MS = 20 * 60 * 1000  # how long a process waits at start for the others (compiles, data)
