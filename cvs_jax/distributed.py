@@ -19,6 +19,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import sys
+import threading
+import time
 from typing import Any, Sequence
 
 import jax
@@ -94,9 +98,106 @@ def maybe_initialize(
     ):
         if value is not None:
             kwargs[name] = value
+    kwargs["heartbeat_timeout_seconds"] = HEARTBEAT_S
     _log.info("jax.distributed.initialize(%s)", ", ".join(f"{k}={v!r}" for k, v in kwargs.items()))
     jax.distributed.initialize(**kwargs)
+    watch_peers(coordinator_address or "the coordinator")
+    open_collectives()
     return True
+
+
+HEARTBEAT_S = 10  # a process silent this long is lost (jax's default, 100 s, left the survivor hanging)
+_FATAL = b"Terminating process because the JAX distributed service detected fatal errors"
+_GLOO_LOST = ("Connection closed by peer", "Connection reset by peer", "Gloo all-reduce failed", "Gloo all-gather")
+
+
+def _lost_line(processes: list[int], n: int, how: str) -> bytes:
+    who = " and ".join(f"process {p}" for p in processes)
+    return (
+        f"error: lost {who} of {n} ({how}); this process stops too. Rerun every process with the same "
+        f"command to resume from the last checkpoint.\n"
+    ).encode()
+
+
+def _lost_processes(lines: list[bytes], me: int) -> list[int]:
+    """The processes XLA's coordination service reported dead, from its log lines before the abort."""
+    found: set[int] = set()
+    for k, line in enumerate(lines):
+        found.update(int(t) for t in re.findall(rb"Task (\d+) heartbeat timeout", line))
+        if b"stopped sending heartbeats" in line and k + 1 < len(lines):
+            found.update(int(t) for t in re.findall(rb"\d+", lines[k + 1]))
+    found.discard(me)
+    return sorted(found) or [0]  # no word on a peer: the service itself (process 0) is gone
+
+
+def watch_peers(coordinator: str) -> None:
+    """Turns the loss of another process into one ``error:`` line (exit status 2) within about
+    ``HEARTBEAT_S`` seconds, instead of a C++ stack trace after 100 s.
+
+    XLA's coordination service marks a process dead after ``HEARTBEAT_S`` without heartbeats and every
+    survivor's agent then aborts with a stack trace on stderr (at once when process 0, which runs the
+    service, dies).  C++ output therefore passes through a pipe read here: lines are passed on, and that
+    abort becomes the one line naming the lost process (Python's own ``sys.stderr`` keeps the terminal).
+    A collective cut short by the loss (``Gloo ... Connection closed by peer``) waits for that line."""
+    me, n = jax.process_index(), jax.process_count()
+    err = os.dup(2)
+    sys.stderr.flush()
+    sys.stderr = os.fdopen(os.dup(err), "w", buffering=1, encoding=sys.stderr.encoding, errors="replace")
+    read, write = os.pipe()
+    os.dup2(write, 2)
+    os.close(write)
+
+    def relay():  # C++ logging, passed on line by line until an abort for a lost process
+        recent: list[bytes] = []
+        with os.fdopen(read, "rb") as pipe:
+            for line in pipe:
+                if _FATAL in line:
+                    lost = _lost_processes(recent, me)
+                    how = "no heartbeat for {} s: killed, crashed or unreachable".format(HEARTBEAT_S)
+                    if lost == [0] and me != 0:
+                        how = f"it ran the coordination service at {coordinator}"
+                    os.write(err, _lost_line(lost, n, how))
+                    os._exit(2)
+                recent = (recent + [line])[-50:]
+                os.write(err, line)
+
+    hook = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        if any(s in str(value) for s in _GLOO_LOST):
+            time.sleep(HEARTBEAT_S + 15)  # relay() names the lost process and exits meanwhile
+        hook(kind, value, tb)
+
+    sys.excepthook = excepthook
+    threading.Thread(target=relay, name="cvs_jax-stderr", daemon=True).start()
+
+
+COLLECTIVES_BARRIER_MS = 20 * 60 * 1000  # how long a process waits at start for the others (compiles, data)
+
+
+def open_collectives() -> None:
+    """Opens the collectives' connections between every device of every process now, while the
+    processes are in step.
+
+    On CPU, XLA's Gloo collectives connect a set of devices at the first collective over that set and
+    give up after 30 s (``Gloo context initialization failed: ... GetKeyValue() timed out``); later
+    collectives over the same set wait as long as a peer needs.  With several devices per process, the
+    first collective over all devices is the first training step, which each process reaches after its
+    own compile (cache hit or miss) and data preparation: 40 s apart, the run died.  A
+    coordination-service barrier (no 30 s limit) lines the processes up, then one small sum over the
+    ``data`` mesh connects all devices."""
+    if jax.process_count() == 1 or jax.default_backend() != "cpu":
+        return
+    from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+
+    client = jax_distributed.global_state.client
+    if client is not None:
+        client.wait_at_barrier("cvs_jax_open_collectives", COLLECTIVES_BARRIER_MS)
+    mesh = data_mesh()
+    ones = global_batch(np.ones((jax.local_device_count(),), np.float32), mesh)
+    total = jax.jit(lambda x: x.sum(), out_shardings=replicated_sharding(mesh))(ones)
+    if float(jax.device_get(total)) != jax.device_count():
+        raise RuntimeError(f"the collectives' first sum over {jax.device_count()} devices gave {total}")
 
 
 def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:

@@ -1,6 +1,6 @@
 """Export a run's gallery and newest model for use outside cvs_jax (an ANN index, another service).
 
-    python -m cvs_jax.export --workdir W --out DIR [--overwrite]
+    python -m cvs_jax.export --workdir W --out DIR [--overwrite] [--format stablehlo]
 
 Example: ``python -m cvs_jax.export --workdir workdirs/demo --out exports/demo`` (then, in Python,
 ``cvs_jax.export.load("exports/demo").embed(["query.png"])``).
@@ -16,6 +16,8 @@ Writes, from the run's newest completed session (as ``search`` reads it):
 * ``query_maps.npz`` (a run with ``retrieval.query_map`` set): per model session j (1-based) ``matrix_<j>``
   and ``bias_<j>``, the composed map q -> q @ matrix + bias that takes an L2-normalised query of the newest
   model into the space of the rows model j made (``model_session`` in rows.csv); score those rows with it;
+* with ``--format stablehlo``, ``embed.stablehlo`` and ``weights.safetensors``: the embedding function
+  (preprocessing included) and its weights, run with jax alone (``retrieval.stablehlo_export`` says how);
 * ``config.json``: the run's config; ``export.json``: format version, image shape, embedding
   width, model session, row count and class names.
 
@@ -43,12 +45,13 @@ from absl import flags
 
 from cvs_jax import cli
 from cvs_jax.errors import UserError
-from cvs_jax.retrieval import query_maps, run_reader
+from cvs_jax.retrieval import query_maps, run_reader, stablehlo_export
 from cvs_jax.rundir import paths
 
 FORMAT_VERSION = 1
 FILES = ("embeddings.npy", "rows.csv", "model.msgpack", "config.json", "export.json")
 ROW_COLUMNS = ("row", "id", "path", "label", "class_name", "arrival_session", "model_session")
+FORMATS = ("flax", "stablehlo")  # --format: stablehlo adds stablehlo_export.FILES
 QUERY_MAPS = "query_maps.npz"  # a run with query maps: matrix_<j>, bias_<j> per model session j (1-based)
 _BLOCK = 1 << 16  # rows copied at a time: a large gallery is never held twice
 
@@ -57,8 +60,11 @@ class ExportError(UserError):
     """An export that cannot be written or read as asked."""
 
 
-def export(workdir: str, out: str, *, overwrite: bool = False) -> dict:
-    """Writes the export of ``workdir`` into ``out``; returns what ``export.json`` holds."""
+def export(workdir: str, out: str, *, overwrite: bool = False, fmt: str = "flax") -> dict:
+    """Writes the export of ``workdir`` into ``out``; returns what ``export.json`` holds.  ``fmt="stablehlo"``
+    adds the model as StableHLO + safetensors (``retrieval.stablehlo_export``), runnable without cvs_jax."""
+    if fmt not in FORMATS:
+        raise ExportError(f"--format {fmt!r} is unknown; pass one of {', '.join(FORMATS)}.")
     if os.path.exists(out) and not os.path.isdir(out):
         raise ExportError(f"--out {out} is a file; pass a new or empty folder.")
     if os.path.isdir(out) and os.listdir(out) and not overwrite:
@@ -103,6 +109,11 @@ def export(workdir: str, out: str, *, overwrite: bool = False) -> dict:
         "workdir": os.path.abspath(workdir),
         "query_map": run.config.retrieval.query_map,
     }
+    if fmt == "stablehlo":
+        info["stablehlo"] = stablehlo_export.write(run.config, run.variables, run.image_shape, run.session + 1, out)
+    for name in stablehlo_export.FILES if fmt != "stablehlo" else ():  # an --overwrite leaves no stale model
+        if os.path.exists(os.path.join(out, name)):
+            os.remove(os.path.join(out, name))
     with open(info_path, "w") as f:
         json.dump(info, f, indent=1)
     return info
@@ -161,6 +172,13 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_boolean(
         "overwrite", False, "Write into --out even if it holds files (they are replaced).", flag_values=flag_values
     )
+    flags.DEFINE_enum(
+        "format",
+        "flax",
+        FORMATS,
+        "stablehlo: also the model as StableHLO + safetensors, runnable without cvs_jax.",
+        flag_values=flag_values,
+    )
     flags.mark_flags_as_required(["workdir", "out"], flag_values=flag_values)
 
 
@@ -171,10 +189,11 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     cli.quiet_logging()  # orbax logs every file it reads at INFO
     if len(argv) > 1:
         raise ExportError(f"unexpected arguments {' '.join(argv[1:])}; pass --workdir and --out.")
-    info = export(fv.workdir, fv.out, overwrite=fv.overwrite)
+    info = export(fv.workdir, fv.out, overwrite=fv.overwrite, fmt=fv.format)
     print(
         f"exported {info['rows']} gallery rows (embed_dim {info['embed_dim']}, model of session "
         f"{info['session']}) to {fv.out}: {', '.join(FILES)}"
+        + (f", {', '.join(stablehlo_export.FILES)}" if "stablehlo" in info else "")
         + (
             f", {QUERY_MAPS} ({info['query_map']} maps: score a model's rows through its chain)"
             if info["query_map"] != "none"

@@ -3,7 +3,11 @@
 5% validation queries per session (paper §4.1); the test queries are the iNat-2017 validation
 images of the 200 classes.  Data: the derived builder ``inat_m`` reads TFDS ``i_naturalist2017``
 prepared (array_record) in ``data.data_dir`` and draws the classes and images with a fixed seed
-(``cvs_jax/data/builders/inat_m.py``).  Recipe: ``cvs_jax/config/finegrained.py``.
+(``cvs_jax/data/builders/inat_m.py``).  The Caltech URLs TFDS registers for ``i_naturalist2017`` are
+reported dead: without the prepared source the run stops with one line naming the AWS Open Data bucket
+that serves the 2017 files today and how to hand them to ``tfds build`` as a manual dir.  Without
+``model.pretrained`` the run warns that ResNet-50 starts from random weights (the paper: ImageNet).
+Recipe: ``cvs_jax/config/finegrained.py``.
 
 Run::
 

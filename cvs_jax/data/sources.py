@@ -277,6 +277,22 @@ def _load_local(
     return ImageDataset(full_name, splits[0], splits[1], names, (directory,), *sessions)
 
 
+def _in_memory(split) -> bool:
+    parts = getattr(split, "parts", None)  # several image folders (data.updates): each part decides
+    return all(_in_memory(p) for p in parts) if parts is not None else isinstance(split, Split)
+
+
+def data_mode(dataset: ImageDataset, limit_mb: float | None) -> str:
+    """Where a run reads its images from and why, for its ``data:`` line: decoded in memory or streamed
+    from the record store, against ``data.in_memory_limit_mb``."""
+    mb = (len(dataset.train) + len(dataset.test)) * int(np.prod(dataset.image_shape)) / 2**20
+    limit = "no limit" if limit_mb is None else f"data.in_memory_limit_mb={limit_mb:g}"
+    if _in_memory(dataset.train) and _in_memory(dataset.test):
+        why = f"{mb:,.0f} MB decoded <= {limit}" if dataset.stores else "a standard TFDS dataset is decoded whole"
+        return f"in memory ({why})"
+    return f"streamed from its records ({mb:,.0f} MB decoded > {limit}; lower it to stream, raise it to decode)"
+
+
 def _warn_degenerate(full_name: str, directory: str, info: dict) -> None:
     """A warning (once per store and process) naming the images of a user's folder that are kept but
     probably mistakes: smaller than a few pixels, or the same bytes filed under two classes."""

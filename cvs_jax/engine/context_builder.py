@@ -13,6 +13,7 @@ import ml_collections
 
 from cvs_jax import distributed
 from cvs_jax.augment import transforms as augment
+from cvs_jax.data import sources
 from cvs_jax.engine import data_checks, features
 from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.protocol_builder import build_protocol
@@ -25,6 +26,19 @@ from cvs_jax.retrieval.embedder import Embedder
 from cvs_jax.rundir import paths
 from cvs_jax.rundir.checkpoint import Checkpoints
 from cvs_jax.rundir.run_log import RunLog
+
+
+def pretrained_warning(config: ml_collections.ConfigDict) -> str | None:
+    """One line when a recipe meant for ImageNet weights (BatchNorm frozen on their statistics: the paper's
+    fine-grained configs) runs without ``model.pretrained``, i.e. from random weights."""
+    m = config.model
+    if not m.frozen_bn or m.pretrained:
+        return None
+    return (
+        f"warning: model.frozen_bn=True without model.pretrained: {m.name} starts from random weights with "
+        "BatchNorm frozen, where the paper starts from ImageNet weights; pass --config.model.pretrained=PATH, e.g. "
+        "model.safetensors of timm/resnet50.a1_in1k on Hugging Face (docs/pretrained-backbones.md)."
+    )
 
 
 def devices_line() -> str:
@@ -56,8 +70,10 @@ def build_context(
             f"data: {proto.dataset.name} {len(proto.dataset.train)} train / {len(proto.dataset.test)} test "
             f"images, setup={plan.setup}, {_plural(plan.num_sessions, 'session')}, "
             f"{_plural(plan.num_classes, 'class', 'classes')} "
-            f"({time.time() - t0:.1f}s)"
+            f"({time.time() - t0:.1f}s), {sources.data_mode(proto.dataset, config.data.in_memory_limit_mb)}"
         )
+        if warning := pretrained_warning(config):
+            log.print(warning)
     else:
         mesh, proto = share.mesh, share.proto
     if jax.process_index() == 0:

@@ -4,18 +4,21 @@
 import csv
 import json
 import os
+import subprocess
+import sys
 
 import flax.serialization
 import flax.traverse_util
 import numpy as np
 import pytest
+import safetensors.numpy
 from absl import flags
 from PIL import Image
 
 from cvs_jax import export, search
 from cvs_jax.data import sources
 from cvs_jax.engine import runner
-from cvs_jax.retrieval import run_reader
+from cvs_jax.retrieval import run_reader, stablehlo_export
 from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
 
 # The "Export to an ANN index" snippet of docs/your-images.md, run verbatim by test_faiss_answers_as_search
@@ -160,3 +163,78 @@ def test_out_must_be_new_or_empty(exported_run, tmp_path, capsys):
     assert not os.path.exists(tmp_path / "x")
     with pytest.raises(export.ExportError, match="not a readable export"):
         export.load(str(tmp_path))
+
+
+# Run in a fresh interpreter from another folder, with cvs_jax and flax made unimportable: the artifact
+# needs jax, numpy and safetensors only.
+STABLEHLO_READER = """\
+import importlib.abc, json, sys
+
+class _Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("cvs_jax", "flax"):
+            raise ImportError(f"{name} imported by the StableHLO reader")
+
+sys.meta_path.insert(0, _Refuse())
+import jax
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import load_file
+
+out, images, result = sys.argv[1:4]
+embed = jax.export.deserialize(open(f"{out}/embed.stablehlo", "rb").read())
+with safe_open(f"{out}/weights.safetensors", "np") as f:
+    meta = f.metadata()
+weights, images = load_file(f"{out}/weights.safetensors"), np.load(images)
+np.save(result, np.asarray(embed.call(weights, images)))
+np.save(result + ".one.npy", np.asarray(embed.call(weights, images[:1])))  # another batch size
+mods = sorted(m for m in sys.modules if m.split(".")[0] in ("cvs_jax", "flax"))
+image_aval = embed.in_avals[-1]
+report = {"meta": meta, "in_shape": str(image_aval.shape), "in_dtype": str(image_aval.dtype), "mods": mods}
+json.dump({**report, "platforms": list(embed.platforms)}, open(result + ".json", "w"))
+"""
+
+
+def test_stablehlo_runs_without_cvs_jax(exported_run, tmp_path):
+    """``--format stablehlo``: a process with jax alone embeds as ``search`` does (within 1e-5), at two
+    batch sizes (the batch is symbolic), from the weights file (zeroed weights embed differently)."""
+    wd, _, data = exported_run
+    out = str(tmp_path / "hlo")
+    assert _cli(["--workdir", wd, "--out", out, "--format", "stablehlo"]) == 0
+    assert sorted(os.listdir(out)) == sorted(export.FILES + stablehlo_export.FILES)
+    run = run_reader.Run(wd)
+    images = data.test.images[:7]
+    np.save(tmp_path / "images.npy", images)
+    zeroed = str(tmp_path / "zeroed")  # the same function fed other weights must answer otherwise
+    os.makedirs(zeroed)
+    os.symlink(os.path.join(out, stablehlo_export.FUNCTION), os.path.join(zeroed, stablehlo_export.FUNCTION))
+    weights = safetensors.numpy.load_file(os.path.join(out, stablehlo_export.WEIGHTS))
+    safetensors.numpy.save_file(
+        {k: np.zeros_like(v) if "kernel" in k else v for k, v in weights.items()},
+        os.path.join(zeroed, stablehlo_export.WEIGHTS),
+    )
+    script = tmp_path / "reader.py"
+    script.write_text(STABLEHLO_READER)
+    for folder, result in ((out, "a.npy"), (zeroed, "z.npy")):
+        subprocess.run(
+            [sys.executable, str(script), folder, str(tmp_path / "images.npy"), str(tmp_path / result)],
+            check=True,
+            cwd=str(tmp_path),
+            env={**os.environ, "PYTHONPATH": ""},
+        )
+    got, report = np.load(tmp_path / "a.npy"), json.load(open(tmp_path / "a.npy.json"))
+    np.testing.assert_allclose(got, run.embed(images), atol=1e-5, rtol=0)
+    assert np.abs(np.load(tmp_path / "z.npy") - got).max() > 1e-3
+    assert report["mods"] == [] and report["in_dtype"] == "uint8" and set(report["platforms"]) == {"cpu", "cuda"}
+    assert report["in_shape"] == "(B, {}, {}, {})".format(*run.image_shape)
+    np.testing.assert_allclose(np.load(tmp_path / "a.npy.one.npy"), got[:1], atol=1e-5, rtol=0)
+    meta = report["meta"]
+    assert meta["architecture"] == run.config.model.name and meta["session"] == "3"
+    assert meta["embed_dim"] == str(run.config.model.embed_dim) and json.loads(meta["input_shape"])[1:] == list(
+        run.image_shape
+    )
+    prep = json.loads(meta["preprocessing"])
+    assert prep["mean"] == list(run.config.data.mean) and prep["std"] == list(run.config.data.std)
+    assert json.load(open(os.path.join(out, "export.json")))["stablehlo"]["files"] == list(stablehlo_export.FILES)
+    # the search command's own query embeddings: files prepared at the stored shape, then the same vectors
+    np.testing.assert_allclose(got[:3], export.load(out).embed(images[:3]), atol=1e-5, rtol=0)

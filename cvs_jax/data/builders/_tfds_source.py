@@ -31,12 +31,26 @@ from cvs_jax.errors import DatasetNotFoundError
 _INDEX_CHUNK = 256  # Records per read in the label pass (bounds memory).
 
 
+# Where a source's files are served today when the URLs registered in TFDS no longer serve them, and
+# how TFDS reads files downloaded by hand (its manual dir needs each file's name in the checksums list).
+FILES_TODAY = {
+    "i_naturalist2017": (
+        " The Caltech URLs TFDS registers for i_naturalist2017 are reported dead; the same files"
+        " (visipedia/inat_comp, 2017) are served by the AWS Open Data bucket"
+        " https://ml-inat-competition-datasets.s3.amazonaws.com/2017/ (train_val_images.tar.gz, 186 GB;"
+        " train_val2017.zip; test2017.tar.gz, 53 GB): download the three into FILES, rewrite the three"
+        " lines of TFDS's url_checksums/i_naturalist2017.txt as url, size, sha256 and file name separated by"
+        " tabs (without a file name TFDS ignores a manual dir), then add --manual_dir=FILES to that tfds build."
+    ),
+}
+
+
 def fix_hint(source_name: str) -> str:
     return (
         f"Fix: on a machine with TensorFlow and internet, run `tfds build"
         f" {source_name} --data_dir=DIR --file_format=array_record`, copy DIR"
         " here and point --config.data.data_dir at DIR (the derived dataset is"
-        " then prepared into the same DIR)."
+        " then prepared into the same DIR)." + FILES_TODAY.get(source_name, "")
     )
 
 
