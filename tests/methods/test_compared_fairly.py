@@ -6,24 +6,29 @@
 * ``memory.rule``: the per-class random memory at cvs's budget keeps exactly cvs's count (``replay_sizes``,
   the count cvs's herding keeps), cvs herds ``memory.per_class`` of each class, CoReS at the budget becomes
   the random per-class memory; a method without memory refuses a rule;
-* ``compare`` pairs each memory-matched entry with its own entry and with cvs given its memory.
+* ``compare`` pairs each memory-matched entry with its own entry and with cvs given its memory;
+* LCE's boundary term: its activity on the stored rows (the log's line) and ``info``'s per-term summary,
+  which marks a term that was 0 in every epoch.
 """
 
+import json
 import types
 
 import numpy as np
 import pytest
 
+from cvs_jax import info
 from cvs_jax.config import fashion_mnist_general
 from cvs_jax.data import user_sessions
 from cvs_jax.data.splits import make_session_plan
 from cvs_jax.engine import comparison
 from cvs_jax.errors import ConfigError
-from cvs_jax.methods import memory_rules, policies
+from cvs_jax.methods import lce, memory_rules, policies
 from cvs_jax.methods.class_memory import PerClassRandomMemory
 from cvs_jax.methods.registry import get_method
 from cvs_jax.methods.seams import ReplayMemory
 from cvs_jax.methods.simplex import CL2R_BASE, Cl2rWeight, cl2r_class_counts
+from cvs_jax.retrieval import run_info
 
 LABELS = np.repeat(np.arange(10), 60)
 
@@ -139,3 +144,32 @@ def test_compare_pairs_memory_matched_entries():
         ("cl2r" + hb, "cvs+memory.rule=per_class"),  # at equal memory: cvs given cl2r's
         ("cores" + hb, "cvs+memory.rule=all"),
     }
+
+
+def test_lce_boundary_activity_on_the_stored_rows():
+    """Raw rows with a large norm saturate the clamp (0 active); rows of norm < 1 fall inside the hinge;
+    the normalised feature is never inside it on the rows that made theta."""
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(3), 20)
+    rows = rng.normal(size=(60, 8)) + 3 * np.eye(8)[labels]
+    centres, bounds, _ = lce.centres_and_boundaries(rows, labels, 3)
+    for scale, normalize in [(10.0, False), (1.0, True)]:
+        share, _ = lce.boundary_activity(scale * rows, labels, centres, bounds, normalize)
+        assert share == 0.0
+    small = 0.1 * rows / np.linalg.norm(rows, axis=1, keepdims=True)  # |f| = 0.1: cos <= 0.1 < theta
+    want = np.mean(bounds[labels] - np.clip(np.sum(small * centres[labels], 1), -1, 1) > 1e-6)
+    share, norm = lce.boundary_activity(small, labels, centres, bounds, False)
+    assert share == pytest.approx(want) and want > 0.5 and norm == pytest.approx(0.1)
+    assert "saturates" in lce.boundary_line(10 * rows, labels, centres, bounds, False)
+
+
+def test_info_marks_a_term_that_was_zero_in_every_epoch(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [{"session": 1, "epoch": 1, "L_c": 2.0}, {"session": 2, "step": 5, "test_recall1": 0.5}]
+    lines += [{"session": 2, "epoch": e, "L_c": 1.0 + e, "L_bound": 0.0, "L_align": 0.5 * (e - 1)} for e in (1, 2)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    terms = run_info.term_summary(str(path))
+    assert terms[2]["L_c"] == {"mean": 2.5, "epochs": 2, "zero_epochs": 0}
+    assert terms[1] == {"L_c": {"mean": 2.0, "epochs": 1, "zero_epochs": 0}}
+    text = info.format_terms(terms[2])
+    assert "L_bound 0 (0 in all 2 epochs: inactive)" in text and "L_align 0.25 (0 in 1 of 2 epochs)" in text
