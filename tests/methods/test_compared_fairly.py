@@ -6,7 +6,7 @@
 * ``memory.rule``: the per-class random memory at cvs's budget keeps exactly cvs's count (``replay_sizes``,
   the count cvs's herding keeps), cvs herds ``memory.per_class`` of each class, CoReS at the budget becomes
   the random per-class memory; a method without memory refuses a rule;
-* ``compare`` pairs each memory-matched entry with its own entry and with cvs given its memory;
+* ``compare``'s table shows each entry's memory rows and rule; it pairs each memory-matched entry with its own entry and with cvs given its memory;
 * LCE's boundary term: its activity on the stored rows (the log's line) and ``info``'s per-term summary,
   which marks a term that was 0 in every epoch.
 """
@@ -28,6 +28,7 @@ from cvs_jax.methods.class_memory import PerClassRandomMemory
 from cvs_jax.methods.registry import get_method
 from cvs_jax.methods.seams import ReplayMemory
 from cvs_jax.methods.simplex import CL2R_BASE, Cl2rWeight, cl2r_class_counts
+from cvs_jax.reports import tables
 from cvs_jax.retrieval import run_info
 
 LABELS = np.repeat(np.arange(10), 60)
@@ -173,3 +174,28 @@ def test_info_marks_a_term_that_was_zero_in_every_epoch(tmp_path):
     assert terms[1] == {"L_c": {"mean": 2.0, "epochs": 1, "zero_epochs": 0}}
     text = info.format_terms(terms[2])
     assert "L_bound 0 (0 in all 2 epochs: inactive)" in text and "L_align 0.25 (0 in 1 of 2 epochs)" in text
+
+
+def test_the_compare_table_shows_each_entrys_memory_rows_and_rule():
+    c = fashion_mnist_general.get_config()
+    matrix = [[0.8, None], [0.6, 0.7]]
+    records = []
+    for seed, rows in [(0, [0, 80]), (1, [0, 90])]:
+        results = {
+            "average_recall": {"1": 0.7},
+            "per_session": [
+                {"recall": {"1": 0.8}, "memory_rows": rows[0]},
+                {"recall": {"1": 0.7}, "memory_rows": rows[1]},
+            ],
+            "compatibility_recall1": matrix,
+            "negative_flip_rate": [0.1],
+        }
+        for entry in ("cvs", "cl2r+memory.rule=budget"):
+            ec = comparison.entry_config(c, entry, seed, 0)
+            records.append(comparison.run_record(seed, entry, ec, f"/w/seed{seed}/{entry}", "/w", results))
+    assert records[0]["memory_rows"] == [0, 80] and records[0]["memory_rule"].endswith("herding")
+    assert records[1]["memory_rule"] == f"budget {c.memory.budget} (budget // classes each), random"
+    summary = tables.summarize_runs(records, ["cvs", "cl2r+memory.rule=budget"])
+    table = tables.markdown(summary, records, "t", "s")
+    assert "| cvs | 0/85 | 70.00 ± 0.00 |" in table  # the mean over the seeds of the rows before each session
+    assert "cl2r+memory.rule=budget budget 200 (budget // classes each), random" in table
