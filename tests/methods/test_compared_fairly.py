@@ -6,7 +6,8 @@
 * ``memory.rule``: the per-class random memory at cvs's budget keeps exactly cvs's count (``replay_sizes``,
   the count cvs's herding keeps), cvs herds ``memory.per_class`` of each class, CoReS at the budget becomes
   the random per-class memory; a method without memory refuses a rule;
-* ``compare``'s table shows each entry's memory rows and rule; it pairs each memory-matched entry with its own entry and with cvs given its memory;
+* ``compare``'s table shows each entry's memory rows and rule; it pairs each memory-matched entry with
+  its own entry and with cvs given its memory;
 * LCE's boundary term: its activity on the stored rows (the log's line) and ``info``'s per-term summary,
   which marks a term that was 0 in every epoch.
 """
