@@ -159,11 +159,11 @@ def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str,
     lines = [f"### {title}", "", "| method | memory | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
     for e in summary:
         if not e["seeds"]:
-            cells = [_no_seed(e)] * len(cols)
+            cells = [_no_seed(e)] * (len(cols) + 1)
         else:
             cells = [_mean_std_cell(e["average_recall"][k]) for k in ks] + [_mean_std_cell(e.get(c)) for c in compat]
-            cells[0] += _status(e)
-        lines.append(f"| {e['method']} | {memory_cell(e)} | " + " | ".join(cells) + " |")
+            cells = [memory_cell(e), cells[0] + _status(e)] + cells[1:]
+        lines.append(f"| {e['method']} | " + " | ".join(cells) + " |")
     lines += [
         "",
         f"AR@K in %, mean ± std over the finished seeds ({n_seeds} seed(s) run); {split_note}. {BC}: the "
