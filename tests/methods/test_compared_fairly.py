@@ -1,4 +1,4 @@
-"""The later methods compared fairly (issue 51), without training:
+"""The later methods compared fairly (equal memory, CL²R's lambda, LCE's boundary term), without training:
 
 * CL²R's lambda counts classes as its code does (a transcription of ``main.py`` 115-156: classes present in
   the task's data over ``memory.seen_classes``), on a general and a blurry plan; the old count
