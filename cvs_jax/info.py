@@ -7,7 +7,8 @@ newest completed session, as ``search`` reads it; no dataset, no photo folder):
 
 * the classes, with their gallery rows and the session each first arrived in;
 * the sessions: new training images and the images trained on (replay included), new classes, the
-  gallery rows its model embedded, recall@1;
+  gallery rows its model embedded, recall@1, the replay rows, and each loss term's mean over the
+  session's epochs (a term 0 in every epoch is marked inactive: LCE's L_bound when its clamp saturates);
 * the compatibility matrix (recall@1 of the model of session i on the gallery rows of session j: where
   forgetting shows; its queries differ from the sessions' R@1), its summaries BC (points), AC, AM and
   NFR, and the AR@K so far;
@@ -61,7 +62,10 @@ def format_info(info: dict) -> str:
             f"  session {s['session']}: {s['new_images']} new training images{seen}, new classes: {new or '-'}; "
             f"{s['gallery_rows_by_its_model']} gallery rows embedded by its model; {r1}; "
             f"lr {s['lr']:g}, {s['epochs']} epochs"
+            + ("" if s.get("memory_rows") is None else f"; {s['memory_rows']} replay rows")
         )
+        if s.get("loss_terms"):
+            lines.append("    loss terms (mean over epochs): " + format_terms(s["loss_terms"]))
     if info["record_stores"]:
         lines += ["", "record stores (the images, prepared once; the folders are no longer needed):"]
         lines += [f"  {store}" for store in info["record_stores"]]
@@ -76,6 +80,19 @@ def format_info(info: dict) -> str:
             "the numbers above score older gallery parts with the newest model's queries mapped into their space"
         )
     return "\n".join(lines)
+
+
+def format_terms(terms: dict) -> str:
+    """``L_c 0.5123, L_bound 0 (0 in all 6 epochs: inactive)``."""
+    cells = []
+    for name, t in terms.items():
+        cell = f"{name} {t['mean']:.4g}"
+        if t["zero_epochs"] == t["epochs"]:
+            cell += f" (0 in all {t['epochs']} epochs: inactive)"
+        elif t["zero_epochs"]:
+            cell += f" (0 in {t['zero_epochs']} of {t['epochs']} epochs)"
+        cells.append(cell)
+    return ", ".join(cells)
 
 
 @cli.command

@@ -141,6 +141,10 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.memory = ml_collections.ConfigDict()
     c.memory.budget = 2000
+    # "official": each method's own memory rule; "budget" / "per_class" / "all": cvs's, CL²R's or CoReS's
+    # size rule for any replay method, to compare at equal memory (cvs_jax/methods/memory_rules.py)
+    c.memory.rule = "official"
+    c.memory.per_class = 20  # memory.rule=per_class: images kept of every class seen
 
     # Rainbow Memory (cvs_jax/methods/policies.py UncertaintyMemory and HalfMemoryBatches, cvs_jax/methods/replay.py)
     c.rainbow = ml_collections.ConfigDict()
@@ -175,9 +179,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.lce.normalize_features = False
 
     # CL²R and d-Simplex-HOC (cvs_jax/methods/simplex.py): fixed d-simplex head, a memory of per_class random
-    # images per class, half-memory batches; HOC's L = ce_weight L_c + loss_weights.L_hoc L_HOC from session 2 on
+    # images per class, half-memory batches; HOC's L = ce_weight L_c + (1 - ce_weight) L_HOC from session 2 on
     c.cl2r = ml_collections.ConfigDict()
     c.cl2r.per_class = 20
+    # lambda = 5 sqrt(new / old): "present" counts as CL²R's code (classes in the session's data / classes in
+    # the earlier sessions' data); "introduced": classes first seen this session / classes seen before (0 on blurry)
+    c.cl2r.class_count = "present"
     c.hoc = ml_collections.ConfigDict()
     c.hoc.per_class = 20
     c.hoc.mu = 10.0

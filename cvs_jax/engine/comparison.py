@@ -13,6 +13,7 @@ import shutil
 import time
 
 from cvs_jax.errors import ConfigError
+from cvs_jax.methods import memory_rules
 from cvs_jax.methods.registry import METHODS, get_method, head_name
 from cvs_jax.models.heads import HEADS
 from cvs_jax.reports import compare_page, plots
@@ -151,11 +152,15 @@ def run_record(seed: int, method: str, c, run_dir: str, workdir: str, results: d
         "message": None if error is None else str(error),
         "average_recall": None,
         "recall1_per_session": None,
+        "memory_rule": memory_rules.describe(get_method(c).memory),
+        "memory_rows": None,  # replay rows stored before each session (absent before it was recorded)
         **{key: None for key in COMPAT},
     }
     if results is not None:
         record["average_recall"] = {k: 100 * v for k, v in results["average_recall"].items()}
         record["recall1_per_session"] = [100 * s["recall"]["1"] for s in results["per_session"]]
+        rows = [s.get("memory_rows") for s in results["per_session"]]
+        record["memory_rows"] = None if None in rows else rows
         matrix = results["compatibility_recall1"]
         summaries = {
             BC: compatibility.mean_drop(matrix),
@@ -177,9 +182,10 @@ def entry_pairs(config, methods: list[str]) -> list[tuple[str, str, str]]:
     (``method@procrustes``) against the entry without the map (``method``), its query-map effect."""
     mapped = {e: _without_map(e) for e in methods if "+" not in e and "retrieval.query_map" in parse_entry(e)[2]}
     plain = [e for e in methods if "+" not in e and e not in mapped]
-    ablations = [(e, e.split("+")[0]) for e in methods if "+" in e]
-    pairs = [(e, base, f"ablation of {base}") for e, base in ablations if base in plain or base in mapped]
+    ablations = [(e, _ablation_base(e, methods)) for e in methods if "+" in e]
+    pairs = [(e, base, f"ablation of {base}") for e, base in ablations if base in methods]
     pairs += [(e, base, f"query map of {base}") for e, base in mapped.items() if base in plain]
+    pairs += _equal_memory_pairs(config, methods)
     heads = {}
     for entry in plain:
         c = entry_config(config, entry, 0, None)
@@ -192,6 +198,34 @@ def entry_pairs(config, methods: list[str]) -> list[tuple[str, str, str]]:
         ref = next((e for e, (m, h) in heads.items() if m == REFERENCE and h == head), None)
         if method != REFERENCE and ref is not None and ref != REFERENCE:
             pairs.append((entry, ref, f"against {REFERENCE} with the {head} head"))
+    return pairs
+
+
+def _ablation_base(entry: str, methods: list[str]) -> str:
+    """The entry an ablation is paired with: ``entry`` less its last ``+`` overrides, the longest such prefix
+    that is compared (``cl2r+model.head_block=16+memory.rule=budget`` -> ``cl2r+model.head_block=16``),
+    else the bare method entry."""
+    parts = entry.split("+")
+    for n in range(len(parts) - 1, 0, -1):
+        if "+".join(parts[:n]) in methods:
+            return "+".join(parts[:n])
+    return parts[0]
+
+
+def _equal_memory_pairs(config, methods: list[str]) -> list[tuple[str, str, str]]:
+    """Each entry with its method's own memory against the cvs entry given that memory's size rule
+    (``cvs+memory.rule=per_class`` for cl2r and hoc, ``cvs+memory.rule=all`` for cores)."""
+    rules = {}
+    for entry in methods:
+        c = entry_config(config, entry, 0, None)
+        rules[entry] = (c.method, c.memory.rule, memory_rules.rule_of(get_method(c).memory))
+    pairs = []
+    for ref, (method, rule, size) in rules.items():
+        if method != REFERENCE or rule == "official" or "retrieval.query_map" in parse_entry(ref)[2]:
+            continue
+        for entry, (m, r, own) in rules.items():
+            if m != REFERENCE and r == "official" and own == size:
+                pairs.append((entry, ref, f"at equal memory ({size}): against {REFERENCE} given {m}'s memory"))
     return pairs
 
 

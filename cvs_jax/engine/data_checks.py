@@ -73,6 +73,8 @@ def check_user_plan(
         policies.UncertaintyMemory: "class_quota",
         policies.ReservoirMemory: "reservoir",
     }.get(type(method.memory), "none")
+    if getattr(method.memory, "per_class", 0):  # memory.rule=per_class: no budget quota to bound it by
+        kind = "none"
     replayed = user_sessions.replay_sizes(plan, protocol_labels, kind, config.memory.budget)
     stream_rows = None
     if isinstance(method.batches, policies.HalfMemoryBatches):

@@ -109,7 +109,7 @@ def session_constants(ctx: RunContext, state: RunState, view: SessionView) -> di
         "old_classes": jnp.int32(plan.old_classes(view.s)),
     }
     for provider in ctx.method.constants:
-        consts.update(provider(ctx.policy_view, state.gallery))
+        consts.update(provider(ctx.policy_view, state.gallery, view.s))
     consts.update(ctx.method.importance.constants(ctx.policy_view, state.importance))
     return distributed.replicate(consts, ctx.mesh)
 
@@ -627,6 +627,7 @@ def append_and_save(
         "val_recall1": selection.val_recall1,
         "new_images": int(len(ctx.proto.plan.sessions[s].train)),  # protocol.json's "train" of the session
         "trained_on_images": int(len(view.batches.indices)),  # the new images plus replay (joint: all so far)
+        "memory_rows": len(state.memory),  # replay rows stored before the session (memory.rule)
         "gallery_rows": len(gallery),
         "test_queries": int(len(view.test_idx)),
         "steps": view.total_steps,

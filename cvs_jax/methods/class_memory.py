@@ -38,16 +38,25 @@ def add_per_class(memory_ids, memory_labels, new_ids, new_labels, per_class: int
 
 @dataclasses.dataclass(frozen=True)
 class PerClassRandomMemory:
-    """A ``seams.MemoryPolicy``: ``per_class`` random images of each class, chosen when the class is seen."""
+    """A ``seams.MemoryPolicy``: ``per_class`` random images of each class, chosen when the class is seen.
+
+    ``budget`` > 0 (``memory.rule=budget``): CVS's count instead, ``budget // classes seen`` of each class,
+    so the memory never exceeds ``budget``; a class's images beyond its shrinking quota are dropped (its
+    first ones kept, as continuum keeps the first rows)."""
 
     per_class: int = PER_CLASS
+    budget: int = 0
 
     keeps_memory = True
 
     def update(self, view: PolicyView, mem: ReplayMemory, variables, s: int) -> ReplayMemory:
         prev = view.plan.sessions[s - 1].train
         rng = np.random.default_rng([view.seed, s, 20])
-        ids, labels = add_per_class(mem.source_ids, mem.labels, prev, view.train_labels[prev], self.per_class, rng)
+        quota = self.per_class
+        if self.budget:
+            seen = np.union1d(mem.labels, view.train_labels[prev]).size
+            quota = self.budget // max(seen, 1)
+        ids, labels = add_per_class(mem.source_ids, mem.labels, prev, view.train_labels[prev], quota, rng)
         return ReplayMemory(ids, labels.astype(np.int32), s - 1, mem.seen + len(prev))
 
 

@@ -68,13 +68,46 @@ class ClassBoundaries:
     """LCE's constants for the step (a ``seams.ConstantsPolicy``): centres, boundaries and their mask
     from the stored gallery rows of the earlier sessions."""
 
-    def __call__(self, view: PolicyView, gallery: Gallery) -> dict:
+    normalize_features: bool = False  # lce.normalize_features: what the logged line calls the term's feature
+
+    def __call__(self, view: PolicyView, gallery: Gallery, s: int = 0) -> dict:
         centres, bounds, mask = centres_and_boundaries(gallery.embeddings, gallery.labels, view.num_classes)
+        if len(gallery):
+            view.log(boundary_line(gallery.embeddings, gallery.labels, centres, bounds, self.normalize_features))
         return {
             "lce_centres": jnp.asarray(centres),
             "lce_boundaries": jnp.asarray(bounds),
             "lce_mask": jnp.asarray(mask),
         }
+
+
+def boundary_activity(gallery_embeddings, gallery_labels, centres, bounds, normalize: bool) -> tuple[float, float]:
+    """``(share of the stored rows inside the hinge, mean row norm)``: the rows r of old classes with
+    theta_y - clamp(<f, c_y>, -1, 1) > 0, f = r (LCE's code) or normalize(r).  The stored rows are the old
+    model's features, so this is L_bound's activity where the new model starts; with the normalised
+    feature it is 0 by construction (theta_y is the smallest cosine), with the raw one it is 0 once
+    |r| cos(r, c_y) >= 1 saturates the clamp."""
+    labels = np.asarray(gallery_labels).reshape(-1).astype(np.int64)
+    active, norms = 0, []
+    for start in range(0, labels.shape[0], _BLOCK):
+        rows = np.asarray(gallery_embeddings[start : start + _BLOCK], np.float64)
+        norms.append(np.linalg.norm(rows, axis=1))
+        f = _np_l2_normalize(rows) if normalize else rows
+        y = labels[start : start + _BLOCK]
+        cos = np.clip(np.sum(f * centres[y], axis=1), -1.0, 1.0)
+        active += int(np.sum(bounds[y] - cos > 1e-6))
+    norm = float(np.mean(np.concatenate(norms))) if norms else 0.0
+    return active / max(labels.shape[0], 1), norm
+
+
+def boundary_line(gallery_embeddings, gallery_labels, centres, bounds, normalize: bool) -> str:
+    """The log's line on L_bound at a session's start (:func:`boundary_activity`)."""
+    share, norm = boundary_activity(gallery_embeddings, gallery_labels, centres, bounds, normalize)
+    feature = "normalised feature" if normalize else "raw feature, as LCE's code"
+    line = f"lce: L_bound ({feature}) active on {100 * share:.1f}% of the stored rows (mean norm {norm:.2f})"
+    if share == 0 and not normalize:
+        line += "; the clamp saturates: the term is 0 unless the new features leave the boundary (metrics L_bound)"
+    return line
 
 
 def lce_align_loss(head_rows: jax.Array, centres: jax.Array, mask: jax.Array) -> jax.Array:
@@ -124,7 +157,7 @@ def make_lce(config: ml_collections.ConfigDict) -> Method:
     settings ``config.lce``."""
     return Method(
         name="lce",
-        constants=(ClassBoundaries(),),
+        constants=(ClassBoundaries(config.lce.normalize_features),),
         extra_terms=functools.partial(lce_terms, normalize_features=config.lce.normalize_features),
         loss_terms={"L_align": LAMBDA_ALIGN, "L_bound": LAMBDA_BOUND},
         description="LCE: head rows aligned to the old class centres, features kept inside their boundaries",

@@ -67,13 +67,16 @@ class HerdingMemory:
     """iCaRL herding (official CVS): re-herd the pool per class on the selected model's embeddings."""
 
     budget: int  # memory.budget: images kept
+    per_class: int = 0  # > 0: keep this many of every class seen instead (memory.rule=per_class), no budget
 
     keeps_memory = True
 
     def update(self, view: PolicyView, mem: ReplayMemory, variables, s: int) -> ReplayMemory:
         pool = _pool(view, mem, s)
         emb = view.embed(variables, view.train_images(pool))
-        ids, labels = replay.rebuild_memory(emb, view.train_labels[pool], pool, self.budget)
+        labels = view.train_labels[pool]
+        budget = self.per_class * np.unique(labels).size if self.per_class else self.budget
+        ids, labels = replay.rebuild_memory(emb, labels, pool, budget)
         seen = mem.seen + len(view.plan.sessions[s - 1].train)
         return ReplayMemory(np.asarray(ids, np.int64), np.asarray(labels, np.int32), s - 1, seen)
 
@@ -314,7 +317,7 @@ class ClassCenters:
 
     per_session_mean: bool
 
-    def __call__(self, view: PolicyView, gallery: Gallery) -> dict:
+    def __call__(self, view: PolicyView, gallery: Gallery, s: int = 0) -> dict:
         centers, mask = losses.class_centers(
             gallery.embeddings,
             gallery.labels,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import ml_collections
 
 from cvs_jax.errors import ConfigError
-from cvs_jax.methods import policies
+from cvs_jax.methods import memory_rules, policies
 from cvs_jax.methods.base import Method, StepInputs
 from cvs_jax.methods.baselines import make_bct, make_ewc, make_lwf, make_mmd, make_rainbow, make_rwalk
 from cvs_jax.methods.cvs import make_cvs
@@ -78,7 +79,9 @@ def get_method(config: ml_collections.ConfigDict) -> Method:
         raise ConfigError(
             f"method={config.method!r} is unknown; choose one of {sorted(METHODS)} (e.g. --config.method=finetune)."
         )
-    return METHODS[config.method](config)
+    method = METHODS[config.method](config)
+    memory = memory_rules.choose(config, method.memory, method.name)  # memory.rule: another method's memory
+    return method if memory is method.memory else dataclasses.replace(method, memory=memory)
 
 
 HEAD_CHOICES = ("official",) + HEADS  # config.model.head

@@ -174,8 +174,8 @@ class ImportancePolicy(Protocol):
 
 @runtime_checkable
 class ConstantsPolicy(Protocol):
-    def __call__(self, view: PolicyView, gallery: Gallery) -> dict:
-        """Per-session constants for the step, from the stored gallery."""
+    def __call__(self, view: PolicyView, gallery: Gallery, s: int = 0) -> dict:
+        """Per-session constants for the step of session ``s``, from the plan and the stored gallery."""
 
 
 # ------------------------------------------------------------------ each kind's default: what a Method gets

@@ -13,7 +13,9 @@ every step (``SENet18Cifar(...)``, SGD 0.1, momentum 0.9, weight decay 5e-4) and
   L_fd = ``cosine_embedding_loss(normalize(f_new), normalize(f_old), 1)`` = mean(1 - cos), added as
   ``loss + criterion_weight * L_fd``; 46-50 the loss itself;
 * ``src/cl2r/utils.py`` 124-126: criterion_weight = base * sqrt(new classes / old classes), called at
-  ``src/cl2r/main.py`` 123 with (classes seen before, classes of the task); ``config.yml`` 8: base 5;
+  ``src/cl2r/main.py`` 123 with (``memory.seen_classes``: the classes of the earlier tasks' data, 156;
+  ``train_task_set.nb_classes``: the classes present in the task's own data); ``config.yml`` 8: base 5
+  (``cl2r.class_count="introduced"`` counts the classes introduced instead: 0 new on blurry);
 * ``src/cl2r/utils.py`` 63-68: each batch is ``batch_size // 2`` memory rows then ``batch_size // 2``
   new rows; ``src/cl2r/main.py`` 82-86 and ``config.yml`` 9: a random memory of 20 images per class.
 
@@ -32,11 +34,13 @@ so the memory half is passed as a mask (:func:`memory_half_mask`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import policies
@@ -44,6 +48,8 @@ from cvs_jax.methods.base import Method, StepInputs
 from cvs_jax.methods.class_memory import AllSeenMemory, PerClassRandomMemory
 from cvs_jax.methods.losses import _row_mean, l2_normalize
 from cvs_jax.methods.policies import half_memory_split
+from cvs_jax.methods.seams import PolicyView
+from cvs_jax.rundir.gallery import Gallery
 
 CL2R_BASE = 5.0  # config.yml criterion_weight_base
 HOC_MU = 10.0  # hoc.py mu_
@@ -89,23 +95,67 @@ def hoc_loss(new_emb: jax.Array, old_emb: jax.Array, labels: jax.Array, mu: floa
     return jnp.mean(positive + negative)
 
 
+CLASS_COUNTS = ("present", "introduced")  # config.cl2r.class_count
+
+
+def cl2r_class_counts(plan, train_labels, s: int, count: str = "present") -> tuple[int, int]:
+    """``(new, old)`` of CL²R's lambda at session ``s``.
+
+    ``"present"`` (CL²R's code): new = the classes present in the session's own training data
+    (``train_task_set.nb_classes``, ``main.py`` 123, taken before the memory is added), old = the classes
+    present in the earlier sessions' data (``memory.seen_classes``, 156).  On a general setup old classes
+    come back in later sessions and count as new; on blurry every class is present every session.
+    ``"introduced"``: the classes first seen this session and the classes seen before (the head's outputs),
+    which is 0 new classes on blurry."""
+    if count == "introduced":
+        old = plan.old_classes(s)
+        return plan.sessions[s].num_outputs - old, old
+    labels = np.asarray(train_labels)
+    earlier = [labels[plan.sessions[j].train] for j in range(s)]
+    old = np.unique(np.concatenate(earlier)).size if earlier else 0
+    return int(np.unique(labels[plan.sessions[s].train]).size), int(old)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cl2rWeight:
+    """CL²R's per-session constant ``cl2r_scale`` = sqrt(new / old) (a ``seams.ConstantsPolicy``); logs the
+    session's lambda, and says so when it is 0 (no distillation that session)."""
+
+    count: str = "present"
+
+    def __call__(self, view: PolicyView, gallery: Gallery, s: int = 0) -> dict:
+        new, old = cl2r_class_counts(view.plan, view.train_labels, s, self.count)
+        scale = float(cl2r_weight_scale(new, old))
+        if s > 0:
+            counted = "present" if self.count == "present" else "introduced"
+            line = f"cl2r: lambda = {CL2R_BASE:g} sqrt({new}/{old}) = {CL2R_BASE * scale:.2f} ({counted} classes)"
+            if scale == 0:
+                line += "; lambda = 0: no feature distillation this session (cl2r.class_count=present counts the data)"
+            view.log(line)
+        return {"cl2r_scale": jnp.float32(scale)}
+
+
 def cl2r_terms(x: StepInputs, *, memory_batches: str = "cycle"):
     """``extra_terms`` of a ``cl2r`` method (old model, half-memory batches): ``{"L_fd": sqrt(new / old) L_fd}``
-    with the weight ``CL2R_BASE``, so that weight x term = lambda L_fd; the class counts come from the
-    step's constants (classes introduced this session = valid_classes - old_classes)."""
+    with the weight ``CL2R_BASE``, so that weight x term = lambda L_fd; sqrt(new / old) is the step's
+    constant ``cl2r_scale`` (:class:`Cl2rWeight`)."""
     mask = memory_half_mask(x.new_emb.shape[0], memory_batches)
-    scale = cl2r_weight_scale(x.consts["valid_classes"] - x.consts["old_classes"], x.consts["old_classes"])
-    return {"L_fd": scale * cl2r_distillation_loss(x.new_emb, x.old_emb, mask)}
+    return {"L_fd": x.consts["cl2r_scale"] * cl2r_distillation_loss(x.new_emb, x.old_emb, mask)}
 
 
 def hoc_terms(x: StepInputs, *, mu: float = HOC_MU, ce_weight: float = HOC_LAMBDA):
-    """``extra_terms`` of a ``hoc`` method (old model): ``{"L_hoc": L_HOC, "L_c_hoc": -(1 - lambda) L_c}``.
+    """``extra_terms`` of a ``hoc`` method (old model):
+    ``{"L_hoc": (1 - lambda) L_HOC, "L_c_hoc": -(1 - lambda) L_c}``, both at weight 1.
 
-    The step adds every term to L_c at weight 1, from the second session on; ``"L_c_hoc"`` (weight 1) is
-    the correction that leaves lambda L_c of it, so that with L_hoc's weight 1 - lambda the loss is
-    iamcl2r's lambda CE + (1 - lambda) L_HOC; session 1 is CE alone, as ``train.py`` 45-48."""
+    The step adds every term to L_c, from the second session on; ``"L_c_hoc"`` leaves lambda L_c of it, so
+    the loss is iamcl2r's lambda CE + (1 - lambda) L_HOC with lambda = ``hoc.ce_weight`` alone (one
+    setting); ``loss_weights.L_hoc`` multiplies the HOC part on top (1: the paper).  Session 1 is CE
+    alone, as ``train.py`` 45-48."""
     ce = x.classifier.loss(x.head, x.new_emb, x.labels, x.consts["valid_classes"])
-    return {"L_hoc": hoc_loss(x.new_emb, x.old_emb, x.labels, mu), "L_c_hoc": -(1.0 - ce_weight) * ce}
+    return {
+        "L_hoc": (1.0 - ce_weight) * hoc_loss(x.new_emb, x.old_emb, x.labels, mu),
+        "L_c_hoc": -(1.0 - ce_weight) * ce,
+    }
 
 
 HALF_BATCHES = "cycle"  # CL²R's and HOC's batches: batch_size // 2 memory rows, the memory cycling
@@ -121,12 +171,19 @@ def _per_class(config: ml_collections.ConfigDict, section: str) -> int:
 def make_cl2r(config: ml_collections.ConfigDict) -> Method:
     """CL²R on the fixed simplex: random per-class memory, half-memory batches, L_fd on the memory half."""
     per_class = _per_class(config, "cl2r")
+    count = config.cl2r.get("class_count", "present")
+    if count not in CLASS_COUNTS:
+        raise ConfigError(
+            f"cl2r.class_count={count!r} is unknown; choose one of {list(CLASS_COUNTS)} "
+            "(present: CL²R's code, classes in the session's data)."
+        )
     return Method(
         name="cl2r",
         official_head="simplex",
         uses_old_model=True,
         memory=PerClassRandomMemory(per_class),
         batches=policies.HalfMemoryBatches(HALF_BATCHES),
+        constants=(Cl2rWeight(count),),
         extra_terms=functools.partial(cl2r_terms, memory_batches=HALF_BATCHES),
         loss_terms={"L_fd": CL2R_BASE},  # weight x term = 5 sqrt(new / old) L_fd
         description=f"CL²R: fixed d-simplex head, {per_class} random images per class, feature distillation",
@@ -150,8 +207,8 @@ def make_hoc(config: ml_collections.ConfigDict) -> Method:
         memory=PerClassRandomMemory(per_class),
         batches=policies.HalfMemoryBatches(HALF_BATCHES),
         extra_terms=functools.partial(hoc_terms, mu=h.mu, ce_weight=h.ce_weight),
-        # L_hoc: 1 - lambda; L_c_hoc is -(1 - hoc.ce_weight) L_c itself, weight 1
-        loss_terms={"L_hoc": 1.0 - HOC_LAMBDA, "L_c_hoc": 1.0},
+        # both carry (1 - hoc.ce_weight) themselves: the one setting is hoc.ce_weight
+        loss_terms={"L_hoc": 1.0, "L_c_hoc": 1.0},
         description=f"d-Simplex-HOC: reversed fixed d-simplex head, lambda={h.ce_weight} CE + L_HOC (mu={h.mu})",
     )
 

@@ -75,6 +75,9 @@ def summarize_runs(runs: list[dict], methods: list[str]) -> list[dict]:
             }
         if ok[m]:
             entry["recall1_per_session"] = np.mean([r["recall1_per_session"] for r in ok[m].values()], 0).tolist()
+        entry["memory_rule"] = next((r.get("memory_rule") for r in by_method[m]), None)
+        rows = [r["memory_rows"] for r in ok[m].values() if r.get("memory_rows") is not None]
+        entry["memory_rows"] = np.mean(rows, 0).tolist() if rows else None
         if m != REFERENCE and REFERENCE in ok:
             entry["vs_" + REFERENCE] = _paired(ok[m], ok[REFERENCE], ks + list(COMPAT))
         summary.append(entry)
@@ -111,9 +114,17 @@ def rows_from_summary(summary: list[dict]) -> list[dict]:
             row[f"{name} - {REFERENCE}"] = d["mean"] if d else None
             row[f"{name} - {REFERENCE} ci95 low"], row[f"{name} - {REFERENCE} ci95 high"] = ci
             row[f"{name} - {REFERENCE} significant"] = d["significant"] if d else None
+        row["memory rule"], row["memory rows"] = e.get("memory_rule"), memory_cell(e)
         row["recall1_per_session"] = e["recall1_per_session"]
         rows.append(row)
     return rows
+
+
+def memory_cell(e: dict) -> str:
+    """The replay rows stored before each session, mean over seeds, e.g. "0/80/120/160" ("n/a": runs made
+    before the count was recorded)."""
+    rows = e.get("memory_rows")
+    return "n/a" if rows is None else "/".join(f"{v:.0f}" for v in rows)
 
 
 def _status(e: dict) -> str:
@@ -145,13 +156,13 @@ def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str,
     heads = {r["method"]: r["head"] for r in runs}
     compat = _shown(summary)
     cols = [f"AR@{k}" for k in ks] + compat
-    lines = [f"### {title}", "", "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    lines = [f"### {title}", "", "| method | memory | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
     for e in summary:
         if not e["seeds"]:
-            cells = [_no_seed(e)] * len(cols)
+            cells = [_no_seed(e)] * (len(cols) + 1)
         else:
             cells = [_mean_std_cell(e["average_recall"][k]) for k in ks] + [_mean_std_cell(e.get(c)) for c in compat]
-            cells[0] += _status(e)
+            cells = [memory_cell(e), cells[0] + _status(e)] + cells[1:]
         lines.append(f"| {e['method']} | " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -163,7 +174,10 @@ def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str,
         "CoReS's); mAP: mean over sessions of the test queries' mean average precision on the whole gallery, in "
         "%; AM: mean recall@1 of every model on every part it searches; NFR: % of queries "
         "an update turns from right to wrong at top-1, mean over updates (docs/comparisons.md, Compatibility metrics). "
-        "Heads: " + ", ".join(f"{m} {h}" for m, h in heads.items() if h) + ".",
+        "Heads: " + ", ".join(f"{m} {h}" for m, h in heads.items() if h) + ". "
+        "Memory: the replay rows stored before each session (mean over seeds); rules (memory.rule): "
+        + "; ".join(f"{e['method']} {e.get('memory_rule') or 'n/a'}" for e in summary)
+        + ".",
     ]
     if any(e["vs_" + REFERENCE] for e in summary):
         lines += [

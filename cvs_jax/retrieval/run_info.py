@@ -24,6 +24,29 @@ def _stores(run: run_reader.Run) -> list[str] | None:
         return None
 
 
+def term_summary(metrics_path: str) -> dict[int, dict[str, dict]]:
+    """Per session (1-based): each logged loss term's mean over the session's epochs, its epochs and those
+    where it was exactly 0 (a term 0 in every epoch, e.g. LCE's L_bound with a saturated clamp, did nothing)."""
+    out: dict[int, dict[str, dict]] = {}
+    if not os.path.exists(metrics_path):
+        return out
+    with open(metrics_path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    for r in records:
+        if "epoch" not in r or "session" not in r:
+            continue
+        for k, v in r.items():
+            if k.startswith("L_") and isinstance(v, (int, float)):
+                t = out.setdefault(int(r["session"]), {}).setdefault(k, {"sum": 0.0, "epochs": 0, "zero_epochs": 0})
+                t["sum"] += v
+                t["epochs"] += 1
+                t["zero_epochs"] += int(v == 0)
+    for terms in out.values():
+        for t in terms.values():
+            t["mean"] = t.pop("sum") / t["epochs"]
+    return out
+
+
 def describe_run(run: run_reader.Run) -> dict:
     """``describe`` of a run already read (a server's, with the rows added since)."""
     workdir = run.workdir
@@ -46,6 +69,7 @@ def describe_run(run: run_reader.Run) -> dict:
             }
         )
     per_session = dict(enumerate(results.get("per_session", [])))  # in session order (numbered from 1 since)
+    terms = term_summary(paths.metrics_file(workdir))
     sessions = []
     for s, sess in enumerate(run.protocol["sessions"]):
         done = s <= run.gallery_session
@@ -65,6 +89,8 @@ def describe_run(run: run_reader.Run) -> dict:
                 "lr": recipe.session_lr(run.config, s),
                 "epochs": recipe.session_epochs(run.config, s),
                 "map": r.get("map"),
+                "memory_rows": r.get("memory_rows"),  # replay rows it trained with (absent in older runs)
+                "loss_terms": terms.get(s + 1, {}),  # per term: mean over epochs, epochs, zero_epochs
             }
         )
     return {

@@ -259,12 +259,14 @@ def test_term_functions_read_the_step_inputs():
         "lce_centres": jnp.asarray(centres),
         "lce_boundaries": jnp.asarray(bounds),
         "lce_mask": jnp.asarray(mask),
+        "cl2r_scale": jnp.float32(np.sqrt(10 / 20)),  # Cl2rWeight's constant: 10 new, 20 old
     }
     x = _inputs(new, old, labels, rows, consts)
     assert float(ract.ract_terms(x)["L_ract"]) == pytest.approx(_ract_reference(new, old, labels, 0.01, 10)[1], 1e-4)
     fd = float(simplex.cl2r_distillation_loss(new, old, simplex.memory_half_mask(16)))
     assert float(simplex.cl2r_terms(x)["L_fd"]) == pytest.approx(np.sqrt(10 / 20) * fd, rel=1e-5)  # 10 new, 20 old
-    assert float(simplex.hoc_terms(x)["L_hoc"]) == pytest.approx(_hoc_reference(new, old, labels, 10.0), rel=1e-5)
+    hoc = float(simplex.hoc_terms(x)["L_hoc"])  # carries 1 - hoc.ce_weight itself
+    assert hoc == pytest.approx(0.9 * _hoc_reference(new, old, labels, 10.0), rel=1e-5)
     terms = lce.lce_terms(x)
     assert float(terms["L_align"]) == pytest.approx(float(lce.lce_align_loss(rows, centres, mask)), rel=1e-6)
     want = float(lce.lce_boundary_loss(new, labels, centres, bounds, mask))

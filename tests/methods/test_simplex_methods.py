@@ -3,7 +3,8 @@
 * HOC's loss from the second session on is lambda CE + (1 - lambda) L_HOC on the reversed simplex
   (numpy reference: the step's L_c plus every term at its configured weight), for the official lambda
   and another one; session 1 is CE alone (the step adds no term there);
-* CL²R's weighted term is 5 sqrt(new / old) mean(1 - cos) over the memory half (numpy reference);
+* CL²R's weighted term is 5 sqrt(new / old) mean(1 - cos) over the memory half (numpy reference; the
+  class counts: tests/methods/test_compared_fairly.py);
 * what each declares: head, memory, batches, terms; HOC's reversed head keeps its session 1 its own;
 * a simplex that does not fit model.embed_dim is refused by the config check, K counted with head_block.
 """
@@ -41,7 +42,7 @@ def _inputs(head, seed=0):
         classifier=head,
         head=rows,
         old_head=rows,
-        consts={"valid_classes": jnp.int32(4), "old_classes": jnp.int32(3)},
+        consts={"valid_classes": jnp.int32(4), "old_classes": jnp.int32(3), "cl2r_scale": jnp.float32(np.sqrt(5 / 3))},
     )
 
 
@@ -75,8 +76,7 @@ def _step_loss(config, x):
 @pytest.mark.parametrize("ce_weight", [0.1, 0.3])
 def test_hoc_loss_is_lambda_ce_plus_the_rest_hoc_on_the_reversed_simplex(ce_weight):
     c = _config("hoc")
-    c.hoc.ce_weight = ce_weight
-    c.loss_weights.L_hoc = 1 - ce_weight
+    c.hoc.ce_weight = ce_weight  # the one setting: the HOC term's 1 - lambda follows it
     head = get_head(c)
     assert head == SimplexHead(reverse_labels=True)
     x = _inputs(head)
@@ -90,16 +90,16 @@ def test_hoc_loss_is_lambda_ce_plus_the_rest_hoc_on_the_reversed_simplex(ce_weig
 def test_hoc_official_weights():
     c = _config("hoc")
     assert (c.hoc.ce_weight, c.hoc.mu, c.hoc.per_class) == (0.1, 10.0, 20)
-    assert c.loss_weights.L_hoc == pytest.approx(0.9) and c.loss_weights.L_c_hoc == 1.0
+    assert c.loss_weights.L_hoc == 1.0 and c.loss_weights.L_c_hoc == 1.0  # both terms carry 1 - lambda
 
 
-def test_cl2r_term_is_five_sqrt_new_over_old_on_the_memory_half():
+def test_cl2r_term_is_five_sqrt_new_over_old_on_the_memory_half():  # sqrt(new / old): the step's cl2r_scale
     c = _config("cl2r")
     x = _inputs(get_head(c))
     terms = get_method(c).extra_terms(x)
     new, old = np.asarray(x.new_emb, np.float64), np.asarray(x.old_emb, np.float64)
     memory = np.arange(B) >= B - B // 2  # half-memory batches: the stream first, the memory last
-    want = 5.0 * np.sqrt((4 - 3) / 3) * np.mean(1 - np.sum(_np_unit(new) * _np_unit(old), axis=1)[memory])
+    want = 5.0 * np.sqrt(5 / 3) * np.mean(1 - np.sum(_np_unit(new) * _np_unit(old), axis=1)[memory])
     assert c.loss_weights.L_fd * float(terms["L_fd"]) == pytest.approx(want, rel=1e-5)
 
 

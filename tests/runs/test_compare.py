@@ -48,7 +48,7 @@ def test_runner_table_and_shared_first_session(tmp_path, capsys):
     assert heads["finetune"] == heads["cvs"] == heads["bct"] == "cosine"
     ties = any(r["AC"] != r["AC ties pass"] for r in out["runs"])  # a tie M[1][0] == M[0][0]: both AC columns
     ac = "AC | AC ties pass" if ties else "AC"
-    assert f"| method | AR@1 | AR@2 | AR@4 | mAP | BC | {ac} | AM | NFR |" in table
+    assert f"| method | memory | AR@1 | AR@2 | AR@4 | mAP | BC | {ac} | AM | NFR |" in table
     for r in out["runs"]:  # the BC summary is compatibility.mean_drop of the run's own matrix, in points
         with open(os.path.join(wd, r["workdir"], "results.json")) as f:
             results = json.load(f)

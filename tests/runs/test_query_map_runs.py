@@ -306,7 +306,7 @@ def test_compare_tabulates_map_and_both_ac_rules(runs, tmp_path):
     assert summary["finetune@procrustes"]["mAP"]["mean"] == pytest.approx(100 * out["procrustes"][2]["average_map"])
     assert [(p["a"], p["b"]) for p in written["pairs"]] == [("finetune@procrustes", "finetune")]
     table = (cmp_dir / "comparison.md").read_text()
-    header = next(line for line in table.splitlines() if line.startswith("| method | AR@1"))
+    header = next(line for line in table.splitlines() if line.startswith("| method | memory | AR@1"))
     assert "| mAP |" in header
     differ = any(r["compatibility_ac"] != r["compatibility_ac_ties_pass"] for _, _, r in entries.values())
     assert ("AC ties pass" in header) == differ
