@@ -1,0 +1,82 @@
+"""``update --from_added``: the next session from the labelled images added to a run, trained as
+``update --data`` trains on a folder of the same images; the added rows' embeddings untouched."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from cvs_jax import search, update
+from cvs_jax.retrieval import additions
+from cvs_jax.retrieval.run_reader import Run
+from cvs_jax.rundir import paths
+from cvs_jax.testing.image_folders import new_photo
+
+
+def _photos(folder, counts: dict[str, int], seed: int = 100) -> dict[str, list[str]]:
+    """New photos (bytes in no run) as ``folder/<class>/<class>-<i>.png``."""
+    out = {}
+    for name, n in counts.items():
+        os.makedirs(folder / name, exist_ok=True)
+        out[name] = [new_photo(folder / name / f"{name}-{i}.png", name, seed=seed + 10 * i) for i in range(n)]
+        seed += 1000
+    return out
+
+
+def _add(wd, photos: dict[str, list[str]], labelled: bool = True) -> None:
+    for name, files in photos.items():
+        assert search.search_or_add(wd, files, add=True, label=name if labelled else None) == 0
+
+
+def _added_bytes(wd) -> list[bytes]:
+    dim = Run(wd).config.model.embed_dim
+    return [p.embeddings.tobytes() for p in additions.read(wd, dim).gallery.parts]
+
+
+def _state(wd) -> dict:
+    """What a refusal must leave as it was."""
+    with open(paths.config_file(wd), "rb") as f:
+        config = f.read()
+    return {"config": config, "listing": sorted(os.listdir(wd)), "added": _added_bytes(wd)}
+
+
+def test_from_added_trains_as_update_data_on_the_same_folder(run_copy, tmp_path, capsys):
+    photos = _photos(tmp_path / "photos", {"ant": 5, "bee": 5, "cat": 4})
+    _add(run_copy, photos)
+    before = _added_bytes(run_copy)
+    twin = str(tmp_path / "twin")
+    shutil.copytree(run_copy, twin)  # the same run and added rows, updated from the folder instead
+    assert update.update_from_added(run_copy) == 0
+    assert update.update(twin, str(tmp_path / "photos")) == 0
+    assert _added_bytes(run_copy) == before  # nothing re-embedded
+    with open(paths.results_file(run_copy)) as f, open(paths.results_file(twin)) as g:
+        got, want = (
+            [{k: v for k, v in s.items() if k != "seconds"} for s in json.load(h)["per_session"]] for h in (f, g)
+        )
+    assert len(got) == 2 and got == want
+    a, b = Run(run_copy).gallery, Run(twin).gallery
+    assert [p.embeddings.tobytes() for p in a.parts] == [p.embeddings.tobytes() for p in b.parts]
+    assert [p.labels.tolist() for p in a.parts] == [p.labels.tolist() for p in b.parts]
+    # the rows are used once: nothing new since, so the next request is refused and changes nothing
+    state = _state(run_copy)
+    capsys.readouterr()
+    assert update.update_from_added(run_copy) == 2
+    assert capsys.readouterr().err.count("error:") == 1
+    assert _state(run_copy) == state
+
+
+@pytest.mark.parametrize("case", ["nothing", "unlabelled", "one_image"])
+def test_refusals_change_nothing(run_copy, tmp_path, capsys, case):
+    if case == "unlabelled":
+        _add(run_copy, _photos(tmp_path / "p", {"ant": 3}), labelled=False)
+    elif case == "one_image":
+        _add(run_copy, _photos(tmp_path / "p", {"ant": 3, "bee": 1}))
+    state = _state(run_copy)
+    capsys.readouterr()
+    assert update.update_from_added(run_copy) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:")
+    want = {"nothing": "no image was added", "unlabelled": "have no label", "one_image": "class 'bee' has 1 image"}
+    assert want[case] in err[0]
+    assert _state(run_copy) == state and not os.path.exists(os.path.join(run_copy, "from_added", "session-2"))
