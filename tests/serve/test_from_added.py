@@ -4,13 +4,17 @@
 import json
 import os
 import shutil
+import time
 
 import pytest
+from fastapi.testclient import TestClient
 
 from cvs_jax import search, update
-from cvs_jax.retrieval import additions
+from cvs_jax.retrieval import additions, gate
 from cvs_jax.retrieval.run_reader import Run
 from cvs_jax.rundir import paths
+from cvs_jax.serve.app import create_app
+from cvs_jax.serve.state import Served
 from cvs_jax.testing.image_folders import new_photo
 
 
@@ -41,6 +45,7 @@ def _state(wd) -> dict:
     return {"config": config, "listing": sorted(os.listdir(wd)), "added": _added_bytes(wd)}
 
 
+@pytest.mark.slow  # two sessions trained; the default suite has the served end-to-end test below
 def test_from_added_trains_as_update_data_on_the_same_folder(run_copy, tmp_path, capsys):
     photos = _photos(tmp_path / "photos", {"ant": 5, "bee": 5, "cat": 4})
     _add(run_copy, photos)
@@ -80,3 +85,38 @@ def test_refusals_change_nothing(run_copy, tmp_path, capsys, case):
     want = {"nothing": "no image was added", "unlabelled": "have no label", "one_image": "class 'bee' has 1 image"}
     assert want[case] in err[0]
     assert _state(run_copy) == state and not os.path.exists(os.path.join(run_copy, "from_added", "session-2"))
+
+
+def test_post_sessions_trains_beside_serving_and_the_new_model_is_served(run_copy, tmp_path):
+    served = Served(run_copy, poll_s=0, max_wait_s=0.02, thresholds=gate.Thresholds(off=True))
+    client = TestClient(create_app(served, token="t"))
+    auth = {"authorization": "Bearer t"}
+    photos = _photos(tmp_path / "photos", {"ant": 5, "bee": 5, "cat": 4})
+    for name, files in photos.items():
+        for path in files:
+            with open(path, "rb") as f:
+                r = client.post("/add", params={"label": name}, files=[("file", (path, f.read()))], headers=auth)
+            assert r.status_code == 200, r.text
+    before = _added_bytes(run_copy)
+    assert client.get("/sessions/current").json() == {"state": "idle"}
+    assert client.post("/sessions").status_code == 401
+    r = client.post("/sessions", headers=auth)
+    assert r.status_code == 200 and r.json()["session"] == 2, r.text
+    assert client.post("/sessions", headers=auth).status_code == 409
+    query = photos["bee"][0]
+    with open(query, "rb") as f:
+        body = f.read()
+    answered, failed, deadline = 0, 0, time.monotonic() + 400
+    while client.get("/sessions/current").json()["state"] == "training" and time.monotonic() < deadline:
+        r = client.post("/search", params={"k": 3}, files=[("file", ("q.png", body))])
+        answered, failed = answered + 1, failed + (r.status_code != 200)
+        time.sleep(0.2)
+    current = client.get("/sessions/current").json()
+    assert current["state"] == "done", current
+    assert current["epoch"] == current["epochs"] and current["loss"] is not None
+    assert answered > 0 and failed == 0
+    served.poll()  # the server's switch path (the watcher's poll) takes the new session
+    r = client.post("/search", params={"k": 3}, files=[("file", ("q.png", body))]).json()
+    assert r["model_session"] == 2 and served.model_session == 2
+    assert _added_bytes(run_copy) == before
+    served.close()
