@@ -91,6 +91,10 @@ def test_post_sessions_trains_beside_serving_and_the_new_model_is_served(run_cop
     served = Served(run_copy, poll_s=0, max_wait_s=0.02, thresholds=gate.Thresholds(off=True))
     client = TestClient(create_app(served, token="t"))
     auth = {"authorization": "Bearer t"}
+    state = _state(run_copy)
+    r = client.post("/sessions", headers=auth)  # nothing added yet: one line, nothing changed, no child
+    assert r.status_code == 400 and "no image was added" in r.json()["error"], r.text
+    assert _state(run_copy) == state and client.get("/sessions/current").json() == {"state": "idle"}
     photos = _photos(tmp_path / "photos", {"ant": 5, "bee": 5, "cat": 4})
     for name, files in photos.items():
         for path in files:
@@ -98,7 +102,6 @@ def test_post_sessions_trains_beside_serving_and_the_new_model_is_served(run_cop
                 r = client.post("/add", params={"label": name}, files=[("file", (path, f.read()))], headers=auth)
             assert r.status_code == 200, r.text
     before = _added_bytes(run_copy)
-    assert client.get("/sessions/current").json() == {"state": "idle"}
     assert client.post("/sessions").status_code == 401
     r = client.post("/sessions", headers=auth)
     assert r.status_code == 200 and r.json()["session"] == 2, r.text
