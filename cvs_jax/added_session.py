@@ -54,6 +54,12 @@ def _class_names(workdir: str) -> list[str]:
         return list(json.load(f)["class_names"])
 
 
+def labelled_pending(workdir: str, updates: list[str], embed_dim: int) -> int:
+    """How many labelled added rows no session has used yet (``--learn_after``'s count)."""
+    added = additions.read(workdir, embed_dim)
+    return int((added.gallery.labels[used_rows(workdir, updates) :] >= 0).sum()) if len(added) else 0
+
+
 def pending(workdir: str, updates: list[str], embed_dim: int) -> tuple[int, int, list[tuple[str, str]]]:
     """``(first, end, [(class name, stored file)])``: the added rows ``first..end-1`` not yet used, and the
     labelled ones among them.  Refuses (``DataError``) when none is labelled or a class has one image."""

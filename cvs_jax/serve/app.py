@@ -259,7 +259,10 @@ async def add(request: Request):
     ctx = _ctx(request)
     _check_write(request, ctx)
     got, fields = await read_uploads(request, ctx)
-    return await run_in_threadpool(ctx.served.add, got, fields.get("label") or None, _bool(fields.get("force")))
+    out = await run_in_threadpool(ctx.served.add, got, fields.get("label") or None, _bool(fields.get("force")))
+    if ctx.sessions.learn_after is not None and out.get("label", -1) >= 0:
+        out["session_started"] = await run_in_threadpool(ctx.sessions.after_add)
+    return out
 
 
 async def pin_model(request: Request):
@@ -377,12 +380,14 @@ def create_app(
     token: str | None = None,
     limits: Limits = Limits(),
     allowed_hosts: tuple[str, ...] | None = None,
+    learn_after: int | None = None,
 ) -> FastAPI:
     """The app over a loaded ``Served``; ``token``: required (Bearer) for ``/add`` and ``/model`` when set;
-    ``allowed_hosts``: the ``Host`` names answered (None: any; the command passes loopback names by default)."""
+    ``allowed_hosts``: the ``Host`` names answered (None: any; the command passes loopback names by default);
+    ``learn_after``: an add that brings the labelled images pending to this many starts the next session."""
     app = FastAPI(title="cvs_jax visual search", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = Metrics()
-    app.state.ctx = Ctx(served, token, limits, metrics, allowed_hosts, sessions.SessionJob(served.workdir))
+    app.state.ctx = Ctx(served, token, limits, metrics, allowed_hosts, sessions.SessionJob(served.workdir, learn_after))
     app.add_middleware(_Observe, metrics=metrics, allowed_hosts=allowed_hosts)
     for cls, handler in _handlers().items():
         app.add_exception_handler(cls, handler)

@@ -13,6 +13,7 @@ the newest ``epoch E/N step S ... loss=L`` line ``update`` prints.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -20,9 +21,10 @@ import sys
 import threading
 
 from cvs_jax import added_session, update
-from cvs_jax.errors import WorkdirBusyError
+from cvs_jax.errors import UserError, WorkdirBusyError
 from cvs_jax.rundir import workdir as workdir_lib
 
+log = logging.getLogger("cvs_jax.serve")
 PROGRESS = re.compile(r"session (\d+)/\d+ epoch (\d+)/(\d+) step (\d+) .*?loss=(\S+)")
 
 
@@ -33,8 +35,9 @@ class Busy(Exception):
 class SessionJob:
     """The server's one child session: started, watched, described."""
 
-    def __init__(self, workdir: str):
+    def __init__(self, workdir: str, learn_after: int | None = None):
         self.workdir = workdir
+        self.learn_after = learn_after
         self.log_path = os.path.join(workdir, added_session.FOLDER, "child.log")
         self._child: subprocess.Popen | None = None
         self._lock = threading.Lock()
@@ -61,6 +64,22 @@ class SessionJob:
                     cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
                 )
             return {"state": "training", "pid": self._child.pid, "session": done + 1}
+
+    def after_add(self) -> bool:
+        """``--learn_after N``: starts the session once N labelled images are pending and none trains;
+        whether it started (a refusal, e.g. a class with one image, waits for more adds)."""
+        if self._child is not None and self._child.poll() is None:
+            return False
+        config = update.run_config(self.workdir)
+        pending = added_session.labelled_pending(self.workdir, list(config.data.updates), int(config.model.embed_dim))
+        if pending < self.learn_after:
+            return False
+        try:
+            self.start()
+        except (Busy, UserError) as e:
+            log.warning("--learn_after %d: %d labelled images pending, not started: %s", self.learn_after, pending, e)
+            return False
+        return True
 
     def current(self) -> dict:
         """``state``: idle (none started by this server), training, done or failed; and the progress read."""

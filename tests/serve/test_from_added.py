@@ -4,6 +4,7 @@
 import json
 import os
 import shutil
+import signal
 import time
 
 import pytest
@@ -122,4 +123,31 @@ def test_post_sessions_trains_beside_serving_and_the_new_model_is_served(run_cop
     r = client.post("/search", params={"k": 3}, files=[("file", ("q.png", body))]).json()
     assert r["model_session"] == 2 and served.model_session == 2
     assert _added_bytes(run_copy) == before
+    served.close()
+
+
+def test_learn_after_starts_the_session_once_n_labelled_images_are_pending(run_copy, tmp_path):
+    served = Served(run_copy, poll_s=0, max_wait_s=0.02)
+    client = TestClient(create_app(served, learn_after=3))
+    photos = _photos(tmp_path / "photos", {"ant": 2, "bee": 2, "cat": 1})
+
+    def add(path, label=None):
+        with open(path, "rb") as f:
+            r = client.post("/add", params={"label": label} if label else {}, files=[("file", (path, f.read()))])
+        assert r.status_code == 200, r.text
+        return r.json().get("session_started")
+
+    assert add(photos["ant"][0], "ant") is False and add(photos["cat"][0]) is None  # 1 pending; unlabelled
+    assert add(photos["bee"][0], "bee") is False  # 2 of 3
+    assert add(photos["ant"][1], "ant") is False  # 3, but bee has one image: refused, waits for more
+    assert client.get("/sessions/current").json() == {"state": "idle"}
+    assert add(photos["bee"][1], "bee") is True
+    current = client.get("/sessions/current").json()
+    job = client.app.state.ctx.sessions
+    try:
+        assert current["state"] == "training"
+        assert current["pid"] == job._child.pid
+    finally:
+        os.killpg(job._child.pid, signal.SIGKILL)  # the child this test started: its training is not the subject
+        job._child.wait()
     served.close()
