@@ -5,6 +5,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -39,6 +41,12 @@ def _added_bytes(wd) -> list[bytes]:
     return [p.embeddings.tobytes() for p in additions.read(wd, dim).gallery.parts]
 
 
+def _results(wd) -> list[dict]:
+    """results.json's sessions, but for their wall time."""
+    with open(paths.results_file(wd)) as f:
+        return [{k: v for k, v in s.items() if k != "seconds"} for s in json.load(f)["per_session"]]
+
+
 def _state(wd) -> dict:
     """What a refusal must leave as it was."""
     with open(paths.config_file(wd), "rb") as f:
@@ -56,10 +64,7 @@ def test_from_added_trains_as_update_data_on_the_same_folder(run_copy, tmp_path,
     assert update.update_from_added(run_copy) == 0
     assert update.update(twin, str(tmp_path / "photos")) == 0
     assert _added_bytes(run_copy) == before  # nothing re-embedded
-    with open(paths.results_file(run_copy)) as f, open(paths.results_file(twin)) as g:
-        got, want = (
-            [{k: v for k, v in s.items() if k != "seconds"} for s in json.load(h)["per_session"]] for h in (f, g)
-        )
+    got, want = _results(run_copy), _results(twin)
     assert len(got) == 2 and got == want
     a, b = Run(run_copy).gallery, Run(twin).gallery
     assert [p.embeddings.tobytes() for p in a.parts] == [p.embeddings.tobytes() for p in b.parts]
@@ -151,3 +156,27 @@ def test_learn_after_starts_the_session_once_n_labelled_images_are_pending(run_c
         os.killpg(job._child.pid, signal.SIGKILL)  # the child this test started: its training is not the subject
         job._child.wait()
     served.close()
+
+
+@pytest.mark.slow  # three sessions trained
+def test_a_killed_session_resumes_to_the_uninterrupted_result(run_copy, tmp_path):
+    _add(run_copy, _photos(tmp_path / "photos", {"ant": 5, "bee": 5, "cat": 4}))
+    twin = str(tmp_path / "twin")
+    shutil.copytree(run_copy, twin)
+    assert update.update_from_added(twin) == 0  # uninterrupted
+    cmd = [sys.executable, "-m", "cvs_jax.update", "--workdir", run_copy, "--from_added"]
+    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    progress = paths.progress_dir(run_copy)
+    while child.poll() is None and not (os.path.isdir(progress) and any(n.isdigit() for n in os.listdir(progress))):
+        time.sleep(0.01)
+    child.kill()  # kill -9 once a mid-session checkpoint is on disk
+    child.wait()
+    with open(paths.results_file(run_copy)) as f:
+        assert len(json.load(f)["per_session"]) == 1  # killed mid-session, not after it
+    before = _added_bytes(run_copy)
+    assert update.update_from_added(run_copy) == 0  # resumes the same folder, same rows
+    assert _added_bytes(run_copy) == before
+    assert _results(run_copy) == _results(twin)
+    a, b = Run(run_copy).gallery, Run(twin).gallery
+    assert [p.embeddings.tobytes() for p in a.parts] == [p.embeddings.tobytes() for p in b.parts]
+    assert os.listdir(os.path.join(run_copy, "from_added")) == ["session-2"]
