@@ -2,6 +2,11 @@
 
     python -m cvs_jax.update --workdir W --data DIR_or_CSV [--config.data.on_corrupt=skip]
         [--config.train.lr=0.01] [--config.train.epochs=10]
+    python -m cvs_jax.update --workdir W --from_added
+
+``--from_added`` trains on the labelled images added to the run (``search --add``, the server's
+``/add``) since the last such session, laid out as a folder of class folders (``added_session``) and
+trained exactly as ``--data`` with that folder; the added rows keep their stored embeddings.
 
 Example: ``python -m cvs_jax.update --workdir workdirs/photos --data photos/2026-03`` after a run of
 ``python -m cvs_jax.main --config configs/image_folder_general.py --workdir workdirs/photos
@@ -37,13 +42,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 from absl import flags
 
-from cvs_jax import cli
+from cvs_jax import added_session, cli
 from cvs_jax.config import recipe as session_recipe
 from cvs_jax.config import recorded
 from cvs_jax.data import parts, records, sources
@@ -81,7 +87,14 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         "The new session's epochs (default: the run's train.epochs); recorded for that session only.",
         flag_values=flag_values,
     )
-    flags.mark_flags_as_required(["workdir", "data"], flag_values=flag_values)
+    flags.DEFINE_bool(
+        "from_added",
+        False,
+        "Train on the labelled images added (search --add, the server's /add) since the last such session "
+        "instead of --data.",
+        flag_values=flag_values,
+    )
+    flags.mark_flags_as_required(["workdir"], flag_values=flag_values)
 
 
 # The config fields update takes (--config.<field>): those safe to change between sessions.
@@ -261,13 +274,57 @@ def _sessions_before(config: ml_collections.ConfigDict) -> int:
 def update(workdir: str, data: str, overrides: dict | None = None) -> int:
     """``overrides``: ``UPDATE_FIELDS`` values to apply (``--config.<field>``), e.g. ``{"data.on_corrupt": "skip"}``."""
     try:
-        config = plan_update(workdir, data, overrides)
-        determinism.apply(config.deterministic)
-        results = runner.run(config, workdir)
+        _train(workdir, data, overrides)
     except UserError as e:
         return cli.report(e)
+    return 0
+
+
+def _train(workdir: str, data: str, overrides: dict | None) -> None:
+    config = plan_update(workdir, data, overrides)
+    determinism.apply(config.deterministic)
+    results = runner.run(config, workdir)
     print(f"{workdir}: {len(results['per_session'])} sessions; results in {paths.results_file(workdir)}")
     print(gate_line(workdir, results))
+
+
+def from_added_folder(workdir: str) -> tuple[str, bool, str]:
+    """``(folder, made, what it holds)``: the folder of the next session made from the added rows
+    (``added_session``), or the folder of an unfinished ``--from_added`` session to resume (``made`` False)."""
+    config = run_config(workdir)
+    workdir_lib.check_not_busy(workdir)
+    updates = list(config.data.updates)
+    done = completed_sessions(workdir)
+    if (
+        updates
+        and added_session.is_added_folder(workdir, updates[-1])
+        and done < _sessions_before(config) + len(updates)
+    ):
+        return updates[-1], False, "the images of the session being resumed"
+    first, end, rows = added_session.pending(workdir, updates, config.model.embed_dim)
+    what = added_session.describe(rows)
+    print(f"the next session from {what} added since the last session")
+    return added_session.make_folder(workdir, done + 1, first, end, rows), True, what
+
+
+def update_from_added(workdir: str, overrides: dict | None = None) -> int:
+    """``update`` on the folder ``from_added_folder`` makes; a refused one is removed (nothing changes)."""
+    try:
+        folder, made, what = from_added_folder(workdir)
+        try:
+            _train(workdir, folder, overrides)
+        except ConfigError as e:
+            if "fewer than train.batch_size" not in str(e):
+                raise
+            raise ConfigError(
+                f"too few images were added since the last session ({what}): {e} Each class needs at least "
+                f"{added_session.MIN_PER_CLASS} images; add more labelled images and start the session again."
+            ) from e
+        finally:
+            if made and folder not in run_config(workdir).data.updates:
+                shutil.rmtree(folder, ignore_errors=True)
+    except UserError as e:
+        return cli.report(e)
     return 0
 
 
@@ -281,10 +338,14 @@ def gate_line(workdir: str, results: dict) -> str:
 @cli.command
 def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     if len(argv) > 1:
-        raise ConfigError(f"unexpected arguments: {argv[1:]}; pass --workdir and --data.")
+        raise ConfigError(f"unexpected arguments: {argv[1:]}; pass --workdir and --data (or --from_added).")
     cli.quiet_logging()
     tfds.disable_progress_bar()
     overrides = {f: flag_values[f"config.{f}"].value for f in UPDATE_FIELDS if flag_values[f"config.{f}"].present}
+    if flag_values.from_added == (flag_values.data is not None):
+        raise ConfigError("pass either --data FOLDER (the new images) or --from_added (the images added to the run).")
+    if flag_values.from_added:
+        return update_from_added(flag_values.workdir, overrides)
     return update(flag_values.workdir, flag_values.data, overrides)
 
 

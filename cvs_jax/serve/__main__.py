@@ -72,6 +72,14 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_float("max_upload_mb", 20.0, "Largest request body, in MiB.", flag_values=flag_values)
     flags.DEFINE_integer("max_images", 16, "Most images in one request.", flag_values=flag_values)
     flags.DEFINE_integer(
+        "learn_after",
+        None,
+        "Start the next session (POST /sessions) by itself once this many labelled images were added since the "
+        "last one (default: off).",
+        lower_bound=1,
+        flag_values=flag_values,
+    )
+    flags.DEFINE_integer(
         "max_pixels", 40_000_000, "Most pixels of one image (read from its header).", flag_values=flag_values
     )
     flags.DEFINE_float("max_wait_ms", 5.0, "Longest a query waits for others to batch with.", flag_values=flag_values)
@@ -214,7 +222,13 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
         max_pixels=fv.max_pixels,
         read_timeout_s=fv.read_timeout_s,
     )
-    app = create_app(served, token=token, limits=limits, allowed_hosts=allowed_hosts(fv.host, fv.allowed_hosts))
+    app = create_app(
+        served,
+        token=token,
+        limits=limits,
+        allowed_hosts=allowed_hosts(fv.host, fv.allowed_hosts),
+        learn_after=fv.learn_after,
+    )
     print(
         f"serving {fv.workdir} (model of session {served.model_session}, {len(served.run.rows)} rows) on "
         f"http://{fv.host}:{fv.port}/",

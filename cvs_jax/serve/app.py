@@ -29,7 +29,7 @@ from cvs_jax.reports import search_page
 from cvs_jax.retrieval import run_info
 from cvs_jax.retrieval.run_reader import parse_int
 from cvs_jax.rundir import paths
-from cvs_jax.serve import guard, page
+from cvs_jax.serve import guard, page, sessions
 from cvs_jax.serve import uploads as uploads_lib
 from cvs_jax.serve.metrics import Metrics
 from cvs_jax.serve.state import Duplicate, Query, Served
@@ -74,6 +74,7 @@ class Ctx:
     limits: Limits
     metrics: Metrics
     allowed_hosts: tuple[str, ...] | None
+    sessions: sessions.SessionJob | None = None
 
 
 def _ctx(request: Request) -> Ctx:
@@ -124,6 +125,9 @@ def _handlers() -> dict:
     async def refused(request, e):
         return _error(e.status, str(e))
 
+    async def busy(request, e: sessions.Busy):
+        return _error(409, str(e))
+
     async def user_error(request, e: UserError):
         status = 409 if isinstance(e, Duplicate) else 503 if isinstance(e, WorkdirBusyError) else 400
         return _error(status, str(e))
@@ -138,6 +142,7 @@ def _handlers() -> dict:
 
     return {
         _Refused: refused,
+        sessions.Busy: busy,
         uploads_lib.BadUpload: refused,
         UserError: user_error,
         HTTPException: http_error,
@@ -254,7 +259,10 @@ async def add(request: Request):
     ctx = _ctx(request)
     _check_write(request, ctx)
     got, fields = await read_uploads(request, ctx)
-    return await run_in_threadpool(ctx.served.add, got, fields.get("label") or None, _bool(fields.get("force")))
+    out = await run_in_threadpool(ctx.served.add, got, fields.get("label") or None, _bool(fields.get("force")))
+    if ctx.sessions.learn_after is not None and out.get("label", -1) >= 0:
+        out["session_started"] = await run_in_threadpool(ctx.sessions.after_add)
+    return out
 
 
 async def pin_model(request: Request):
@@ -269,6 +277,17 @@ async def pin_model(request: Request):
     if n is None or n < 1:
         raise _Refused(400, f"session={raw!r}: pass a completed session's number (1, 2, ...) or 'newest'.")
     return await run_in_threadpool(ctx.served.pin, n - 1)
+
+
+async def start_session(request: Request):
+    """``POST /sessions``: the next session from the labelled adds, in a child process (``serve/sessions.py``)."""
+    ctx = _ctx(request)
+    _check_write(request, ctx)
+    return await run_in_threadpool(ctx.sessions.start)
+
+
+async def current_session(request: Request):
+    return _ctx(request).sessions.current()
 
 
 async def info(request: Request):
@@ -344,6 +363,8 @@ ROUTES = (
     ("/search", search, ["POST"]),
     ("/add", add, ["POST"]),
     ("/model", pin_model, ["POST"]),
+    ("/sessions", start_session, ["POST"]),
+    ("/sessions/current", current_session, ["GET"]),
     ("/info", info, ["GET"]),
     ("/healthz", healthz, ["GET"]),
     ("/metrics", prometheus, ["GET"]),
@@ -359,12 +380,14 @@ def create_app(
     token: str | None = None,
     limits: Limits = Limits(),
     allowed_hosts: tuple[str, ...] | None = None,
+    learn_after: int | None = None,
 ) -> FastAPI:
     """The app over a loaded ``Served``; ``token``: required (Bearer) for ``/add`` and ``/model`` when set;
-    ``allowed_hosts``: the ``Host`` names answered (None: any; the command passes loopback names by default)."""
+    ``allowed_hosts``: the ``Host`` names answered (None: any; the command passes loopback names by default);
+    ``learn_after``: an add that brings the labelled images pending to this many starts the next session."""
     app = FastAPI(title="cvs_jax visual search", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = Metrics()
-    app.state.ctx = Ctx(served, token, limits, metrics, allowed_hosts)
+    app.state.ctx = Ctx(served, token, limits, metrics, allowed_hosts, sessions.SessionJob(served.workdir, learn_after))
     app.add_middleware(_Observe, metrics=metrics, allowed_hosts=allowed_hosts)
     for cls, handler in _handlers().items():
         app.add_exception_handler(cls, handler)

@@ -1,0 +1,117 @@
+"""The next session from the labelled images added to a run (``update --from_added``).
+
+The rows that ``search --add`` and the server's ``/add`` stored since the last such session (their
+files and labels) are laid out as a folder of class folders, ``<workdir>/from_added/session-<S>/<class>/
+<file>`` (hard links to the stored files where the file system allows, else copies), with
+``rows.json`` naming the added rows it holds; ``update`` then trains on that folder exactly as
+``update --data`` trains on any folder: same inventory, split, plan, method, replay and recipe.  One
+place decides how a folder becomes a session; this module only decides which images form the folder.
+
+"Since the last session": the added rows no earlier ``--from_added`` session used (``rows.json`` of
+the folders in ``data.updates``), in the order added; rows added while a session trains belong to
+the next one.  The added rows themselves are left as they are (their stored embeddings are never
+rewritten).  A refused request removes the folder it made: nothing in the workdir changes.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+
+from cvs_jax.errors import ConfigError, DataError
+from cvs_jax.retrieval import additions
+from cvs_jax.rundir import paths
+
+FOLDER = "from_added"
+ROWS_FILE = "rows.json"
+MIN_PER_CLASS = 2  # a class with one image has nothing left to train on once its test query is drawn
+
+
+def folder_of(workdir: str, session: int) -> str:
+    """The folder of session ``session`` (1-based) made from added rows."""
+    return os.path.join(os.path.abspath(workdir), FOLDER, f"session-{session}")
+
+
+def is_added_folder(workdir: str, folder: str) -> bool:
+    return os.path.dirname(os.path.abspath(folder)) == os.path.join(os.path.abspath(workdir), FOLDER)
+
+
+def used_rows(workdir: str, updates: list[str]) -> int:
+    """How many added rows (in the order added) earlier ``--from_added`` sessions used."""
+    used = 0
+    for folder in updates:
+        path = os.path.join(folder, ROWS_FILE)
+        if is_added_folder(workdir, folder) and os.path.exists(path):
+            with open(path) as f:
+                used = max(used, int(json.load(f)["end"]))
+    return used
+
+
+def _class_names(workdir: str) -> list[str]:
+    with open(paths.protocol_file(workdir)) as f:
+        return list(json.load(f)["class_names"])
+
+
+def labelled_pending(workdir: str, updates: list[str], embed_dim: int) -> int:
+    """How many labelled added rows no session has used yet (``--learn_after``'s count)."""
+    added = additions.read(workdir, embed_dim)
+    return int((added.gallery.labels[used_rows(workdir, updates) :] >= 0).sum()) if len(added) else 0
+
+
+def pending(workdir: str, updates: list[str], embed_dim: int) -> tuple[int, int, list[tuple[str, str]]]:
+    """``(first, end, [(class name, stored file)])``: the added rows ``first..end-1`` not yet used, and the
+    labelled ones among them.  Refuses (``DataError``) when none is labelled or a class has one image."""
+    added = additions.read(workdir, embed_dim)
+    first, end = used_rows(workdir, updates), len(added)
+    if end <= first:
+        raise DataError(
+            f"no image was added to {workdir} since the last session ({first} added row(s), all used); add "
+            f"labelled images (POST /add?label=NAME or search --add with --label) first."
+        )
+    labels = added.gallery.labels[first:end]
+    names = _class_names(workdir)
+    rows = [(names[int(label)], added.sources[first + i]) for i, label in enumerate(labels) if label >= 0]
+    if not rows:
+        raise DataError(
+            f"the {end - first} image(s) added since the last session have no label, so no session can learn "
+            f"from them; add images with a label (POST /add?label=NAME)."
+        )
+    counts = collections.Counter(name for name, _ in rows)
+    single = sorted(name for name, n in counts.items() if n < MIN_PER_CLASS)
+    if single:
+        raise DataError(
+            f"class {single[0]!r} has 1 image among those added since the last session ({_counts(counts)}); a "
+            f"class needs at least {MIN_PER_CLASS}: add another image of it, or wait for more."
+        )
+    return first, end, rows
+
+
+def _counts(counts: collections.Counter) -> str:
+    return ", ".join(f"{name}: {n}" for name, n in sorted(counts.items()))
+
+
+def describe(rows: list[tuple[str, str]]) -> str:
+    """``"N labelled image(s) (class: n, ...)"``, for messages."""
+    return f"{len(rows)} labelled image(s) ({_counts(collections.Counter(name for name, _ in rows))})"
+
+
+def make_folder(workdir: str, session: int, first: int, end: int, rows: list[tuple[str, str]]) -> str:
+    """Lays the rows out as class folders (hard links, else copies) and writes ``rows.json``; returns it."""
+    folder = folder_of(workdir, session)
+    if os.path.exists(folder):
+        shutil.rmtree(folder)  # left by a request refused or killed before its session was recorded
+    for name, source in rows:
+        path = source if os.path.isabs(source) else os.path.join(workdir, source)
+        target = os.path.join(folder, name, os.path.basename(path))
+        if os.path.exists(target):
+            raise ConfigError(f"two added rows share the file name {os.path.basename(path)} in class {name!r}.")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copyfile(path, target)
+    with open(os.path.join(folder, ROWS_FILE), "w") as f:
+        json.dump({"first": first, "end": end}, f)
+    return folder
