@@ -9,7 +9,7 @@
       report.html                    the run on one page, rewritten after every session (``reports/run_page.py``)
       population.json                a population's members (``engine/runner.py``)
       checkpoints/sessions/<s>/      after session s: model, gallery part, memory, importance (``run_state.py``)
-      checkpoints/progress/<step>/   rolling mid-session checkpoints (``engine/phases.py``)
+      checkpoints/progress/<step>/   rolling mid-session checkpoints (``engine/train_loop.py``)
       checkpoints/query_maps/<s>.npz the query map of model s to model s - 1 (``retrieval.query_map``;
                                      written before session s's checkpoint, ``retrieval/query_maps.py``)
       checkpoints/additions/         rows added by ``python -m cvs_jax.search --add`` (or ``serve``'s /add)

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from cvs_jax.engine import phases, runner
+from cvs_jax.engine import runner, train_loop
 from cvs_jax.rundir.checkpoint import Checkpoints
 from cvs_jax.testing.tiny_data import tiny_config
 
@@ -20,7 +20,7 @@ def read_jsonl(path):
 def test_finetune_two_sessions(manual_dir, tmp_path, monkeypatch, capsys):
     c = tiny_config(manual_dir, tmp_path, sessions=2)
     wd = str(tmp_path / "ft")
-    monkeypatch.setattr(phases, "PROGRESS_SECONDS", -1.0)  # as if every call of a first epoch took long
+    monkeypatch.setattr(train_loop, "PROGRESS_SECONDS", -1.0)  # as if every call of a first epoch took long
     res = runner.run(c, wd)
     assert len(res["per_session"]) == 2
     assert [r["session"] for r in res["per_session"]] == [1, 2]  # numbered from 1, as printed
