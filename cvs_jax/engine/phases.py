@@ -18,8 +18,6 @@ made by older models and are never re-embedded (``joint`` alone re-embeds everyt
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,9 +27,10 @@ from cvs_jax.config import recipe
 from cvs_jax.engine import train_loop
 from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.run_state import RunState
-from cvs_jax.engine.train_loop import Selection  # the session's selected model, made by the loop
+
+# what a session trains on and searches, and the selected model: what the loop reads and makes
+from cvs_jax.engine.train_loop import Selection, SessionView
 from cvs_jax.errors import ConfigError
-from cvs_jax.methods.seams import SessionBatches
 from cvs_jax.retrieval import average_precision, query_maps, topk
 from cvs_jax.rundir import faults, paths
 from cvs_jax.rundir.gallery import Gallery, GalleryPart, RowConcat
@@ -49,27 +48,6 @@ def carry_over(ctx: RunContext, state: RunState, s: int) -> RunState:
     if imp.built_after != s - 1:
         imp = ctx.method.importance.update(ctx.policy_view, imp, state.variables, s)
     return state.replace(memory=mem, importance=imp)
-
-
-@dataclasses.dataclass(frozen=True)
-class SessionView:
-    """What session ``s`` trains on and searches."""
-
-    s: int
-    batches: SessionBatches  # the method's batch policy's plan: batch(epoch, i) -> dataset indices
-    gallery_idx: np.ndarray  # train images whose rows this session adds to the gallery
-    stored: Gallery  # the stored rows that validation and test search besides the session's own
-    val_idx: np.ndarray  # validation queries (train split, accumulated over sessions)
-    test_idx: np.ndarray  # test queries (test split, classes seen so far)
-    epochs: int  # the session's (train.epochs, or what an update set for it)
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.batches.steps_per_epoch
-
-    @property
-    def total_steps(self) -> int:
-        return self.steps_per_epoch * self.epochs
 
 
 def session_view(ctx: RunContext, state: RunState, s: int) -> SessionView:

@@ -40,7 +40,7 @@ import numpy as np
 
 from cvs_jax import distributed
 from cvs_jax.data import splits
-from cvs_jax.engine import batches, phases, train_loop
+from cvs_jax.engine import batches, train_loop
 from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.run_state import RunState
 from cvs_jax.engine.train_step import TrainState, make_train_step
@@ -120,7 +120,7 @@ class PopulationDriver(train_loop.Driver):
 
 
 def train(
-    ctxs: list[RunContext], states: list[RunState], views: list[phases.SessionView], consts: list[dict]
+    ctxs: list[RunContext], states: list[RunState], views: list[train_loop.SessionView], consts: list[dict]
 ) -> list[train_loop.Selection]:
     """All epochs of the session for the members, from their newest common progress checkpoint."""
     members = [train_loop.MemberSession.fresh(ctx, st, view) for ctx, st, view in zip(ctxs, states, views)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -25,18 +25,37 @@ from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.run_state import RunState
 from cvs_jax.engine.train_step import TrainState
 from cvs_jax.errors import DivergedError, NonFiniteError
+from cvs_jax.methods.seams import SessionBatches
 from cvs_jax.models.heads import head_params
 from cvs_jax.retrieval import topk
 from cvs_jax.rundir import faults
-from cvs_jax.rundir.gallery import RowConcat
+from cvs_jax.rundir.gallery import Gallery, RowConcat
 from cvs_jax.rundir.run_log import format_eta
-
-if TYPE_CHECKING:
-    from cvs_jax.engine.phases import SessionView
 
 _NO_BAD_STEP = np.iinfo(np.int32).max
 PROGRESS_SECONDS = 30.0  # the first epoch a loop trains prints a line at least this often (a CPU's slow start)
 MAX_CALLS_IN_FLIGHT = 2  # the host prepares the next call while the device runs the current one
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionView:
+    """What session ``s`` trains on and searches."""
+
+    s: int
+    batches: SessionBatches  # the method's batch policy's plan: batch(epoch, i) -> dataset indices
+    gallery_idx: np.ndarray  # train images whose rows this session adds to the gallery
+    stored: Gallery  # the stored rows that validation and test search besides the session's own
+    val_idx: np.ndarray  # validation queries (train split, accumulated over sessions)
+    test_idx: np.ndarray  # test queries (test split, classes seen so far)
+    epochs: int  # the session's (train.epochs, or what an update set for it)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.batches.steps_per_epoch
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps_per_epoch * self.epochs
 
 
 def make_search(ctx: RunContext, view: SessionView) -> Callable[..., dict]:
