@@ -59,6 +59,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.val_fraction = 0.1
     c.data.val_per_class = config_dict.placeholder(int)  # Product-M: 2 val queries per class (val_fraction=0)
     c.data.shuffle_classes = True
+    # at most this many train images (the first of the seeded order) and test queries (the first of the test
+    # split) of each class; None: all. ``:smoke`` sets it so that a smoke run on real data stays small
+    c.data.max_per_class = config_dict.placeholder(int)
     c.data.mean = (0.5071, 0.4867, 0.4408)
     c.data.std = (0.2675, 0.2565, 0.2761)
 

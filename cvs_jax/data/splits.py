@@ -221,6 +221,7 @@ class _Request:
     seed: int
     val_per_class: int | None
     general_shares: str
+    max_per_class: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -259,6 +260,8 @@ def _check_request(r: _Request) -> None:
         raise SplitError(
             f"val_per_class={r.val_per_class} needs val_fraction=0 (got {r.val_fraction}) and must be >= 1"
         )
+    if r.max_per_class is not None and r.max_per_class < 1:
+        raise SplitError(f"max_per_class={r.max_per_class} must be >= 1 or None")
     if r.samples_per_new_class is not None and r.samples_per_new_class < 1:
         raise SplitError(f"samples_per_new_class={r.samples_per_new_class} must be >= 1 or None")
     if r.setup == "blurry":
@@ -309,6 +312,9 @@ def _classes(labels: np.ndarray, r: _Request, ss_order, ss_sample) -> _Classes:
     perm = perm[np.argsort(plabels[perm], kind="stable")]
     counts = np.bincount(plabels[perm], minlength=needed)
     groups = np.split(perm, np.cumsum(counts)[:-1])
+    if r.max_per_class is not None:  # as if each class had only its first max_per_class images (seeded order)
+        groups = [g[: r.max_per_class] for g in groups]
+        counts = np.minimum(counts, r.max_per_class)
     intro = np.concatenate([np.zeros(S, np.int64), np.repeat(np.arange(1, L), C)])  # session of each class
     spc = r.samples_per_new_class
     if spc is not None and spc > counts.min():
@@ -467,6 +473,7 @@ def make_session_plan(
     seed: int = 0,
     val_per_class: int | None = None,
     general_shares: str = "uniform",
+    max_per_class: int | None = None,
 ) -> SessionPlan:
     """Cut the train split into ``num_sessions`` sessions (see module docstring).
 
@@ -478,10 +485,14 @@ def make_session_plan(
     Validation queries: a stratified ``val_fraction`` of each session's pool, or, with
     ``val_per_class`` (Product-M: 2), that many images of every class in the pool (never its
     last image), drawn at random; ``val_fraction`` must then be 0.
+
+    ``max_per_class`` (``:smoke``): each class keeps only the first that many of its train images in
+    the seeded order, as if the data had no more; None (default) leaves the plan unchanged.
     """
     r = _Request(
         setup, num_sessions, first_classes, classes_per_session, old_class_percent, samples_per_new_class,
         blurry_minor_percent, val_fraction, num_classes, shuffle_classes, seed, val_per_class, general_shares,
+        max_per_class,
     )  # fmt: skip
     _check_request(r)
     labels = _checked_labels(train_labels, num_classes)
@@ -511,6 +522,7 @@ def plan_from_config(train_labels: np.ndarray, config, *, num_classes: int) -> S
         seed=split_seed(config),
         val_per_class=d.val_per_class,
         general_shares=d.general_shares,
+        max_per_class=d.max_per_class,
     )
 
 

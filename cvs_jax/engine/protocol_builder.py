@@ -44,6 +44,7 @@ def build_protocol(config: ml_collections.ConfigDict) -> Protocol:
         plan.to_protocol_labels(dataset.train.labels),
         plan.to_protocol_labels(dataset.test.labels),
         int(config.model.head_block),
+        d.max_per_class,
     )
 
 
