@@ -306,3 +306,73 @@ def test_the_session_phases_module_holds_the_phases_only():
     """``engine/phases.py`` holds the session phases; the training loop is ``engine/train_loop.py``."""
     with open(os.path.join(PACKAGE, "engine", "phases.py")) as f:
         assert len(f.read().splitlines()) <= 400
+
+
+# ---------------------------------------------------------------- private names stay in their package
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_reach_ins(module: str, source: str, modules) -> list[str]:
+    """Where ``module`` uses another package's underscore names: ``from pkg import _name`` or
+    ``from pkg._mod import x``, and ``mod._name`` on a module imported from another package."""
+    found, bound = [], {}
+    own = package_of(module)
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("cvs_jax."):
+                    bound[a.asname or a.name] = a.name
+                    if package_of(a.name) != own and any(map(_is_private, a.name.split("."))):
+                        found.append(f"{node.lineno}: import {a.name}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("cvs_jax") and not node.level:
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                if full in modules:
+                    bound[a.asname or a.name] = full
+                if package_of(full) != own and any(map(_is_private, full.split("."))):
+                    found.append(f"{node.lineno}: from {node.module} import {a.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _is_private(node.attr):
+            target = bound.get(node.value.id)
+            if target is not None and package_of(target) != own:
+                found.append(f"{node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_the_private_check_sees_each_kind_of_reach_in():
+    modules = {"cvs_jax.data.splits": None, "cvs_jax.data.builders._common": None}
+    src = (
+        "from cvs_jax.data import splits\nfrom cvs_jax.data.builders._common import x\n"
+        "from cvs_jax.data.splits import _exact\nsplits._exact(1)\nsplits.exact(1)\n"
+    )
+    assert private_reach_ins("cvs_jax.engine.protocol_builder", src, modules) == [
+        "2: from cvs_jax.data.builders._common import x",
+        "3: from cvs_jax.data.splits import _exact",
+        "4: splits._exact",
+    ]
+    assert private_reach_ins("cvs_jax.data.sources", src, modules) == []  # inside its own package
+
+
+def test_no_module_uses_another_packages_private_names():
+    modules = _modules()
+    found = []
+    for module, (path, _) in modules.items():
+        with open(path) as f:
+            found += [f"{module}:{hit}" for hit in private_reach_ins(module, f.read(), modules)]
+    assert not found, "underscore names used across packages (make them public where they live): " + str(found)
+
+
+def test_the_exact_search_kernel_is_retrievals_and_the_index_imports_it():
+    """One exact top-K kernel (``retrieval/topk.py``): ``index/exact.py`` serves it and no index module
+    ranks rows on its own, so ``search`` and serve's exact index cannot drift apart."""
+    graph = import_graph()
+    assert "cvs_jax.retrieval.topk" in graph["cvs_jax.index.exact"]
+    for module, (path, _) in _modules().items():
+        with open(path) as f:
+            source = f.read()
+        if module.startswith("cvs_jax.index"):
+            assert not any(k in source for k in ("lax.top_k", "argpartition", "argsort(")), module

@@ -245,7 +245,7 @@ def comparison_json(config, methods: list[str], seeds: list[int], split_seed, ru
     }
 
 
-def _write_csv(path: str, rows: list[dict]) -> None:
+def write_csv(path: str, rows: list[dict]) -> None:
     n_sessions = max((len(r["recall1_per_session"] or []) for r in rows), default=0)
     fields = [k for k in rows[0] if k != "recall1_per_session"]
     with open(path, "w", newline="") as f:

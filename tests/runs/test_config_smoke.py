@@ -103,9 +103,9 @@ def test_fashion_mnist_smoke(tmp_path):
 @pytest.fixture
 def small_stored_images(monkeypatch):
     """Fine-grained builders store 256x256 images; 32x32 keeps the smoke runs quick (crops of 24)."""
-    from cvs_jax.data.builders import _resize
+    from cvs_jax.data.builders import resize
 
-    monkeypatch.setattr(_resize, "STORED_SIZE", 32)
+    monkeypatch.setattr(resize, "STORED_SIZE", 32)
 
 
 def test_dogs_smoke(small_stored_images, tmp_path):
