@@ -31,6 +31,8 @@ def _run(c: ml_collections.ConfigDict) -> None:
     # the session plan of split_seed (else seed), each writes its own run in <workdir>/member<m>/
     c.population = 1
     c.deterministic = False  # True: bit-reproducible GPU runs (XLA deterministic ops; slower, see BENCHMARKS.md)
+    # "a:b": a jax.profiler trace of global training steps a..b in <workdir>/profile (engine/profiling.py)
+    c.profile_steps = ""
 
 
 def _data(c: ml_collections.ConfigDict) -> None:

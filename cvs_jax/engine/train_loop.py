@@ -19,7 +19,7 @@ import numpy as np
 
 from cvs_jax import distributed
 from cvs_jax.config import recipe
-from cvs_jax.engine import batches, schedules
+from cvs_jax.engine import batches, profiling, schedules
 from cvs_jax.engine.cadence import Cadence, calls
 from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.run_state import RunState
@@ -28,7 +28,7 @@ from cvs_jax.errors import DivergedError, NonFiniteError
 from cvs_jax.methods.seams import SessionBatches
 from cvs_jax.models.heads import head_params
 from cvs_jax.retrieval import topk
-from cvs_jax.rundir import faults
+from cvs_jax.rundir import faults, paths
 from cvs_jax.rundir.gallery import Gallery, RowConcat
 from cvs_jax.rundir.run_log import format_eta
 
@@ -274,9 +274,11 @@ def run_loop(driver: Driver) -> TrainState:
     ts, sums = driver.device_state(), driver.device_sums()
     plan = calls(lead.start, lead.view.total_steps, lead.view.steps_per_epoch, driver.k)
     batches = iter(driver.batches(plan))
+    profiler = profiling.StepProfiler(lead.ctx.config.profile_steps, paths.profile_dir(lead.ctx.workdir))
     try:
-        return _loop(driver, batches, plan, ts, sums, lead.start)
+        return _loop(driver, batches, plan, ts, sums, lead.start, profiler)
     finally:
+        profiler.stop()
         # the reading threads stop before an error leaves the loop: a daemon thread still inside the
         # runtime when the interpreter exits aborts it ("terminate called", "Fatal Python error")
         close = getattr(batches, "close", None)
@@ -284,7 +286,7 @@ def run_loop(driver: Driver) -> TrainState:
             close()
 
 
-def _loop(driver: Driver, batches, plan, ts, sums, step: int) -> TrainState:
+def _loop(driver: Driver, batches, plan, ts, sums, step: int, profiler: profiling.StepProfiler) -> TrainState:
     """``run_loop``'s calls over ``plan``, reading ``batches``."""
     lead = driver.members[0]
     c, view = lead.ctx.config, lead.view
@@ -302,6 +304,7 @@ def _loop(driver: Driver, batches, plan, ts, sums, step: int) -> TrainState:
         t_call = time.time()
         if step == steps_at_start:  # the first call compiles the step: minutes for a large model on a CPU
             lead.ctx.log.print(f"  session {s + 1}: compiling the training step (or reading it from the cache)")
+        profiler.before(lead.first + first_step, n)
         ts, metrics = driver.call(ts, batch, lr, n)
         if step == steps_at_start:
             lead.ctx.log.print(f"  session {s + 1}: training step ready in {time.time() - t_call:.1f} s")
@@ -313,6 +316,7 @@ def _loop(driver: Driver, batches, plan, ts, sums, step: int) -> TrainState:
         sums = _accumulate_call(driver, sums, metrics)
         watch = watch.after_call(driver, metrics, first_step)
         step = first_step + n
+        profiler.after(lead.first + step, metrics)
         for _ in range(n):
             faults.maybe_fail("step")
         events = cadence.between(first_step, step)
