@@ -78,7 +78,8 @@ def _official_plan(c, seed=0):
 
 
 def test_cifar100_general_official_split_statistics():
-    """The official general10 files follow the (S,C,M,L) rule of spec §2.3: train 7200/7992/7992/7956/7992."""
+    """The official general10 files follow the (S,C,M,L) rule (docs/configs-and-data.md):
+    train 7200/7992/7992/7956/7992."""
     c = load("cifar100_general")
     plan, labels = _official_plan(c)
     assert [len(s.train) for s in plan.sessions] == [7200, 7992, 7992, 7956, 7992]
@@ -101,7 +102,8 @@ def test_cifar100_disjoint_official_split_statistics():
 
 
 def test_cifar100_blurry_official_split_statistics():
-    """Official blurry10 (spec §2.3): 10,000 images per session (9,000 train), every class in every session,
+    """Official blurry10 (docs/configs-and-data.md): 10,000 images per session (9,000 train), every class in
+    every session,
     about 8.1 % minor-class images drawn unevenly (2-21 per minor class; 441-473 per major class); all 500
     images of every class used. Our generator (data.split="generator") makes 9,600 at exactly 10 %."""
     c = load("cifar100_blurry")
@@ -208,7 +210,7 @@ def _check_general(c, plan, labels):
             old = np.arange(d.first_classes + (t - 1) * d.classes_per_session)
             m = d.old_class_percent / 100
             got = np.bincount(pl[pool], minlength=pl.max() + 1)[old]
-            if d.general_shares == "uniform":  # each old class: floor(N_new * M / (1 - M) / n_old) (spec §2.3)
+            if d.general_shares == "uniform":  # each old class: floor(N_new * M / (1 - M) / n_old)
                 np.testing.assert_array_equal(got, int(np.floor(n_new * m / (1 - m) / old.size + 1e-9)))
             else:  # M of the pool, spread over the old classes in proportion to their sizes
                 total = int(np.floor(n_new * m / (1 - m) + 1e-9))

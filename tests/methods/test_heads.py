@@ -1,4 +1,4 @@
-"""The classifier heads (``models.heads``) and which method trains with which (spec §6b, first bullet).
+"""The classifier heads (``models.heads``) and which method trains with which (docs/methods.md, "Heads").
 
 Rules pinned here, each by a test that a one-line bug breaks:
 * ``linear_reset``'s loss is plain cross-entropy of e W^T + b over the seen classes (numpy reference),
