@@ -176,7 +176,7 @@ class MemberSession:
         """Before the loop: drop metrics a killed process wrote after ``start``; the validation search."""
         ctx, view = self.ctx, self.view
         # metrics a killed process wrote after the point this session resumes from are written again
-        ctx.log.truncate(session=view.s + 1, step=self.start)
+        ctx.log.truncate(session=view.s + 1, step=self.start, global_step=self.first + self.start)
         self.search = make_search(ctx, view)
         self.val_images = ctx.proto.train_images(view.val_idx)
         self.val_labels = ctx.proto.train_labels[view.val_idx]
