@@ -17,7 +17,7 @@ from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import registry
 from cvs_jax.rundir import paths
-from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.testing.tiny_data import tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAGE = os.path.join(REPO, "docs", "adding-a-method.md")
@@ -61,8 +61,8 @@ def test_registered_it_gets_its_default_weight_and_its_declarations(pull, tmp_pa
     assert "pull" in registry.population_methods(config)
 
 
-def test_a_tiny_run_trains_it_with_the_users_weight(pull, tmp_path):
-    manual = write_fashion_idx(str(tmp_path / "fmnist"), train_per_class=60, test_per_class=6)
+def test_a_tiny_run_trains_it_with_the_users_weight(fashion_idx, pull, tmp_path):
+    manual = fashion_idx(60, 6)
     config = tiny_config(manual, tmp_path, method="pull", sessions=2)
     config.train.epochs = 1
     config.data.samples_per_new_class = 30

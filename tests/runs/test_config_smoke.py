@@ -92,11 +92,10 @@ def test_tinyimagenet_mini_gpu_variant_runs_on_cpu_with_smoke(tiny_zip_dir, tmp_
     check_two_sessions(runner.run(c, str(tmp_path / "run")))
 
 
-def test_fashion_mnist_smoke(tmp_path):
-    from cvs_jax.testing.tiny_data import write_fashion_idx
+def test_fashion_mnist_smoke(fashion_idx, tmp_path):
 
     c = smoke_config("fashion_mnist_general", tmp_path)
-    c.data.manual_dir = write_fashion_idx(str(tmp_path / "idx"), train_per_class=30, test_per_class=5)
+    c.data.manual_dir = fashion_idx(30, 5)
     check_two_sessions(runner.run(c, str(tmp_path / "run")))
 
 

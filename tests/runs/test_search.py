@@ -17,13 +17,13 @@ from cvs_jax.engine import runner
 from cvs_jax.retrieval import run_reader, run_rows
 from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.rundir.gallery import Gallery, GalleryPart
-from cvs_jax.testing.tiny_data import fake_class_image, tiny_config, write_fashion_idx
+from cvs_jax.testing.tiny_data import fake_class_image, tiny_config
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
+def finished_run(fashion_idx, tmp_path_factory):
     root = tmp_path_factory.mktemp("search")
-    manual = write_fashion_idx(str(root / "idx"), train_per_class=60, test_per_class=10)
+    manual = fashion_idx(60, 10)
     c = tiny_config(manual, root, sessions=2)
     wd = str(root / "run")
     runner.run(c, wd)
@@ -37,11 +37,9 @@ def train_images(finished_run):
 
 
 @pytest.fixture
-def run_copy(finished_run, tmp_path):
-    """A copy of the finished run that a test may change."""
-    wd = str(tmp_path / "run")
-    shutil.copytree(finished_run[0], wd)
-    return wd
+def run_to_copy(finished_run):
+    """What ``run_copy`` (tests/conftest.py) copies: the finished run."""
+    return finished_run[0]
 
 
 def _cli(args: list[str]) -> int:
