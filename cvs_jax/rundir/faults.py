@@ -6,6 +6,10 @@ training step), ``validation`` (between embedding the gallery and the queries),
 ``progress_write`` / ``session_write`` (while orbax writes a mid-session or
 session-end checkpoint, i.e. with a partial temporary directory on disk).
 Unset, every call is a no-op.
+
+A kill at ``step`` or ``validation`` first lets the asynchronous checkpoint saves in flight finish
+(``settle_before_kill``): "killed after the checkpoint at step k" then means after it is on disk, as
+with synchronous saves; a kill in the middle of a write is ``progress_write``'s.
 """
 
 from __future__ import annotations
@@ -16,6 +20,16 @@ import threading
 import time
 
 _counts: dict[str, int] = {}
+_settle: list = []  # callables that finish the asynchronous saves in flight (``Checkpoints``)
+
+
+def armed_at_all() -> bool:
+    return bool(os.environ.get("CVS_JAX_FAULT"))
+
+
+def settle_before_kill(fn) -> None:
+    """``fn()`` runs before ``maybe_fail`` kills the process (registered only while a fault is armed)."""
+    _settle.append(fn)
 
 
 def _armed(point: str) -> bool:
@@ -35,6 +49,8 @@ def _kill() -> None:
 
 def maybe_fail(point: str) -> None:
     if _armed(point):
+        for fn in _settle:
+            fn()
         _kill()
 
 
