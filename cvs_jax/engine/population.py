@@ -78,6 +78,7 @@ def make_population_step(ctx: RunContext, n: int):
         pipeline=ctx.pipeline,
         steps_per_call=ctx.steps_per_call,
         population=n,
+        mesh=ctx.mesh,
     )
 
 
