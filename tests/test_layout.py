@@ -5,6 +5,7 @@ import that dodges a cycle is still a cycle (the two modules cannot be understoo
 """
 
 import ast
+import functools
 import os
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,8 +26,20 @@ def _modules() -> dict[str, tuple[str, bool]]:
     return out
 
 
+@functools.cache
+def _parse(path: str) -> ast.Module:
+    """A file's syntax tree, parsed once per test process (every check below walks the same files)."""
+    with open(path) as f:
+        return ast.parse(f.read())
+
+
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the cvs_jax modules it imports (``from pkg import sub``: the submodule)."""
+    """Module -> the cvs_jax modules it imports (``from pkg import sub``: the submodule); a fresh copy."""
+    return {module: set(deps) for module, deps in _import_graph().items()}
+
+
+@functools.cache
+def _import_graph() -> dict[str, set[str]]:
     modules = _modules()
 
     def resolve(name: str) -> str | None:
@@ -37,8 +50,7 @@ def import_graph() -> dict[str, set[str]]:
     graph = {}
     for module, (path, is_package) in modules.items():
         deps = set()
-        with open(path) as f:
-            tree = ast.parse(f.read())
+        tree = _parse(path)
         base = module if is_package else module.rpartition(".")[0]
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -132,8 +144,7 @@ def test_the_run_directory_layout_is_spelled_out_only_in_rundir_paths():
         rel = os.path.relpath(path, REPO)
         if rel == os.path.join("cvs_jax", "rundir", "paths.py"):
             continue
-        with open(path) as f:
-            tree = ast.parse(f.read())
+        tree = _parse(path)
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "join":
                 for arg in node.args:
@@ -233,8 +244,7 @@ def test_init_files_hold_no_logic():
     for module, (path, is_package) in _modules().items():
         if not is_package:
             continue
-        with open(path) as f:
-            tree = ast.parse(f.read())
+        tree = _parse(path)
         for node in tree.body:
             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and node is tree.body[0]:
                 continue
@@ -248,8 +258,7 @@ def test_init_files_hold_no_logic():
 def test_the_package_never_imports_the_repository_configs():
     """The configs live in ``cvs_jax.config``; ``configs/*.py`` are the repository's thin files over it."""
     for module, (path, _) in _modules().items():
-        with open(path) as f:
-            tree = ast.parse(f.read())
+        tree = _parse(path)
         for node in ast.walk(tree):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom) and not node.level:
