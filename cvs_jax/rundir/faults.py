@@ -7,9 +7,9 @@ training step), ``validation`` (between embedding the gallery and the queries),
 session-end checkpoint, i.e. with a partial temporary directory on disk).
 Unset, every call is a no-op.
 
-A kill at ``step`` or ``validation`` first lets the asynchronous checkpoint saves in flight finish
-(``settle_before_kill``): "killed after the checkpoint at step k" then means after it is on disk, as
-with synchronous saves; a kill in the middle of a write is ``progress_write``'s.
+A kill first lets the asynchronous checkpoint saves already in flight finish (``settle_before_kill``):
+"killed after the checkpoint at step k" then means after it is on disk, as with synchronous saves;
+``progress_write`` still kills its own write in the middle.
 """
 
 from __future__ import annotations
@@ -55,9 +55,12 @@ def maybe_fail(point: str) -> None:
 
 
 def fail_while_writing(point: str, directory: str) -> None:
-    """If armed, kills the process as soon as a temporary checkpoint directory appears."""
+    """If armed, kills the process as soon as a temporary checkpoint directory appears (the saves already
+    in flight finish first: the kill falls in this write, as with synchronous saves)."""
     if not _armed(point):
         return
+    for fn in _settle:
+        fn()
 
     def watch():
         deadline = time.time() + 60
