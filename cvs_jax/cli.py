@@ -17,6 +17,7 @@ a bad value: ``run``).  Every other exception keeps its traceback.
 from __future__ import annotations
 
 import functools
+import logging as std_logging
 import os
 import sys
 from typing import Callable
@@ -147,10 +148,14 @@ def config_help() -> str:
 
 
 def quiet_logging() -> None:
-    """WARNING and above (orbax logs every file it writes at INFO), unless ``--verbosity``/``-v`` was passed."""
-    if "verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present:
-        return
-    logging.set_verbosity(logging.WARNING)
+    """The one logging path: every module logs through Python's ``logging`` (``logging.getLogger(__name__)``;
+    absl's, which orbax uses, writes there too) and the commands print what a person reads.  WARNING and
+    above (orbax logs every file it writes at INFO), unless ``--verbosity``/``-v`` was passed: then the
+    package's INFO lines as well."""
+    verbose = "verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present
+    std_logging.getLogger("cvs_jax").setLevel(std_logging.INFO if verbose else std_logging.WARNING)
+    if not verbose:
+        logging.set_verbosity(logging.WARNING)
 
 
 def report(error: UserError) -> int:

@@ -49,7 +49,7 @@ class NonFiniteError(UserError):
 
 
 class DivergedError(NonFiniteError):
-    """A loss or gradient norm exploded while finite (``phases._Watch``): recorded as a diverged run."""
+    """A loss or gradient norm exploded while finite (``train_loop._Watch``): recorded as a diverged run."""
 
 
 class CheckpointError(UserError):

@@ -16,7 +16,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/pip install -q --upgrade pip 2>&1 | grep -v -i warning || true
-.venv/bin/pip install -q -e ".[$EXTRAS]" 2>&1 | grep -v -i "warning: location" || true
+# the versions tested (requirements.lock, written by scripts/lock.py; docs/testing.md says how to refresh it)
+.venv/bin/pip install -q -c requirements.lock -e ".[$EXTRAS]" 2>&1 | grep -v -i "warning: location" || true
 .venv/bin/python -c "import cvs_jax, jax, flax, optax, orbax.checkpoint, tensorflow_datasets" 
 if [ "$EXTRAS" = dev,cuda ]; then
   .venv/bin/python -c "import jax; d = jax.devices(); print('jax', jax.__version__, d); assert d[0].platform == 'gpu', 'no GPU seen'" \

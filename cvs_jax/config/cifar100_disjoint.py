@@ -12,18 +12,11 @@ Run (a GPU run)::
 AR@1: not yet measured (no run of this config is recorded in RESULTS.md or BENCHMARKS.md).
 """
 
-from cvs_jax.config import base, variants
+from cvs_jax.config import cifar100_general, variants
 
 
 def get_config(variant: str = ""):
-    c = base.get_config()
-    c.method = "cvs"
-    c.data.name = "cifar100"
-    c.data.split = "official"  # the official CVS session files (packaged); "generator": our seeded generator
+    c = cifar100_general.get_config()  # the recipe and the official session files; only the split differs
     c.data.setup = "disjoint"
-    c.data.num_sessions = 5
-    c.augment.policy = "cifar10"  # AutoAugment CIFAR-10 policy after crop + flip
-    c.data.first_classes = 20
-    c.data.classes_per_session = 20
     c.data.samples_per_new_class = None  # all 500 images of each class
     return variants.apply(c, variant)

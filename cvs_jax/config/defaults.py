@@ -13,7 +13,15 @@ from ml_collections import config_dict
 
 
 def get_config() -> ml_collections.ConfigDict:
+    """Every section's defaults, one function per section (below, in this order)."""
     c = ml_collections.ConfigDict()
+    for section in (_run, _data, _model, _train, _augment, _method_sections, _distributed_and_eval):
+        section(c)
+    return c
+
+
+def _run(c: ml_collections.ConfigDict) -> None:
+    """The run's own fields: method, seeds, overwrite, logging, population, determinism."""
     c.method = "finetune"
     c.seed = 0  # initialisation, augmentation, data order (and the split unless split_seed is set)
     c.split_seed = config_dict.placeholder(int)  # session plan (class order + image split); None: same as seed
@@ -23,7 +31,12 @@ def get_config() -> ml_collections.ConfigDict:
     # the session plan of split_seed (else seed), each writes its own run in <workdir>/member<m>/
     c.population = 1
     c.deterministic = False  # True: bit-reproducible GPU runs (XLA deterministic ops; slower, see BENCHMARKS.md)
+    # "a:b": a jax.profiler trace of global training steps a..b in <workdir>/profile (engine/profiling.py)
+    c.profile_steps = ""
 
+
+def _data(c: ml_collections.ConfigDict) -> None:
+    """``data``: the source, its preparation and the session split."""
     c.data = ml_collections.ConfigDict()
     c.data.name = config_dict.placeholder(str)
     c.data.data_dir = "~/tensorflow_datasets"
@@ -59,9 +72,15 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.val_fraction = 0.1
     c.data.val_per_class = config_dict.placeholder(int)  # Product-M: 2 val queries per class (val_fraction=0)
     c.data.shuffle_classes = True
+    # at most this many train images (the first of the seeded order) and test queries (the first of the test
+    # split) of each class; None: all. ``:smoke`` sets it so that a smoke run on real data stays small
+    c.data.max_per_class = config_dict.placeholder(int)
     c.data.mean = (0.5071, 0.4867, 0.4408)
     c.data.std = (0.2675, 0.2565, 0.2761)
 
+
+def _model(c: ml_collections.ConfigDict) -> None:
+    """``model``: the network, its width, weights and head."""
     c.model = ml_collections.ConfigDict()
     c.model.name = "resnet18"
     c.model.width = 64
@@ -88,6 +107,9 @@ def get_config() -> ml_collections.ConfigDict:
     # session) for every method
     c.model.head = "official"
 
+
+def _train(c: ml_collections.ConfigDict) -> None:
+    """``train``: the official recipe's optimizer, schedule and checkpoint cadence."""
     c.train = ml_collections.ConfigDict()
     c.train.epochs = 256
     c.train.batch_size = 16
@@ -107,6 +129,9 @@ def get_config() -> ml_collections.ConfigDict:
     # mid-epoch checkpoints and progress lines fall on call boundaries: cvs_jax/engine/cadence.py)
     c.train.steps_per_call = 1
 
+
+def _augment(c: ml_collections.ConfigDict) -> None:
+    """``augment``: crops, flips and the augmentation policy."""
     c.augment = ml_collections.ConfigDict()
     c.augment.crop = "pad"  # "pad": RandomCrop(crop_padding) (CIFAR, Tiny); "resized": RandomResizedCrop(size), eval CenterCrop(size)
     c.augment.size = config_dict.placeholder(int)  # output side of the "resized" crops (224 for fine-grained data)
@@ -114,6 +139,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.augment.flip = True
     c.augment.policy = "none"  # "cifar10": AutoAugment CIFAR-10 policy; "randaugment": RandAugment
 
+
+def _method_sections(c: ml_collections.ConfigDict) -> None:
+    """The methods' sections: loss weights (filled by ``config/base.py``), CVS, importance, memory and the baselines' own."""
     # Weights of the loss terms added to L_c: each method declares its terms with their default weights
     # (Method.loss_terms, filled in by config/base.py); --config.loss_weights.<term>=<w> overrides one
     c.loss_weights = ml_collections.ConfigDict()
@@ -190,6 +218,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.hoc.mu = 10.0
     c.hoc.ce_weight = 0.1
 
+
+def _distributed_and_eval(c: ml_collections.ConfigDict) -> None:
+    """``distributed``, ``eval`` and ``retrieval``."""
     c.distributed = ml_collections.ConfigDict()
     c.distributed.multihost = False  # True (or env CVS_JAX_MULTIHOST=1): jax.distributed.initialize() first
 
@@ -198,4 +229,3 @@ def get_config() -> ml_collections.ConfigDict:
     # query maps (cvs_jax/retrieval/query_maps.py): "none", or "procrustes" / "affine" / "mean_shift" fitted after
     # each session s >= 1 and applied, composed, when the newest model's queries score older gallery parts
     c.retrieval = ml_collections.ConfigDict({"query_map": "none"})
-    return c

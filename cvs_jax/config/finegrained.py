@@ -3,7 +3,7 @@
 ImageNet-pretrained ResNet-50 (torchvision layout, every BatchNorm frozen on its ImageNet
 statistics), 128-d embedding, 100 epochs per session at a constant SGD learning rate of 1e-4,
 batch 64; RandomResizedCrop 224 + flip for training, Resize 256 + CenterCrop 224 for
-evaluation (images are stored at 256x256, see ``cvs_jax/data/builders/_resize.py``), ImageNet
+evaluation (images are stored at 256x256, see ``cvs_jax/data/builders/resize.py``), ImageNet
 mean/std.  The pretrained weights are the user's file: set ``--config.model.pretrained=PATH``
 (torchvision ``resnet50-0676ba61.pth`` or its ``.npz`` conversion, docs/configs-and-data.md); without it
 the network starts from random weights, which is not the paper's setting.

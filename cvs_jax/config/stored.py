@@ -30,6 +30,7 @@ OPERATIONAL = (
     "train.eval_batch_size",
     "train.checkpoint_every_steps",
     "log_every_steps",
+    "profile_steps",
     "distributed.multihost",
 )
 # Keys added after runs were recorded without them, with the value that reproduces what those runs did.

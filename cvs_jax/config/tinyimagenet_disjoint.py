@@ -18,5 +18,4 @@ def get_config(variant: str = ""):
     c = tinyimagenet_general.get_config()
     c.data.setup = "disjoint"
     c.data.samples_per_new_class = None  # all 500 images of each class
-    c.memory.budget = 4000
     return variants.apply(c, variant)

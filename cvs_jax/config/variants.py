@@ -49,16 +49,23 @@ def gpu(config):
         config.augment.policy = "randaugment"  # as the official Tiny-ImageNet code
 
 
+# ``:smoke``'s cap on each class's train images and test queries: a few hundred training images per session
+# and a few hundred queries, whatever the data's size (docs/configs-and-data.md gives the measured time).
+SMOKE_PER_CLASS = 60
+
+
 def smoke(config):
-    """Two one-epoch sessions on a few classes with a width-8 network: checks the whole pipeline of a
-    config (its data source, setup, augmentation, model family, method) in seconds, not its results."""
+    """Two one-epoch sessions on a few classes, at most ``SMOKE_PER_CLASS`` images of each, with a
+    width-8 network: checks the whole pipeline of a config (its data source, setup, augmentation, model
+    family, method) on real data in about a minute, not its results."""
     d, m, t = config.data, config.model, config.train
     d.split, d.num_sessions = "generator", 2  # the official CIFAR-100 sessions need 5 x 20 classes of the full data
     if d.setup == "blurry":
         d.first_classes = d.classes_per_session = 3  # blurry needs S == C
     else:
         d.first_classes, d.classes_per_session = min(d.first_classes, 4), min(d.classes_per_session, 2)
-    d.samples_per_new_class = None  # whatever the (small, mocked) data allows
+    d.samples_per_new_class = None  # whatever the (capped, or small mocked) data allows
+    d.max_per_class = SMOKE_PER_CLASS
     m.width, m.embed_dim, m.pretrained = 8, 32, None
     t.epochs, t.batch_size, t.eval_batch_size = 1, 8, 64
     config.memory.budget = 12

@@ -23,6 +23,7 @@ import dataclasses
 import glob
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -32,7 +33,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import tensorflow_datasets as tfds
-from absl import logging
 
 from cvs_jax.data import records
 from cvs_jax.data.builders import image_folder
@@ -61,6 +61,8 @@ BUILDERS: dict[str, type[LocalBuilder]] = {
 
 _CHUNK = 8192  # Records per `__getitems__` call.
 _WARNED: set = set()  # stores whose warnings were printed by this process
+
+_log = logging.getLogger(__name__)  # the package's one logging path (cli.quiet_logging sets its level)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +201,7 @@ def load_dataset(
         )
     else:
         dataset = _load_tfds(name, data_dir=data_dir)
-    logging.info(
+    _log.info(
         "Loaded %s: %d train + %d test images of shape %s, %d classes, in %.2f s.",
         dataset.name,
         len(dataset.train),
@@ -267,11 +269,11 @@ def _load_local(
     decoded_mb = sum(len(s) for s in streamed) * int(np.prod(shape)) / 2**20
     names = tuple(info["class_names"])
     if memory_limit_mb is not None and decoded_mb > memory_limit_mb:
-        logging.info("Streaming %s (%.0f MB decoded > data.in_memory_limit_mb).", full_name, decoded_mb)
+        _log.info("Streaming %s (%.0f MB decoded > data.in_memory_limit_mb).", full_name, decoded_mb)
         splits = streamed
     else:
         splits = [Split(images=_decode_all(s), labels=s.labels, store=s) for s in streamed]
-        logging.info("Decoded %s from %s in %.2f s.", full_name, directory, time.perf_counter() - t0)
+        _log.info("Decoded %s from %s in %.2f s.", full_name, directory, time.perf_counter() - t0)
     sessions = [info.get("metadata", {}).get(f"{split}_sessions") for split in ("train", "test")]
     sessions = [None if s is None else np.asarray(s, np.int64) for s in sessions]
     return ImageDataset(full_name, splits[0], splits[1], names, (directory,), *sessions)
@@ -549,7 +551,7 @@ def _load_tfds(name: str, *, data_dir: str) -> ImageDataset:
         raise
     train = _read_generic_split(train_source)
     test = _read_generic_split(test_source)
-    logging.info("Read %s from %s in %.2f s.", name, builder.data_dir, time.perf_counter() - t0)
+    _log.info("Read %s from %s in %.2f s.", name, builder.data_dir, time.perf_counter() - t0)
     return ImageDataset(
         name=name,
         train=train,

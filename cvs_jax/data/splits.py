@@ -35,13 +35,13 @@ SETUPS = ("disjoint", "blurry", "general")
 GENERAL_SHARES = ("uniform", "proportional")
 
 
-def _frozen(a: np.ndarray) -> np.ndarray:
+def read_only(a: np.ndarray) -> np.ndarray:
     a = np.ascontiguousarray(a, dtype=np.int64)
     a.setflags(write=False)
     return a
 
 
-def _exact(x: float) -> Fraction:
+def exact_fraction(x: float) -> Fraction:
     """Decimal value the user typed (0.05 -> 1/20), so floors/ceils do not trip on binary noise."""
     return Fraction(repr(float(x)))
 
@@ -129,7 +129,7 @@ def _largest_remainder(total: int, counts: np.ndarray, rng: np.random.Generator)
     return alloc
 
 
-def _stratified_split(
+def stratified_split(
     pool: np.ndarray, plabels: np.ndarray, frac: Fraction, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """Stratified train/val split of one session pool; n_val = ceil(frac * len) as in scikit-learn."""
@@ -147,7 +147,7 @@ def _stratified_split(
     return np.sort(pool[perm[~is_val]]), np.sort(pool[perm[is_val]])
 
 
-def _per_class_split(
+def per_class_split(
     pool: np.ndarray, plabels: np.ndarray, per_class: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """``min(per_class, n_c - 1)`` random images of each class c of the pool become validation queries."""
@@ -221,6 +221,7 @@ class _Request:
     seed: int
     val_per_class: int | None
     general_shares: str
+    max_per_class: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -259,6 +260,8 @@ def _check_request(r: _Request) -> None:
         raise SplitError(
             f"val_per_class={r.val_per_class} needs val_fraction=0 (got {r.val_fraction}) and must be >= 1"
         )
+    if r.max_per_class is not None and r.max_per_class < 1:
+        raise SplitError(f"max_per_class={r.max_per_class} must be >= 1 or None")
     if r.samples_per_new_class is not None and r.samples_per_new_class < 1:
         raise SplitError(f"samples_per_new_class={r.samples_per_new_class} must be >= 1 or None")
     if r.setup == "blurry":
@@ -298,7 +301,7 @@ def _classes(labels: np.ndarray, r: _Request, ss_order, ss_sample) -> _Classes:
             f"or classes_per_session"
         )
     order = np.random.default_rng(ss_order).permutation(present) if r.shuffle_classes else present
-    class_order = _frozen(order[:needed])
+    class_order = read_only(order[:needed])
 
     # Protocol labels of the train images and, per used class, its images in a seeded random order.
     lut = np.full(int(present.max()) + 1, -1, dtype=np.int64)
@@ -309,6 +312,9 @@ def _classes(labels: np.ndarray, r: _Request, ss_order, ss_sample) -> _Classes:
     perm = perm[np.argsort(plabels[perm], kind="stable")]
     counts = np.bincount(plabels[perm], minlength=needed)
     groups = np.split(perm, np.cumsum(counts)[:-1])
+    if r.max_per_class is not None:  # as if each class had only its first max_per_class images (seeded order)
+        groups = [g[: r.max_per_class] for g in groups]
+        counts = np.minimum(counts, r.max_per_class)
     intro = np.concatenate([np.zeros(S, np.int64), np.repeat(np.arange(1, L), C)])  # session of each class
     spc = r.samples_per_new_class
     if spc is not None and spc > counts.min():
@@ -336,7 +342,7 @@ def _blurry_pools(k: _Classes, r: _Request, ss_ties) -> Pools:
     """Each class: ``k`` minor images in every session that does not own it, the rest in its own."""
     pools: Pools = [[] for _ in range(k.L)]
     L = k.L
-    b = _exact(r.blurry_minor_percent) / 100
+    b = exact_fraction(r.blurry_minor_percent) / 100
     for p in range(k.counts.size):
         n = int(k.counts[p]) if r.samples_per_new_class is None else r.samples_per_new_class
         if L == 1:
@@ -376,7 +382,7 @@ def _spread(k: _Classes, first: np.ndarray, share: np.ndarray) -> Pools:
 
 def _proportional_pools(k: _Classes, r: _Request, ss_ties) -> Pools:
     """General setup, long-tailed data: shares in proportion to each class's size."""
-    m = _exact(r.old_class_percent) / 100
+    m = exact_fraction(r.old_class_percent) / 100
     spc_c, share = _proportional_general(k.counts, k.intro, k.L, m, ss_ties)
     return _spread(k, spc_c, share)
 
@@ -385,7 +391,7 @@ def _uniform_pools(k: _Classes, r: _Request, ss_ties) -> Pools:
     """General setup: ``samples_per_new_class`` per new class (by default the most every class allows),
     plus the same old-class share for every old class."""
     L, S, C, intro, counts = k.L, k.S, k.C, k.intro, k.counts
-    m = _exact(r.old_class_percent) / 100
+    m = exact_fraction(r.old_class_percent) / 100
 
     def need(spc: int) -> np.ndarray:
         later = np.cumsum(_general_shares(S, C, L, spc, m)[::-1])[::-1]  # sum of shares t..L-1
@@ -427,24 +433,24 @@ _POOLS = {
 def _sessions(k: _Classes, pools: Pools, r: _Request, ss_val) -> tuple[Session, ...]:
     """Split each session's pool into train and val queries (module docstring)."""
     L, S, C = k.L, k.S, k.C
-    frac = _exact(r.val_fraction)
+    frac = exact_fraction(r.val_fraction)
     val_rng = np.random.default_rng(ss_val)
     sessions = []
     for t in range(L):
         pool = np.concatenate(pools[t]) if pools[t] else np.empty(0, np.int64)
         if r.val_per_class is None:
-            train, val = _stratified_split(pool, k.plabels, frac, val_rng)
+            train, val = stratified_split(pool, k.plabels, frac, val_rng)
         else:
-            train, val = _per_class_split(pool, k.plabels, r.val_per_class, val_rng)
+            train, val = per_class_split(pool, k.plabels, r.val_per_class, val_rng)
         lo = 0 if t == 0 else S + (t - 1) * C
         hi = S if t == 0 else lo + C
         outputs = k.counts.size if r.setup == "blurry" else hi
         sessions.append(
             Session(
                 index=t,
-                train=_frozen(train),
-                val=_frozen(val),
-                new_classes=_frozen(np.arange(lo, hi)),
+                train=read_only(train),
+                val=read_only(val),
+                new_classes=read_only(np.arange(lo, hi)),
                 num_outputs=outputs,
             )
         )
@@ -467,6 +473,7 @@ def make_session_plan(
     seed: int = 0,
     val_per_class: int | None = None,
     general_shares: str = "uniform",
+    max_per_class: int | None = None,
 ) -> SessionPlan:
     """Cut the train split into ``num_sessions`` sessions (see module docstring).
 
@@ -478,10 +485,14 @@ def make_session_plan(
     Validation queries: a stratified ``val_fraction`` of each session's pool, or, with
     ``val_per_class`` (Product-M: 2), that many images of every class in the pool (never its
     last image), drawn at random; ``val_fraction`` must then be 0.
+
+    ``max_per_class`` (``:smoke``): each class keeps only the first that many of its train images in
+    the seeded order, as if the data had no more; None (default) leaves the plan unchanged.
     """
     r = _Request(
         setup, num_sessions, first_classes, classes_per_session, old_class_percent, samples_per_new_class,
         blurry_minor_percent, val_fraction, num_classes, shuffle_classes, seed, val_per_class, general_shares,
+        max_per_class,
     )  # fmt: skip
     _check_request(r)
     labels = _checked_labels(train_labels, num_classes)
@@ -511,6 +522,7 @@ def plan_from_config(train_labels: np.ndarray, config, *, num_classes: int) -> S
         seed=split_seed(config),
         val_per_class=d.val_per_class,
         general_shares=d.general_shares,
+        max_per_class=d.max_per_class,
     )
 
 

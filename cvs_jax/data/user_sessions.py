@@ -76,15 +76,15 @@ def plan_from_sessions(
     sess = _int_array(train_sessions, "train_sessions")
     num_sessions = _checked_sessions(labels, sess, val_fraction, val_per_class)
     class_order, plabels, intro = _first_appearance(labels, sess, num_sessions)
-    frac = splits._exact(val_fraction)
+    frac = splits.exact_fraction(val_fraction)
     val_rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(4)[2])  # make_session_plan's val stream
     sessions = []
     for s in range(num_sessions):
         pool = np.flatnonzero(sess == s).astype(np.int64)
         if val_per_class is None:
-            train, val = splits._stratified_split(pool, plabels, frac, val_rng)
+            train, val = splits.stratified_split(pool, plabels, frac, val_rng)
         else:
-            train, val = splits._per_class_split(pool, plabels, val_per_class, val_rng)
+            train, val = splits.per_class_split(pool, plabels, val_per_class, val_rng)
         new = np.flatnonzero(intro == s)
         trained = np.bincount(plabels[train], minlength=class_order.size)
         starved = new[trained[new] == 0]
@@ -100,13 +100,13 @@ def plan_from_sessions(
         sessions.append(
             Session(
                 index=s,
-                train=splits._frozen(train),
-                val=splits._frozen(val),
-                new_classes=splits._frozen(new),
+                train=splits.read_only(train),
+                val=splits.read_only(val),
+                new_classes=splits.read_only(new),
                 num_outputs=int(np.sum(intro <= s)),
             )
         )
-    return SessionPlan(setup=USER_SETUP, class_order=splits._frozen(class_order), sessions=tuple(sessions))
+    return SessionPlan(setup=USER_SETUP, class_order=splits.read_only(class_order), sessions=tuple(sessions))
 
 
 def _checked_sessions(labels: np.ndarray, sess: np.ndarray, val_fraction: float, val_per_class: int | None) -> int:

@@ -14,7 +14,7 @@ import time
 
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import memory_rules
-from cvs_jax.methods.registry import METHODS, get_method, head_name
+from cvs_jax.methods.registry import METHODS, get_method, head_name, registered
 from cvs_jax.models.heads import HEADS
 from cvs_jax.reports import compare_page, plots
 from cvs_jax.reports import html as html_lib
@@ -23,12 +23,12 @@ from cvs_jax.reports.tables import (
     BC,
     COMPAT,
     REFERENCE,
-    _write_csv,
     comparison_json,
     markdown,
     rows_from_summary,
     summarize_pairs,
     summarize_runs,
+    write_csv,
 )
 from cvs_jax.retrieval import compatibility, query_maps
 from cvs_jax.rundir import paths
@@ -252,8 +252,19 @@ def check_entries(config, methods: list[str], seeds: list[int], split_seed: int 
         get_method(entry_config(config, entry, seeds[0], split_seed))
 
 
-# Config groups read only from session 2 on: an entry whose overrides stay inside them shares session 1.
-SESSION_TWO_GROUPS = ("cvs", "rainbow", "memory", "loss_weights", "retrieval")
+# Config groups every run reads only from session 2 on: the weights of the terms added from session 2, the
+# query maps fitted from session 2 (``retrieval.query_map``).
+ENGINE_SESSION_TWO_GROUPS = ("loss_weights", "retrieval")
+
+
+def session_two_groups(config) -> tuple[str, ...]:
+    """Config groups read only from session 2 on, derived from the registered methods: the engine's, each
+    method's own sections (``Method.own_sections``) and ``memory`` when a method keeps one (built after
+    session 1).  An entry whose overrides stay inside them shares session 1."""
+    groups = list(ENGINE_SESSION_TWO_GROUPS)
+    for method in registered(config).values():
+        groups += [g for g in method.own_sections + (("memory",) if method.uses_memory else ()) if g not in groups]
+    return tuple(groups)
 
 
 def write_outputs(config, workdir: str, methods: list[str], seeds: list[int], split_seed, runs: list[dict], t0: float):
@@ -270,7 +281,7 @@ def write_outputs(config, workdir: str, methods: list[str], seeds: list[int], sp
     table = markdown(summary, runs, title, split_note, pairs)
     with open(os.path.join(workdir, "comparison.md"), "w") as f:
         f.write(table + "\n")
-    _write_csv(os.path.join(workdir, "comparison.csv"), rows)
+    write_csv(os.path.join(workdir, "comparison.csv"), rows)
     tmp = os.path.join(workdir, "comparison.json.tmp")
     with open(tmp, "w") as f:
         json.dump(comparison_json(config, methods, seeds, split_seed, runs, summary, pairs), f, indent=1)

@@ -13,7 +13,7 @@ import ml_collections
 
 from cvs_jax.augment import transforms as augment
 from cvs_jax.data import official_splits, splits
-from cvs_jax.engine import schedules
+from cvs_jax.engine import profiling, schedules
 from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.methods.registry import METHODS, head_name, population_methods
 from cvs_jax.models import backbones
@@ -49,6 +49,7 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
     if total:  # sessions from the data: checked when it is read (data_checks.check_data)
         check_simplex(config, total)
     _check_retrieval(config)
+    profiling.parse(config.profile_steps)
 
 
 def _check_retrieval(config: ml_collections.ConfigDict) -> None:

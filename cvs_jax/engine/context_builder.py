@@ -92,7 +92,7 @@ def build_context(
         if features.cached(config):  # the trunk's outputs replace the images; the top trains on them
             proto = features.with_features(config, proto, log.print)
             model, pipeline = models.from_config(config, part="top"), augment.CachedViews(features.views(config))
-        step_args = dict(head=head, loss_weights=dict(config.loss_weights), pipeline=pipeline)
+        step_args = dict(head=head, loss_weights=dict(config.loss_weights), pipeline=pipeline, mesh=mesh)
         step_fn = make_train_step(model, tx, method, **step_args)
         steps_fn = make_train_step(model, tx, method, steps_per_call=k, **step_args)
         embed = Embedder(
@@ -118,7 +118,7 @@ def build_context(
         embed=embed,
         log=log,
         sessions=Checkpoints(paths.sessions_dir(workdir), max_to_keep=None, log=log.print),
-        progress=Checkpoints(paths.progress_dir(workdir), max_to_keep=2, log=log.print),
+        progress=Checkpoints(paths.progress_dir(workdir), max_to_keep=2, log=log.print, asynchronous=True),
         init_key=init_key,
         head_key=head_key,
         step_key=step_key,

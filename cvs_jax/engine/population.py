@@ -12,7 +12,7 @@ batched program, which a stable training regime keeps small; a near-tie query ca
 chaotic training amplifies them (tests/runs/test_population.py says how far, and what it asserts).
 
 Per session the phases run per member as in ``runner.run_sessions`` (carry-over, session view and
-constants, test, append-and-save); training is one loop (``phases.run_loop``, shared with plain runs)
+constants, test, append-and-save); training is one loop (``train_loop.run_loop``, shared with plain runs)
 over the members' states, frozen models, constants, keys and batches stacked on a leading member
 axis, advanced by ``jax.vmap`` of the step (jitted once, state donated).  Every epoch end validates
 and selects each member's model; progress checkpoints are written per member.
@@ -40,7 +40,7 @@ import numpy as np
 
 from cvs_jax import distributed
 from cvs_jax.data import splits
-from cvs_jax.engine import batches, phases
+from cvs_jax.engine import batches, train_loop
 from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.run_state import RunState
 from cvs_jax.engine.train_step import TrainState, make_train_step
@@ -78,15 +78,16 @@ def make_population_step(ctx: RunContext, n: int):
         pipeline=ctx.pipeline,
         steps_per_call=ctx.steps_per_call,
         population=n,
+        mesh=ctx.mesh,
     )
 
 
-class PopulationDriver(phases.Driver):
+class PopulationDriver(train_loop.Driver):
     """The members' states, frozen models, constants, keys and batches stacked on a member axis."""
 
     stacked = True
 
-    def __init__(self, members: list[phases.MemberSession], states: list[RunState], consts: list[dict]):
+    def __init__(self, members: list[train_loop.MemberSession], states: list[RunState], consts: list[dict]):
         lead = members[0].ctx
         s, n = members[0].view.s, len(members)
         self.members, self.ctx = members, lead
@@ -120,10 +121,10 @@ class PopulationDriver(phases.Driver):
 
 
 def train(
-    ctxs: list[RunContext], states: list[RunState], views: list[phases.SessionView], consts: list[dict]
-) -> list[phases.Selection]:
+    ctxs: list[RunContext], states: list[RunState], views: list[train_loop.SessionView], consts: list[dict]
+) -> list[train_loop.Selection]:
     """All epochs of the session for the members, from their newest common progress checkpoint."""
-    members = [phases.MemberSession.fresh(ctx, st, view) for ctx, st, view in zip(ctxs, states, views)]
+    members = [train_loop.MemberSession.fresh(ctx, st, view) for ctx, st, view in zip(ctxs, states, views)]
     spe = {m.view.steps_per_epoch for m in members}
     if len(spe) != 1:
         raise CheckpointError(  # cannot happen with one plan and equal memory sizes; a clear stop if it does
@@ -134,11 +135,11 @@ def train(
     for m in members:
         m.open()
     driver = PopulationDriver(members, states, consts)
-    ts = phases.run_loop(driver)
+    ts = train_loop.run_loop(driver)
     return [m.selection(driver.member(ts, i)) for i, m in enumerate(members)]
 
 
-def _restore_common(members: list[phases.MemberSession]) -> None:
+def _restore_common(members: list[train_loop.MemberSession]) -> None:
     """Every member at the newest session step for which all members hold a readable progress
     checkpoint (a kill between the members' writes leaves the newer step to some of them only).  The
     newer steps those members hold are deleted: every member writes them again from the common step
@@ -160,7 +161,7 @@ def _restore_common(members: list[phases.MemberSession]) -> None:
             return
 
 
-def _drop_newer(members: list[phases.MemberSession], common: int | None) -> None:
+def _drop_newer(members: list[train_loop.MemberSession], common: int | None) -> None:
     """Deletes each member's progress checkpoints of this session after step ``common`` (None: all)."""
     for m in members:
         for st in m.ctx.progress.steps():

@@ -12,6 +12,15 @@ from cvs_jax.data import sources, splits
 from cvs_jax.methods.base import Method
 
 
+def first_per_label(idx: np.ndarray, labels: np.ndarray, n: int) -> np.ndarray:
+    """The entries of sorted ``idx`` that are among the first ``n`` of their label."""
+    order = np.argsort(labels, kind="stable")
+    starts = np.searchsorted(labels[order], labels[order], side="left")
+    keep = np.empty(idx.size, bool)
+    keep[order] = np.arange(idx.size) - starts < n
+    return idx[keep]
+
+
 @dataclasses.dataclass
 class Protocol:
     """The data of a run: images, protocol labels and the session plan."""
@@ -21,11 +30,14 @@ class Protocol:
     train_labels: np.ndarray  # protocol labels of the train split (-1: class not used)
     test_labels: np.ndarray
     head_block: int = 0  # head rows: the classes rounded up to a multiple of this (0: exactly the classes)
+    max_per_class: int | None = None  # data.max_per_class: test queries kept per class (the first ones)
 
     def test_queries(self, s: int) -> np.ndarray:
         """Session s's test queries: the plan's (classes seen so far), less the test images that
         arrive later (an image folder's manifest or update gives each test image a session)."""
         idx = self.plan.test_queries(s, self.test_labels)
+        if self.max_per_class is not None:  # the first n of each class: session s's queries stay in s + 1's
+            idx = first_per_label(idx, self.test_labels[idx], self.max_per_class)
         arrival = self.dataset.test_sessions
         return idx if arrival is None else idx[arrival[idx] <= s]
 

@@ -44,6 +44,7 @@ def build_protocol(config: ml_collections.ConfigDict) -> Protocol:
         plan.to_protocol_labels(dataset.train.labels),
         plan.to_protocol_labels(dataset.test.labels),
         int(config.model.head_block),
+        d.max_per_class,
     )
 
 
@@ -70,7 +71,7 @@ def generator_plan_with_updates(
     base = splits.plan_from_config(labels[: train_offsets[1]], config, num_classes=first_classes)
     order = [int(c) for c in base.class_order]
     sessions = list(base.sessions)
-    frac = splits._exact(d.val_fraction)  # pylint: disable=protected-access
+    frac = splits.exact_fraction(d.val_fraction)
     for k in range(len(train_offsets) - 2):
         s = base.num_sessions + k
         pool = np.arange(train_offsets[k + 1], train_offsets[k + 2], dtype=np.int64)
@@ -81,9 +82,9 @@ def generator_plan_with_updates(
         lut[order] = np.arange(len(order))
         rng = np.random.default_rng(np.random.SeedSequence([seed, 23, s]))
         if d.val_per_class is None:
-            train, val = splits._stratified_split(pool, lut[labels], frac, rng)  # pylint: disable=protected-access
+            train, val = splits.stratified_split(pool, lut[labels], frac, rng)
         else:
-            train, val = splits._per_class_split(pool, lut[labels], d.val_per_class, rng)  # pylint: disable=protected-access
+            train, val = splits.per_class_split(pool, lut[labels], d.val_per_class, rng)
         trained = set(lut[labels[train]].tolist())
         starved = [order[c] for c in range(first_new, len(order)) if c not in trained]
         if starved:
@@ -95,9 +96,9 @@ def generator_plan_with_updates(
         sessions.append(
             splits.Session(
                 index=s,
-                train=splits._frozen(train),  # pylint: disable=protected-access
-                val=splits._frozen(val),  # pylint: disable=protected-access
-                new_classes=splits._frozen(np.arange(first_new, len(order))),  # pylint: disable=protected-access
+                train=splits.read_only(train),
+                val=splits.read_only(val),
+                new_classes=splits.read_only(np.arange(first_new, len(order))),
                 num_outputs=len(order),
             )
         )
@@ -106,7 +107,7 @@ def generator_plan_with_updates(
         arrival[test_offsets[k + 1] : test_offsets[k + 2]] = base.num_sessions + k
     plan = splits.SessionPlan(
         setup=base.setup,
-        class_order=splits._frozen(np.asarray(order, np.int64)),  # pylint: disable=protected-access
+        class_order=splits.read_only(np.asarray(order, np.int64)),
         sessions=tuple(sessions),
     )
     return dataclasses.replace(dataset, test_sessions=arrival), plan

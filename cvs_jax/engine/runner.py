@@ -184,7 +184,8 @@ def _share_session_one(c, entry: str, seed: int, run_dir: str, earlier: dict) ->
     statistics of it, or the entry overrides a field that session 1 reads)."""
     if not get_method(c).shares_first_session:  # its session 1 keeps statistics: it trains its own
         return
-    if any(key.split(".")[0] not in comparison.SESSION_TWO_GROUPS for key in comparison.parse_entry(entry)[2]):
+    groups = comparison.session_two_groups(c)
+    if any(key.split(".")[0] not in groups for key in comparison.parse_entry(entry)[2]):
         return
     sharing = earlier.setdefault((seed, head_name(c)), [])
     source = next((d for d in sharing if os.path.exists(paths.session_dir(d, 0))), None)

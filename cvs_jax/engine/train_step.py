@@ -17,7 +17,10 @@ import flax
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from cvs_jax import distributed
 from cvs_jax.augment import transforms as augment
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods.base import Method, StepInputs
@@ -60,6 +63,7 @@ def make_train_step(
     steps_per_call: int | None = None,
     population: int | None = None,
     unroll: bool = True,
+    mesh=None,
 ):
     """Returns ``step(state, frozen, batch, consts, lr, key) -> (state, metrics)`` (jitted, state donated).
 
@@ -69,7 +73,11 @@ def make_train_step(
     step folds ``state.step`` into the key as a single step does, so the k steps draw the same
     augmentation.  ``population=N``: N independent members at once, ``jax.vmap`` over a leading member
     axis of the state, the frozen model, the batch, the constants and the key (``lr`` shared); the
-    metrics get a leading ``[N]`` axis (before ``[n]``)."""
+    metrics get a leading ``[N]`` axis (before ``[n]``).
+
+    ``mesh`` (the run's data mesh): the jit states its shardings instead of taking them from its
+    committed inputs: the batch split over the data axis after its leading (steps, members) axes,
+    everything else, and every output, replicated."""
 
     missing = [term for term in method.loss_terms if term not in loss_weights]
     if missing:
@@ -125,7 +133,13 @@ def make_train_step(
     fn = step if steps_per_call is None else scan_steps(step, unroll=unroll)
     if population is not None:
         fn = jax.vmap(fn, in_axes=(0, 0, 0, 0, None, 0))
-    return jax.jit(fn, donate_argnums=0)  # the state is replaced every call: reuse its buffers
+    if mesh is None:
+        return jax.jit(fn, donate_argnums=0)  # the state is replaced every call: reuse its buffers
+    lead = (steps_per_call is not None) + (population is not None)
+    rep, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P(*([None] * lead), distributed.DATA_AXIS))
+    return jax.jit(
+        fn, donate_argnums=0, in_shardings=(rep, rep, rows, rep, rep, rep), out_shardings=(rep, rep)
+    )  # (state, frozen, batch, consts, lr, key) -> (state, metrics)
 
 
 def scan_steps(step, unroll: bool = True):

@@ -86,6 +86,9 @@ class Method:
     # the simplex head writes class y on row K - 1 - y (d-Simplex-HOC's target transform); such a session 1
     # differs from another simplex method's, so it is not shared
     reverse_labels: bool = False
+    # the config sections only this method reads (``config.cvs``), all of them acting from session 2 on:
+    # a compare entry that overrides only these shares session 1 (``comparison.session_two_groups``)
+    own_sections: tuple[str, ...] = ()
 
     def __post_init__(self):
         _check_loss_terms(self)

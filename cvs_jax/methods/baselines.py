@@ -157,6 +157,7 @@ def make_rainbow(config: ml_collections.ConfigDict) -> Method:
     return Method(
         name="rainbow",
         official_head="linear_reset",
+        own_sections=("rainbow",),
         memory=memory,
         batches=policies.batch_policy(r.batches, r.memory_batches),
         population=False,  # the uncertainty memory is not stacked over members

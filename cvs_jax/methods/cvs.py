@@ -89,6 +89,7 @@ def make_cvs(config: ml_collections.ConfigDict) -> Method:
     parts = ["L_c"] + ([f"L_m ({c.lm_loss})"] if c.use_lm else []) + (["L_d"] if c.use_ld else [])
     return Method(
         name="cvs",
+        own_sections=("cvs",),
         uses_old_model=c.use_lm,
         memory=policies.HerdingMemory(config.memory.budget) if c.replay else policies.NoMemory(),
         batches=policies.batch_policy(c.batches),

@@ -27,13 +27,15 @@ import jax.numpy as jnp
 import numpy as np
 
 # L_c and the cosine logits are the head's (``models.classification``); the terms below build on them
-from cvs_jax.models.classification import _mean as _mean
-from cvs_jax.models.classification import _safe_norm as _safe_norm
 from cvs_jax.models.classification import cosine_logits as cosine_logits
 from cvs_jax.models.classification import cross_entropy_loss as cross_entropy_loss
 from cvs_jax.models.classification import l2_normalize as l2_normalize
 from cvs_jax.models.classification import masked_nll as masked_nll
+from cvs_jax.models.classification import mean_or_zero as mean_or_zero
 from cvs_jax.models.classification import normalized_softmax_loss as normalized_softmax_loss
+from cvs_jax.models.classification import safe_norm as safe_norm
+
+_mean, _safe_norm = mean_or_zero, safe_norm  # the names this package's losses use
 
 # torch.nn.functional.pairwise_distance default (used by TripletMarginLoss).
 TRIPLET_EPS = 1e-6

@@ -53,20 +53,50 @@ METHODS: dict[str, Callable[[ml_collections.ConfigDict], Method]] = {
 }
 
 
+_REGISTERED: dict[tuple[str, Callable], Method] = {}  # each method as first built, by name and factory
+
+
+def _registered(name: str, make: Callable, config: ml_collections.ConfigDict) -> Method:
+    """``make`` on the base config's sections, built once per process (per name and factory): what a
+    method declares (its loss terms) is read at registration, not at every config build.  A factory that
+    reads a field the defaults do not declare is refused in one line naming it."""
+    key = (name, make)
+    if key not in _REGISTERED:
+        _REGISTERED[key] = _built(name, make, config)
+    return _REGISTERED[key]
+
+
+def _built(name: str, make: Callable, config: ml_collections.ConfigDict) -> Method:
+    try:
+        return make(config)
+    except AttributeError as e:  # ConfigDict: a missing field
+        field = str(e).strip("\"'")
+        raise ConfigError(
+            f"method {name!r}: {getattr(make, '__name__', 'its factory')} reads config field {field!r}, which "
+            f"config/defaults.py does not declare; add it to a section there (docs/adding-a-method.md)."
+        ) from None
+
+
 def default_loss_weights(config: ml_collections.ConfigDict) -> dict[str, float]:
     """``config.loss_weights``' defaults: every registered method's terms with the weights it declares
-    (``Method.loss_terms``), in registry order.  ``config`` is the base config without ``loss_weights``
-    (a method's definition does not read the weights).  Two methods that give one term two defaults are
-    refused: the config holds one weight per term."""
+    (``Method.loss_terms``), in registry order; each method is built once per process (``_registered``).
+    ``config`` is the base config without ``loss_weights`` (a method's definition does not read the
+    weights).  Two methods that give one term two defaults are refused: the config holds one weight per
+    term."""
     weights: dict[str, float] = {}
     for name, make in METHODS.items():
-        for term, weight in make(config).loss_terms.items():
+        for term, weight in _registered(name, make, config).loss_terms.items():
             if weights.setdefault(term, weight) != weight:
                 raise ConfigError(
                     f"loss term {term!r} has default weight {weights[term]} in one method and {weight} in "
                     f"method {name!r}; give the term one default, or name it differently."
                 )
     return weights
+
+
+def registered(config: ml_collections.ConfigDict) -> dict[str, Method]:
+    """Every registered method as registration built it (``_registered``), in registry order."""
+    return {name: _registered(name, make, config) for name, make in METHODS.items()}
 
 
 def population_methods(config: ml_collections.ConfigDict) -> list[str]:
@@ -128,4 +158,5 @@ __all__ = [
     "get_method",
     "head_name",
     "population_methods",
+    "registered",
 ]

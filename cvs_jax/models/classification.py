@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 
-def _safe_norm(x: jax.Array, axis: int = -1) -> jax.Array:
+def safe_norm(x: jax.Array, axis: int = -1) -> jax.Array:
     """Euclidean norm whose gradient at 0 is 0 instead of NaN (torch behaviour)."""
     sq = jnp.sum(x * x, axis=axis)
     pos = sq > 0
@@ -18,11 +18,11 @@ def _safe_norm(x: jax.Array, axis: int = -1) -> jax.Array:
 
 def l2_normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:
     """Row-wise ``x / max(||x||_2, eps)``, i.e. ``F.normalize(x, p=2, dim=-1)``."""
-    norm = _safe_norm(x, axis=-1)[..., None]
+    norm = safe_norm(x, axis=-1)[..., None]
     return x / jnp.maximum(norm, eps)
 
 
-def _mean(values: jax.Array) -> jax.Array:
+def mean_or_zero(values: jax.Array) -> jax.Array:
     """Mean of all entries (sum / count), exactly 0 for an empty array, like :func:`_row_mean`."""
     if values.size == 0:
         return jnp.zeros((), values.dtype)
@@ -49,7 +49,7 @@ def masked_nll(logits: jax.Array, labels: jax.Array, valid_classes: jax.Array | 
 def cross_entropy_loss(logits: jax.Array, labels: jax.Array, valid_classes: jax.Array | int | None = None) -> jax.Array:
     """Plain ``CrossEntropyLoss(logits, y)``, mean over the batch, columns >= ``valid_classes`` masked
     (the fork's linear head: no normalisation, no temperature)."""
-    return _mean(masked_nll(logits, labels, valid_classes))
+    return mean_or_zero(masked_nll(logits, labels, valid_classes))
 
 
 def _softmax_nll(
@@ -76,4 +76,4 @@ def normalized_softmax_loss(
     -inf, which equals the official loss on a head with exactly ``class_list[s]`` rows
     while keeping the allocated head (and the jit shapes) fixed.
     """
-    return _mean(_softmax_nll(embeddings, class_weights, labels, temperature, valid_classes))
+    return mean_or_zero(_softmax_nll(embeddings, class_weights, labels, temperature, valid_classes))

@@ -141,7 +141,11 @@ def _no_seed(e: dict) -> str:
 
 
 def _mean_std_cell(a: dict | None) -> str:
-    return "n/a" if a is None else f"{a['mean']:.2f} ± {a['std']:.2f}"
+    """``mean ± std`` over the seeds; one seed has no spread (``± n/a``, not a measured 0.00)."""
+    if a is None:
+        return "n/a"
+    spread = "n/a" if len(a.get("per_seed") or {}) == 1 else f"{a['std']:.2f}"
+    return f"{a['mean']:.2f} ± {spread}"
 
 
 def _shown(summary: list[dict]) -> list[str]:
@@ -259,7 +263,7 @@ def comparison_json(config, methods: list[str], seeds: list[int], split_seed, ru
     }
 
 
-def _write_csv(path: str, rows: list[dict]) -> None:
+def write_csv(path: str, rows: list[dict]) -> None:
     n_sessions = max((len(r["recall1_per_session"] or []) for r in rows), default=0)
     fields = [k for k in rows[0] if k != "recall1_per_session"]
     with open(path, "w", newline="") as f:

@@ -3,7 +3,7 @@
 ``Run(workdir)`` opens a run at any time, also while it trains: it reads only finalized checkpoints
 and writes nothing (``_Reader``); ``Run(workdir, for_add=True)`` may append rows (the caller holds the
 workdir's lock).  A query is prepared as the gallery images were stored (``prepare``, the data layer's
-``_resize.to_stored``) and embedded by the gallery's own path (``Network``).  Used by
+``resize.to_stored``) and embedded by the gallery's own path (``Network``).  Used by
 ``python -m cvs_jax.search`` and ``python -m cvs_jax.export``.
 """
 
@@ -25,8 +25,8 @@ from PIL import Image
 from cvs_jax import distributed
 from cvs_jax.augment import transforms as augment
 from cvs_jax.config import stored
-from cvs_jax.data.builders import _resize
-from cvs_jax.data.builders._resize import image_errors
+from cvs_jax.data.builders import resize
+from cvs_jax.data.builders.resize import image_errors
 from cvs_jax.errors import SearchError, UserError
 from cvs_jax.models import networks as models
 from cvs_jax.models.frozen_trunk import FrozenTrunk
@@ -52,7 +52,7 @@ def parse_int(text: str) -> int | None:
 def prepare(images: Iterable[Any], shape: tuple[int, int, int]) -> np.ndarray:
     """Image files, PIL images or uint8 arrays -> uint8 [N, H, W, C] as the gallery images were stored.
 
-    Every image goes through ``_resize.to_stored`` (the builders' rule: shorter side resized, centre
+    Every image goes through ``resize.to_stored`` (the builders' rule: shorter side resized, centre
     crop, "L" or "RGB"), so an image of the stored shape is passed through unchanged."""
     shape = tuple(int(d) for d in shape)
     out = []
@@ -60,7 +60,7 @@ def prepare(images: Iterable[Any], shape: tuple[int, int, int]) -> np.ndarray:
         if isinstance(item, (str, os.PathLike)):
             try:
                 with Image.open(item) as im:
-                    out.append(_resize.to_stored(im, shape))
+                    out.append(resize.to_stored(im, shape))
             except Image.DecompressionBombError as e:  # a readable file, too many pixels to decode safely
                 raise SearchError(
                     f"image {os.fspath(item)!r} is too large to decode safely ({e}); pass a downscaled copy (e.g. "
@@ -70,7 +70,7 @@ def prepare(images: Iterable[Any], shape: tuple[int, int, int]) -> np.ndarray:
                 raise SearchError(f"cannot read image {os.fspath(item)!r} ({e}); pass PNG/JPEG files.") from e
             continue
         if isinstance(item, Image.Image):
-            out.append(_resize.to_stored(item, shape))
+            out.append(resize.to_stored(item, shape))
             continue
         out.append(_from_array(np.asarray(item), shape))
     if not out:
@@ -85,7 +85,7 @@ def _from_array(arr: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
         return arr
     if arr.ndim == 3 and arr.shape[-1] == 1:
         arr = arr[..., 0]
-    return _resize.to_stored(Image.fromarray(arr), shape)
+    return resize.to_stored(Image.fromarray(arr), shape)
 
 
 def load_images(paths: list[str], shape: tuple[int, int, int]) -> np.ndarray:

@@ -35,6 +35,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from cvs_jax.errors import CheckpointError, UnreadableCheckpointError
+from cvs_jax.rundir import faults
 
 _EMPTY = "__empty__"
 _META = "meta"
@@ -209,12 +210,25 @@ def _stat(path: str) -> None:
 class Checkpoints:
     """A directory of numbered checkpoints, each holding pytree items and one JSON item."""
 
-    def __init__(self, directory: str, *, max_to_keep: int | None, log: Callable[[str], None] = print):
-        """``max_to_keep``: keep the newest N checkpoints (orbax ``LatestN``); None keeps all."""
+    def __init__(
+        self,
+        directory: str,
+        *,
+        max_to_keep: int | None,
+        log: Callable[[str], None] = print,
+        asynchronous: bool = False,
+    ):
+        """``max_to_keep``: keep the newest N checkpoints (orbax ``LatestN``); None keeps all.
+        ``asynchronous``: ``save`` returns once the trees are on the host and orbax writes them in the
+        background (training goes on); the next save, every read and ``close`` wait for it first. A kill
+        before it finishes loses only that checkpoint (its temporary folder is never taken for one)."""
         self._dir = os.path.abspath(directory)
         self._log = log
         self._max_to_keep = max_to_keep
+        self._asynchronous = asynchronous
         self._mgr = self._open()
+        if asynchronous and faults.armed_at_all():  # the crash tests' kill points come after the save
+            faults.settle_before_kill(lambda: self._mgr.wait_until_finished())
 
     def _open(self) -> ocp.CheckpointManager:
         policies = ocp.checkpoint_managers
@@ -226,7 +240,10 @@ class Checkpoints:
         return ocp.CheckpointManager(
             self._dir,
             options=ocp.CheckpointManagerOptions(
-                preservation_policy=keep, create=True, enable_async_checkpointing=False, cleanup_tmp_directories=True
+                preservation_policy=keep,
+                create=True,
+                enable_async_checkpointing=self._asynchronous,
+                cleanup_tmp_directories=True,
             ),
         )
 
@@ -235,9 +252,11 @@ class Checkpoints:
         return self._dir
 
     def steps(self) -> list[int]:
+        self._mgr.wait_until_finished()
         return sorted(self._mgr.all_steps())
 
     def save(self, step: int, trees: dict[str, Any], meta: dict) -> None:
+        self._mgr.wait_until_finished()  # one save at a time: the previous one is on disk before the next starts
         # orbax refuses empty containers; an empty dict is stored as a marker and restored as {}.
         args = {
             k: ocp.args.StandardSave(jax.device_get(v) if v else {_EMPTY: np.zeros((1,), np.int8)})
@@ -245,11 +264,13 @@ class Checkpoints:
         }
         args[_META] = ocp.args.JsonSave(meta)
         self._mgr.save(step, args=ocp.args.Composite(**args), force=True)
-        self._mgr.wait_until_finished()
+        if not self._asynchronous:
+            self._mgr.wait_until_finished()
 
     def delete(self, step: int) -> None:
         """Removes checkpoint ``step`` (a population drops the newer progress step that only some of its
         members wrote before a kill, so that all of them write it again from their common step)."""
+        self._mgr.wait_until_finished()
         self._mgr.delete(step)
 
     def stored_shape(self, step: int, item: str, path: str) -> tuple[int, ...] | None:
@@ -295,6 +316,7 @@ class Checkpoints:
 
     def _restore(self, step: int, templates: dict[str, Any]) -> dict[str, Any]:
         """Check, then read; every failure is a CheckpointError or (damaged files) _Unreadable."""
+        self._mgr.wait_until_finished()
         path = os.path.join(self._dir, str(step))
         try:
             self._check(step, templates)
@@ -373,6 +395,7 @@ class Checkpoints:
         return None
 
     def close(self) -> None:
+        self._mgr.wait_until_finished()  # an asynchronous save in flight is on disk before the run ends
         self._mgr.close()
 
 

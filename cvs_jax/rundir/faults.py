@@ -6,6 +6,10 @@ training step), ``validation`` (between embedding the gallery and the queries),
 ``progress_write`` / ``session_write`` (while orbax writes a mid-session or
 session-end checkpoint, i.e. with a partial temporary directory on disk).
 Unset, every call is a no-op.
+
+A kill first lets the asynchronous checkpoint saves already in flight finish (``settle_before_kill``):
+"killed after the checkpoint at step k" then means after it is on disk, as with synchronous saves;
+``progress_write`` still kills its own write in the middle.
 """
 
 from __future__ import annotations
@@ -16,6 +20,16 @@ import threading
 import time
 
 _counts: dict[str, int] = {}
+_settle: list = []  # callables that finish the asynchronous saves in flight (``Checkpoints``)
+
+
+def armed_at_all() -> bool:
+    return bool(os.environ.get("CVS_JAX_FAULT"))
+
+
+def settle_before_kill(fn) -> None:
+    """``fn()`` runs before ``maybe_fail`` kills the process (registered only while a fault is armed)."""
+    _settle.append(fn)
 
 
 def _armed(point: str) -> bool:
@@ -35,13 +49,18 @@ def _kill() -> None:
 
 def maybe_fail(point: str) -> None:
     if _armed(point):
+        for fn in _settle:
+            fn()
         _kill()
 
 
 def fail_while_writing(point: str, directory: str) -> None:
-    """If armed, kills the process as soon as a temporary checkpoint directory appears."""
+    """If armed, kills the process as soon as a temporary checkpoint directory appears (the saves already
+    in flight finish first: the kill falls in this write, as with synchronous saves)."""
     if not _armed(point):
         return
+    for fn in _settle:
+        fn()
 
     def watch():
         deadline = time.time() + 60

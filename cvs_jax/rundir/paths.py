@@ -9,12 +9,13 @@
       report.html                    the run on one page, rewritten after every session (``reports/run_page.py``)
       population.json                a population's members (``engine/runner.py``)
       checkpoints/sessions/<s>/      after session s: model, gallery part, memory, importance (``run_state.py``)
-      checkpoints/progress/<step>/   rolling mid-session checkpoints (``engine/phases.py``)
+      checkpoints/progress/<step>/   rolling mid-session checkpoints (``engine/train_loop.py``)
       checkpoints/query_maps/<s>.npz the query map of model s to model s - 1 (``retrieval.query_map``;
                                      written before session s's checkpoint, ``retrieval/query_maps.py``)
       checkpoints/additions/         rows added by ``python -m cvs_jax.search --add`` (or ``serve``'s /add)
       checkpoints/additions.lock     the lock of whoever writes the additions (``workdir.hold_additions``)
       uploads/<sha256>.<ext>         images added through ``python -m cvs_jax.serve`` (their rows' sources)
+      profile/                       a jax.profiler trace of ``--config.profile_steps=a:b`` (``engine/profiling.py``)
       previous-<time>/               a run moved aside by ``--config.overwrite=True``
 
 Every module that reads or writes one of these asks this module for its path.
@@ -42,6 +43,7 @@ ADDITIONS = os.path.join(CHECKPOINTS, "additions")
 QUERY_MAPS = os.path.join(CHECKPOINTS, "query_maps")
 ADDITIONS_LOCK = os.path.join(CHECKPOINTS, "additions.lock")
 UPLOADS = "uploads"
+PROFILE = "profile"
 # Checkpoint folders whose numbered step directories make a workdir hold a run.
 CHECKPOINT_DIRS = (SESSIONS, PROGRESS)
 
@@ -65,6 +67,7 @@ progress_dir = _under_workdir(PROGRESS, doc="Rolling mid-session checkpoints, nu
 additions_dir = _under_workdir(ADDITIONS, doc="Rows added by ``python -m cvs_jax.search --add``.")
 additions_lock = _under_workdir(ADDITIONS_LOCK, doc="The lock of the additions' writer (not the run's lock).")
 uploads_dir = _under_workdir(UPLOADS, doc="Images added through the server, named by their SHA-256.")
+profile_dir = _under_workdir(PROFILE, doc="The jax.profiler trace of ``--config.profile_steps``.")
 
 
 def session_dir(workdir: str, s: int) -> str:

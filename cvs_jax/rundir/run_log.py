@@ -8,6 +8,7 @@ Only process 0 prints and writes, so multi-host runs stay readable.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -16,16 +17,25 @@ import jax
 
 from cvs_jax.rundir import paths
 
+_WRITERS = itertools.count()  # TensorBoard writers opened by this process
+
 
 class RunLog:
     def __init__(self, workdir: str):
         self._path = paths.metrics_file(workdir)
         self._main = jax.process_index() == 0
-        self._tb = None
-        if self._main:
-            from tensorboardX import SummaryWriter
+        self._tb_dir = os.path.join(workdir, paths.TENSORBOARD)
+        self._tb = self._tensorboard() if self._main else None
 
-            self._tb = SummaryWriter(os.path.join(workdir, paths.TENSORBOARD), flush_secs=30)
+    def _tensorboard(self, purge_step: int | None = None):
+        """The TensorBoard writer; ``purge_step``: TensorBoard hides the events of earlier files at that
+        global step and after (a killed run's steps that the resumed run writes again)."""
+        from tensorboardX import SummaryWriter
+
+        # one file per writer (pid and count: two writers in one second must not share a file name;
+        # TensorBoard reads the files in name order)
+        suffix = f".{os.getpid()}.{next(_WRITERS):03d}"
+        return SummaryWriter(self._tb_dir, flush_secs=30, purge_step=purge_step, filename_suffix=suffix)
 
     def write(self, *, global_step: int, **record) -> None:
         """Appends one JSON line (session, epoch, step and scalar metrics) and its TB scalars."""
@@ -42,9 +52,12 @@ class RunLog:
         if self._tb is not None:
             self._tb.close()
 
-    def truncate(self, *, session: int, step: int) -> None:
+    def truncate(self, *, session: int, step: int, global_step: int | None = None) -> None:
         """Drops records written after (session, step) by a run that crashed, so a resumed
-        run's ``metrics.jsonl`` equals an uninterrupted one's."""
+        run's ``metrics.jsonl`` equals an uninterrupted one's; with ``global_step`` (the run step of
+        that point) TensorBoard hides its events after it too (a new event file with a purge step).
+        TensorBoard's events never run ahead of ``metrics.jsonl`` (both are written together, the
+        events flushed later), so nothing to drop here means nothing to hide there."""
         if not self._main or not os.path.exists(self._path):
             return
         with open(self._path) as f:
@@ -56,6 +69,9 @@ class RunLog:
             with open(tmp, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in kept)
             os.replace(tmp, self._path)
+            if global_step is not None:
+                self._tb.close()
+                self._tb = self._tensorboard(purge_step=global_step + 1)
 
     def print(self, message: str) -> None:
         if self._main:

@@ -22,8 +22,8 @@ import warnings
 import numpy as np
 from PIL import Image
 
-from cvs_jax.data.builders import _resize
-from cvs_jax.data.builders._resize import image_errors
+from cvs_jax.data.builders import resize
+from cvs_jax.data.builders.resize import image_errors
 from cvs_jax.retrieval.additions import fsync_dir
 from cvs_jax.rundir import paths
 
@@ -50,7 +50,7 @@ class Upload:
 
 
 def decode(name: str, data: bytes, shape: tuple[int, int, int], max_pixels: int) -> Upload:
-    """The upload prepared for the model (``_resize.to_stored``), or ``BadUpload``."""
+    """The upload prepared for the model (``resize.to_stored``), or ``BadUpload``."""
     if not data:
         raise BadUpload(f"{name}: the upload is empty; send the image's bytes.")
     try:
@@ -65,7 +65,7 @@ def decode(name: str, data: bytes, shape: tuple[int, int, int], max_pixels: int)
                         413,
                     )
                 fmt = (im.format or "png").lower()
-                image = _resize.to_stored(im, shape)
+                image = resize.to_stored(im, shape)
     except BadUpload:
         raise
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:  # Pillow's own pixel limit

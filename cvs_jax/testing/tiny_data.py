@@ -66,9 +66,9 @@ def tiny_config(manual_dir, tmp_path, method="finetune", sessions=3):
 
 # --------------------------------------------------------------------------
 # Fine-grained datasets (stanford_dogs_256, inat_m, product_m) from synthetic
-# images. Preparation resizes every image to `_resize.STORED_SIZE` (256); for
-# quick runs patch it first, e.g. `monkeypatch.setattr(_resize, "STORED_SIZE", 32)`
-# (from cvs_jax.data.builders import _resize), in the same test that loads.
+# images. Preparation resizes every image to `resize.STORED_SIZE` (256); for
+# quick runs patch it first, e.g. `monkeypatch.setattr(resize, "STORED_SIZE", 32)`
+# (from cvs_jax.data.builders import resize), in the same test that loads.
 
 
 def fake_class_image(rng: np.random.Generator, label: int, size: tuple[int, int]) -> np.ndarray:

@@ -13,7 +13,7 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 from cvs_jax.data import records, sources
-from cvs_jax.data.builders import ProductM, StanfordDogs256, _resize, _tfds_source, inat_m, product10k
+from cvs_jax.data.builders import ProductM, StanfordDogs256, _tfds_source, inat_m, product10k, resize
 from cvs_jax.errors import DataError
 from cvs_jax.testing import tiny_data
 
@@ -21,7 +21,7 @@ from cvs_jax.testing import tiny_data
 @pytest.fixture
 def small_images(monkeypatch):
     """Stores 32x32 images (the documented way for quick tests)."""
-    monkeypatch.setattr(_resize, "STORED_SIZE", 32)
+    monkeypatch.setattr(resize, "STORED_SIZE", 32)
     return 32
 
 
@@ -57,7 +57,7 @@ def _direct(img: Image.Image, size: int) -> np.ndarray:
 def test_to_square_uint8_matches_pil(shape, mode):
     rng = np.random.default_rng(sum(shape))
     img = Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode)
-    got = _resize.to_square_uint8(img, 256)
+    got = resize.to_square_uint8(img, 256)
     assert got.shape == (256, 256, 3) and got.dtype == np.uint8
     np.testing.assert_array_equal(got, _direct(img, 256))
     if shape == (256, 256, 3):
@@ -66,7 +66,7 @@ def test_to_square_uint8_matches_pil(shape, mode):
         assert np.array_equal(got[..., 0], got[..., 2])
     # Its centre 224 is torchvision's Resize(256) + CenterCrop(224) of the original.
     rgb = img.convert("RGB")
-    w, h = _resize.resized_shape(rgb.width, rgb.height, 256)
+    w, h = resize.resized_shape(rgb.width, rgb.height, 256)
     resized = rgb.resize((w, h), Image.BILINEAR) if (w, h) != rgb.size else rgb
     left, top = int(round((w - 224) / 2.0)), int(round((h - 224) / 2.0))
     np.testing.assert_array_equal(got[16:240, 16:240], np.asarray(resized.crop((left, top, left + 224, top + 224))))
@@ -74,8 +74,8 @@ def test_to_square_uint8_matches_pil(shape, mode):
 
 def test_stored_size_is_read_at_call_time(small_images):
     img = Image.fromarray(np.zeros((50, 80, 3), np.uint8))
-    assert _resize.to_square_uint8(img).shape == (small_images, small_images, 3)
-    assert _resize.to_square_uint8(img, 256).shape == (256, 256, 3)
+    assert resize.to_square_uint8(img).shape == (small_images, small_images, 3)
+    assert resize.to_square_uint8(img, 256).shape == (256, 256, 3)
 
 
 # --------------------------------------------------------------------------
@@ -107,7 +107,7 @@ def _as_stored(image: np.ndarray) -> np.ndarray:
 
 def _decode_file(manual_dir, name, size):
     with Image.open(os.path.join(manual_dir, "train", name)) as img:
-        return _resize.to_square_uint8(img, size)
+        return resize.to_square_uint8(img, size)
 
 
 def test_product_m_split_and_layouts(tmp_path):
@@ -253,7 +253,7 @@ def test_stanford_dogs_256(tmp_path, small_images):
         for j, key in enumerate(ids):
             image, label = source[key]
             assert split.labels[j] == label  # same label ids
-            np.testing.assert_array_equal(split.images[j], _as_stored(_resize.to_square_uint8(Image.fromarray(image))))
+            np.testing.assert_array_equal(split.images[j], _as_stored(resize.to_square_uint8(Image.fromarray(image))))
     np.testing.assert_array_equal(np.bincount(ds.train.labels)[[3, 10, 17]], [4, 5, 3])
     assert meta["source_classes"] == list(range(120))
 
@@ -261,7 +261,7 @@ def test_stanford_dogs_256(tmp_path, small_images):
     with mock.patch.object(StanfordDogs256, "_split_generators", side_effect=AssertionError("rebuilt")):
         sources.load_dataset("stanford_dogs_256", data_dir=data_dir)
         with (
-            mock.patch.object(_resize, "STORED_SIZE", 48),
+            mock.patch.object(resize, "STORED_SIZE", 48),
             pytest.raises(sources.SourceMismatchError, match="stored_size"),
         ):
             sources.load_dataset("stanford_dogs_256", data_dir=data_dir)
@@ -322,7 +322,7 @@ def test_inat_m(tmp_path, small_inat):
         for j, key in enumerate(meta[f"source_ids_{s}"]):
             image, label = src[key]
             assert chosen[split.labels[j]] == label  # label remap
-            np.testing.assert_array_equal(split.images[j], _as_stored(_resize.to_square_uint8(Image.fromarray(image))))
+            np.testing.assert_array_equal(split.images[j], _as_stored(resize.to_square_uint8(Image.fromarray(image))))
     assert len(set(meta["source_ids_train"])) == 21
 
     # Deterministic: the second preparation stored the same.

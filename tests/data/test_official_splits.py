@@ -1,4 +1,5 @@
-"""The official CVS CIFAR-100 sessions (spec §2) as a SessionPlan, from the packaged file and from the JSON files.
+"""The official CVS CIFAR-100 sessions (docs/configs-and-data.md) as a SessionPlan, from the packaged file and the JSON
+files.
 
 The packaged file ships with cvs_jax, so its tests always run (the CI case). The JSON files are read
 when ``../shared/data/cvs-official-splits/cifar100`` exists (the tests that need them skip otherwise);
@@ -197,7 +198,7 @@ def test_no_image_in_two_sessions(plans):
             assert np.all(np.bincount(proto[p.sessions[2].train], minlength=100)[40:60] == 450)
         if setup == "blurry":
             assert all(np.unique(proto[s.train]).size == 100 for s in p.sessions)
-        if setup == "general":  # spec §2.3: 44, 22, 14, 11 images of every old class (train + val)
+        if setup == "general":  # the official files: 44, 22, 14, 11 images of every old class (train + val)
             for t, per_old in ((1, 44), (2, 22), (3, 14), (4, 11)):
                 s = p.sessions[t]
                 got = np.bincount(proto[np.concatenate([s.train, s.val])], minlength=100)

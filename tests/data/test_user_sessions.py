@@ -172,8 +172,8 @@ def test_val_rows_are_the_generators_rule_on_its_stream():
         for s, sess in enumerate(plan.sessions):
             pool = np.flatnonzero(sessions == s)
             if per_class is None:
-                train, val = splits._stratified_split(pool, plabels, splits._exact(val_fraction), stream)
+                train, val = splits.stratified_split(pool, plabels, splits.exact_fraction(val_fraction), stream)
             else:
-                train, val = splits._per_class_split(pool, plabels, per_class, stream)
+                train, val = splits.per_class_split(pool, plabels, per_class, stream)
             assert sess.val.tolist() == val.tolist() and sess.train.tolist() == train.tolist()
             assert sess.val.size > 0

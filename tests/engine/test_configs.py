@@ -3,6 +3,7 @@ plan on labels of the real dataset's size matches the setup's definition (paper 
 
 import importlib
 import os
+import types
 
 import numpy as np
 import pytest
@@ -77,7 +78,8 @@ def _official_plan(c, seed=0):
 
 
 def test_cifar100_general_official_split_statistics():
-    """The official general10 files follow the (S,C,M,L) rule of spec §2.3: train 7200/7992/7992/7956/7992."""
+    """The official general10 files follow the (S,C,M,L) rule (docs/configs-and-data.md):
+    train 7200/7992/7992/7956/7992."""
     c = load("cifar100_general")
     plan, labels = _official_plan(c)
     assert [len(s.train) for s in plan.sessions] == [7200, 7992, 7992, 7956, 7992]
@@ -100,7 +102,8 @@ def test_cifar100_disjoint_official_split_statistics():
 
 
 def test_cifar100_blurry_official_split_statistics():
-    """Official blurry10 (spec §2.3): 10,000 images per session (9,000 train), every class in every session,
+    """Official blurry10 (docs/configs-and-data.md): 10,000 images per session (9,000 train), every class in
+    every session,
     about 8.1 % minor-class images drawn unevenly (2-21 per minor class; 441-473 per major class); all 500
     images of every class used. Our generator (data.split="generator") makes 9,600 at exactly 10 %."""
     c = load("cifar100_blurry")
@@ -207,7 +210,7 @@ def _check_general(c, plan, labels):
             old = np.arange(d.first_classes + (t - 1) * d.classes_per_session)
             m = d.old_class_percent / 100
             got = np.bincount(pl[pool], minlength=pl.max() + 1)[old]
-            if d.general_shares == "uniform":  # each old class: floor(N_new * M / (1 - M) / n_old) (spec §2.3)
+            if d.general_shares == "uniform":  # each old class: floor(N_new * M / (1 - M) / n_old)
                 np.testing.assert_array_equal(got, int(np.floor(n_new * m / (1 - m) / old.size + 1e-9)))
             else:  # M of the pool, spread over the old classes in proportion to their sizes
                 total = int(np.floor(n_new * m / (1 - m) + 1e-9))
@@ -261,3 +264,40 @@ def test_productm_proportional_split_uses_most_images():
     c.data.general_shares = "uniform"
     used_uniform = sum(len(x.train) + len(x.val) for x in _plan(c, labels).sessions) / labels.size
     assert used > 0.8 and used_uniform < 0.4, (used, used_uniform)
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_smoke_is_small_on_full_size_data(name):
+    """``:smoke`` on data of a real dataset's size (100 classes x 600 images) trains a few hundred images
+    per session and asks a few hundred queries: the cap, not the data, sizes a smoke run."""
+    from cvs_jax.engine.protocol import Protocol
+
+    c = load(name, "smoke")
+    rng = np.random.default_rng(0)
+    train, test = rng.permutation(np.repeat(np.arange(100), 600)), rng.permutation(np.repeat(np.arange(100), 100))
+    plan = plan_from_config(train, c, num_classes=100)
+    assert max(len(s.train) for s in plan.sessions) <= 300
+    proto = Protocol(
+        types.SimpleNamespace(test_sessions=None),
+        plan,
+        plan.to_protocol_labels(train),
+        plan.to_protocol_labels(test),
+        0,
+        c.data.max_per_class,
+    )
+    queries = [proto.test_queries(s) for s in range(plan.num_sessions)]
+    assert 0 < len(queries[-1]) <= 400
+    assert np.isin(queries[0], queries[1]).all()  # capped queries of a session stay queries later
+    counts = np.bincount(proto.test_labels[queries[-1]])
+    assert counts.max() == c.data.max_per_class  # the first n of each seen class, no more
+
+
+def test_max_per_class_none_leaves_the_plan_unchanged():
+    c = load("fashion_mnist_general")
+    labels = np.random.default_rng(1).permutation(np.repeat(np.arange(10), 700))
+    a = plan_from_config(labels, c, num_classes=10)
+    c.data.max_per_class = 10_000
+    b = plan_from_config(labels, c, num_classes=10)
+    assert all(
+        np.array_equal(x.train, y.train) and np.array_equal(x.val, y.val) for x, y in zip(a.sessions, b.sessions)
+    )

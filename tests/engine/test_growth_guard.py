@@ -1,4 +1,4 @@
-"""The training loop's growth guard (``phases._Watch``): a loss or gradient norm more than 1e3 times its
+"""The training loop's growth guard (``train_loop._Watch``): a loss or gradient norm more than 1e3 times its
 value at the session's first step stops the run at that step, for a plain run (one step or k steps
 per call) and per member of a population; ordinary ups and downs never do."""
 
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cvs_jax.engine import phases
+from cvs_jax.engine import train_loop
 from cvs_jax.errors import DivergedError, NonFiniteError
 
 
@@ -21,12 +21,12 @@ def _member(head="linear_reset"):
     return types.SimpleNamespace(reference=None, view=types.SimpleNamespace(s=1), ctx=ctx)
 
 
-class _Plain(phases.Driver):
+class _Plain(train_loop.Driver):
     def __init__(self, stacked, head="linear_reset"):
         self.members, self.stacked = [_member(head)], stacked
 
 
-class _Population(phases.Driver):
+class _Population(train_loop.Driver):
     stacked = True
 
     def __init__(self, n):
@@ -41,7 +41,7 @@ class _Population(phases.Driver):
 
 def _run(driver, losses, grads, k):
     """``losses``/``grads``: [steps] (a plain run) or [members, steps], fed in calls of k steps."""
-    watch = phases._Watch.start()
+    watch = train_loop._Watch.start()
     losses, grads = np.asarray(losses, np.float32), np.asarray(grads, np.float32)
     for first in range(0, losses.shape[-1], k):
         sl = slice(first, first + k)

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from cvs_jax.engine import cadence, phases
+from cvs_jax.engine import cadence, phases, train_loop
 from cvs_jax.engine.run_state import RunState
 from cvs_jax.methods import losses, policies
 from cvs_jax.methods.policies import ImportanceState, ReplayMemory
@@ -154,7 +154,7 @@ def test_train_selects_best_validation_epoch_ties_to_earlier(manual_dir, tmp_pat
 
         return search
 
-    monkeypatch.setattr(phases, "make_search", scripted_search)
+    monkeypatch.setattr(train_loop, "make_search", scripted_search)
     state = RunState.initial(ctx.initial_variables(), 8)
     view = phases.session_view(ctx, state, 0)
     sel = phases.train(ctx, state, view, phases.session_constants(ctx, state, view))
@@ -275,3 +275,51 @@ def test_test_and_append_and_save_on_their_own(manual_dir, tmp_path):
     np.testing.assert_array_equal(saved["gallery"]["embeddings"], new_rows)  # only this session's rows
     assert saved["meta"]["per_session"] == list(after.records)
     ctx.close()
+
+
+# ---------------------------------------------------------------- the loop docs/methods.md shows
+
+
+def _phase_calls(tree) -> list[tuple[str, int, int]]:
+    """``(phase, arguments, assigned names)`` of each ``phases.<name>(...)`` call, in source order;
+    the runner's ``_train(...)`` (train or untrained per method) counts as ``phases.train``."""
+    import ast
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.Expr) and isinstance(node.value, ast.Call):
+            call, targets = node.value, getattr(node, "targets", [])
+            fn = call.func
+            name = fn.attr if isinstance(fn, ast.Attribute) and ast.unparse(fn.value) == "phases" else None
+            if isinstance(fn, ast.Name) and fn.id == "_train":
+                name, args = (
+                    "train",
+                    4,
+                )  # _train(size, ctxs, states, views, consts): per member (ctx, state, view, consts)
+            elif name is None:
+                continue
+            else:
+                args = len(call.args)
+            names = len(targets[0].elts) if targets and isinstance(targets[0], ast.Tuple) else len(targets)
+            found.append((node.lineno, name, args, names))
+    return [f[1:] for f in sorted(found)]
+
+
+def test_methods_doc_shows_the_runners_loop():
+    """docs/methods.md's session loop calls the phases ``runner.run_sessions`` calls, in its order, with
+    as many arguments and results (a phase added, dropped or re-signed in one and not the other fails)."""
+    import ast
+    import inspect
+    import re
+
+    from cvs_jax.engine import runner
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "docs", "methods.md")) as f:
+        doc = f.read()
+    block = re.search(r"```python\n(state = resume\(ctx\).*?)```", doc, re.S).group(1)
+    code = _phase_calls(ast.parse(inspect.getsource(runner.run_sessions)))
+    assert [c[0] for c in code] == [
+        "carry_over", "session_view", "session_constants", "train", "fit_query_map", "test", "append_and_save",
+    ]  # fmt: skip
+    assert _phase_calls(ast.parse(block)) == code

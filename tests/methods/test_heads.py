@@ -1,4 +1,4 @@
-"""The classifier heads (``models.heads``) and which method trains with which (spec §6b, first bullet).
+"""The classifier heads (``models.heads``) and which method trains with which (docs/methods.md, "Heads").
 
 Rules pinned here, each by a test that a one-line bug breaks:
 * ``linear_reset``'s loss is plain cross-entropy of e W^T + b over the seen classes (numpy reference),
@@ -22,7 +22,7 @@ import pytest
 
 from cvs_jax.config import recorded
 from cvs_jax.config.stored import stored_config
-from cvs_jax.engine import phases
+from cvs_jax.engine import train_loop
 from cvs_jax.engine.run_state import RunState
 from cvs_jax.engine.train_step import TrainState
 from cvs_jax.errors import ConfigError
@@ -89,7 +89,7 @@ def test_linear_reset_head_is_new_at_every_session_start(manual_dir, tmp_path):
     v = _trained_variables(ctx, np.random.default_rng(0))
     state = RunState.initial(v, 8)
     for s in (1, 2):
-        ts = phases.initial_train_state(ctx, state, s)
+        ts = train_loop.initial_train_state(ctx, state, s)
         want = LinearResetHead().init(jax.random.fold_in(ctx.head_key, s), ctx.proto.num_classes, 8)
         for k in ("head", "head_bias"):
             np.testing.assert_array_equal(ts.params[k], want[k])
@@ -104,7 +104,7 @@ def test_cosine_head_keeps_old_rows(manual_dir, tmp_path):
     ctx = build_ctx(manual_dir, tmp_path, method="finetune", sessions=3)
     assert ctx.head.name == "cosine" and ctx.head.keys == ("head",)
     v = _trained_variables(ctx, np.random.default_rng(1))
-    ts = phases.initial_train_state(ctx, RunState.initial(v, 8), 1)
+    ts = train_loop.initial_train_state(ctx, RunState.initial(v, 8), 1)
     old, new = ctx.proto.plan.sessions[0].num_outputs, ctx.proto.plan.sessions[1].num_outputs
     np.testing.assert_array_equal(ts.params["head"][:old], v["params"]["head"][:old])
     assert not np.any(np.isclose(ts.params["head"][old:new], v["params"]["head"][old:new]))

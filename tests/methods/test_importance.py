@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from cvs_jax.augment import transforms as augment
-from cvs_jax.engine import phases
+from cvs_jax.engine import phases, train_loop
 from cvs_jax.engine.run_state import RunState
 from cvs_jax.engine.train_step import TrainState, make_optimizer, make_train_step
 from cvs_jax.methods import baselines, regularizers
@@ -106,7 +106,7 @@ def test_slots_one_per_session_anchored_at_the_last_epoch(manual_dir, tmp_path, 
 
         return search
 
-    monkeypatch.setattr(phases, "make_search", scripted_search)
+    monkeypatch.setattr(train_loop, "make_search", scripted_search)
     state = RunState.initial(ctx.initial_variables(), 8)
     view = phases.session_view(ctx, state, 0)
     sel = phases.train(ctx, state, view, phases.session_constants(ctx, state, view))

@@ -1,5 +1,5 @@
-"""Rainbow Memory as the author's fork (spec §6b), rule by rule, each pinned against a direct transcription
-of the rule written here; the earlier cvs-jax rules stay reachable through ``config.rainbow``."""
+"""Rainbow Memory as the author's fork (docs/config-provenance.md), rule by rule, each pinned against a direct
+transcription of the rule written here; the earlier cvs-jax rules stay reachable through ``config.rainbow``."""
 
 import types
 from collections import Counter

@@ -17,7 +17,7 @@ from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError
 from cvs_jax.methods import registry
 from cvs_jax.rundir import paths
-from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.testing.tiny_data import tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAGE = os.path.join(REPO, "docs", "adding-a-method.md")
@@ -61,8 +61,8 @@ def test_registered_it_gets_its_default_weight_and_its_declarations(pull, tmp_pa
     assert "pull" in registry.population_methods(config)
 
 
-def test_a_tiny_run_trains_it_with_the_users_weight(pull, tmp_path):
-    manual = write_fashion_idx(str(tmp_path / "fmnist"), train_per_class=60, test_per_class=6)
+def test_a_tiny_run_trains_it_with_the_users_weight(fashion_idx, pull, tmp_path):
+    manual = fashion_idx(60, 6)
     config = tiny_config(manual, tmp_path, method="pull", sessions=2)
     config.train.epochs = 1
     config.data.samples_per_new_class = 30
@@ -123,3 +123,48 @@ def test_one_term_gets_one_default(monkeypatch, tmp_path):
     monkeypatch.setitem(registry.METHODS, "other", make_other)
     with pytest.raises(ConfigError, match="loss term 'L_m' has default weight 10.0 in one method and 5.0"):
         tiny_config(str(tmp_path), tmp_path)
+
+
+def test_a_factory_reading_a_missing_section_is_refused_in_one_line(monkeypatch):
+    """A ``make_<name>`` that reads a section the defaults do not declare stops config building with one
+    line naming the method and the field (not a bare AttributeError from every command)."""
+    from cvs_jax.config import base
+    from cvs_jax.methods.base import Method
+
+    def make_needy(config):
+        return Method(name="needy", description=f"pulls with weight {config.needy.weight}")
+
+    monkeypatch.setitem(registry.METHODS, "needy", make_needy)
+    with pytest.raises(ConfigError, match=r"^method 'needy': make_needy reads config field 'needy', which "):
+        base.get_config()
+
+
+def test_building_configs_builds_each_method_once(monkeypatch):
+    """What a method declares is read when it is registered: a second config build runs no factory."""
+    from cvs_jax.config import base
+    from cvs_jax.methods.base import Method
+
+    calls = []
+
+    def make_counted(config):
+        calls.append(1)
+        return Method(name="counted")
+
+    monkeypatch.setitem(registry.METHODS, "counted", make_counted)
+    base.get_config()
+    base.get_config()
+    assert len(calls) == 1
+
+
+def test_session_two_groups_follow_the_registered_methods(monkeypatch):
+    """``compare`` shares session 1 for entries overriding only groups read from session 2 on: the
+    engine's, each method's own sections and ``memory`` where a method keeps one.  A new method's own
+    section joins them without an edit of the engine."""
+    from cvs_jax.config import fashion_mnist_general
+    from cvs_jax.engine import comparison
+    from cvs_jax.methods.base import Method
+
+    c = fashion_mnist_general.get_config()
+    assert set(comparison.session_two_groups(c)) == {"cvs", "rainbow", "memory", "loss_weights", "retrieval"}
+    monkeypatch.setitem(registry.METHODS, "pull2", lambda config: Method(name="pull2", own_sections=("pull2",)))
+    assert "pull2" in comparison.session_two_groups(c)

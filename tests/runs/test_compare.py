@@ -20,11 +20,11 @@ from cvs_jax.methods.registry import get_method
 from cvs_jax.reports import statistics
 from cvs_jax.rundir import workdir
 from cvs_jax.rundir.run_log import RunLog
-from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.testing.tiny_data import tiny_config
 
 
-def test_runner_table_and_shared_first_session(tmp_path, capsys):
-    manual = write_fashion_idx(str(tmp_path / "idx"), train_per_class=60, test_per_class=10)
+def test_runner_table_and_shared_first_session(fashion_idx, tmp_path, capsys):
+    manual = fashion_idx(60, 10)
     c = tiny_config(manual, tmp_path, sessions=2)
     c.train.epochs = 1
     wd = str(tmp_path / "cmp")
@@ -230,8 +230,8 @@ def test_diverged_run_is_marked_and_the_comparison_goes_on(tmp_path, monkeypatch
         runner.run_comparison(c, str(tmp_path / "cmp2"), ["finetune"], [0])
 
 
-def test_split_seed_fixes_the_plan_while_seed_changes_the_initialisation(tmp_path):
-    manual = write_fashion_idx(str(tmp_path / "idx"), train_per_class=60, test_per_class=10)
+def test_split_seed_fixes_the_plan_while_seed_changes_the_initialisation(fashion_idx, tmp_path):
+    manual = fashion_idx(60, 10)
     c = tiny_config(manual, tmp_path, sessions=2)
     assert c.split_seed is None  # default: the split follows the seed, as before
     assert "split_seed" in stored.comparable(c.to_dict())  # a result-changing field of config.json

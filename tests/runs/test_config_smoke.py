@@ -92,20 +92,19 @@ def test_tinyimagenet_mini_gpu_variant_runs_on_cpu_with_smoke(tiny_zip_dir, tmp_
     check_two_sessions(runner.run(c, str(tmp_path / "run")))
 
 
-def test_fashion_mnist_smoke(tmp_path):
-    from cvs_jax.testing.tiny_data import write_fashion_idx
+def test_fashion_mnist_smoke(fashion_idx, tmp_path):
 
     c = smoke_config("fashion_mnist_general", tmp_path)
-    c.data.manual_dir = write_fashion_idx(str(tmp_path / "idx"), train_per_class=30, test_per_class=5)
+    c.data.manual_dir = fashion_idx(30, 5)
     check_two_sessions(runner.run(c, str(tmp_path / "run")))
 
 
 @pytest.fixture
 def small_stored_images(monkeypatch):
     """Fine-grained builders store 256x256 images; 32x32 keeps the smoke runs quick (crops of 24)."""
-    from cvs_jax.data.builders import _resize
+    from cvs_jax.data.builders import resize
 
-    monkeypatch.setattr(_resize, "STORED_SIZE", 32)
+    monkeypatch.setattr(resize, "STORED_SIZE", 32)
 
 
 def test_dogs_smoke(small_stored_images, tmp_path):

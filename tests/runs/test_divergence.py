@@ -10,8 +10,8 @@ from cvs_jax.errors import DivergedError
 from cvs_jax.testing import tiny_data
 
 
-def test_an_exploding_loss_stops_the_run(tmp_path):
-    manual = tiny_data.write_fashion_idx(str(tmp_path / "fashion"), train_per_class=60)
+def test_an_exploding_loss_stops_the_run(fashion_idx, tmp_path):
+    manual = fashion_idx(60, 10)
     c = tiny_data.tiny_config(manual, tmp_path, method="finetune", sessions=2)
     c.model.head, c.train.lr = "linear_reset", 10.0  # measured: the loss passes 1e20 within 3 steps, no NaN
     with pytest.raises(DivergedError) as e:

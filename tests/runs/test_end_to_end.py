@@ -7,7 +7,8 @@ import shutil
 import numpy as np
 import pytest
 
-from cvs_jax.engine import phases, runner
+from cvs_jax.engine import runner, train_loop
+from cvs_jax.rundir import paths
 from cvs_jax.rundir.checkpoint import Checkpoints
 from cvs_jax.testing.tiny_data import tiny_config
 
@@ -19,8 +20,9 @@ def read_jsonl(path):
 
 def test_finetune_two_sessions(manual_dir, tmp_path, monkeypatch, capsys):
     c = tiny_config(manual_dir, tmp_path, sessions=2)
+    c.profile_steps = "2:3"  # a jax.profiler trace of global steps 2..3 (engine/profiling.py)
     wd = str(tmp_path / "ft")
-    monkeypatch.setattr(phases, "PROGRESS_SECONDS", -1.0)  # as if every call of a first epoch took long
+    monkeypatch.setattr(train_loop, "PROGRESS_SECONDS", -1.0)  # as if every call of a first epoch took long
     res = runner.run(c, wd)
     assert len(res["per_session"]) == 2
     assert [r["session"] for r in res["per_session"]] == [1, 2]  # numbered from 1, as printed
@@ -44,11 +46,23 @@ def test_finetune_two_sessions(manual_dir, tmp_path, monkeypatch, capsys):
     for name in ("recall_per_session.png", "class_distribution.png", "compatibility.png", "protocol.json"):
         assert os.path.getsize(os.path.join(wd, name)) > 0, name
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(wd, "tensorboard")))
+    traces = [f for _, _, files in os.walk(paths.profile_dir(wd)) for f in files if f.endswith(".xplane.pb")]
+    assert len(traces) == 1  # one trace, started and stopped once
     compat = np.array(res["compatibility_recall1"], dtype=float)
     assert compat.shape == (2, 2) and np.isnan(compat[0, 1]) and np.isfinite(compat[1]).all()
     # the diagonal entry of the first session is session 1's own test recall@1 (same model, same rows)
     assert compat[0, 0] == pytest.approx(res["per_session"][0]["recall"]["1"])
     assert all(np.isfinite(m["loss"]) for m in metrics if "loss" in m)
+
+
+@pytest.mark.parametrize("spec", ["3", "0:2", "5:4", "a:b"])
+def test_a_bad_profile_range_is_refused_in_one_line(spec):
+    from cvs_jax.engine import profiling
+    from cvs_jax.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="pass --config.profile_steps=a:b with 1 <= a <= b"):
+        profiling.parse(spec)
+    assert profiling.parse("2:3") == (2, 3) and profiling.parse("") is None
 
 
 def test_joint_reextracts_gallery(manual_dir, tmp_path):

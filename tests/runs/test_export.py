@@ -19,7 +19,7 @@ from cvs_jax import export, search
 from cvs_jax.data import sources
 from cvs_jax.engine import runner
 from cvs_jax.retrieval import run_reader, stablehlo_export
-from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.testing.tiny_data import tiny_config
 
 # The "Export to an ANN index" snippet of docs/your-images.md, run verbatim by test_faiss_answers_as_search
 # (given ``export_dir`` and ``query_paths``).
@@ -40,9 +40,9 @@ scores, ids = index.search(queries, 5)  # ids are rows.csv's "row": path, class,
 
 
 @pytest.fixture(scope="module")
-def exported_run(tmp_path_factory):
+def exported_run(fashion_idx, tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
-    manual = write_fashion_idx(str(root / "idx"), train_per_class=60, test_per_class=10)
+    manual = fashion_idx(60, 10)
     c = tiny_config(manual, root, method="joint", sessions=3)
     wd = str(root / "run")
     runner.run(c, wd)

@@ -5,16 +5,16 @@ import os
 import numpy as np
 
 
-def test_frozen_method_trains_nothing_and_loses_nothing(tmp_path):
+def test_frozen_method_trains_nothing_and_loses_nothing(fashion_idx, tmp_path):
     """``frozen``: every session keeps the initial network, so each update flips no query and model i
     searches part j's rows exactly as part j's own model did (BC 0, NFR 0; AC 0: never strictly better)."""
     import jax
 
     from cvs_jax.engine import runner
     from cvs_jax.rundir.checkpoint import Checkpoints
-    from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
+    from cvs_jax.testing.tiny_data import tiny_config
 
-    manual = write_fashion_idx(str(tmp_path / "idx"), train_per_class=60, test_per_class=10)
+    manual = fashion_idx(60, 10)
     c = tiny_config(manual, tmp_path, sessions=2)
     c.method = "frozen"
     wd = str(tmp_path / "frozen")

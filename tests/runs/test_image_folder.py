@@ -16,7 +16,7 @@ from PIL import Image
 
 from cvs_jax import update
 from cvs_jax.data import records, sources
-from cvs_jax.data.builders import _resize
+from cvs_jax.data.builders import resize
 from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.retrieval import run_reader
@@ -53,7 +53,7 @@ def test_builder_stores_every_format_at_the_stored_size(folders, tmp_path):
     }
     for j in (0, 1, 2, 3):  # stored = the resize rule, then one JPEG encode (lossless for nothing else)
         with Image.open(paths[j]) as im:
-            want = _resize.to_square_uint8(im, 16)
+            want = resize.to_square_uint8(im, 16)
         stored = records.decode(records.encode(records.Example(want, 0, ""), "jpeg"), want.shape)
         np.testing.assert_array_equal(ds.train.images[j], stored)
 

@@ -43,10 +43,9 @@ def trained(tmp_path_factory):
 
 
 @pytest.fixture
-def run_copy(trained, tmp_path):
-    wd = str(tmp_path / "run")
-    shutil.copytree(trained[0], wd)
-    return wd
+def run_to_copy(trained):
+    """What ``run_copy`` (tests/conftest.py) copies."""
+    return trained[0]
 
 
 def _train_image(folder) -> str:

@@ -12,15 +12,14 @@ import pytest
 
 from cvs_jax.engine.comparison import share_first_session
 from cvs_jax.testing import methods_runs as mr
-from cvs_jax.testing.tiny_data import write_fashion_idx
 
 KILLED = ["lwf", "ewc", "rainbow"]  # cvs: tests/runs/test_resume.py kills it at five points, session 2 included
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(fashion_idx, tmp_path_factory):
     root = tmp_path_factory.mktemp("kill")
-    manual = write_fashion_idx(str(root / "idx"), train_per_class=40, test_per_class=6)
+    manual = fashion_idx(40, 6)
     tfds_dir = str(root / "tfds")
     workdir = str(root / "ref")
     proc = mr.run(mr.compare_cmd(manual, tfds_dir, workdir, ["finetune"] + KILLED))

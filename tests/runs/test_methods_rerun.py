@@ -9,13 +9,12 @@ import os
 import pytest
 
 from cvs_jax.testing import methods_runs as mr
-from cvs_jax.testing.tiny_data import write_fashion_idx
 
 
 @pytest.fixture(scope="module")
-def compared(tmp_path_factory):
+def compared(fashion_idx, tmp_path_factory):
     root = tmp_path_factory.mktemp("rerun")
-    manual = write_fashion_idx(str(root / "idx"), train_per_class=40, test_per_class=6)
+    manual = fashion_idx(40, 6)
     workdir = str(root / "cmp")
     # one epoch per session (the overrides' last --config.train.epochs wins): a finished session is what
     # the rerun must leave alone, however many epochs trained it

@@ -207,12 +207,10 @@ def _run_worker(n_devices: int, *args: str, timeout: int = 600) -> dict:
 
 
 @pytest.fixture(scope="module")
-def manual_dir(tmp_path_factory):
-    from cvs_jax.testing.tiny_data import write_fashion_idx
-
+def manual_dir(fashion_idx):
     # tests/conftest.py's data with 50 test images per class, not 10: 200 / 300 test queries in sessions
     # 1 / 2 (recall in steps of <= 0.5%)
-    return write_fashion_idx(str(tmp_path_factory.mktemp("idx")), train_per_class=60, test_per_class=50)
+    return fashion_idx(60, 50)
 
 
 SEARCH_CASES = ((300, 16, False), (5000, 8, True), (3, 4, False))  # (rows, dim, exact duplicate rows)

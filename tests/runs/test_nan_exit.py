@@ -17,8 +17,8 @@ DIVERGING_LR = "1e30"  # the first steps' loss is NaN/inf
 
 
 @pytest.fixture(scope="module")
-def manual(tmp_path_factory):
-    return tiny_data.write_fashion_idx(str(tmp_path_factory.mktemp("fashion")), train_per_class=60)
+def manual(fashion_idx):
+    return fashion_idx(60, 10)
 
 
 def test_no_reading_thread_outlives_the_nan_error(manual, tmp_path):

@@ -29,11 +29,11 @@ _RUN = textwrap.dedent(
     import json, resource, sys
     from configs import productm_general
     from cvs_jax.engine import runner
-    from cvs_jax.data.builders import _resize
+    from cvs_jax.data.builders import resize
 
     # preparing decodes the sources in blocks, two in flight: a constant buffer (2 x 256 images by
     # default, more than the small run has), lowered so that both runs hold it full
-    _resize.BLOCK = 32
+    resize.BLOCK = 32
 
     manual_dir, data_dir, workdir, epochs = sys.argv[1:5]
     c = productm_general.get_config()

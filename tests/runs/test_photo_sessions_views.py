@@ -45,10 +45,9 @@ def run(tmp_path_factory):
 
 
 @pytest.fixture
-def run_copy(run, tmp_path):
-    wd = str(tmp_path / "run")
-    shutil.copytree(run["workdir"], wd)
-    return wd
+def run_to_copy(run):
+    """What ``run_copy`` (tests/conftest.py) copies."""
+    return run["workdir"]
 
 
 def _results(wd) -> dict:

@@ -27,15 +27,15 @@ from cvs_jax.engine import config_checks, population, runner
 from cvs_jax.errors import ConfigError
 from cvs_jax.rundir import paths
 from cvs_jax.testing import methods_runs as mr
-from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.testing.tiny_data import tiny_config
 
 LR = 0.003  # a non-chaotic regime of the tiny model (see the module docstring)
 RTOL = 1e-3  # metrics.jsonl losses, member vs separate run
 
 
 @pytest.fixture(scope="module")
-def manual(tmp_path_factory):
-    return write_fashion_idx(str(tmp_path_factory.mktemp("idx")), train_per_class=40, test_per_class=6)
+def manual(fashion_idx, tmp_path_factory):
+    return fashion_idx(40, 6)
 
 
 def _config(manual, tmp_path, method="cvs", seed=0, epochs=2):

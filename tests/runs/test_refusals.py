@@ -11,15 +11,15 @@ from cvs_jax.data.sources import DatasetNotFoundError
 from cvs_jax.engine import config_checks, runner
 from cvs_jax.errors import ConfigError, DataError, NonFiniteError, UserError
 from cvs_jax.retrieval import embedder
-from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.testing.tiny_data import tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
-def manual_dir(tmp_path_factory):
+def manual_dir(fashion_idx):
     """tests/conftest.py's data with 6 test images per class instead of 10."""
-    return write_fashion_idx(str(tmp_path_factory.mktemp("idx")), train_per_class=60, test_per_class=6)
+    return fashion_idx(60, 6)
 
 
 @pytest.fixture

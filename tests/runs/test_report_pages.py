@@ -25,7 +25,7 @@ from cvs_jax.engine import runner
 from cvs_jax.reports import compare_page, run_page
 from cvs_jax.reports.tables import summarize_pairs, summarize_runs
 from cvs_jax.rundir import paths
-from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.testing.tiny_data import tiny_config
 
 
 class Page(HTMLParser):
@@ -92,9 +92,9 @@ WRITES: list[dict] = []  # the results each report.html of the module's run was 
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
+def finished_run(fashion_idx, tmp_path_factory):
     root = tmp_path_factory.mktemp("pages")
-    manual = write_fashion_idx(str(root / "idx"), train_per_class=60, test_per_class=10)
+    manual = fashion_idx(60, 10)
     c = tiny_config(manual, root, sessions=2)
     wd = str(root / "run")
     write = run_page.write
@@ -226,11 +226,11 @@ def _comparison() -> dict:
             "pairs": summarize_pairs(runs, [("finetune", "cvs", "against cvs")]), "runs": runs}  # fmt: skip
 
 
-def test_joint_rows_arrive_in_their_first_session_in_memory_and_on_disk(tmp_path):
+def test_joint_rows_arrive_in_their_first_session_in_memory_and_on_disk(fashion_idx, tmp_path):
     """The engine's page counts the gallery from memory (arrival from the session plan), the command's
     from the checkpoints (arrival from the parts): ``joint`` re-embeds every row each session, and
     both pages still say what each session brought, identically."""
-    manual = write_fashion_idx(str(tmp_path / "idx"), train_per_class=60, test_per_class=5)
+    manual = fashion_idx(60, 5)
     c = tiny_config(manual, tmp_path, method="joint", sessions=2)
     c.train.epochs = 1
     wd = str(tmp_path / "run")

@@ -15,13 +15,12 @@ import pytest
 from cvs_jax.rundir.checkpoint import Checkpoints
 from cvs_jax.rundir.gallery import Gallery
 from cvs_jax.testing import methods_runs as mr
-from cvs_jax.testing.tiny_data import write_fashion_idx
 
 
 @pytest.fixture(scope="module")
-def data_dirs(tmp_path_factory):
+def data_dirs(fashion_idx, tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
-    manual = write_fashion_idx(str(root / "idx"), train_per_class=40, test_per_class=6)
+    manual = fashion_idx(40, 6)
     return manual, str(root / "tfds"), root
 
 

@@ -12,18 +12,18 @@ from PIL import Image
 
 from cvs_jax import search
 from cvs_jax.data import sources
-from cvs_jax.data.builders import _resize
+from cvs_jax.data.builders import resize
 from cvs_jax.engine import runner
 from cvs_jax.retrieval import run_reader, run_rows
 from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.rundir.gallery import Gallery, GalleryPart
-from cvs_jax.testing.tiny_data import fake_class_image, tiny_config, write_fashion_idx
+from cvs_jax.testing.tiny_data import fake_class_image, tiny_config
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
+def finished_run(fashion_idx, tmp_path_factory):
     root = tmp_path_factory.mktemp("search")
-    manual = write_fashion_idx(str(root / "idx"), train_per_class=60, test_per_class=10)
+    manual = fashion_idx(60, 10)
     c = tiny_config(manual, root, sessions=2)
     wd = str(root / "run")
     runner.run(c, wd)
@@ -37,11 +37,9 @@ def train_images(finished_run):
 
 
 @pytest.fixture
-def run_copy(finished_run, tmp_path):
-    """A copy of the finished run that a test may change."""
-    wd = str(tmp_path / "run")
-    shutil.copytree(finished_run[0], wd)
-    return wd
+def run_to_copy(finished_run):
+    """What ``run_copy`` (tests/conftest.py) copies: the finished run."""
+    return finished_run[0]
 
 
 def _cli(args: list[str]) -> int:
@@ -61,23 +59,23 @@ def _own_row_first(hits: list[dict], row: int) -> bool:
 
 def test_to_stored_is_the_builders_rule(tmp_path):
     rgb = Image.fromarray(fake_class_image(np.random.default_rng(0), 3, (45, 70)))  # non-square, wide
-    np.testing.assert_array_equal(_resize.to_stored(rgb, (32, 32, 3)), _resize.to_square_uint8(rgb, 32))
+    np.testing.assert_array_equal(resize.to_stored(rgb, (32, 32, 3)), resize.to_square_uint8(rgb, 32))
     tall = Image.fromarray(fake_class_image(np.random.default_rng(1), 1, (71, 40)))
-    np.testing.assert_array_equal(_resize.to_stored(tall, (24, 24, 3)), _resize.to_square_uint8(tall, 24))
+    np.testing.assert_array_equal(resize.to_stored(tall, (24, 24, 3)), resize.to_square_uint8(tall, 24))
     grey = rgb.convert("L")
     want = np.asarray(grey.resize((int(28 * 70 / 45), 28), Image.BILINEAR), np.uint8)  # shorter side -> 28
     left = int(round((want.shape[1] - 28) / 2.0))  # torchvision's CenterCrop offset
     want = want[:, left : left + 28]
-    got = _resize.to_stored(grey, (28, 28, 1))
+    got = resize.to_stored(grey, (28, 28, 1))
     assert got.shape == (28, 28, 1)
     np.testing.assert_array_equal(got[..., 0], want)
-    np.testing.assert_array_equal(got[..., 0], _resize.to_square_uint8(grey, 28)[..., 0])  # grey: equal channels
+    np.testing.assert_array_equal(got[..., 0], resize.to_square_uint8(grey, 28)[..., 0])  # grey: equal channels
     # search reads files (RGB photo for a grey dataset, grey picture for an RGB one) and arrays the same way
     rgb.save(tmp_path / "wide.png")
     grey.save(tmp_path / "grey.png")
     np.testing.assert_array_equal(run_reader.load_images([str(tmp_path / "wide.png")], (28, 28, 1))[0], got)
     np.testing.assert_array_equal(
-        run_reader.load_images([str(tmp_path / "grey.png")], (32, 32, 3))[0], _resize.to_square_uint8(grey, 32)
+        run_reader.load_images([str(tmp_path / "grey.png")], (32, 32, 3))[0], resize.to_square_uint8(grey, 32)
     )
     stored = np.asarray(grey.resize((28, 28)), np.uint8)[..., None]
     np.testing.assert_array_equal(run_reader.prepare([stored, np.asarray(grey)], (28, 28, 1)), np.stack([stored, got]))

@@ -21,14 +21,14 @@ import pytest
 
 from cvs_jax.engine import cadence, runner
 from cvs_jax.testing import methods_runs as mr
-from cvs_jax.testing.tiny_data import tiny_config, write_fashion_idx
+from cvs_jax.testing.tiny_data import tiny_config
 
 RTOL = 1e-3  # metrics.jsonl's epoch means, k=3 vs k=1 (measured: grad_norm 2.4e-7 relative, the rest equal)
 
 
 @pytest.fixture(scope="module")
-def manual(tmp_path_factory):
-    return write_fashion_idx(str(tmp_path_factory.mktemp("idx")), train_per_class=40, test_per_class=6)
+def manual(fashion_idx):
+    return fashion_idx(40, 6)
 
 
 def test_calls_never_cross_an_epoch_end():

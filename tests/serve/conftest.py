@@ -20,8 +20,6 @@ def photo_runs(tmp_path_factory):
 
 
 @pytest.fixture
-def run_copy(photo_runs, tmp_path):
-    """A copy of the one-session run that a test may change."""
-    wd = str(tmp_path / "run")
-    shutil.copytree(photo_runs[0], wd)
-    return wd
+def run_to_copy(photo_runs):
+    """What ``run_copy`` (tests/conftest.py) copies: the one-session run."""
+    return photo_runs[0]

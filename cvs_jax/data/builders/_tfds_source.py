@@ -24,7 +24,7 @@ from typing import Any, Callable, ClassVar, Sequence
 import numpy as np
 import tensorflow_datasets as tfds
 
-from cvs_jax.data.builders import _resize
+from cvs_jax.data.builders import resize
 from cvs_jax.data.builders._common import LocalBuilder, SourceInfo
 from cvs_jax.errors import DatasetNotFoundError
 
@@ -202,13 +202,13 @@ class TfdsDerivedBuilder(LocalBuilder, skip_registration=True):
     @classmethod
     def inspect_source(cls, manual_dir: str, config_name: str | None = None) -> SourceInfo:
         """`manual_dir` is the data_dir here (see SOURCE_IN_DATA_DIR)."""
-        return cls._source_info(cls.describe(manual_dir), _resize.stored_size())
+        return cls._source_info(cls.describe(manual_dir), resize.stored_size())
 
     def _info(self) -> tfds.core.DatasetInfo:
         return tfds.core.DatasetInfo(
             builder=self,
             description=self.DESCRIPTION,
-            features=_resize.stored_features(),  # label names set at preparation
+            features=resize.stored_features(),  # label names set at preparation
             supervised_keys=("image", "label"),
             disable_shuffling=True,
             homepage=self.HOMEPAGE,
@@ -240,7 +240,7 @@ class TfdsDerivedBuilder(LocalBuilder, skip_registration=True):
         undecodable images go to `metadata['skipped_<split>']`.
         """
         skipped = self.info.metadata.setdefault(f"skipped_{split}", [])
-        items = _resize.decode_blocks(
+        items = resize.decode_blocks(
             records,
             lambda block: source.read_encoded([p for p, _ in block]),
             size,

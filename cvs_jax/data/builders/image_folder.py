@@ -7,7 +7,7 @@ files, ``train/<class>`` + ``test/<class>`` folders, or a ``manifest.csv`` with
 is drawn as test queries with ``data.test_seed`` (fixed per folder, as Product-M's split).
 
 Images of any size and format (jpg/png/webp/bmp, any mode) are stored at ``data.stored_size``:
-RGB, shorter side resized, centre crop (``_resize``, torchvision's Resize + CenterCrop), the source
+RGB, shorter side resized, centre crop (``resize``, torchvision's Resize + CenterCrop), the source
 JPEG's bytes when it is already exactly that, else one JPEG re-encode (``records.py``).  The store
 is named by the inventory's fingerprint and options, so two folders (or one folder before and after
 new files) never share a store.  Metadata: ``train_sessions`` (the manifest's 0-based session of
@@ -26,7 +26,7 @@ from typing import ClassVar
 import tensorflow_datasets as tfds
 
 from cvs_jax.data import folder_inventory
-from cvs_jax.data.builders import _resize
+from cvs_jax.data.builders import resize
 from cvs_jax.data.builders._common import LocalBuilder, SourceInfo, normalize_json
 from cvs_jax.errors import DatasetNotFoundError
 
@@ -128,7 +128,7 @@ class ImageFolder(LocalBuilder, skip_registration=True):
                     out.append(f.read())
             return out
 
-        items = _resize.decode_blocks(entries, read_block, self.STORED_SIZE, skipped, describe=lambda e: e.path)
+        items = resize.decode_blocks(entries, read_block, self.STORED_SIZE, skipped, describe=lambda e: e.path)
         tiny = self.info.metadata.setdefault("tiny", [])
         for i, (entry, image, data, passthrough) in enumerate(items):
             if _smaller_than(data, MIN_SIDE):

@@ -19,7 +19,7 @@ which 527 images, so this builder fixes one deterministic choice:
    in the class's id-sorted train records.
 6. `test` = ALL validation images of the 200 classes.
 Both splits are stored ordered by (new label, source id); images resized to
-shorter side 256 and centre-cropped to 256x256 (see `_resize`).
+shorter side 256 and centre-cropped to 256x256 (see `resize`).
 
 Audit trail in the metadata: `source_classes` (source label of each new
 label); the store's `<split>.sources.txt` names the source `id` of each stored

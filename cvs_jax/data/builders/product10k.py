@@ -26,7 +26,7 @@ preparation and part of the source fingerprint):
    `sorted(rng.choice(n, n * TEST_PERCENT // 100, replace=False))` (20%,
    floored: >= 4 per class), train = the rest.
 4. Both splits stored ordered by (label, file name); images resized to
-   shorter side 256 and centre-cropped to 256x256 (see `_resize`).
+   shorter side 256 and centre-cropped to 256x256 (see `resize`).
 Metadata: `source_classes` (original id of each label), `skipped_<split>` (undecodable); the
 store's `<split>.sources.txt` names the file of each record.
 """
@@ -43,7 +43,7 @@ import os
 import numpy as np
 import tensorflow_datasets as tfds
 
-from cvs_jax.data.builders import _resize
+from cvs_jax.data.builders import resize
 from cvs_jax.data.builders._common import LocalBuilder, SourceInfo, ZipOrFolder
 from cvs_jax.errors import DataError, DatasetNotFoundError
 
@@ -196,7 +196,7 @@ class ProductM(LocalBuilder):
         index, images = open_source(manual_dir)
         images.close()
         return SourceInfo(
-            config_name=None, fingerprint=_fingerprint(index, _resize.stored_size()), description=images.description
+            config_name=None, fingerprint=_fingerprint(index, resize.stored_size()), description=images.description
         )
 
     def _info(self) -> tfds.core.DatasetInfo:
@@ -207,7 +207,7 @@ class ProductM(LocalBuilder):
                 " 20 images, split per class (seeded) into 80% train / 20% test;"
                 " 256x256 images; records ordered by (label, file name)."
             ),
-            features=_resize.stored_features(),  # label names set at preparation
+            features=resize.stored_features(),  # label names set at preparation
             supervised_keys=("image", "label"),
             disable_shuffling=True,
             homepage="https://products-10k.github.io/",
@@ -232,7 +232,7 @@ class ProductM(LocalBuilder):
     def _generate_examples(self, images: ImageFiles, records, size: int, split_name: str):
         """Yields records in order; `id` = position among the stored ones."""
         skipped = self.info.metadata.setdefault(f"skipped_{split_name}", [])
-        items = _resize.decode_blocks(
+        items = resize.decode_blocks(
             records,
             lambda block: [images.read(name) for name, _ in block],
             size,

@@ -6,7 +6,7 @@ array_record format by `tfds build stanford_dogs --data_dir=DIR
 --file_format=array_record` on a machine with TensorFlow and internet.
 
 Stored: every image once, resized (shorter side 256) and centre-cropped to
-256x256 RGB (see `_resize`), with the source's label ids and class names
+256x256 RGB (see `resize`), with the source's label ids and class names
 (lowercased folder names such as `n02085620-chihuahua`). Order: sorted by the
 source's `image/filename` (the path in the official images.tar, such as
 `Images/n02085620-Chihuahua/n02085620_10074.jpg`), i.e. by class folder then

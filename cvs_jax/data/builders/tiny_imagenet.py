@@ -43,7 +43,7 @@ from cvs_jax.data.builders._common import (
     ZipOrFolder,
     sha256_lines,
 )
-from cvs_jax.data.builders._resize import image_errors
+from cvs_jax.data.builders.resize import image_errors
 from cvs_jax.errors import DataError, DatasetNotFoundError
 
 IMAGE_SHAPE = (64, 64, 3)

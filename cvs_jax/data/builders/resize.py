@@ -12,7 +12,7 @@ Interpolation: PIL BILINEAR, which antialiases when shrinking; it is what
 torchvision's `Resize` does on PIL images by default.
 
 `STORED_SIZE` is read when a builder defines its features (not at import), so
-tests can `monkeypatch.setattr(_resize, 'STORED_SIZE', 32)` for quick smoke
+tests can `monkeypatch.setattr(resize, 'STORED_SIZE', 32)` for quick smoke
 runs; the size is part of each prepared copy's source fingerprint, so a copy
 prepared at one size is refused (SourceMismatchError) when asked at another.
 
@@ -140,7 +140,7 @@ def decode_blocks(
       items: what to read, in output order.
       read_block: items -> their encoded bytes (one call per block, so that the
         reader can batch, e.g. array_record random access).
-      size: stored side (see `_resize`).
+      size: stored side (see `resize`).
       skipped: receives `'<describe(item)>: <error type>'` for each image that
         does not decode (recorded by the builders in `skipped_<split>`).
       describe: name of an item in `skipped`.
