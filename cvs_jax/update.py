@@ -5,7 +5,7 @@
     python -m cvs_jax.update --workdir W --from_added
 
 ``--from_added`` trains on the labelled images added to the run (``search --add``, the server's
-``/add``) since the last such session, laid out as a folder of class folders (``added_session``) and
+``/add``) since the last such session, laid out as a folder of class folders (``retrieval.added_session``) and
 trained exactly as ``--data`` with that folder; the added rows keep their stored embeddings.
 
 Example: ``python -m cvs_jax.update --workdir workdirs/photos --data photos/2026-03`` after a run of
@@ -49,13 +49,13 @@ import numpy as np
 import tensorflow_datasets as tfds
 from absl import flags
 
-from cvs_jax import added_session, cli
+from cvs_jax import cli
 from cvs_jax.config import recipe as session_recipe
 from cvs_jax.config import recorded
 from cvs_jax.data import parts, records, sources
 from cvs_jax.engine import determinism, runner
 from cvs_jax.errors import ConfigError, DataError, UserError
-from cvs_jax.retrieval import gate
+from cvs_jax.retrieval import added_session, gate
 from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
 
@@ -290,7 +290,7 @@ def _train(workdir: str, data: str, overrides: dict | None) -> None:
 
 def from_added_folder(workdir: str) -> tuple[str, bool, str]:
     """``(folder, made, what it holds)``: the folder of the next session made from the added rows
-    (``added_session``), or the folder of an unfinished ``--from_added`` session to resume (``made`` False)."""
+    (``retrieval.added_session``), or the folder of an unfinished ``--from_added`` session to resume (``made`` False)."""
     config = run_config(workdir)
     workdir_lib.check_not_busy(workdir)
     updates = list(config.data.updates)

@@ -171,7 +171,7 @@ def _per_class(config: ml_collections.ConfigDict, section: str) -> int:
 def make_cl2r(config: ml_collections.ConfigDict) -> Method:
     """CL²R on the fixed simplex: random per-class memory, half-memory batches, L_fd on the memory half."""
     per_class = _per_class(config, "cl2r")
-    count = config.cl2r.get("class_count", "present")
+    count = config.cl2r.class_count
     if count not in CLASS_COUNTS:
         raise ConfigError(
             f"cl2r.class_count={count!r} is unknown; choose one of {list(CLASS_COUNTS)} "

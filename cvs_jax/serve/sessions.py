@@ -1,6 +1,6 @@
 """``POST /sessions``: the next session from the labelled adds, trained by a child process beside serving.
 
-The child is ``python -m cvs_jax.update --workdir W --from_added`` (``added_session``): it takes the
+The child is ``python -m cvs_jax.update --workdir W --from_added`` (``retrieval.added_session``): it takes the
 run's one-writer lock itself, so a session already training elsewhere (another child, an ``update``
 by hand) is refused by it as by any writer.  The server refuses a second start while its own child
 lives (409), and the cheap refusals (nothing labelled added, a class with one image) before any
@@ -20,8 +20,8 @@ import subprocess
 import sys
 import threading
 
-from cvs_jax import added_session, update
 from cvs_jax.errors import UserError, WorkdirBusyError
+from cvs_jax.retrieval import added_session
 from cvs_jax.rundir import workdir as workdir_lib
 
 log = logging.getLogger("cvs_jax.serve")
@@ -47,12 +47,12 @@ class SessionJob:
         with self._lock:
             if self._child is not None and self._child.poll() is None:
                 raise Busy(f"a session is already training (process {self._child.pid}); GET /sessions/current.")
-            config = update.run_config(self.workdir)
+            config = added_session.run_config(self.workdir)
             try:
                 workdir_lib.check_not_busy(self.workdir)  # an update by hand (or an orphaned child) holds the run
             except WorkdirBusyError as e:
                 raise Busy(f"a session is already training: {e}") from e
-            done = update.completed_sessions(self.workdir)
+            done = added_session.completed_sessions(self.workdir)
             updates = list(config.data.updates)
             resuming = bool(updates) and updates[-1] == added_session.folder_of(self.workdir, done + 1)
             if not resuming:
@@ -70,7 +70,7 @@ class SessionJob:
         whether it started (a refusal, e.g. a class with one image, waits for more adds)."""
         if self._child is not None and self._child.poll() is None:
             return False
-        config = update.run_config(self.workdir)
+        config = added_session.run_config(self.workdir)
         pending = added_session.labelled_pending(self.workdir, list(config.data.updates), int(config.model.embed_dim))
         if pending < self.learn_after:
             return False

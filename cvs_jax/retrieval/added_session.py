@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 
+from cvs_jax.config import stored
 from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.retrieval import additions
 from cvs_jax.rundir import paths
@@ -115,3 +116,22 @@ def make_folder(workdir: str, session: int, first: int, end: int, rows: list[tup
     with open(os.path.join(folder, ROWS_FILE), "w") as f:
         json.dump({"first": first, "end": end}, f)
     return folder
+
+
+def run_config(workdir: str):
+    """The run's recorded config (what the child's ``update`` will continue), read without the training
+    stack: the server asks it for the updates so far and the embedding width."""
+    if not os.path.exists(paths.config_file(workdir)):
+        raise ConfigError(
+            f"{workdir} holds no cvs_jax run (config.json is missing); start one with python -m cvs_jax.main."
+        )
+    return stored.stored_config(workdir)
+
+
+def completed_sessions(workdir: str) -> int:
+    """Sessions the run has completed (``results.json``'s per-session records)."""
+    try:
+        with open(paths.results_file(workdir)) as f:
+            return len(json.load(f).get("per_session", []))
+    except FileNotFoundError:
+        return 0
