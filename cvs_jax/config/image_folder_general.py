@@ -93,6 +93,7 @@ def cpu_pretrained(c):
     c.model.name, c.model.frozen_bn, c.model.embed_dim = "efficientnet_lite0", True, 128
     c.model.pretrained = "efficientnet_lite0"
     c.model.train_blocks, c.model.cache_views = "0", 1
+    c.train.eval_batch_size = 64  # the trunk's chunks at 224 px: about 1 GB of activations, not 4 at 256
     c.train.epochs, c.train.batch_size, c.train.lr, c.train.schedule = 30, 32, 0.01, "official"
     c.model.head = "cosine"
     c.model.head_block = 64
