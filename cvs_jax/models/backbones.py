@@ -18,8 +18,8 @@ from typing import Mapping
 
 import numpy as np
 
-from cvs_jax.errors import ConfigError
-from cvs_jax.models.efficientnet import LITE_ARCHITECTURES
+from cvs_jax.errors import ConfigError, WeightsError
+from cvs_jax.models.efficientnet import LITE_ARCHITECTURES, is_lite_layout, which_lite
 from cvs_jax.models.pretrained import PretrainedWeightsError, module_path, read_state_dict
 from cvs_jax.models.resnet import ARCHITECTURES
 from cvs_jax.models.vit import VIT_ARCHITECTURES, ViTSpec
@@ -226,11 +226,9 @@ class FileBackbone:
 
 def identify(path: str) -> FileBackbone:
     """The backbone a weight file holds, from its keys and shapes; refuses anything else in one line."""
-    from cvs_jax.models import lite_weights  # pylint: disable=g-import-not-at-top
-
     shapes = file_shapes(path)
-    if lite_weights.is_lite_layout(shapes):
-        name = lite_weights.which_lite(shapes)
+    if is_lite_layout(shapes):
+        name = which_lite(shapes)
         if name is None:
             raise PretrainedWeightsError(
                 f"{path!r} is in EfficientNet-PyTorch's layout but is none of {sorted(LITE_ARCHITECTURES)} (its "
@@ -306,7 +304,7 @@ def check_pretrained(config) -> FileBackbone | None:
         return None
     try:
         path = resolve(m.pretrained)
-    except PretrainedWeightsError as e:
+    except WeightsError as e:  # a weight package that is not installed
         raise ConfigError(str(e)) from e
     if not os.path.isfile(path):
         raise ConfigError(

@@ -25,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
+from typing import Mapping
 
 import flax.linen as nn
 import jax
@@ -182,3 +184,46 @@ class EfficientNetLite(nn.Module):
         n = len(self.spec.blocks())
         head = {"conv_head", "bn1"} if self.train_blocks == 0 else set()
         return {"conv_stem", "bn0"} | {f"blocks_{i}" for i in range(n - self.train_blocks)} | head
+
+
+# ---------------------------------------------------------------- the weights' key layout
+# (here, not in lite_weights, so that recognising a file (models.backbones) needs no weight reader)
+_NUM_BATCHES = re.compile(r"(^|\.)num_batches_tracked$")
+
+
+def is_lite_layout(keys) -> bool:
+    return "_conv_stem.weight" in keys and "_blocks.0._depthwise_conv.weight" in keys
+
+
+def lite_shapes(spec: LiteSpec, num_classes: int = 1000) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of every tensor an EfficientNet-Lite state dict holds (``num_batches_tracked`` aside)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+
+    def bn(prefix, c):
+        for s in ("weight", "bias", "running_mean", "running_var"):
+            shapes[f"{prefix}.{s}"] = (c,)
+
+    shapes["_conv_stem.weight"] = (STEM, 3, 3, 3)
+    bn("_bn0", STEM)
+    cin = STEM
+    for i, (e, k, _, out) in enumerate(spec.blocks()):
+        p, c = f"_blocks.{i}", cin * e
+        if e != 1:
+            shapes[f"{p}._expand_conv.weight"] = (c, cin, 1, 1)
+            bn(f"{p}._bn0", c)
+        shapes[f"{p}._depthwise_conv.weight"] = (c, 1, k, k)
+        bn(f"{p}._bn1", c)
+        shapes[f"{p}._project_conv.weight"] = (out, c, 1, 1)
+        bn(f"{p}._bn2", out)
+        cin = out
+    shapes["_conv_head.weight"] = (HEAD, cin, 1, 1)
+    bn("_bn1", HEAD)
+    shapes["_fc.weight"], shapes["_fc.bias"] = (num_classes, HEAD), (num_classes,)
+    return shapes
+
+
+def which_lite(shapes: Mapping[str, tuple[int, ...]]) -> str | None:
+    """The named EfficientNet-Lite whose tensors are exactly ``shapes`` (None: none is)."""
+    have = {k: tuple(v) for k, v in shapes.items() if not _NUM_BATCHES.search(k)}
+    classes = have.get("_fc.bias", (1000,))[0]
+    return next((n for n, s in LITE_ARCHITECTURES.items() if lite_shapes(s, classes) == have), None)

