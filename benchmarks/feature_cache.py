@@ -133,7 +133,7 @@ def torch_rate(c, quick: bool, batch: int, calls: int):
 
 
 def make_trunk(c, shape) -> features.Trunk:
-    """``features.Trunk`` of ``c``; without a weight file (ViT-S/16 with random weights: the speed does
+    """``features.Trunk`` of ``c``; without a weight file (random weights: the speed does
     not depend on them) its cache key names none and its network is initialised at random."""
     if c.model.pretrained is not None:
         return features.Trunk(c, shape)
@@ -195,7 +195,7 @@ def main():
     k0, k1 = jax.random.split(jax.random.key(0))
     init_config = c.copy_and_resolve_references()
     if not a.quick:
-        c.model.pretrained = None  # random ViT-S/16 weights (no file needed)
+        c.model.pretrained = None  # random weights (no file needed; the speed does not depend on them)
         init_config.model.pretrained = None
     variables = jax.device_get(models.init_variables(full, init_config, (side, side, 3), CLASSES, k0, k1))
     rng = np.random.default_rng(0)
