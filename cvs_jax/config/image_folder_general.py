@@ -96,7 +96,8 @@ def cpu_pretrained(c):
     # measured with the real weights on the Tiny-ImageNet mini photos (30 classes, 3 days, cvs, 3 seeds, paired
     # against this recipe; RESULTS.md, "Real pretrained features"): AR@1 80.88; the linear_reset head -3.70
     # [-8.42, +1.02], lr 0.05 +0.52 [-0.61, +1.65], embed_dim 256 -8.36 [-25.61, +8.90], 16 epochs +0.50
-    # [-1.54, +2.54]: none better, so the cosine head at lr 0.01, 128-d and 8 epochs (30 were not measured).
+    # [-1.54, +2.54], the last MBConv block trained (train_blocks=1) -0.79 [-8.40, +6.83]: none better, so a frozen
+    # trunk, the cosine head at lr 0.01, 128-d and 8 epochs (30 were not measured).
     c.train.epochs, c.train.batch_size, c.train.lr, c.train.schedule = 8, 32, 0.01, "official"
     c.model.head = "cosine"
     c.model.head_block = 64
