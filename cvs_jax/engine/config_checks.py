@@ -196,8 +196,8 @@ def _check_model(config: ml_collections.ConfigDict) -> None:
 
 
 def _check_train_blocks(config: ml_collections.ConfigDict, found) -> None:
-    """``model.train_blocks`` ("all", or 0..depth blocks of a pretrained ViT, 0..4 stages of a pretrained
-    ResNet) and ``model.cache_views`` (>= 0)."""
+    """``model.train_blocks`` ("all", or 0..depth blocks of a pretrained ViT or EfficientNet-Lite, 0..4 stages
+    of a pretrained ResNet) and ``model.cache_views`` (>= 0)."""
     m = config.model
     k = str(m.train_blocks)
     if k == "all":
@@ -207,7 +207,12 @@ def _check_train_blocks(config: ml_collections.ConfigDict, found) -> None:
             f"model.train_blocks={k} freezes part of a pretrained backbone: set model.pretrained to a weight file "
             "(docs/pretrained-backbones.md), or use model.train_blocks=all."
         )
-    depth, what = (found.vit.depth, "blocks") if found.family == "vit" else (len(found.resnet[0]), "stages")
+    if found.family == "efficientnet_lite":  # MBConv blocks
+        from cvs_jax.models.efficientnet import LITE_ARCHITECTURES  # pylint: disable=g-import-not-at-top
+
+        depth, what = len(LITE_ARCHITECTURES[found.lite].blocks()), "MBConv blocks"
+    else:
+        depth, what = (found.vit.depth, "blocks") if found.family == "vit" else (len(found.resnet[0]), "stages")
     if not k.isdigit() or int(k) > depth:
         raise ConfigError(f"model.train_blocks={k!r}: use 'all' or a number of {what} from 0 to {depth}.")
     if int(m.cache_views) < 0:

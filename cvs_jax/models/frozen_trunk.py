@@ -18,6 +18,7 @@ import os
 
 from cvs_jax.errors import CheckpointError, WeightsError
 from cvs_jax.models import networks as models
+from cvs_jax.models.weight_packages import resolve
 
 META_KEY = "frozen_trunk"  # in a checkpoint's meta: {"weights_sha256", "leaves"}
 _FILE_DIGESTS: dict = {}
@@ -47,7 +48,7 @@ class FrozenTrunk:
         """The run's frozen trunk, or None when every leaf trains (nothing is left out)."""
         if models.train_blocks(config) is None or config.model.pretrained is None:
             return None
-        path = os.path.expanduser(config.model.pretrained)
+        path = resolve(config.model.pretrained)
         if not os.path.isfile(path):
             raise WeightsError(
                 f"model.pretrained={path} is missing: the run's frozen trunk is read from it (its checkpoints "

@@ -1,16 +1,17 @@
-"""Model zoo: ResNet and ViT embedding networks and the growing cosine head."""
+"""Model zoo: ResNet, ViT and EfficientNet-Lite embedding networks and the growing cosine head."""
 
 import dataclasses
-import os
 
 import jax
 import jax.numpy as jnp
 
 from cvs_jax.errors import ConfigError
+from cvs_jax.models.efficientnet import LITE_ARCHITECTURES, EfficientNetLite
 from cvs_jax.models.heads import CosineHead, grow_head, init_head, net_variables
 from cvs_jax.models.pretrained import merge_pretrained
 from cvs_jax.models.resnet import ARCHITECTURES, Bottleneck, ResNetEmbedding, TorchvisionResNet
 from cvs_jax.models.vit import VIT_ARCHITECTURES, VisionTransformer
+from cvs_jax.models.weight_packages import resolve
 
 LAYOUTS = ("cifar", "imagenet", "torchvision")
 
@@ -40,10 +41,19 @@ def build_model(
         return VisionTransformer(
             VIT_ARCHITECTURES[name], embed_dim=embed_dim, dtype=dtype, train_blocks=train_blocks, part=part
         )
+    if name in LITE_ARCHITECTURES:  # BatchNorms on running statistics unless frozen_bn=False and all train
+        return EfficientNetLite(
+            LITE_ARCHITECTURES[name],
+            embed_dim=embed_dim,
+            dtype=dtype,
+            frozen_bn=frozen_bn,
+            train_blocks=train_blocks,
+            part=part,
+        )
     if name not in ARCHITECTURES:
+        known = sorted(ARCHITECTURES) + sorted(VIT_ARCHITECTURES) + sorted(LITE_ARCHITECTURES)
         raise ConfigError(
-            f"model.name={name!r} is unknown; choose one of {sorted(ARCHITECTURES) + sorted(VIT_ARCHITECTURES)}, "
-            "or 'vit' (the ViT model.pretrained holds)."
+            f"model.name={name!r} is unknown; choose one of {known}, or 'vit' (the ViT model.pretrained holds)."
         )
     if layout not in LAYOUTS:
         raise ConfigError(f"model.layout={layout!r}: use one of {LAYOUTS}.")
@@ -124,7 +134,7 @@ def init_variables(model, config, image_shape, num_classes: int, init_key, head_
     image_shape = input_shape(config, image_shape)
     init = model.init(init_key, jnp.zeros((1,) + tuple(image_shape), jnp.float32), train=False)
     if config.model.pretrained is not None:  # refused early by config_checks when the file is absent or unfit
-        init = merge_pretrained(init, load_pretrained(model, os.path.expanduser(config.model.pretrained), image_shape))
+        init = merge_pretrained(init, load_pretrained(model, resolve(config.model.pretrained), image_shape))
     head = CosineHead(config.train.temperature) if head is None else head
     arrays = head.init(head_key, num_classes, config.model.embed_dim)
     return {"params": {"net": init["params"], **arrays}, "batch_stats": init.get("batch_stats", {})}
@@ -140,10 +150,14 @@ def input_shape(config, image_shape) -> tuple[int, int, int]:
 
 def load_pretrained(model, path: str, image_shape) -> dict:
     """The variables a weight file gives ``model`` (all but its new ``embedding``): a ViT's, with
-    ``pos_embed`` resampled to the input's patch grid, or a torchvision/timm ResNet's."""
+    ``pos_embed`` resampled to the input's patch grid, an EfficientNet-Lite's, or a torchvision/timm ResNet's."""
     from cvs_jax.models import backbones  # pylint: disable=g-import-not-at-top
     from cvs_jax.models.pretrained import load_torchvision_resnet  # pylint: disable=g-import-not-at-top
 
+    if isinstance(model, EfficientNetLite):
+        from cvs_jax.models.lite_weights import load_lite  # pylint: disable=g-import-not-at-top
+
+        return load_lite(path, next(n for n, s in LITE_ARCHITECTURES.items() if s == model.spec))
     if isinstance(model, VisionTransformer):
         spec, variables = backbones.load_vit(path)
         grid = image_shape[0] // spec.patch

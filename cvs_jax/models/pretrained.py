@@ -17,14 +17,14 @@ The weights are read from a ``.safetensors`` file (timm's and Hugging Face's for
 ``safetensors.numpy``: no torch), a ``.npz`` of the torchvision state dict (keys ``conv1.weight``,
 ``bn1.running_mean``, ``layer1.0.conv1.weight``, ``layer1.0.downsample.0.weight``, ...; the
 classifier ``fc.*`` / ``last_linear.*`` and ``num_batches_tracked`` are ignored), or from a ``.pth``
-when ``torch`` is importable. Conv kernels are transposed OIHW -> HWIO; BN ``weight``/``bias``/
+(read without torch by ``torch_pickle``, which refuses any object other than tensors). Conv kernels are
+transposed OIHW -> HWIO; BN ``weight``/``bias``/
 ``running_mean``/``running_var`` become Flax ``scale``/``bias`` (params) and ``mean``/``var``
 (batch_stats). Module paths mirror the keys: ``layer1.0.downsample.1`` -> ``layer1_0/downsample_1``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 from typing import Any, Mapping, Sequence
@@ -32,6 +32,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from cvs_jax.errors import WeightsError
+from cvs_jax.models.torch_pickle import RefusedPickle, read_pth
 
 __all__ = [
     "CONVERT_ONE_LINER",
@@ -125,7 +126,8 @@ def _flax_location(key: str, ndim: int) -> tuple[str, tuple[str, ...]]:
 
 # ---------------------------------------------------------------- reading
 def read_state_dict(path: str) -> dict[str, np.ndarray]:
-    """A state dict as numpy arrays, from ``.safetensors``, ``.npz`` or (with torch installed) ``.pth``."""
+    """A state dict as numpy arrays, from ``.safetensors``, ``.npz`` or ``.pth`` (read without torch,
+    ``torch_pickle``). A weight package's name (``weight_packages.resolve``) is resolved by the caller."""
     path = os.path.expanduser(str(path))
     if not os.path.isfile(path):
         raise PretrainedWeightsError(
@@ -146,28 +148,17 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as z:
             sd = {k: np.asarray(z[k]) for k in z.files}
     elif path.endswith((".pth", ".pt")):
-        if importlib.util.find_spec("torch") is None:
+        try:  # tensors and dicts only, without torch: a pickle naming anything else is refused
+            sd = read_pth(path)
+        except RefusedPickle as e:
             raise PretrainedWeightsError(
-                f"{path!r} is a PyTorch file but torch is not installed here. Fix: convert it to .npz "
-                f"where torch is installed with\n  {CONVERT_ONE_LINER}\nand pass the .npz path."
-            )
-        import torch  # pylint: disable=g-import-not-at-top
-
-        try:  # weights_only: tensors and plain containers only, never arbitrary pickled code
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # any failure to read the user's file is reported as such, with its cause
-            raise PretrainedWeightsError(
-                f"cannot read {path!r} as a PyTorch state dict of tensors ({type(e).__name__}: {e}). Fix: pass "
-                f"the state dict of {_WHERE} (objects other than tensors are refused, as they could run code), "
-                f"or convert it to .npz with\n  {CONVERT_ONE_LINER}"
+                f"cannot read {path!r} as a PyTorch state dict of tensors ({e}). Fix: pass a state dict saved "
+                "with torch.save (objects other than tensors are refused, as unpickling them could run code)."
             ) from e
-        if isinstance(obj, Mapping) and "state_dict" in obj:
-            obj = obj["state_dict"]
-        sd = {k: v.detach().cpu().numpy() for k, v in obj.items() if hasattr(v, "detach")}
     else:
         raise PretrainedWeightsError(
-            f"{path!r} is not a weight file: use a .safetensors (timm, Hugging Face), a .npz state dict, or with "
-            f"torch installed a .pth (to .npz: {CONVERT_ONE_LINER})"
+            f"{path!r} is not a weight file: use a .safetensors (timm, Hugging Face), a .npz state dict or a .pth "
+            "state dict of tensors"
         )
     return {(k[len("module.") :] if k.startswith("module.") else k): v for k, v in sd.items()}
 
