@@ -290,7 +290,8 @@ def _train(workdir: str, data: str, overrides: dict | None) -> None:
 
 def from_added_folder(workdir: str) -> tuple[str, bool, str]:
     """``(folder, made, what it holds)``: the folder of the next session made from the added rows
-    (``retrieval.added_session``), or the folder of an unfinished ``--from_added`` session to resume (``made`` False)."""
+    (``retrieval.added_session``), or the folder of an unfinished ``--from_added`` session to resume
+    (``made`` False)."""
     config = run_config(workdir)
     workdir_lib.check_not_busy(workdir)
     updates = list(config.data.updates)
