@@ -95,6 +95,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         flag_values=flag_values,
     )
     flags.mark_flags_as_required(["workdir"], flag_values=flag_values)
+    flags.register_multi_flags_validator(
+        ["data", "from_added"],
+        lambda f: (f["data"] is not None) != bool(f["from_added"]),
+        message="pass either --data FOLDER (the new images) or --from_added (the images added to the run).",
+        flag_values=flag_values,
+    )
 
 
 # The config fields update takes (--config.<field>): those safe to change between sessions.
@@ -343,8 +349,6 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     cli.quiet_logging()
     tfds.disable_progress_bar()
     overrides = {f: flag_values[f"config.{f}"].value for f in UPDATE_FIELDS if flag_values[f"config.{f}"].present}
-    if flag_values.from_added == (flag_values.data is not None):
-        raise ConfigError("pass either --data FOLDER (the new images) or --from_added (the images added to the run).")
     if flag_values.from_added:
         return update_from_added(flag_values.workdir, overrides)
     return update(flag_values.workdir, flag_values.data, overrides)

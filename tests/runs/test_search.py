@@ -123,7 +123,10 @@ def test_hits_show_source_class_and_sessions(finished_run, train_images, tmp_pat
     assert [h["rank"] for h in answer["hits"]] == [1, 2, 3, 4] and _own_row_first(answer["hits"], row)
     for h in answer["hits"]:
         j = h["row"]
-        assert set(h) == {"rank", "score", "row", "label", "class_name", "arrival_session", "model_session", "source"}
+        assert set(h) == {
+            *("rank", "score", "row", "id", "label", "class_name", "arrival_session", "model_session", "source")
+        }
+        assert h["id"] == run.id_of_row(j)  # the row's stable id, as the server and export give it
         assert h["source"] == names[int(run.gallery.source_ids[j])]
         assert h["class_name"] == run.protocol["class_names"][h["label"]] and h["label"] == run.gallery.labels[j]
         # finetune keeps every part: a row arrives with the session whose model embedded it
