@@ -107,6 +107,7 @@ def small_stored_images(monkeypatch):
     monkeypatch.setattr(resize, "STORED_SIZE", 32)
 
 
+@pytest.mark.slow  # the fine-grained recipe runs by default in test_inat_smoke; dogs adds its builder only
 def test_dogs_smoke(small_stored_images, tmp_path):
     """``stanford_dogs_256`` from a fake prepared TFDS ``stanford_dogs`` (array_record, JPEG bytes)."""
     from cvs_jax.testing.tiny_data import write_fake_tfds_source

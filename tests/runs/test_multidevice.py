@@ -339,6 +339,7 @@ BF16_R1_TOL = 0.10
 BF16_LOSS_RTOL = 0.10
 
 
+@pytest.mark.slow  # about 20 s warm, 5 min under load: bf16 training over 4 epochs (the suite's 15-minute budget)
 def test_bfloat16_recall_close_to_float32(manual_dir, tmp_path):
     out = {}
     for dtype in ("float32", "bfloat16"):

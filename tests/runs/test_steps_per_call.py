@@ -68,6 +68,7 @@ def test_k_steps_per_call_match_single_steps(manual, tmp_path, capsys):
     assert progress("k1") == [8, 10] and progress("k3") == [9, 10]
 
 
+@pytest.mark.slow  # kill and rerun are tested by default in test_resume; k steps per call by the test above
 def test_kill_mid_session_and_rerun_with_k3(manual, tmp_path):
     """Killed at step 8 (after the call of steps 7-9, before its checkpoint at 9; 6 steps per epoch) and
     rerun from the epoch-end checkpoint at 6: the uninterrupted k=3 run's results and metrics, exactly."""
