@@ -168,10 +168,11 @@ def _recall(got, want):
 
 def test_a_rolling_update_switch(server, photo_runs, run_copy):
     """``update`` completes; replica A switches first (``POST /model?session=2``), B still serves the old
-    model on the same collection (A has put the new session's rows in it), then B switches. At each step each replica's answers are
-    exact search's over the rows it serves (recall@5 against exact search, printed)."""
+    model on the same collection (A has put the new session's rows in it), then B switches. At each step
+    each replica's answers are exact search's over the rows it serves (recall@5 against exact search,
+    printed)."""
     _, _, folder = photo_runs
-    queries = sorted(os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs)[::5]
+    queries = sorted(os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs)[::2]
     a, ca = _replica(run_copy, server.uri, "replicas_roll")
     b, cb = _replica(run_copy, server.uri, "replicas_roll")
     try:
@@ -190,8 +191,6 @@ def test_a_rolling_update_switch(server, photo_runs, run_copy):
         _same(_hits(cb, queries), new)
         _same(_hits(ca, queries), new)
         assert min(during.values()) == 1.0 and min(after.values()) == 1.0
-        both = [len({h["id"] for h in x} & {h["id"] for h in y}) / K for x, y in zip(old, new)]
-        print(f"overlap of the old and the new model's top-{K} rows: {np.mean(both):.3f}")
     finally:
         a.close()
         b.close()
