@@ -79,8 +79,8 @@ class MilvusIndex:
         except Exception as e:  # noqa: BLE001 -- pymilvus's MilvusException and gRPC errors alike
             why = " ".join(str(e).split())[:200]
             raise IndexUnavailableError(
-                f"the Milvus server at {self._uri} did not answer {what} within {self._timeout:g} s ({why}); "
-                f"retry when it is back (acknowledged rows are kept in the run's folder and re-sent)."
+                f"the Milvus server at {self._uri} did not answer ({what}: {why}; each call waits up to "
+                f"{self._timeout:g} s); retry when it is back (acknowledged rows are kept in the run's folder)."
             ) from None
 
     def check_reachable(self) -> None:
