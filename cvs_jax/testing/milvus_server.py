@@ -1,8 +1,10 @@
 """A real Milvus server (standalone, from the PyPI package ``milvus``: the ``milvus_server`` extra) on
 free loopback ports in a folder of its own, for the tests of several ``serve`` replicas on one collection.
 
-``kill()`` ends it as ``kill -9`` does (no shutdown, nothing flushed); ``start()`` again brings it back on
-the same ports and the same data folder, so clients holding its URI reconnect.
+The clients use 127.0.0.1, but Milvus itself listens on every interface (its ports are free ones the
+package picks from its defaults: 19530 for the proxy, and so on).  ``kill()`` ends it as ``kill -9``
+does (no shutdown, nothing flushed); ``start()`` again brings it back on the same ports and the same
+data folder, so clients holding its URI reconnect.
 """
 
 from __future__ import annotations
