@@ -60,6 +60,11 @@ class IndexBackendError(UserError):
     """An index backend is unknown or not installed, or is given rows that do not fit it."""
 
 
+class IndexUnavailableError(IndexBackendError):
+    """The index's server cannot be reached now (a Milvus server down): the request may be retried later;
+    the server answers 503."""
+
+
 class UnreadableCheckpointError(CheckpointError):
     """A checkpoint's files are damaged or incomplete (``Checkpoints.restore`` refuses it; nothing was moved)."""
 

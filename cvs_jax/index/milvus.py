@@ -4,15 +4,21 @@ a Milvus server or cluster (``uri="http://host:19530"``, with ``token`` where it
 One collection holds the gallery. Each row carries its row id (the primary key), its embedding
 (normalised: the ``IP`` metric is then the project's cosine), the session its image arrived in and the
 session of the model that embedded it. The collection outlives the process: a reopened index reads the
-row ids it already holds, and ``add`` inserts only rows it does not hold, so after an ``update`` (or an
+row ids it already holds, and ``add`` writes only rows it does not hold, so after an ``update`` (or an
 ``/add``) only the new rows travel. Reads are ``Strong``: a search sees every row added before it.
+
+Several replicas may share one collection (docs/index-backends.md, "Several replicas"): each writes the
+rows it learns of with ``upsert`` (Milvus does not refuse a second row with the same primary key; an
+upsert of the same row replaces it), so a row added through one replica and later read by another stays
+one row.  A server that does not answer within ``timeout_s`` raises ``IndexUnavailableError`` naming
+the URI (the HTTP server's 503), not the client library's exception.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from cvs_jax.errors import IndexBackendError
+from cvs_jax.errors import IndexBackendError, IndexUnavailableError
 from cvs_jax.index.base import RowIds, empty_results, normalized, padded
 
 VECTOR, ROW, ARRIVAL, MODEL = "embedding", "row", "arrival_session", "model_session"
@@ -44,10 +50,11 @@ class MilvusIndex:
         index_type: str = "FLAT",
         index_params: dict | None = None,
         search_params: dict | None = None,
+        timeout_s: float = 10.0,
     ):
         pymilvus = _pymilvus()
         self._ids = RowIds(dim)
-        self._name = collection
+        self._name, self._uri, self._timeout = collection, uri, float(timeout_s)
         self._search_params = {"metric_type": "IP", "params": dict(search_params or {})}
         try:
             self._client = pymilvus.MilvusClient(uri=uri, token=token)
@@ -57,6 +64,28 @@ class MilvusIndex:
             self._reopen(dim)
         else:
             self._create(pymilvus.DataType, index_type, dict(index_params or {}))
+
+    def _call(self, what: str, *args, **kwargs):
+        """``self._client.<what>(...)`` within ``timeout_s``; a failure (server down, or not answering)
+        becomes one ``IndexUnavailableError`` line naming the server."""
+        try:
+            try:
+                return getattr(self._client, what)(*args, timeout=self._timeout, **kwargs)
+            except Exception as e:  # noqa: BLE001 -- a restarted server holds the collection unloaded
+                if "not loaded" not in str(e):
+                    raise
+                self._client.load_collection(self._name, timeout=self._timeout)
+                return getattr(self._client, what)(*args, timeout=self._timeout, **kwargs)
+        except Exception as e:  # noqa: BLE001 -- pymilvus's MilvusException and gRPC errors alike
+            why = " ".join(str(e).split())[:200]
+            raise IndexUnavailableError(
+                f"the Milvus server at {self._uri} did not answer ({what}: {why}; each call waits up to "
+                f"{self._timeout:g} s); retry when it is back (acknowledged rows are kept in the run's folder)."
+            ) from None
+
+    def check_reachable(self) -> None:
+        """Raises ``IndexUnavailableError`` unless the server answers now (``/add`` asks before it writes)."""
+        self._call("has_collection", self._name)
 
     def _create(self, types, index_type: str, index_params: dict) -> None:
         schema = self._client.create_schema(auto_id=False, enable_dynamic_field=False)
@@ -112,7 +141,7 @@ class MilvusIndex:
 
     def count(self) -> int:
         """Rows in the collection, as Milvus counts them (what tests compare with ``len``)."""
-        out = self._client.query(self._name, filter="", output_fields=["count(*)"])
+        out = self._call("query", self._name, filter="", output_fields=["count(*)"])
         return int(out[0]["count(*)"])
 
     def add(self, rows, embeddings, arrival_session, model_session) -> None:
@@ -124,14 +153,15 @@ class MilvusIndex:
                 {ROW: int(r), VECTOR: e.tolist(), ARRIVAL: int(a), MODEL: int(m)}
                 for r, e, a, m in zip(rows[part], emb[part], arrival[part], model[part])
             ]
-            self._client.insert(self._name, data)
+            self._call("upsert", self._name, data)
 
     def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
         q = self._ids.queries(queries, k)
         limit = min(int(k), len(self), MAX_K)
         if not q.shape[0] or not limit:
             return empty_results(q.shape[0], k)
-        hits = self._client.search(
+        hits = self._call(
+            "search",
             self._name,
             data=normalized(q).tolist(),
             limit=limit,

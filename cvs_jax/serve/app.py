@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
-from cvs_jax.errors import UserError, WorkdirBusyError
+from cvs_jax.errors import IndexUnavailableError, UserError, WorkdirBusyError
 from cvs_jax.reports import search_page
 from cvs_jax.retrieval import run_info
 from cvs_jax.retrieval.run_reader import parse_int
@@ -129,7 +129,8 @@ def _handlers() -> dict:
         return _error(409, str(e))
 
     async def user_error(request, e: UserError):
-        status = 409 if isinstance(e, Duplicate) else 503 if isinstance(e, WorkdirBusyError) else 400
+        unavailable = isinstance(e, (WorkdirBusyError, IndexUnavailableError))
+        status = 409 if isinstance(e, Duplicate) else 503 if unavailable else 400
         return _error(status, str(e))
 
     async def http_error(request, e: HTTPException):

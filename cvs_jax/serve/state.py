@@ -172,7 +172,11 @@ class Served:
         return os.path.relpath(path, self._workdir_abs)
 
     def _rows(self, keys: np.ndarray, run: run_reader.Run) -> np.ndarray:
-        return np.where(keys < 0, -1, np.where(keys >= ADDED_BASE, len(run.gallery) + keys - ADDED_BASE, keys))
+        """Rows of index keys; a key this replica has not read yet (a row another replica added to a shared
+        Milvus collection, before this one's next poll) is left out (-1), as a missing hit."""
+        n_gallery, added = len(run.gallery), keys >= ADDED_BASE
+        known = np.where(added, keys - ADDED_BASE < len(run.rows) - n_gallery, (keys >= 0) & (keys < n_gallery))
+        return np.where(known, np.where(added, n_gallery + keys - ADDED_BASE, keys), -1)
 
     def _answer(self, queries: list[Query]) -> list[Answer]:
         run = self.run  # one model and one index for the whole batch
@@ -210,8 +214,7 @@ class Served:
         mapped search (each part scored with the query mapped into its model's space; no index can hold
         one vector per query for that)."""
         if not run.query_maps:
-            scores, keys = self.index.search(emb, k)
-            return scores, self._rows(keys, run)
+            return self._top_known(emb, k, run)
         parts = [(p.session, p.embeddings) for p in run.gallery.parts + run.added.parts]
         mapped = {p for p, _ in parts if p <= run.session}
         per = query_maps.map_queries(run.query_maps, emb, run.session, sorted(mapped)) if mapped else {}
@@ -230,6 +233,22 @@ class Served:
             scores = np.concatenate([scores, np.full((len(rows), pad), -np.inf)], 1)
             rows = np.concatenate([rows, np.full((len(rows), pad), -1, np.int64)], 1)
         return scores, rows
+
+    def _top_known(self, emb: np.ndarray, k: int, run: run_reader.Run) -> tuple[np.ndarray, np.ndarray]:
+        """The index's top ``k`` among the rows this replica knows: keys it has not read yet (rows another
+        replica put in a shared collection) are skipped, fetching more until ``k`` known rows or all."""
+        fetch = k
+        while True:
+            scores, keys = self.index.search(emb, fetch)
+            rows = self._rows(keys, run)
+            unknown = int(((keys >= 0) & (rows < 0)).sum(axis=1).max(initial=0))
+            if not unknown:
+                return scores, rows
+            if fetch >= len(self.index):
+                break
+            fetch = min(fetch + unknown, len(self.index))
+        order = np.argsort(rows < 0, axis=1, kind="stable")[:, :k]  # known rows first, in score order
+        return np.take_along_axis(scores, order, 1), np.take_along_axis(rows, order, 1)
 
     # --- the index (under the batcher's lock) ------------------------------------------------------
 
@@ -443,6 +462,9 @@ class Served:
         named = [(u.name, u.digest) for u in uploads]
         with self._add_lock:
             self._refuse_duplicates(named, run.stored_added, run, force)
+            check = getattr(self.index, "check_reachable", None)
+            if check is not None:  # a Milvus server down: refused (503) before anything is written
+                check()
             images = np.stack([u.image for u in uploads])
             emb, session = self.batcher.call(lambda: (self.run.embed(images), self.run.session)).result()
             with workdir_lib.hold_additions(self.workdir, wait_s=wait_s):
