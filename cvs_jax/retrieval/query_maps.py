@@ -168,12 +168,13 @@ def mapped_topk_indices(
     gallery order; rows numbered across them) for queries of ``model_session``'s model, each part searched
     with the queries mapped down to its session; the parts' top-k merged by score, ties by the lowest row
     (as one search).  Fewer than k rows: the missing ranks hold row -1 and score -inf."""
-    per_part = map_queries(maps, query_emb, model_session, [j for j, _ in parts])
+    # a part newer than the model (a pinned older model, serve) takes the query as it is
+    per_part = map_queries(maps, query_emb, model_session, [j for j, _ in parts if j <= model_session])
     q = np.asarray(query_emb)
     scores, rows, base = [np.full((q.shape[0], 0), -np.inf)], [np.zeros((q.shape[0], 0), np.int64)], 0
     for session, emb in parts:
         if len(emb):
-            s, idx = topk.topk_indices(per_part[session], emb, k)
+            s, idx = topk.topk_indices(per_part.get(session, q), emb, k)
             scores.append(np.asarray(s, np.float64))
             rows.append(np.asarray(idx, np.int64) + base)
         base += len(emb)

@@ -216,23 +216,7 @@ class Served:
         if not run.query_maps:
             return self._top_known(emb, k, run)
         parts = [(p.session, p.embeddings) for p in run.gallery.parts + run.added.parts]
-        mapped = {p for p, _ in parts if p <= run.session}
-        per = query_maps.map_queries(run.query_maps, emb, run.session, sorted(mapped)) if mapped else {}
-        scores, rows, base = [], [], 0
-        for session, rows_of_part in parts:  # a part newer than a pinned model takes the query as it is
-            if len(rows_of_part):
-                s, idx = topk.topk_indices(per.get(session, emb), rows_of_part, k)
-                scores.append(np.asarray(s, np.float64))
-                rows.append(np.asarray(idx, np.int64) + base)
-            base += len(rows_of_part)
-        scores, rows = np.concatenate(scores, axis=1), np.concatenate(rows, axis=1)
-        order = np.lexsort((rows, -scores), axis=1)[:, :k]  # best score first, then the lowest row
-        scores, rows = np.take_along_axis(scores, order, axis=1), np.take_along_axis(rows, order, axis=1)
-        pad = k - rows.shape[1]
-        if pad > 0:
-            scores = np.concatenate([scores, np.full((len(rows), pad), -np.inf)], 1)
-            rows = np.concatenate([rows, np.full((len(rows), pad), -1, np.int64)], 1)
-        return scores, rows
+        return query_maps.mapped_topk_indices(emb, parts, run.query_maps, run.session, k)
 
     def _top_known(self, emb: np.ndarray, k: int, run: run_reader.Run) -> tuple[np.ndarray, np.ndarray]:
         """The index's top ``k`` among the rows this replica knows: keys it has not read yet (rows another
