@@ -74,6 +74,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 
 # --------------------------------------------------------------------------------------------------
 # Op identifiers and magnitude tables (AutoAugment, as in DeepVoltaire SubPolicy / jizongFox).
@@ -189,7 +190,7 @@ RANDAUGMENT_MAGNITUDES = tuple(range(1, 10))
 
 
 def _is_concrete(v) -> bool:
-    return not isinstance(v, jax.core.Tracer) and np.ndim(v) == 0
+    return not isinstance(v, Tracer) and np.ndim(v) == 0
 
 
 def _check_image(image):
@@ -707,44 +708,44 @@ def _branch(op_id: int, h: int, w: int):
         base, frac, valid = (jnp.asarray(a) for a in tab[name])
         axis = 1 if op_id == SHEAR_X else 0
 
-        def fn(image, m, s, center):
+        def fn(image, m, s, center) -> jax.Array:
             return _shear_core(image, base[m, s], frac[m, s], valid[m, s], axis=axis)
     elif op_id in (TRANSLATE_X, TRANSLATE_Y):
         src = jnp.asarray(tab[name])
         axis = 1 if op_id == TRANSLATE_X else 0
 
-        def fn(image, m, s, center):
+        def fn(image, m, s, center) -> jax.Array:
             return _translate_core(image, src[m, s], axis=axis)
     elif op_id == ROTATE:
         coeffs = jnp.asarray(tab[name])
 
-        def fn(image, m, s, center):
+        def fn(image, m, s, center) -> jax.Array:
             return _rotate_core(image, coeffs[m])
     elif op_id in (AUTOCONTRAST, INVERT, EQUALIZE):
         f = OPS[name]
 
-        def fn(image, m, s, center):
+        def fn(image, m, s, center) -> jax.Array:
             return f(image)
     elif op_id == SOLARIZE:
         thr = jnp.asarray(tab[name])
 
-        def fn(image, m, s, center):
+        def fn(image, m, s, center) -> jax.Array:
             return _solarize_core(image, thr[m])
     elif op_id == POSTERIZE:
         bits = jnp.asarray(tab[name])
 
-        def fn(image, m, s, center):
+        def fn(image, m, s, center) -> jax.Array:
             return _posterize_core(image, bits[m])
     elif op_id in (CONTRAST, COLOR, BRIGHTNESS, SHARPNESS):
         factors = jnp.asarray(tab[name])
         f = OPS[name]
 
-        def fn(image, m, s, center):
+        def fn(image, m, s, center) -> jax.Array:
             return f(image, factors[m, s])
     elif op_id == CUTOUT:
         sizes = jnp.asarray(tab[name])
 
-        def fn(image, m, s, center):
+        def fn(image, m, s, center) -> jax.Array:
             return cutout(image, sizes[m], center)
     else:  # pragma: no cover
         raise ValueError(op_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -58,10 +59,10 @@ def preprocess_train(key, images_u8, *, mean, std, padding: int, flip: bool, pol
 
 def apply_policy(key, images_u8, policy: str):
     """The AutoAugment CIFAR-10 policy, RandAugment, or nothing, on uint8 images."""
-    if policy == "cifar10":
-        return autoaugment.cifar10_policy(key, images_u8)
+    if policy == "cifar10":  # without return_choices: the images only
+        return cast(jax.Array, autoaugment.cifar10_policy(key, images_u8))
     if policy == "randaugment":
-        return autoaugment.rand_augment(key, images_u8)
+        return cast(jax.Array, autoaugment.rand_augment(key, images_u8))
     if policy != "none":
         raise ConfigError(f"augment.policy={policy!r} is unknown; choose one of {POLICIES}.")
     return images_u8
@@ -170,6 +171,13 @@ class Pipeline:
             size=a.size,
         )
 
+    @property
+    def crop_size(self) -> int:
+        """``size``, which the "resized" crops need."""
+        if self.size is None:
+            raise ConfigError('augment.crop="resized" needs augment.size (the crop\'s side, e.g. 224); it is unset.')
+        return self.size
+
     def train(self, key, images_u8):
         if self.crop == "pad":
             return preprocess_train(
@@ -177,13 +185,13 @@ class Pipeline:
             )
         if self.crop == "resized":
             crop_key, policy_key = jax.random.split(key)
-            images = random_resized_crop_flip(crop_key, images_u8, self.size, flip=self.flip)
+            images = random_resized_crop_flip(crop_key, images_u8, self.crop_size, flip=self.flip)
             return normalize(apply_policy(policy_key, images, self.policy), self.mean, self.std)
         raise ConfigError(f"augment.crop={self.crop!r} is unknown; choose one of {CROPS}.")
 
     def eval(self, images_u8):
         if self.crop == "resized":
-            images_u8 = center_crop(images_u8, self.size)
+            images_u8 = center_crop(images_u8, self.crop_size)
         return normalize(images_u8, self.mean, self.std)
 
 
@@ -204,3 +212,6 @@ class CachedViews:
 
     def eval(self, x):
         return x if self.views == 1 else x[:, 0]
+
+
+Views = Pipeline | CachedViews  # what the step, the embedder and the Fisher pass call ``train`` / ``eval`` on

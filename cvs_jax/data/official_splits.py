@@ -207,8 +207,8 @@ def resolve(
     c = ids[klass]
     index = _as_index(train_class_index if split == "train" else test_class_index)
     pos = index.get(c)
-    n = 0 if pos is None else len(pos)
-    if not 1 <= number <= n:
+    if pos is None or not 1 <= number <= len(pos):
+        n = 0 if pos is None else len(pos)
         raise OfficialSplitError(
             f"{file_name!r}: image number {number} but the dataset's {split} split has "
             f"{n} images of class {klass!r}; the official files need the full CIFAR-100"
@@ -503,8 +503,8 @@ def load_packaged_plan(
         out = np.empty((NUM_CLASSES, per_class), np.int64)
         for p, c in enumerate(order.tolist()):
             pos = index.get(c)
-            n = 0 if pos is None else len(pos)
-            if n < per_class:
+            if pos is None or len(pos) < per_class:
+                n = 0 if pos is None else len(pos)
                 raise OfficialSplitError(
                     f"the official files number {per_class} {split} images of class {official[p]!r}, the "
                     f"dataset's {split} split has {n}; the official files need the full CIFAR-100"
@@ -528,11 +528,8 @@ def official_plan_for_dataset(split_dir: str | None, setup: str, dataset) -> Off
     packaged file (:func:`load_packaged_plan`).
     """
     check_dataset_counts(dataset.train.labels, dataset.test.labels, dataset.class_names)
-    index = dict(
-        train_class_index=per_class_positions(dataset.train.labels),
-        test_class_index=per_class_positions(dataset.test.labels),
-        class_names=dataset.class_names,
-    )
+    train_index, test_index = per_class_positions(dataset.train.labels), per_class_positions(dataset.test.labels)
+    index = dict(train_class_index=train_index, test_class_index=test_index)
     if split_dir is None:
-        return load_packaged_plan(setup, **index)
-    return load_official_plan(split_dir, setup, **index)
+        return load_packaged_plan(setup, **index, class_names=dataset.class_names)
+    return load_official_plan(split_dir, setup, **index, class_names=dataset.class_names)

@@ -11,6 +11,8 @@ session after them, and its test images are queries from that session on.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from cvs_jax.data.sources import ImageDataset, load_dataset
@@ -78,7 +80,7 @@ def concat(datasets: list[ImageDataset]) -> ImageDataset:
 def load_run_dataset(data_config) -> ImageDataset:
     """``config.data``'s dataset, with the folders of ``data.updates`` appended when there are any."""
     d = data_config
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         data_dir=d.data_dir,
         on_corrupt=d.on_corrupt,
         memory_limit_mb=d.in_memory_limit_mb,

@@ -29,7 +29,7 @@ import shutil
 import tempfile
 import time
 import types
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -84,11 +84,26 @@ class Split:
         return self.images[np.asarray(idx, np.int64)]
 
 
+class Rows(Protocol):
+    """What a dataset's split offers: ``Split`` (in memory), ``records.StoreSplit`` (read on demand), or
+    ``parts.ConcatSplit`` (several folders read as one)."""
+
+    @property
+    def labels(self) -> np.ndarray: ...
+
+    @property
+    def image_shape(self) -> tuple[int, ...]: ...
+
+    def __len__(self) -> int: ...
+
+    def read(self, idx: np.ndarray) -> np.ndarray: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class ImageDataset:
     name: str
-    train: Split | records.StoreSplit
-    test: Split | records.StoreSplit
+    train: Rows
+    test: Rows
     class_names: tuple[str, ...]
     stores: tuple[str, ...] = ()  # the record stores' folders, in row order (none for standard TFDS data)
     train_sessions: np.ndarray | None = None  # 0-based session of each train row, when the data gives it

@@ -36,9 +36,15 @@ class RunData(Protocol):
 class SessionSteps(Protocol):
     """What the loaders read of a session (``phases.SessionView``)."""
 
-    batches: SessionBatches  # the method's batch policy's plan: batch(epoch, i) -> dataset indices
-    steps_per_epoch: int
-    total_steps: int
+    # read-only here, so frozen dataclasses fit
+    @property
+    def batches(self) -> SessionBatches: ...  # the method's batch policy's plan: batch(epoch, i) -> dataset indices
+
+    @property
+    def steps_per_epoch(self) -> int: ...
+
+    @property
+    def total_steps(self) -> int: ...
 
 
 def batch_loader(ctx: RunData, view: SessionSteps, start: int) -> Iterable[dict]:

@@ -35,7 +35,7 @@ class RunContext:
     mesh: Any
     model: Any
     tx: Any
-    pipeline: augment.Pipeline
+    pipeline: augment.Views
     step_fn: Callable  # one training step per call
     steps_fn: Callable  # ``steps_per_call`` steps per call (lax.scan over stacked batches)
     steps_per_call: int  # k = ``train.steps_per_call``: read once, here, for the compiled step and the loop

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+from typing import Any
 
 import jax
 import ml_collections
@@ -88,11 +89,13 @@ def build_context(
             weight_decay=config.train.weight_decay,
             labels=functools.partial(_optimizer_labels, model, head, frozen) if frozen or not head.trainable else None,
         )
-        pipeline = augment.Pipeline.from_config(config)  # train-time augmentation and eval preprocessing
+        pipeline: augment.Views = augment.Pipeline.from_config(config)  # train-time augmentation and eval preprocessing
         if features.cached(config):  # the trunk's outputs replace the images; the top trains on them
             proto = features.with_features(config, proto, log.print)
             model, pipeline = models.from_config(config, part="top"), augment.CachedViews(features.views(config))
-        step_args = dict(head=head, loss_weights=dict(config.loss_weights), pipeline=pipeline, mesh=mesh)
+        step_args: dict[str, Any] = dict(
+            head=head, loss_weights=dict(config.loss_weights), pipeline=pipeline, mesh=mesh
+        )
         step_fn = make_train_step(model, tx, method, **step_args)
         steps_fn = make_train_step(model, tx, method, steps_per_call=k, **step_args)
         embed = Embedder(

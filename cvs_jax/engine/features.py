@@ -145,19 +145,20 @@ class Trunk:
         evaluation view; view i >= 1 the training augmentation drawn with key (0, chunk start, i))."""
         if self._fn is None:
             self._variables, self._fn = self._build()
+        fn = self._fn
         rows = LazyRows(leaf, np.arange(len(leaf)))
         self._started = self._shown = time.time()  # progress lines count from here
         stacked, out = views(self.config) > 1, []
         for start, chunk, n in iter_chunks(rows, int(self.config.train.eval_batch_size), bucketed=self.bucketed):
             keys = jax.random.split(jax.random.fold_in(jax.random.key(0), start), v)
-            feats = np.stack([np.asarray(self._fn(self._variables, chunk, keys[i], i > 0)) for i in range(v)], 1)
+            feats = np.stack([np.asarray(fn(self._variables, chunk, keys[i], i > 0)) for i in range(v)], 1)
             out.append(feats[:n] if stacked else feats[:n, 0])
             TRUNK_IMAGES[key] += n * v
             TRUNK_ROWS[key] += len(chunk) * v
             self.progress(start + n, len(rows))
         if not out:
             struct = jax.ShapeDtypeStruct((1, *self.image_shape), np.uint8)
-            shape = jax.eval_shape(lambda x: self._fn(self._variables, x, jax.random.key(0), False), struct).shape
+            shape = jax.eval_shape(lambda x: fn(self._variables, x, jax.random.key(0), False), struct).shape
             return np.zeros((0, *([v] if stacked else []), *shape[1:]), np.float32)
         return np.concatenate(out).astype(np.float32)
 

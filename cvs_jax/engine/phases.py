@@ -138,6 +138,7 @@ def untrained(ctx: RunContext, state: RunState, view: SessionView) -> Selection:
     head still gains the session's rows); its validation recall@1 is measured and reported."""
     member = train_loop.MemberSession.fresh(ctx, state, view)
     member.open()
+    assert member.search is not None  # member.open() sets it
     variables = train_loop.net_and_head(train_loop.host_variables(member.ts), ctx.head)
     r1 = member.search(variables, member.val_images, member.val_labels)[1] if len(view.val_idx) else -1.0
     ctx.log.print(f"session {view.s + 1}: method {ctx.method.name} trains nothing (val R@1={100 * r1:.2f})")

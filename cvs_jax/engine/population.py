@@ -156,6 +156,7 @@ def _restore_common(members: list[train_loop.MemberSession]) -> None:
         got = [m.ctx.progress.restore_latest(m.progress_templates(), steps=[m.first + common]) for m in members]
         if all(g is not None for g in got):  # else one was unreadable and moved aside: look again
             for m, g in zip(members, got):
+                assert g is not None
                 m.restored(g[1])
             _drop_newer(members, common)
             return

@@ -44,7 +44,7 @@ class StepProfiler:
 
     def after(self, last_step: int, outputs) -> None:
         """After the call whose last global step is ``last_step`` (``outputs``: what it returned)."""
-        if self.active and last_step >= self.steps[1]:
+        if self.active and self.steps is not None and last_step >= self.steps[1]:
             self.stop(outputs)
 
     def stop(self, outputs=None) -> None:

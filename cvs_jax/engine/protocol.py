@@ -5,6 +5,7 @@ above the dataset builders)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import numpy as np
 
@@ -51,7 +52,7 @@ class Protocol:
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
-        return tuple(self.dataset.image_shape)
+        return cast(tuple[int, int, int], tuple(self.dataset.image_shape))
 
     @property
     def num_classes(self) -> int:

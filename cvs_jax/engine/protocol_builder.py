@@ -65,8 +65,12 @@ def generator_plan_with_updates(
             "data.setup=general or disjoint, or data.split=user."
         )
     seed = splits.split_seed(config)
-    first_classes = len(records.read_info(dataset.stores[0])["class_names"])
-    train_offsets, test_offsets = dataset.train.offsets, dataset.test.offsets
+    info = records.read_info(dataset.stores[0])
+    train, test = dataset.train, dataset.test
+    # the folders joined by parts.concat (this runs only with data.updates set), the first one a complete store
+    assert info is not None and isinstance(train, parts.ConcatSplit) and isinstance(test, parts.ConcatSplit)
+    first_classes = len(info["class_names"])
+    train_offsets, test_offsets = train.offsets, test.offsets
     labels = np.asarray(dataset.train.labels, np.int64)
     base = splits.plan_from_config(labels[: train_offsets[1]], config, num_classes=first_classes)
     order = [int(c) for c in base.class_order]

@@ -238,6 +238,7 @@ def _compare(
             r for seed in seeds for m in methods if (r := comparison.recorded_run(config, workdir, m, seed, split_seed))
         ]
     elif population:
+        assert split_seed is not None  # set above for a population
         runs = _run_populations(config, workdir, methods, seeds, split_seed)
     earlier: dict = {}  # (seed, head) -> sharing run dirs so far: session 1 comes from the first that saved it
     for seed in [] if population or tabulate else seeds:

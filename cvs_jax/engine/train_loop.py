@@ -210,7 +210,7 @@ class Driver:
     def device_state(self) -> TrainState: ...
     def device_sums(self) -> dict: ...
     def batches(self, calls: list[tuple[int, int]]) -> Iterable: ...
-    def call(self, ts: TrainState, batch, lr: float, n: int): ...
+    def call(self, ts: TrainState, batch, lr: float, n: int) -> tuple[TrainState, dict]: ...
     def member(self, tree, m: int):
         return tree
 
@@ -400,6 +400,7 @@ class _Watch:
                     f"lower train.lr or check the data. Checkpoints up to the last good step are intact."
                 )
             if blown != _NO_BAD_STEP:
+                assert member.reference is not None  # set at the session's first step, before any growth
                 (loss0, grad0), (loss, grad) = member.reference, [float(driver.member(p, m)) for p in self.peak]
                 head = "" if member.ctx.head.name == "cosine" else ", or use model.head=cosine"
                 raise DivergedError(
@@ -440,6 +441,7 @@ def _end_epoch(driver: Driver, ts: TrainState, epoch_sums: dict, *, step: int, e
     for m, member in enumerate(driver.members):
         epoch_metrics = {k: float(driver.member(v, m)) / spe for k, v in epoch_sums.items()}
         mts = driver.member(ts, m)
+        assert member.search is not None  # set by member.open(), before the loop
         val_r1 = member.search({"params": mts.params, "batch_stats": mts.batch_stats}, member.val_images,
                                member.val_labels)[1]  # fmt: skip
         if val_r1 > member.best.val_recall1:

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import flax
 import jax
 import jax.numpy as jnp
 import optax
+from flax import struct
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -27,7 +27,7 @@ from cvs_jax.methods.base import Method, StepInputs
 from cvs_jax.models.heads import Head, head_params, net_variables
 
 
-@flax.struct.dataclass
+@struct.dataclass
 class TrainState:
     step: jax.Array
     params: Any  # {"net": backbone + embedding params, the head's arrays ("head" [K, D], ...), method extras}
@@ -59,7 +59,7 @@ def make_train_step(
     *,
     head: Head,
     loss_weights: Mapping[str, float],
-    pipeline: augment.Pipeline,
+    pipeline: augment.Views,
     steps_per_call: int | None = None,
     population: int | None = None,
     unroll: bool = True,

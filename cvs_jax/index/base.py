@@ -23,12 +23,15 @@ class Index(Protocol):
     ) -> None:
         """Adds rows ``int64 [N]`` with embeddings ``float32 [N, D]`` and sessions ``int [N]``; row ids
         already held are skipped."""
+        ...
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(scores float32 [Q, k], rows int64 [Q, k])``, best first; -inf / -1 past the rows held."""
+        ...
 
     def __len__(self) -> int:
         """Rows held."""
+        ...
 
 
 def normalized(x: np.ndarray) -> np.ndarray:

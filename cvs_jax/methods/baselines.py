@@ -53,6 +53,7 @@ def make_bct(config: ml_collections.ConfigDict) -> Method:
 
 def make_lwf(config: ml_collections.ConfigDict) -> Method:
     def terms(x: StepInputs):
+        assert x.old_emb is not None  # uses_old_model=True: the step passes the old model's rows
         new = x.classifier.logits(x.params["lwf_head"], x.new_emb)
         old = x.classifier.logits(x.old_head, x.old_emb)
         return {"L_kd": distillation.lwf_kd_loss(new, old, temperature=1.0, num_old_classes=x.consts["old_classes"])}
@@ -69,6 +70,7 @@ def make_lwf(config: ml_collections.ConfigDict) -> Method:
 
 def make_mmd(config: ml_collections.ConfigDict) -> Method:
     def terms(x: StepInputs):
+        assert x.old_emb is not None  # uses_old_model=True: the step passes the old model's rows
         new = x.classifier.logits(x.head, x.new_emb)
         old = x.classifier.logits(x.old_head, x.old_emb)
         return {

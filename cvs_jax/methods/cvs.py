@@ -32,6 +32,7 @@ LM_LOSSES = (
 
 def _lm(x: StepInputs, kind: str, margin: float, squared: bool):
     """L_m or one of the distillation losses the paper's supplement puts in its place."""
+    assert x.old_emb is not None  # uses_old_model=True: the step passes the old model's rows
     if kind == "triplet":
         return losses.neighbor_session_triplet_loss(x.new_emb, x.old_emb, x.labels, margin=margin, squared=squared)
     if kind == "batch_hard":

@@ -28,7 +28,7 @@ from cvs_jax.methods import regularizers
 from cvs_jax.models.heads import Head, head_params, net_variables
 
 
-def make_batch_grad_fn(model, pipeline: augment.Pipeline, *, head: Head):
+def make_batch_grad_fn(model, pipeline: augment.Views, *, head: Head):
     """``grad_fn(variables, images, labels, valid_classes, use_predictions, key, slots, reg_weight)``:
     the network's gradient of L_c on one batch, BatchNorm on running statistics.  ``key``: None for
     un-augmented images, else train-time augmentation; ``slots``/``reg_weight``: the EWC penalty

@@ -81,6 +81,7 @@ def ract_loss(
 
 def ract_terms(x: StepInputs, *, temperature: float = TEMPERATURE, topk_neg: int = TOPK_NEG, new_to_new: bool = True):
     """``extra_terms`` of a ``ract`` method (needs the old model): ``{"L_ract": L_comp}``, weight 1.0."""
+    assert x.old_emb is not None  # uses_old_model=True: the step passes the old model's rows
     return {
         "L_ract": ract_loss(
             x.new_emb, x.old_emb, x.labels, temperature=temperature, topk_neg=topk_neg, new_to_new=new_to_new

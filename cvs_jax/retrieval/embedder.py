@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 
@@ -13,7 +15,7 @@ from cvs_jax.errors import NonFiniteError
 from cvs_jax.models.heads import net_variables
 
 
-def make_embed_fn(model, pipeline: augment.Pipeline):
+def make_embed_fn(model, pipeline: augment.Views):
     """``embed(params, batch_stats, images_u8) -> raw embeddings`` in eval mode (jitted)."""
 
     @jax.jit
@@ -31,7 +33,7 @@ class Embedder:
     ``rows_run`` counts the rows (padding included) passed through the network."""
 
     def __init__(
-        self, model, pipeline: augment.Pipeline, chunk: int, dtype: str, mesh, embed_dim: int, bucketed: bool = True
+        self, model, pipeline: augment.Views, chunk: int, dtype: str, mesh, embed_dim: int, bucketed: bool = True
     ):
         self._fn = make_embed_fn(model, pipeline)
         self._chunk = chunk
@@ -48,7 +50,8 @@ class Embedder:
         most of a lone query's 3.3 ms embed on this 2-core CPU host."""
         return distributed.replicate(variables, self._mesh)
 
-    def __call__(self, variables: dict, images: np.ndarray, *, placed: bool = False) -> np.ndarray:
+    def __call__(self, variables: dict, images: Any, *, placed: bool = False) -> np.ndarray:
+        # images: uint8 [N, H, W, C], or rows read when sliced (engine.protocol.LazyRows), as iter_chunks takes
         if not placed:
             variables = self.place(variables)  # once per call, not once per chunk
         out = [np.zeros((0, self._dim), np.float32)]

@@ -27,7 +27,7 @@ import json
 import os
 import re
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Container
 
 import jax
 import numpy as np
@@ -369,7 +369,7 @@ class Checkpoints:
             ) from e
 
     def restore_latest(
-        self, templates: dict[str, Any], steps: range | None = None
+        self, templates: dict[str, Any], steps: Container[int] | None = None
     ) -> tuple[int, dict[str, Any]] | None:
         """The newest readable checkpoint as (step, items); ones with damaged files are moved aside.
 
