@@ -200,7 +200,8 @@ def open_collectives() -> None:
         raise RuntimeError(f"the collectives' first sum over {jax.device_count()} devices gave {total}")
 
 
-def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
+# jax exports Device as a variable (jax.Device = xla_client.Device), which pyright refuses in an annotation
+def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:  # pyright: ignore[reportInvalidTypeForm]
     """The 1-axis ``data`` mesh over all global devices (every process's), Auto axis type."""
     n = len(devices) if devices is not None else jax.device_count()
     return jax.make_mesh((n,), (DATA_AXIS,), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
@@ -222,7 +223,8 @@ def _process_row_blocks(mesh: Mesh, global_rows: int) -> list[tuple[int, int]]:
             f"{mesh.devices.size} devices; choose a multiple of {mesh.devices.size}."
         )
     index_map = batch_sharding(mesh).addressable_devices_indices_map((global_rows,))
-    spans = sorted({(sl[0].start or 0, global_rows if sl[0].stop is None else sl[0].stop) for sl in index_map.values()})
+    slices = [sl for sl in index_map.values() if sl is not None]  # jax types them Index | None; a NamedSharding has all
+    spans = sorted({(sl[0].start or 0, global_rows if sl[0].stop is None else sl[0].stop) for sl in slices})
     merged: list[list[int]] = []
     for a, b in spans:
         if merged and merged[-1][1] == a:

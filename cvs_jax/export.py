@@ -35,7 +35,7 @@ import dataclasses
 import json
 import os
 import shutil
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 import flax.serialization
 import jax
@@ -155,7 +155,7 @@ def load(directory: str) -> Exported:
         with open(os.path.join(directory, "config.json")) as f:
             config = ml_collections.ConfigDict(json.load(f))
         with open(os.path.join(directory, "model.msgpack"), "rb") as f:
-            variables = flax.serialization.msgpack_restore(f.read())
+            variables = cast(dict, flax.serialization.msgpack_restore(f.read()))  # export wrote a dict
     except (OSError, ValueError) as e:
         raise ExportError(f"{directory} is not a readable export of python -m cvs_jax.export ({e}).") from e
     if info.get("format_version") != FORMAT_VERSION:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 from absl import flags
 
@@ -142,7 +143,7 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     """``argv``: what absl left after the flags (program name, then further image files)."""
     fv = flag_values
     cli.quiet_logging()  # orbax logs every file it reads at INFO
-    kwargs = {"force": True} if fv.force else {}
+    kwargs: dict[str, Any] = {"force": True} if fv.force else {}
     if fv.html is not None:
         kwargs["html"] = fv.html
     return search_or_add(

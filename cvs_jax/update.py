@@ -132,6 +132,7 @@ def _digests(stores, folders=None) -> dict[bytes, str]:
     out = {}
     for store, folder in zip(stores, folders or [None] * len(stores)):
         info = records.read_info(store)
+        assert info is not None  # the run's stores are complete (prepared before it trained)
         for split in ("train", "test"):
             rows = records.StoreSplit(store, split, info)
             for digest, name in zip(rows.digests(), sources.shown_sources(store, rows.sources(), folder)):

@@ -30,7 +30,7 @@ import json
 import os
 import shutil
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -211,7 +211,7 @@ class StoreSplit:
     def image_shape(self) -> tuple[int, ...]:
         return self._shape
 
-    def _records(self, idx: list[int]) -> list[bytes]:
+    def _records(self, idx: list[int]) -> Sequence[bytes]:
         if self._source is None:
             from array_record.python.array_record_data_source import (  # pylint: disable=g-import-not-at-top
                 ArrayRecordDataSource,
@@ -228,9 +228,9 @@ class StoreSplit:
             ) from e
 
     def read(self, idx: np.ndarray) -> np.ndarray:
-        idx = np.asarray(idx, np.int64).tolist()
-        out = np.empty((len(idx), *self._shape), np.uint8)
-        for j, (i, record) in enumerate(zip(idx, self._records(idx))):
+        ids: list[int] = np.asarray(idx, np.int64).tolist()
+        out = np.empty((len(ids), *self._shape), np.uint8)
+        for j, (i, record) in enumerate(zip(ids, self._records(ids))):
             head, data = _parse(record)
             try:
                 out[j] = decode(data, self._shape)

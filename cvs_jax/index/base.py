@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from cvs_jax.errors import IndexBackendError
 
@@ -79,7 +80,7 @@ class RowIds:
         self._insert(rows[keep])
         return rows[keep], emb[keep], arrival[keep].astype(np.int64), model[keep].astype(np.int64)
 
-    def hold(self, rows: np.ndarray) -> None:
+    def hold(self, rows: ArrayLike) -> None:
         """Marks rows as held that were added elsewhere (an index reopened from its store)."""
         rows = np.unique(np.asarray(rows, np.int64))
         self._insert(rows[~self._held(rows)])

@@ -98,7 +98,9 @@ class MilvusIndex:
         self._client.create_collection(self._name, schema=schema, index_params=index, consistency_level="Strong")
 
     def _reopen(self, dim: int) -> None:
-        fields = {f["name"]: f for f in self._client.describe_collection(self._name)["fields"]}
+        # pymilvus leaves describe_collection unannotated and pyright infers its async twin's coroutine
+        described = self._client.describe_collection(self._name)
+        fields = {f["name"]: f for f in described["fields"]}  # pyright: ignore[reportIndexIssue]
         have = int(fields.get(VECTOR, {}).get("params", {}).get("dim", -1))
         if set(fields) != {ROW, VECTOR, ARRIVAL, MODEL} or have != dim:
             raise IndexBackendError(
@@ -130,7 +132,8 @@ class MilvusIndex:
             got = self._client.query(self._name, filter=f"{ROW} in {pick.tolist()}", output_fields=[ROW, VECTOR])
             stored = {int(r[ROW]): np.asarray(r[VECTOR], np.float32) for r in got}
             want = normalized(np.asarray(embeddings_of(pick), np.float32))
-            differ = sum(not np.allclose(stored.get(int(i), 0 * w), w, atol=1e-3) for i, w in zip(pick, want))
+            missing = np.zeros(want.shape[1:], np.float32)  # a row Milvus lacks compares as zeros
+            differ = sum(not np.allclose(stored.get(int(i), missing), w, atol=1e-3) for i, w in zip(pick, want))
         if extra.size or differ:
             what = f"{extra.size} row id(s) this run lacks" if extra.size else f"{differ} sampled row(s) unlike its own"
             raise IndexBackendError(

@@ -143,6 +143,7 @@ class ForkFisher:
                 augment_key=jax.random.fold_in(jax.random.key(view.seed), 1000 + s),
                 penalty=(_penalty_slots(state, self.normalize).get("reg_slots", ()), view.loss_weights["L_reg"]),
             )
+        assert last is not None  # a trained session's last model (phases.Selection.last)
         slot = {"importance": jax.device_get(slot_importance), "anchor": jax.device_get(last["params"]["net"])}
         view.log(f"importance ({self.kind}, fork) of session {s + 1}: {importance.describe(slot['importance'])}")
         return ImportanceState(state.slots + (slot,), running, s)

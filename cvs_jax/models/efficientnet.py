@@ -31,6 +31,7 @@ from typing import Mapping
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 from cvs_jax.models.resnet import _torch_linear_init
 
@@ -88,7 +89,7 @@ class DepthwiseConv(nn.Module):
 
     kernel: int
     stride: int
-    dtype: jnp.dtype = jnp.float32
+    dtype: DTypeLike = jnp.float32
 
     @nn.compact
     def __call__(self, x):
@@ -116,7 +117,7 @@ class MBConv(nn.Module):
     kernel: int
     stride: int
     out: int
-    dtype: jnp.dtype = jnp.float32
+    dtype: DTypeLike = jnp.float32
 
     @nn.compact
     def __call__(self, x, running: bool):
@@ -138,7 +139,7 @@ class EfficientNetLite(nn.Module):
 
     spec: LiteSpec
     embed_dim: int = 128
-    dtype: jnp.dtype = jnp.float32
+    dtype: DTypeLike = jnp.float32
     frozen_bn: bool = True
     train_blocks: int | None = None
     part: str = "full"  # "full" | "trunk" | "top"
@@ -181,6 +182,7 @@ class EfficientNetLite(nn.Module):
 
     def frozen_names(self) -> set[str]:
         """The top-level parameter names of the frozen trunk (``train_blocks`` set)."""
+        assert self.train_blocks is not None
         n = len(self.spec.blocks())
         head = {"conv_head", "bn1"} if self.train_blocks == 0 else set()
         return {"conv_stem", "bn0"} | {f"blocks_{i}" for i in range(n - self.train_blocks)} | head

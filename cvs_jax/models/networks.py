@@ -95,7 +95,9 @@ def from_config(config, part: str = "full"):
     if m.name == "vit":
         from cvs_jax.models.backbones import check_pretrained  # pylint: disable=g-import-not-at-top
 
-        spec = dataclasses.replace(check_pretrained(config).vit, grid=None)
+        found = check_pretrained(config)
+        assert found is not None and found.vit is not None  # model.name='vit' needs model.pretrained, a ViT file
+        spec = dataclasses.replace(found.vit, grid=None)
         return VisionTransformer(spec, embed_dim=m.embed_dim, dtype=m.dtype, train_blocks=k, part=part)
     return build_model(
         m.name,

@@ -29,6 +29,7 @@ from typing import Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 # Named architectures (``model.name``). ``tiny`` is the test/demo model: same code path, 1 block per stage.
 # ``resnet50`` (bottleneck blocks) exists only in the torchvision layout.
@@ -73,7 +74,7 @@ class ConvBNReLU(nn.Module):
     kernel: int
     stride: int
     relu: bool = True
-    dtype: jnp.dtype = jnp.float32
+    dtype: DTypeLike = jnp.float32
     frozen_bn: bool = False
 
     @nn.compact
@@ -98,7 +99,7 @@ class BasicBlock(nn.Module):
     features: int
     stride: int
     layout: str  # "cifar" or "imagenet"
-    dtype: jnp.dtype = jnp.float32
+    dtype: DTypeLike = jnp.float32
     frozen_bn: bool = False
 
     @nn.compact
@@ -120,7 +121,7 @@ class ResNetEmbedding(nn.Module):
     width: int = 64
     layout: str = "cifar"
     embed_dim: int = 128
-    dtype: jnp.dtype = jnp.float32
+    dtype: DTypeLike = jnp.float32
     frozen_bn: bool = False  # BN always uses running statistics (also when train=True)
 
     @nn.compact
@@ -130,7 +131,8 @@ class ResNetEmbedding(nn.Module):
             x = ConvBNReLU(self.width, 3, 1, dtype=self.dtype, frozen_bn=self.frozen_bn)(x, train)
         elif self.layout == "imagenet":
             x = ConvBNReLU(self.width, 7, 2, dtype=self.dtype, frozen_bn=self.frozen_bn)(x, train)
-            x = nn.max_pool(x, (3, 3), (2, 2), padding=[(1, 1), (1, 1)])
+            # flax leaves max_pool unannotated, so pyright takes padding for a str (its default); pairs work
+            x = nn.max_pool(x, (3, 3), (2, 2), padding=[(1, 1), (1, 1)])  # pyright: ignore[reportArgumentType]
         else:
             raise ValueError(f"model.layout={self.layout!r}: use 'cifar' or 'imagenet'.")
         for i, blocks in enumerate(self.stage_sizes):
@@ -181,7 +183,7 @@ class TorchvisionBasicBlock(nn.Module):
     stride: int
     bn_eps: float = 1e-5
     frozen_bn: bool = False
-    dtype: jnp.dtype = jnp.float32
+    dtype: DTypeLike = jnp.float32
 
     @nn.compact
     def __call__(self, x, train: bool):
@@ -202,7 +204,7 @@ class Bottleneck(nn.Module):
     stride: int
     bn_eps: float = 1e-5
     frozen_bn: bool = False
-    dtype: jnp.dtype = jnp.float32
+    dtype: DTypeLike = jnp.float32
 
     @nn.compact
     def __call__(self, x, train: bool):
@@ -237,7 +239,7 @@ class TorchvisionResNet(nn.Module):
     embed_dim: int = 128
     bn_eps: float = 1e-5
     frozen_bn: bool = False
-    dtype: jnp.dtype = jnp.float32
+    dtype: DTypeLike = jnp.float32
     train_blocks: int | None = None
     part: str = "full"  # "full" | "trunk" | "top"
 
@@ -252,7 +254,8 @@ class TorchvisionResNet(nn.Module):
             x = x.astype(self.dtype)
             x = _tv_conv(self.width, 7, 2, "conv1", self.dtype)(x)
             x = nn.relu(_tv_bn("bn1", trunk_train, self.frozen_bn, self.bn_eps, self.dtype)(x))
-            x = nn.max_pool(x, (3, 3), (2, 2), padding=[(1, 1), (1, 1)])
+            # flax leaves max_pool unannotated, so pyright takes padding for a str (its default); pairs work
+            x = nn.max_pool(x, (3, 3), (2, 2), padding=[(1, 1), (1, 1)])  # pyright: ignore[reportArgumentType]
             x = self._stages(x, range(stages - k), trunk_train)
             if k == 0:
                 x = global_average_pool(x)
@@ -284,5 +287,6 @@ class TorchvisionResNet(nn.Module):
 
     def frozen_names(self) -> set[str]:
         """The top-level parameter names of the frozen trunk (``train_blocks`` set)."""
+        assert self.train_blocks is not None
         stages = len(self.stage_sizes) - self.train_blocks
         return {"conv1", "bn1"} | {f"layer{i + 1}_{b}" for i in range(stages) for b in range(self.stage_sizes[i])}

@@ -53,7 +53,8 @@ class _Storage:
     """A storage named by the pickle; its bytes are attached once the file's data section is read."""
 
     def __init__(self, dtype, numel: int | None):
-        self.dtype, self.numel, self.array = dtype, numel, None
+        self.dtype, self.numel = dtype, numel
+        self.array: np.ndarray | None = None
 
 
 class _TensorRef:
@@ -62,6 +63,7 @@ class _TensorRef:
 
     def numpy(self) -> np.ndarray:
         base = self.storage.array
+        assert base is not None  # attached before any tensor is read (the data section follows the pickle)
         if not self.size:
             return np.array(base[self.offset])
         item = base.itemsize

@@ -22,10 +22,12 @@ the pretrained backbone is used for embeddings and fine-tuned gently.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 from cvs_jax.models.resnet import _torch_linear_init
 
@@ -56,8 +58,9 @@ class ViTSpec:
 # Named architectures (timm's model names without the pretraining tag): the name fixes the network, so
 # a trained run is rebuilt (search, export, update) without the weight file; a file that differs is
 # refused. The stored pos_embed grid comes from the file (resampled at load).
-_S, _B = dict(width=384, mlp_dim=1536), dict(width=768, mlp_dim=3072)
-_REG4 = dict(registers=4, no_embed_class=True)  # timm's *_reg4_dinov2 (Darcet et al. 2024)
+_S: dict[str, Any] = dict(width=384, mlp_dim=1536)
+_B: dict[str, Any] = dict(width=768, mlp_dim=3072)
+_REG4: dict[str, Any] = dict(registers=4, no_embed_class=True)  # timm's *_reg4_dinov2 (Darcet et al. 2024)
 VIT_ARCHITECTURES = {
     "vit_small_patch16": ViTSpec(depth=12, patch=16, **_S),
     "vit_base_patch16": ViTSpec(depth=12, patch=16, **_B),
@@ -80,7 +83,7 @@ class LayerScale(nn.Module):
 class Attention(nn.Module):
     width: int
     heads: int
-    dtype: jnp.dtype = jnp.float32
+    dtype: DTypeLike = jnp.float32
 
     @nn.compact
     def __call__(self, x):
@@ -98,7 +101,7 @@ class Attention(nn.Module):
 class Mlp(nn.Module):
     hidden: int
     width: int
-    dtype: jnp.dtype = jnp.float32
+    dtype: DTypeLike = jnp.float32
 
     @nn.compact
     def __call__(self, x):
@@ -109,7 +112,7 @@ class Mlp(nn.Module):
 
 class Block(nn.Module):
     spec: ViTSpec
-    dtype: jnp.dtype = jnp.float32
+    dtype: DTypeLike = jnp.float32
 
     @nn.compact
     def __call__(self, x):
@@ -137,7 +140,7 @@ class VisionTransformer(nn.Module):
 
     spec: ViTSpec
     embed_dim: int = 128
-    dtype: jnp.dtype = jnp.float32
+    dtype: DTypeLike = jnp.float32
     train_blocks: int | None = None
     part: str = "full"  # "full" | "trunk" | "top"
 
@@ -169,6 +172,7 @@ class VisionTransformer(nn.Module):
 
     def frozen_names(self) -> set[str]:
         """The top-level parameter names of the frozen trunk (``train_blocks`` set)."""
+        assert self.train_blocks is not None
         return frozen_names(self.spec, self.train_blocks)
 
     def _embed_tokens(self, x):

@@ -11,6 +11,7 @@ import base64
 import html
 import io
 import os
+from typing import Sequence
 
 import matplotlib
 
@@ -99,7 +100,7 @@ def thumbnail_uri(image: np.ndarray, side: int = THUMB) -> str:
     s = min(w, h)
     im = im.crop(((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s))
     small = s <= 64  # e.g. 28x28 Fashion-MNIST: enlarge without blurring, PNG keeps it exact and small
-    im = im.resize((side, side), Image.NEAREST if small else Image.BILINEAR)
+    im = im.resize((side, side), Image.Resampling.NEAREST if small else Image.Resampling.BILINEAR)
     buf = io.BytesIO()
     if small:
         im.save(buf, format="PNG", optimize=True)
@@ -127,7 +128,9 @@ def cell(image_uri: str | None, lines: list[str], cls: str = "", alt: str = "") 
     return f'<div class="cell {cls}">{picture}' + "".join(f"<div>{line}</div>" for line in lines) + "</div>"
 
 
-def table(head: list[str], rows: list[list[str]], row_classes: list[str] | None = None, left=(0,)) -> str:
+def table(
+    head: list[str], rows: Sequence[Sequence[str | tuple[str, str]]], row_classes: list[str] | None = None, left=(0,)
+) -> str:
     """``head`` and ``rows``: cell HTML; a cell given as ``(html, class)`` gets that class.  Columns
     ``left`` (text) are left-aligned, the others (numbers) right-aligned."""
 

@@ -15,6 +15,7 @@ import os
 from typing import Callable
 
 import numpy as np
+from matplotlib.patches import Rectangle
 
 from cvs_jax.config.stored import stored_config
 from cvs_jax.reports import html, plots
@@ -96,6 +97,7 @@ def _recall_section(results: dict | None) -> str:
     per = (results or {}).get("per_session") or []
     if not per:
         return "<h2>Recall</h2><p>No session has finished yet.</p>"
+    assert results is not None  # per came from it
     ks = list(per[0]["recall"])
     head = ["session"] + [f"R@{k} (%)" for k in ks] + ["mAP (%)", "test queries", "gallery rows"]
     rows = [
@@ -152,7 +154,7 @@ def heatmap(matrix, lost: set[tuple[int, int]]):
                     color="black" if m[i, j] > 55 else "white", fontweight="bold" if (i, j) in lost else "normal",
                 )  # fmt: skip
     for i, j in lost:
-        ax.add_patch(plt.Rectangle((j - 0.47, i - 0.47), 0.94, 0.94, fill=False, edgecolor="#ff3b30", linewidth=2.5))
+        ax.add_patch(Rectangle((j - 0.47, i - 0.47), 0.94, 0.94, fill=False, edgecolor="#ff3b30", linewidth=2.5))
     ax.set_xticks(range(n), [str(j + 1) for j in range(n)])
     ax.set_yticks(range(n), [str(i + 1) for i in range(n)])
     ax.set_xlabel("gallery rows of session j (embedded by model j)")
@@ -166,12 +168,13 @@ def _compat_section(results: dict | None) -> str:
     matrix = (results or {}).get("compatibility_recall1")
     if not matrix:
         return "<h2>Compatibility</h2><p>Not computed yet: the matrix is written when a run or an update finishes.</p>"
+    assert results is not None  # matrix came from it
     lost = lost_cells(matrix)
     n = len(matrix)
     head = ["model \\ rows"] + [f"S{j + 1}" for j in range(n)]
     rows = []
     for i, row in enumerate(matrix):
-        cells = [f"S{i + 1}"]
+        cells: list[str | tuple[str, str]] = [f"S{i + 1}"]  # a cell: its html, or (html, its class)
         for j, v in enumerate(row):
             text = f'<span data-compat="{i + 1}:{j + 1}">{html.pct(v)}</span>'
             cells.append((text, "lost" if (i, j) in lost else ("na" if v is None else "")))

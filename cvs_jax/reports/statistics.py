@@ -6,6 +6,7 @@ No SciPy: the regularized incomplete beta function by a continued fraction (modi
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -93,7 +94,7 @@ def paired_difference(values: dict[int, float], reference: dict[int, float]) -> 
     With fewer than two seeds the interval and the verdict are None ("n/a")."""
     seeds = sorted(set(values) & set(reference))
     diffs = [float(values[s] - reference[s]) for s in seeds]
-    out = {
+    out: dict[str, Any] = {
         "n": len(seeds),
         "per_seed": {str(s): d for s, d in zip(seeds, diffs)},
         "mean": None,
@@ -106,8 +107,10 @@ def paired_difference(values: dict[int, float], reference: dict[int, float]) -> 
         out["mean"], out["std"] = mean_std(diffs)
     if len(diffs) >= 2:
         q = t_quantile(0.5 + CONFIDENCE / 2, len(diffs) - 1)
-        half = q * out["std"] / math.sqrt(len(diffs))
-        out["ci95"] = [out["mean"] - half, out["mean"] + half]
+        mean, std = out["mean"], out["std"]
+        assert mean is not None and std is not None  # set above: diffs is not empty
+        half = q * std / math.sqrt(len(diffs))
+        out["ci95"] = [mean - half, mean + half]
         out["t_quantile"] = q
         out["significant"] = bool(out["ci95"][0] > 0 or out["ci95"][1] < 0)
     return out

@@ -6,6 +6,7 @@ paired differences to ``cvs``, and the
 from __future__ import annotations
 
 import csv
+from typing import Sequence
 
 import numpy as np
 
@@ -36,8 +37,8 @@ def _paired(ok_a: dict, ok_b: dict, keys: list[str]) -> dict:
     """Paired differences a - b per key (AR@K and COMPAT) over the seeds both finished."""
     out = {}
     for k in keys:
-        a = {s: _metric(r, k) for s, r in ok_a.items() if _metric(r, k) is not None}
-        b = {s: _metric(r, k) for s, r in ok_b.items() if _metric(r, k) is not None}
+        a = {s: v for s, r in ok_a.items() if (v := _metric(r, k)) is not None}
+        b = {s: v for s, r in ok_b.items() if (v := _metric(r, k)) is not None}
         out[k] = paired_difference(a, b)
     return out
 
@@ -61,7 +62,7 @@ def summarize_runs(runs: list[dict], methods: list[str]) -> list[dict]:
             "vs_" + REFERENCE: None,
         }
         for key in COMPAT:
-            values = {s: _metric(r, key) for s, r in ok[m].items() if _metric(r, key) is not None}
+            values = {s: v for s, r in ok[m].items() if (v := _metric(r, key)) is not None}
             if values:
                 mean, std = mean_std(list(values.values()))
                 entry[key] = {"mean": mean, "std": std, "per_seed": {str(s): v for s, v in values.items()}}
@@ -154,7 +155,7 @@ def _shown(summary: list[dict]) -> list[str]:
     return [c for c in COMPAT if c != AC_PASS or differ]
 
 
-def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str, pairs: list[dict] = ()) -> str:
+def markdown(summary: list[dict], runs: list[dict], title: str, split_note: str, pairs: Sequence[dict] = ()) -> str:
     ks = next((list(e["average_recall"]) for e in summary if e["average_recall"]), [])
     n_seeds = len({r["seed"] for r in runs})
     heads = {r["method"]: r["head"] for r in runs}

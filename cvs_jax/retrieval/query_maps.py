@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -78,7 +78,8 @@ class QueryMap:
         """An ``.npz`` beside the session checkpoints (written whole or not at all)."""
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path + ".tmp", "wb") as f:
-            np.savez(f, **self.as_dict())
+            # pyright cannot tell the keys from savez's allow_pickle keyword (they are matrix, bias, kind)
+            np.savez(f, **self.as_dict())  # pyright: ignore[reportArgumentType]
         os.replace(path + ".tmp", path)
 
     @classmethod
@@ -162,7 +163,7 @@ def map_queries(
 
 
 def mapped_topk_indices(
-    query_emb, parts: Sequence[tuple[int, object]], maps: Mapping[int, QueryMap], model_session: int, k: int
+    query_emb, parts: Sequence[tuple[int, Any]], maps: Mapping[int, QueryMap], model_session: int, k: int
 ):
     """``(scores, rows)`` ``[Q, k]`` of the nearest rows of ``parts`` (``(session j, rows [N_j, D])`` in
     gallery order; rows numbered across them) for queries of ``model_session``'s model, each part searched

@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import re
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import jax
 import ml_collections
@@ -49,7 +49,7 @@ def parse_int(text: str) -> int | None:
     return int(text)
 
 
-def prepare(images: Iterable[Any], shape: tuple[int, int, int]) -> np.ndarray:
+def prepare(images: Iterable[Any], shape: Sequence[int]) -> np.ndarray:
     """Image files, PIL images or uint8 arrays -> uint8 [N, H, W, C] as the gallery images were stored.
 
     Every image goes through ``resize.to_stored`` (the builders' rule: shorter side resized, centre
@@ -78,7 +78,7 @@ def prepare(images: Iterable[Any], shape: tuple[int, int, int]) -> np.ndarray:
     return np.stack(out)
 
 
-def _from_array(arr: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
+def _from_array(arr: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     if arr.dtype != np.uint8 or arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[-1] not in (1, 3, 4)):
         raise SearchError(f"an image array of shape {arr.shape} and dtype {arr.dtype}: pass uint8 [H, W(, C)].")
     if arr.shape == shape:
@@ -175,6 +175,7 @@ def store_digests(config: ml_collections.ConfigDict) -> dict[str, str]:
     out: dict[str, str] = {}
     for store, folder in zip(stores, folders):
         info = records.read_info(store)
+        assert info is not None  # the run's stores are complete (prepared before it trained)
         for split in ("train", "test"):
             if not os.path.exists(os.path.join(store, f"{split}.sha256.npy")):
                 continue
@@ -218,7 +219,7 @@ class Run:
         # retrieval.query_map: {s: model s -> model s - 1}; empty for a run without maps
         self.query_maps = query_maps.stored_maps(workdir, self.gallery_session, c.retrieval.query_map)
         self._additions = additions.writer(workdir) if for_add else None
-        if for_add:
+        if self._additions is not None:  # for_add
             self._added = additions.read_for_append(self._additions, c.model.embed_dim)
         else:
             self._added = additions.read(workdir, c.model.embed_dim)

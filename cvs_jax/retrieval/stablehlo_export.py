@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import cast
 
 import flax.traverse_util
 import jax
@@ -63,7 +64,7 @@ def embed_function(config, image_shape):
 
     def embed(weights, images):
         variables = flax.traverse_util.unflatten_dict(weights, sep="/")
-        out = model.apply(variables, pipeline.eval(images), train=False)
+        out = cast(jax.Array, model.apply(variables, pipeline.eval(images), train=False))  # no mutable: output only
         return out.astype(jnp.float32)
 
     return embed

@@ -100,10 +100,10 @@ def _n_dev(mesh: Mesh) -> int:
     return int(mesh.shape[distributed.DATA_AXIS])
 
 
-def _host_to_mesh(x: np.ndarray, sharding: NamedSharding, rows: int, fill=0) -> jax.Array:
+def _host_to_mesh(x: Any, sharding: NamedSharding, rows: int, fill=0) -> jax.Array:
     """``x`` padded to ``rows`` rows, placed with ``sharding``: each device reads only its own slice.
 
-    Works for numpy arrays and memory maps alike, and with several processes (each
+    Works for numpy arrays, memory maps and ``_AsFloat32`` views alike, and with several processes (each
     process reads the rows of its own devices only).
     """
     n = x.shape[0]
@@ -496,7 +496,7 @@ def topk_indices_blocked(
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         pending = pool.submit(read, starts[0]) if prefetch else None
         for j, start in enumerate(starts):
-            block = pending.result() if prefetch else read(start)
+            block = pending.result() if pending is not None else read(start)  # pending is set iff prefetch
             if prefetch and j + 1 < len(starts):
                 pending = pool.submit(read, starts[j + 1])
             g = ShardedGallery(

@@ -100,7 +100,7 @@ class _Unreadable(Exception):
     """Internal: damaged or missing files (restore_latest moves the checkpoint aside and falls back)."""
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
+def _chain(exc: BaseException | None) -> list[BaseException]:
     out, seen = [], set()
     while exc is not None and id(exc) not in seen and len(out) < 16:
         out.append(exc)
@@ -258,7 +258,7 @@ class Checkpoints:
     def save(self, step: int, trees: dict[str, Any], meta: dict) -> None:
         self._mgr.wait_until_finished()  # one save at a time: the previous one is on disk before the next starts
         # orbax refuses empty containers; an empty dict is stored as a marker and restored as {}.
-        args = {
+        args: dict[str, Any] = {  # the trees, and the JSON meta below
             k: ocp.args.StandardSave(jax.device_get(v) if v else {_EMPTY: np.zeros((1,), np.int8)})
             for k, v in trees.items()
         }
@@ -320,7 +320,7 @@ class Checkpoints:
         path = os.path.join(self._dir, str(step))
         try:
             self._check(step, templates)
-            args = {
+            args: dict[str, Any] = {  # the trees, and the JSON meta below
                 k: ocp.args.StandardRestore(
                     None
                     if t is None or not jax.tree.leaves(t)

@@ -33,7 +33,7 @@ class GalleryPart:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def as_dict(self) -> dict[str, np.ndarray]:
+    def as_dict(self) -> dict[str, np.ndarray | np.generic]:
         return {
             "embeddings": np.asarray(self.embeddings, np.float32),
             "labels": np.asarray(self.labels, np.int32),

@@ -39,7 +39,7 @@ class RunLog:
 
     def write(self, *, global_step: int, **record) -> None:
         """Appends one JSON line (session, epoch, step and scalar metrics) and its TB scalars."""
-        if not self._main:
+        if not self._main or self._tb is None:  # the writer exists on the main process only
             return
         record["time"] = round(time.time(), 3)
         with open(self._path, "a") as f:
@@ -69,7 +69,7 @@ class RunLog:
             with open(tmp, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in kept)
             os.replace(tmp, self._path)
-            if global_step is not None:
+            if global_step is not None and self._tb is not None:  # the main process's writer
                 self._tb.close()
                 self._tb = self._tensorboard(purge_step=global_step + 1)
 

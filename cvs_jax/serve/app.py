@@ -14,6 +14,7 @@ import io
 import logging
 import os
 import time
+from typing import Literal, overload
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -21,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from PIL import Image
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 
 from cvs_jax.errors import IndexUnavailableError, UserError, WorkdirBusyError
@@ -74,7 +75,7 @@ class Ctx:
     limits: Limits
     metrics: Metrics
     allowed_hosts: tuple[str, ...] | None
-    sessions: sessions.SessionJob | None = None
+    sessions: sessions.SessionJob
 
 
 def _ctx(request: Request) -> Ctx:
@@ -151,7 +152,11 @@ def _handlers() -> dict:
     }
 
 
-async def _body(request: Request, ctx: Ctx, multipart: bool):
+@overload
+async def _body(request: Request, ctx: Ctx, multipart: Literal[True]) -> FormData: ...
+@overload
+async def _body(request: Request, ctx: Ctx, multipart: Literal[False]) -> bytes: ...
+async def _body(request: Request, ctx: Ctx, multipart: bool) -> FormData | bytes:
     """The request's form or body, read within ``read_timeout_s`` (a slow or stalled client gets 408)."""
     limits = ctx.limits
     if multipart:
@@ -307,7 +312,7 @@ async def healthz(request: Request):
 async def prometheus(request: Request):
     ctx = _ctx(request)
     served = ctx.served
-    gauges = {
+    gauges: dict[str, tuple[str, float]] = {
         "cvs_gallery_rows": ("Rows searched (session rows and added rows).", len(served.run.rows)),
         "cvs_model_session": ("The session (1-based) whose model embeds the queries.", served.model_session),
         "cvs_model_switches_total": ("Switches to a newer session since the start.", served.switches),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from typing import Mapping
 
 BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -29,7 +30,9 @@ class Metrics:
             self._sum[route] += seconds
             self._count[route] += 1
 
-    def text(self, gauges: dict[str, tuple[str, float]], labelled: dict[str, tuple[str, dict]] | None = None) -> str:
+    def text(
+        self, gauges: Mapping[str, tuple[str, float]], labelled: Mapping[str, tuple[str, Mapping]] | None = None
+    ) -> str:
         """The exposition; ``gauges``: name -> (help, value); ``labelled``: counters kept elsewhere, name ->
         (help, {decision: count}) (the gate's verdicts)."""
         out = [

@@ -72,7 +72,7 @@ class SessionJob:
             return False
         config = added_session.run_config(self.workdir)
         pending = added_session.labelled_pending(self.workdir, list(config.data.updates), int(config.model.embed_dim))
-        if pending < self.learn_after:
+        if self.learn_after is None or pending < self.learn_after:  # the app calls this with it set
             return False
         try:
             self.start()

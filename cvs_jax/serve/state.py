@@ -255,8 +255,12 @@ class Served:
     def _embeddings_of(self, ids: np.ndarray) -> np.ndarray:
         """The stored embeddings of rows by id (float32 [N, D])."""
         run = self.run
-        rows = [run.row_of_id(int(i)) for i in ids]
-        return np.stack([np.asarray(run.rows.embeddings[r : r + 1], np.float32)[0] for r in rows])
+        out = []
+        for i in ids:
+            r = run.row_of_id(int(i))
+            assert r is not None  # check_rows asks only for ids the run holds
+            out.append(np.asarray(run.rows.embeddings[r : r + 1], np.float32)[0])
+        return np.stack(out)
 
     @staticmethod
     def _fill(index, run: run_reader.Run):

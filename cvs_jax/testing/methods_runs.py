@@ -80,7 +80,8 @@ def outcome(workdir):
     with open(paths.metrics_file(workdir)) as f:
         metrics = [json.loads(line) for line in f]
     for m in metrics:
-        m.pop("time"), m.pop("images_per_s", None)
+        m.pop("time")
+        m.pop("images_per_s", None)
     return results, metrics
 
 

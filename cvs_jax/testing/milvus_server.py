@@ -18,7 +18,8 @@ class MilvusServer:
     """``with MilvusServer(folder) as m: m.uri``; raises ImportError where the ``milvus`` package is absent."""
 
     def __init__(self, folder: str, start_timeout_s: float = 120.0):
-        import milvus  # pylint: disable=g-import-not-at-top  # the milvus_server extra
+        # the milvus_server extra, which dev (and so pyright's environment) leaves out
+        import milvus  # pylint: disable=g-import-not-at-top  # pyright: ignore[reportMissingImports]
 
         self._milvus = milvus
         self._folder = os.path.abspath(folder)
@@ -62,6 +63,7 @@ class MilvusServer:
 
     @property
     def pid(self) -> int:
+        assert self._server is not None  # started
         return self._server.server_proc.pid
 
     def kill(self) -> None:
@@ -88,10 +90,13 @@ class MilvusServer:
         self._close()
 
     def _close(self) -> None:
-        for fd in self._server.proc_fds.values():
+        server = self._server
+        if server is None:  # kill and stop look first
+            return
+        for fd in server.proc_fds.values():
             fd.close()
-        self._server.proc_fds.clear()
-        self._server.server_proc = None
+        server.proc_fds.clear()
+        server.server_proc = None
         self._server = None
 
     def log_tail(self, n: int = 20) -> str:

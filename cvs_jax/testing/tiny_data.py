@@ -80,7 +80,7 @@ def fake_class_image(rng: np.random.Generator, label: int, size: tuple[int, int]
 
     pattern = np.random.default_rng(10_000 + label).integers(0, 256, (6, 6, 3), dtype=np.uint8)
     h, w = size
-    image = np.asarray(Image.fromarray(pattern).resize((w, h), Image.BILINEAR), np.float32)
+    image = np.asarray(Image.fromarray(pattern).resize((w, h), Image.Resampling.BILINEAR), np.float32)
     image += rng.normal(0, 25, image.shape)
     return np.clip(image, 0, 255).astype(np.uint8)
 

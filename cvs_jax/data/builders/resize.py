@@ -79,7 +79,7 @@ def to_stored(pil_image, shape) -> np.ndarray:
     img = pil_image if pil_image.mode == mode else pil_image.convert(mode)
     width, height = resized_shape(img.width, img.height, size)
     if (width, height) != img.size:
-        img = img.resize((width, height), Image.BILINEAR)
+        img = img.resize((width, height), Image.Resampling.BILINEAR)
     left = int(round((width - size) / 2.0))  # torchvision's CenterCrop offsets
     top = int(round((height - size) / 2.0))
     img = img.crop((left, top, left + size, top + size))
