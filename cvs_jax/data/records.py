@@ -30,7 +30,7 @@ import json
 import os
 import shutil
 import time
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -107,7 +107,7 @@ def _parse(record: bytes) -> tuple[dict, bytes]:
 
 def write(
     directory: str,
-    splits: dict[str, Iterable[Example]],
+    splits: Mapping[str, Iterable[Example]],
     *,
     encoding: str,
     info: Callable[[], dict[str, Any]],

@@ -29,14 +29,15 @@ import shutil
 import tempfile
 import time
 import types
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import tensorflow_datasets as tfds
+from tensorflow_datasets.core import registered as tfds_registered  # tfds.core.registered, which pyright cannot see
 
 from cvs_jax.data import records
 from cvs_jax.data.builders import image_folder
-from cvs_jax.data.builders._common import LocalBuilder, SourceInfo
+from cvs_jax.data.builders._common import LocalBuilder, SourceInfo, features_of
 from cvs_jax.data.builders.fashion_mnist_local import FashionMnistLocal
 from cvs_jax.data.builders.image_folder import ImageFolder
 from cvs_jax.data.builders.inat_m import InatM
@@ -124,7 +125,8 @@ class ImageDataset:
     def source_names(self, split: str = "train") -> list[str] | None:
         """Each row's source (a file path, or ``file#index`` for packed files); None when unknown."""
         names = [read_source_names(s, split) for s in self.stores]
-        return None if not names or any(n is None for n in names) else [x for n in names for x in n]
+        known = [n for n in names if n is not None]
+        return None if not names or len(known) < len(names) else [x for n in known for x in n]
 
 
 def read_source_names(store: str, split: str = "train") -> list[str] | None:
@@ -140,11 +142,12 @@ def source_names(data_config, split: str = "train") -> list[str] | None:
     """The sources of a run's dataset rows (``config.data``), without loading the dataset: what
     ``search`` and ``export`` show for gallery rows.  None for standard TFDS datasets."""
     stores = store_dirs(data_config)
-    names = None if stores is None else [read_source_names(s, split) for s in stores]
-    if names is None or any(n is None for n in names):
+    names = [] if stores is None else [read_source_names(s, split) for s in stores]
+    known = [n for n in names if n is not None]
+    if stores is None or len(known) < len(names):
         return None
     given = [data_config.manual_dir] + list(data_config.updates)
-    return [x for store, n, m in zip(stores, names, given) for x in shown_sources(store, n, m)]
+    return [x for store, n, m in zip(stores, known, given) for x in shown_sources(store, n, m)]
 
 
 def store_dirs(data_config) -> list[str] | None:
@@ -261,9 +264,11 @@ def _load_local(
             )
     else:
         if source is None:
+            assert local.missing is not None  # _resolve_local keeps why the source is absent
             raise local.missing
         _prepare(local, data_dir)
         info = records.read_info(directory)
+        assert info is not None  # _prepare wrote the store
 
     skipped = [f for split in ("train", "test") for f in info.get(f"skipped_{split}", [])]
     if skipped:
@@ -392,6 +397,7 @@ def _resolve_local(name: str, data_dir: str, manual_dir: str | None, options: di
                 if records.read_info(records.store_dir(data_dir, f"{base}/{c.name}")) is not None
             ]
             if len(prepared) != 1:
+                assert missing is not None  # set with source None
                 raise missing
             config = prepared[0]
     full_name = f"{base}/{config}" if config else base
@@ -399,10 +405,12 @@ def _resolve_local(name: str, data_dir: str, manual_dir: str | None, options: di
         # a store named by its source: found through the index of the stores prepared from this folder
         directory = indexed_store(data_dir, manual_dir, options)
         if directory is None:
+            assert missing is not None  # set with source None
             raise missing
     else:
         directory = records.store_dir(data_dir, cls.store_name(full_name, source))
     if source is None and records.read_info(directory) is None:
+        assert missing is not None  # set with source None
         raise missing
     if source is not None and cls.store_name(full_name, None) != full_name:
         _index_store(data_dir, manual_dir, options, directory)
@@ -474,6 +482,7 @@ def shown_sources(store: str, names: list[str], manual_dir: str | None) -> list[
 def _prepare(local: _Local, data_dir: str) -> None:
     """Runs the builder's generators into a record store: one image in memory at a time."""
     cls, config, full_name, source, directory = local.cls, local.config, local.full_name, local.source, local.directory
+    assert source is not None  # load_dataset prepares only from a source it found
     old = os.path.join(data_dir, *full_name.split("/"))
     if glob.glob(os.path.join(old, "*", "dataset_info.json")):
         print(
@@ -510,7 +519,7 @@ def _prepare(local: _Local, data_dir: str) -> None:
                 del metadata[key]
         return {
             "name": full_name,
-            "class_names": list(builder.info.features["label"].names),
+            "class_names": list(features_of(builder.info)["label"].names),
             "source_fingerprint": source.normalized_fingerprint(),
             "source_description": source.description,
             **{f"skipped_{split}": metadata.pop(f"skipped_{split}", []) for split in generators},
@@ -530,7 +539,7 @@ def _prepare(local: _Local, data_dir: str) -> None:
 def _load_tfds(name: str, *, data_dir: str) -> ImageDataset:
     try:
         builder = tfds.builder(name, data_dir=data_dir)
-    except tfds.core.registered.DatasetNotFoundError as e:
+    except tfds_registered.DatasetNotFoundError as e:
         raise DatasetNotFoundError(
             f"{name}: not one of our offline datasets ({', '.join(BUILDERS)}) nor a known TFDS dataset."
         ) from e
@@ -571,11 +580,11 @@ def _load_tfds(name: str, *, data_dir: str) -> ImageDataset:
         name=name,
         train=train,
         test=test,
-        class_names=tuple(builder.info.features["label"].names),
+        class_names=tuple(features_of(builder.info)["label"].names),
     )
 
 
-def _read_generic_split(source: Sequence[Any]) -> Split:
+def _read_generic_split(source: Any) -> Split:  # a TFDS data source: len() and __getitems__
     """Reads all records of a TFDS data source with `image` and `label`.
 
     TFDS shuffles records when it prepares a dataset; when records carry an `id`
@@ -584,7 +593,8 @@ def _read_generic_split(source: Sequence[Any]) -> Split:
     files) refer to.
     """
     n = len(source)
-    images = labels = None
+    images: np.ndarray | None = None
+    labels = np.empty((n,), np.int32)
     ids = []
     for start in range(0, n, _CHUNK):
         stop = min(n, start + _CHUNK)
@@ -594,7 +604,6 @@ def _read_generic_split(source: Sequence[Any]) -> Split:
             if first.dtype != np.uint8:
                 raise DataError(f"expected uint8 images, got {first.dtype}; use a dataset of 8-bit images.")
             images = np.empty((n, *first.shape), np.uint8)
-            labels = np.empty((n,), np.int32)
         for j, record in enumerate(records):
             images[start + j] = record["image"]
             labels[start + j] = record["label"]

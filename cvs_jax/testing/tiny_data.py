@@ -112,7 +112,7 @@ def write_fake_product10k(root, num_classes: int = 4, per_class=25, seed: int = 
 
     root = os.fspath(root)
     os.makedirs(root, exist_ok=True)
-    counts = [per_class] * num_classes if np.isscalar(per_class) else list(per_class)
+    counts = [per_class] * num_classes if isinstance(per_class, (int, np.integer)) else list(per_class)
     if len(counts) != num_classes:
         raise ValueError(f"per_class has {len(counts)} counts for {num_classes} classes")
     rng = np.random.default_rng(seed)
@@ -166,7 +166,7 @@ def write_fake_tfds_source(
     data_dir = os.fspath(data_dir)
     per_split = {}
     for split, per_class in zip(_FAKE_SPLITS[name], (train_per_class, test_per_class)):
-        counts = [per_class] * num_classes if np.isscalar(per_class) else list(per_class)
+        counts = [per_class] * num_classes if isinstance(per_class, (int, np.integer)) else list(per_class)
         if len(counts) != num_classes:
             raise ValueError(f"{split}: {len(counts)} counts for {num_classes} classes")
         per_split[split] = counts
@@ -193,12 +193,15 @@ def write_fake_tfds_source(
 
     class FakeSource(real, skip_registration=True):
         def _split_generators(self, dl_manager):
-            if name == "stanford_dogs":
-                self.info.features["label"].names = [f"n{2085620 + l:08d}-breed{l}" for l in range(120)]
+            if name == "stanford_dogs":  # tfds types info.features as an optional FeatureConnector (no [])
+                names = [f"n{2085620 + l:08d}-breed{l}" for l in range(120)]
+                self.info.features["label"].names = names  # pyright: ignore[reportIndexIssue, reportOptionalSubscript]
             return {split: examples(split) for split in _FAKE_SPLITS[name]}
 
     FakeSource.name = name
-    FakeSource(data_dir=data_dir, file_format="array_record").download_and_prepare()
+    # builder_cls returns type[DatasetBuilder]: pyright sees its abstract methods and not the subclass's arguments
+    fake = FakeSource(data_dir=data_dir, file_format="array_record")  # pyright: ignore[reportAbstractUsage, reportCallIssue]
+    fake.download_and_prepare()
     return data_dir
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import hashlib
 import json
 import zipfile
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import tensorflow_datasets as tfds
 
@@ -77,6 +77,17 @@ class ZipOrFolder:
             self._zip = None
 
 
+def features_of(info: tfds.core.DatasetInfo) -> Any:
+    """``info.features``, our builders' FeaturesDict ("image", "label", ...): tfds types it as an optional
+    FeatureConnector without item access, so each ``info.features["label"]`` read was a type error."""
+    return info.features
+
+
+def metadata_of(info: tfds.core.DatasetInfo) -> dict[str, Any]:
+    """``info.metadata``, the MetadataDict every builder here declares in ``_info`` (tfds types it optional)."""
+    return cast(dict[str, Any], info.metadata)
+
+
 class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     """Base of the builders that read local files given as a manual dir.
 
@@ -125,5 +136,5 @@ class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
     def _record_source(self, source: SourceInfo) -> None:
         """Stores the source identity in the dataset metadata (metadata.json)."""
-        self.info.metadata["source_fingerprint"] = source.normalized_fingerprint()
-        self.info.metadata["source_description"] = source.description
+        metadata_of(self.info)["source_fingerprint"] = source.normalized_fingerprint()
+        metadata_of(self.info)["source_description"] = source.description

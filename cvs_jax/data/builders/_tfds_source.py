@@ -23,9 +23,10 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 import tensorflow_datasets as tfds
+from tensorflow_datasets.core import file_adapters  # tfds.core.file_adapters, which pyright cannot see
 
 from cvs_jax.data.builders import resize
-from cvs_jax.data.builders._common import LocalBuilder, SourceInfo
+from cvs_jax.data.builders._common import LocalBuilder, SourceInfo, features_of, metadata_of
 from cvs_jax.errors import DatasetNotFoundError
 
 _INDEX_CHUNK = 256  # Records per read in the label pass (bounds memory).
@@ -79,7 +80,7 @@ def describe_source(source_name: str, data_dir: str, splits: Sequence[str], deri
             f" (no {builder.data_dir}). {fix_hint(source_name)}"
         )
     formats = [builder.info.file_format, *builder.info.alternative_file_formats]
-    if tfds.core.file_adapters.FileFormat.ARRAY_RECORD not in formats:
+    if file_adapters.FileFormat.ARRAY_RECORD not in formats:
         raise DatasetNotFoundError(
             f"{derived_name}: {source_name} in {builder.data_dir} has no"
             f" array_record files ({builder.info.file_format}); reading it without"
@@ -96,7 +97,7 @@ def describe_source(source_name: str, data_dir: str, splits: Sequence[str], deri
         name=source_name,
         version=str(builder.version),
         data_dir=str(builder.data_dir),
-        class_names=tuple(builder.info.features["label"].names),
+        class_names=tuple(features_of(builder.info)["label"].names),
         num_examples={s: int(builder.info.splits[s].num_examples) for s in splits},
     )
 
@@ -121,8 +122,10 @@ def open_split(source_name: str, split: str, data_dir: str, key_feature: str) ->
     from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
 
     builder = tfds.builder(source_name, data_dir=data_dir)
-    raw = builder.as_data_source(split=split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
-    parse = tf_example_pb2.Example.FromString
+    # tfds's decorator hides as_data_source's parameters, and the generated protobuf module has no stubs
+    raw_bytes = tfds.decode.DeserializeMethod.RAW_BYTES
+    raw = builder.as_data_source(split=split, deserialize_method=raw_bytes)  # pyright: ignore[reportCallIssue]
+    parse = tf_example_pb2.Example.FromString  # pyright: ignore[reportAttributeAccessIssue]
     n = len(raw)
     keys, labels = [], np.empty((n,), np.int64)
     for start in range(0, n, _INDEX_CHUNK):
@@ -218,7 +221,7 @@ class TfdsDerivedBuilder(LocalBuilder, skip_registration=True):
     def _split_generators(self, dl_manager):
         del dl_manager  # The source is in data_dir.
         data_dir = getattr(self, "source_dir", None) or os.fspath(self.data_dir_root)  # set by sources._prepare
-        size = int(self.info.features["image"].shape[0])
+        size = int(features_of(self.info)["image"].shape[0])
         source = self.describe(data_dir)
         self._record_source(self._source_info(source, size))
         splits = {
@@ -226,8 +229,8 @@ class TfdsDerivedBuilder(LocalBuilder, skip_registration=True):
             for ours, theirs in self.SOURCE_SPLITS.items()
         }
         plan = self.plan(source, splits)
-        self.info.features["label"].names = list(plan.class_names)
-        self.info.metadata["source_classes"] = list(plan.source_classes)
+        features_of(self.info)["label"].names = list(plan.class_names)
+        metadata_of(self.info)["source_classes"] = list(plan.source_classes)
         return {
             split: self._generate_examples(splits[split], records, size, split)
             for split, records in plan.records.items()
@@ -239,7 +242,7 @@ class TfdsDerivedBuilder(LocalBuilder, skip_registration=True):
         the store's `<split>.sources.txt` line `id` is the source key of record `id`;
         undecodable images go to `metadata['skipped_<split>']`.
         """
-        skipped = self.info.metadata.setdefault(f"skipped_{split}", [])
+        skipped = metadata_of(self.info).setdefault(f"skipped_{split}", [])
         items = resize.decode_blocks(
             records,
             lambda block: source.read_encoded([p for p, _ in block]),

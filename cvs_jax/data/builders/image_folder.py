@@ -27,7 +27,7 @@ import tensorflow_datasets as tfds
 
 from cvs_jax.data import folder_inventory
 from cvs_jax.data.builders import resize
-from cvs_jax.data.builders._common import LocalBuilder, SourceInfo, normalize_json
+from cvs_jax.data.builders._common import LocalBuilder, SourceInfo, features_of, metadata_of, normalize_json
 from cvs_jax.errors import DatasetNotFoundError
 
 MIN_SIDE = 8  # images with a shorter side are stored with a warning (sources._warn_degenerate)
@@ -105,21 +105,21 @@ class ImageFolder(LocalBuilder, skip_registration=True):
 
     def _split_generators(self, dl_manager):
         inventory = self._scan(self._resolve_manual_dir(dl_manager))
-        self.info.features["label"].names = list(inventory.class_names)
-        self.info.metadata["ignored"] = dict(inventory.ignored)
-        self.info.metadata["test_given"] = inventory.test_given
-        self.info.metadata["root"] = inventory.root  # stores are shared by content: sources shown per run
+        features_of(self.info)["label"].names = list(inventory.class_names)
+        metadata_of(self.info)["ignored"] = dict(inventory.ignored)
+        metadata_of(self.info)["test_given"] = inventory.test_given
+        metadata_of(self.info)["root"] = inventory.root  # stores are shared by content: sources shown per run
         if inventory.sessions() is not None:
-            self.info.metadata["train_sessions"] = []
-            self.info.metadata["test_sessions"] = []
+            metadata_of(self.info)["train_sessions"] = []
+            metadata_of(self.info)["test_sessions"] = []
         return {
             "train": self._generate_examples(inventory.train, "train"),
             "test": self._generate_examples(inventory.test, "test"),
         }
 
     def _generate_examples(self, entries, split: str):
-        skipped = self.info.metadata.setdefault(f"skipped_{split}", [])
-        sessions = self.info.metadata.get(f"{split}_sessions")
+        skipped = metadata_of(self.info).setdefault(f"skipped_{split}", [])
+        sessions = metadata_of(self.info).get(f"{split}_sessions")
 
         def read_block(block):
             out = []
@@ -129,7 +129,7 @@ class ImageFolder(LocalBuilder, skip_registration=True):
             return out
 
         items = resize.decode_blocks(entries, read_block, self.STORED_SIZE, skipped, describe=lambda e: e.path)
-        tiny = self.info.metadata.setdefault("tiny", [])
+        tiny = metadata_of(self.info).setdefault("tiny", [])
         for i, (entry, image, data, passthrough) in enumerate(items):
             if _smaller_than(data, MIN_SIDE):
                 tiny.append(entry.path)

@@ -44,7 +44,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from cvs_jax.data.builders import resize
-from cvs_jax.data.builders._common import LocalBuilder, SourceInfo, ZipOrFolder
+from cvs_jax.data.builders._common import LocalBuilder, SourceInfo, ZipOrFolder, features_of, metadata_of
 from cvs_jax.errors import DataError, DatasetNotFoundError
 
 # Read at preparation time (tests patch them).
@@ -217,13 +217,13 @@ class ProductM(LocalBuilder):
     def _split_generators(self, dl_manager):
         manual_dir = self._resolve_manual_dir(dl_manager)
         index, images = open_source(manual_dir)
-        size = int(self.info.features["image"].shape[0])
+        size = int(features_of(self.info)["image"].shape[0])
         self._record_source(
             SourceInfo(config_name=None, fingerprint=_fingerprint(index, size), description=images.description)
         )
         plan = split(index.rows, **selection_params())
-        self.info.features["label"].names = [str(c) for c in plan.source_classes]
-        self.info.metadata["source_classes"] = list(plan.source_classes)
+        features_of(self.info)["label"].names = [str(c) for c in plan.source_classes]
+        metadata_of(self.info)["source_classes"] = list(plan.source_classes)
         return {
             "train": self._generate_examples(images, plan.train, size, "train"),
             "test": self._generate_examples(images, plan.test, size, "test"),
@@ -231,7 +231,7 @@ class ProductM(LocalBuilder):
 
     def _generate_examples(self, images: ImageFiles, records, size: int, split_name: str):
         """Yields records in order; `id` = position among the stored ones."""
-        skipped = self.info.metadata.setdefault(f"skipped_{split_name}", [])
+        skipped = metadata_of(self.info).setdefault(f"skipped_{split_name}", [])
         items = resize.decode_blocks(
             records,
             lambda block: [images.read(name) for name, _ in block],

@@ -132,7 +132,7 @@ def decode_blocks(
     size: int,
     skipped: list[str],
     describe: Callable[[Item], str] = str,
-) -> Iterator[tuple[Item, np.ndarray]]:
+) -> Iterator[tuple[Item, np.ndarray, bytes, bool]]:
     """Yields (item, uint8 [size, size, 3], source bytes, passthrough) in order; broken images are
     skipped (see ``decode_keeping_source``).
 
@@ -166,6 +166,7 @@ def decode_blocks(
     ):
         pending = reader.submit(load, blocks[0]) if blocks else None
         for b, block in enumerate(blocks):
+            assert pending is not None  # submitted before each block
             results = pending.result()
             if b + 1 < len(blocks):
                 pending = reader.submit(load, blocks[b + 1])

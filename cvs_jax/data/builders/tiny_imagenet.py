@@ -41,6 +41,8 @@ from cvs_jax.data.builders._common import (
     LocalBuilder,
     SourceInfo,
     ZipOrFolder,
+    features_of,
+    metadata_of,
     sha256_lines,
 )
 from cvs_jax.data.builders.resize import image_errors
@@ -348,8 +350,9 @@ class TinyImagenetZip(LocalBuilder):
 
     def _split_generators(self, dl_manager):
         manual_dir = self._resolve_manual_dir(dl_manager)
+        assert self.builder_config is not None  # one of BUILDER_CONFIGS (tfds types it optional)
         source, index = self.select_source(manual_dir, self.builder_config.name)
-        self.info.features["label"].names = list(index.class_names)
+        features_of(self.info)["label"].names = list(index.class_names)
         self._record_source(
             SourceInfo(
                 config_name=index.config_name,
@@ -357,7 +360,7 @@ class TinyImagenetZip(LocalBuilder):
                 description=repr(source),
             )
         )
-        self.info.metadata["wnids"] = list(index.wnids)
+        metadata_of(self.info)["wnids"] = list(index.wnids)
         return {
             "train": self._generate_examples(source, index.train, "train"),
             "test": self._generate_examples(source, index.test, "test"),
@@ -373,7 +376,7 @@ class TinyImagenetZip(LocalBuilder):
         ``load_dataset(..., on_corrupt='refuse')`` refuses a dataset that has any.
         """
         block = 1024
-        skipped = self.info.metadata.setdefault(f"skipped_{split}", [])
+        skipped = metadata_of(self.info).setdefault(f"skipped_{split}", [])
 
         errors = image_errors()
 
@@ -393,6 +396,7 @@ class TinyImagenetZip(LocalBuilder):
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             pending = pool.submit(load, chunks[0]) if chunks else None
             for c, chunk in enumerate(chunks):
+                assert pending is not None  # submitted before each chunk
                 images = pending.result()
                 if c + 1 < len(chunks):
                     pending = pool.submit(load, chunks[c + 1])
