@@ -111,3 +111,13 @@ def test_pipeline_resized_train_and_centre_crop_eval():
     np.testing.assert_allclose(ev, (x[:, 4:28, 4:28] / 255.0 - 0.5) / 0.25, rtol=1e-6, atol=1e-6)
     with pytest.raises(ConfigError, match="larger than the stored"):
         augment.Pipeline(mean=(0.5,), std=(0.25,), crop="resized", size=40).eval(jnp.asarray(x))
+
+
+def test_resized_crop_without_a_size_is_refused_in_one_line():
+    """augment.crop="resized" with augment.size unset (a placeholder in config/defaults.py) stops with a
+    ConfigError naming the field, not a TypeError from inside the crop (found by pyright)."""
+    x = jnp.asarray(images(n=2, h=16, w=16, c=3))
+    pipe = augment.Pipeline(mean=(0.5,), std=(0.25,), crop="resized")
+    for run in (lambda: pipe.eval(x), lambda: pipe.train(jax.random.key(0), x)):
+        with pytest.raises(ConfigError, match="augment.size"):
+            run()

@@ -2,7 +2,8 @@
 # Why: ConfigDict's fields are dynamic (`c.data.name`), and pyright infers the library's untyped
 # `__getattr__` as the union of every value type a field may hold (str | int | float | list | ...), so each
 # `c.section.field` was an error. Here a field read is `Any`, as at run time; the methods keep their
-# signatures, so a misspelt method name or a wrong argument is still an error.
+# signatures, so a method called with wrong arguments, or its result misused, is still an error (a
+# misspelt name reads as a field, as it does at run time until the KeyError).
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
