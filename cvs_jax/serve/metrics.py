@@ -29,9 +29,15 @@ class Metrics:
             self._sum[route] += seconds
             self._count[route] += 1
 
-    def text(self, gauges: dict[str, tuple[str, float]], labelled: dict[str, tuple[str, dict]] | None = None) -> str:
+    def text(
+        self,
+        gauges: dict[str, tuple[str, float]],
+        labelled: dict[str, tuple[str, dict]] | None = None,
+        labelled_gauges: dict[str, tuple[str, str, dict]] | None = None,
+    ) -> str:
         """The exposition; ``gauges``: name -> (help, value); ``labelled``: counters kept elsewhere, name ->
-        (help, {decision: count}) (the gate's verdicts)."""
+        (help, {decision: count}) (the gate's verdicts); ``labelled_gauges``: name -> (help, label name,
+        {label value: value}) (a session's state)."""
         out = [
             "# HELP cvs_requests_total Requests answered, by route and HTTP status.",
             "# TYPE cvs_requests_total counter",
@@ -64,4 +70,7 @@ class Metrics:
         for name, (help_text, counts) in (labelled or {}).items():
             out += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
             out += [f'{name}{{decision="{d}"}} {n}' for d, n in sorted(counts.items())]
+        for name, (help_text, key, values) in (labelled_gauges or {}).items():
+            out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+            out += [f'{name}{{{key}="{v}"}} {n:g}' for v, n in values.items()]
         return "\n".join(out) + "\n"

@@ -7,18 +7,25 @@ lives (409), and the cheap refusals (nothing labelled added, a class with one im
 child starts (400).  The child runs in its own process group and outlives the server; when it
 completes, the server's poll finds the new session and the compatibility gate decides the switch.
 
-Progress (``GET /sessions/current``) is read from the child's log, ``<workdir>/from_added/child.log``:
-the newest ``epoch E/N step S ... loss=L`` line ``update`` prints.
+Progress (``GET /sessions/current``, the ``cvs_session_*`` gauges of ``/metrics``, the page) is read from
+the child's log, ``<workdir>/from_added/child.log``: the newest ``epoch E/N step S ... loss=L`` line
+``update`` prints, and the newest ``ETA h:mm:ss`` of its progress lines less the seconds since the log
+last grew when that line is the newest (the child's estimate of the training left; scoring, the new
+model's one pass over its gallery rows and test queries, is not in it).  ``scoring`` is the stretch
+after ``session S: embedding ...``, when training is over.  The images and classes are those the
+session learns from, counted when it starts (the pending added rows, or the folder of a resumed one).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import re
 import subprocess
 import sys
 import threading
+import time
 
 from cvs_jax.errors import UserError, WorkdirBusyError
 from cvs_jax.retrieval import added_session
@@ -26,6 +33,9 @@ from cvs_jax.rundir import workdir as workdir_lib
 
 log = logging.getLogger("cvs_jax.serve")
 PROGRESS = re.compile(r"session (\d+)/\d+ epoch (\d+)/(\d+) step (\d+) .*?loss=(\S+)")
+ETA = re.compile(r"ETA (\d+):(\d\d):(\d\d)$")
+SCORING = re.compile(r"^  session \d+: embedding ")
+STATES = ("idle", "training", "scoring", "done", "failed")
 
 
 class Busy(Exception):
@@ -40,6 +50,7 @@ class SessionJob:
         self.learn_after = learn_after
         self.log_path = os.path.join(workdir, added_session.FOLDER, "child.log")
         self._child: subprocess.Popen | None = None
+        self._learns: collections.Counter = collections.Counter()  # class -> images of the session started
         self._lock = threading.Lock()
 
     def start(self) -> dict:
@@ -54,9 +65,12 @@ class SessionJob:
                 raise Busy(f"a session is already training: {e}") from e
             done = added_session.completed_sessions(self.workdir)
             updates = list(config.data.updates)
-            resuming = bool(updates) and updates[-1] == added_session.folder_of(self.workdir, done + 1)
-            if not resuming:
-                added_session.pending(self.workdir, updates, int(config.model.embed_dim))  # raises its refusal
+            folder = added_session.folder_of(self.workdir, done + 1)
+            if bool(updates) and updates[-1] == folder:  # resuming a killed session: its folder's images
+                self._learns = _folder_counts(folder)
+            else:
+                rows = added_session.pending(self.workdir, updates, int(config.model.embed_dim))[2]  # or refuses
+                self._learns = collections.Counter(name for name, _ in rows)
             os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
             with open(self.log_path, "wb") as log:
                 cmd = [sys.executable, "-m", "cvs_jax.update", "--workdir", self.workdir, "--from_added"]
@@ -82,21 +96,46 @@ class SessionJob:
         return True
 
     def current(self) -> dict:
-        """``state``: idle (none started by this server), training, done or failed; and the progress read."""
+        """``state`` (``STATES``: idle while this server started none), ``pid``, ``images`` and ``classes`` the
+        session learns from, and what the log tells: ``session``, ``epoch``, ``epochs``, ``step``, ``loss``,
+        ``seconds_left`` (module docstring), ``error`` (the child's ``error:`` line) when failed."""
         child = self._child
         if child is None:
-            return {"state": "idle"}
+            return {"state": "idle", "summary": summary({"state": "idle"})}
         code = child.poll()
-        out: dict = {"state": "training" if code is None else "done" if code == 0 else "failed", "pid": child.pid}
         text = self._log_text()
+        lines = text.splitlines()
+        if code is None:
+            state = "scoring" if any(SCORING.match(line) for line in lines) else "training"
+        else:
+            state = "done" if code == 0 else "failed"
+        out: dict = {"state": state, "pid": child.pid, "images": sum(self._learns.values())}
+        out["classes"] = len(self._learns)
         found = PROGRESS.findall(text)
         if found:
             s, epoch, epochs, step, loss = found[-1]
             out.update(session=int(s), epoch=int(epoch), epochs=int(epochs), step=int(step), loss=_float(loss))
-        if code not in (None, 0):
-            errors = [line for line in text.splitlines() if line.startswith("error:")]
+        out["seconds_left"] = 0 if state == "done" else self._seconds_left(lines) if state == "training" else None
+        if state == "failed":
+            errors = [line for line in lines if line.startswith("error:")]
             out["error"] = errors[-1] if errors else f"the session's process ended with status {code}"
+        out["summary"] = summary(out)
         return out
+
+    def _seconds_left(self, lines: list[str]) -> float | None:
+        """The newest ETA the child printed, less the time since the log last grew when it is the last line."""
+        for i in range(len(lines) - 1, -1, -1):
+            m = ETA.search(lines[i].rstrip())
+            if m is None:
+                continue
+            eta = 3600 * int(m.group(1)) + 60 * int(m.group(2)) + int(m.group(3))
+            if i == len(lines) - 1:
+                try:
+                    eta -= time.time() - os.path.getmtime(self.log_path)
+                except OSError:
+                    pass
+            return round(max(eta, 0.0), 1)
+        return None  # no estimate yet (the first steps, the compile)
 
     def _log_text(self) -> str:
         try:
@@ -104,6 +143,53 @@ class SessionJob:
                 return f.read()
         except FileNotFoundError:
             return ""
+
+
+def summary(current: dict) -> str:
+    """``current()`` in one line, as the page shows it."""
+    state = current["state"]
+    if state == "idle":
+        return "No session is learning from the adds (POST /sessions starts one)."
+    which = f"Session {current['session']}" if "session" in current else "The next session"
+    what = f"{current['images']} added images of {current['classes']} classes"
+    if state == "failed":
+        return f"{which} failed: {current['error']}"
+    if state == "done":
+        return f"{which} learnt from {what}; the gate decides whether its model is served."
+    if state == "scoring":
+        return f"{which} has trained on {what}; its model is embedding its rows and scoring its test queries."
+    progress = f", epoch {current['epoch']}/{current['epochs']}, loss {current['loss']}" if "epoch" in current else ""
+    left = current["seconds_left"]
+    eta = f", about {left:.0f} s of training left" if left is not None else ", starting (no estimate yet)"
+    return f"{which} is learning from {what}{progress}{eta}."
+
+
+def _folder_counts(folder: str) -> collections.Counter:
+    """class -> images of a session's folder of class folders (``added_session.make_folder``)."""
+    out: collections.Counter = collections.Counter()
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        if os.path.isdir(os.path.join(folder, name)):
+            out[name] = len(os.listdir(os.path.join(folder, name)))
+    return out
+
+
+def gauges(current: dict) -> tuple[dict, dict]:
+    """``/metrics``' view of ``current()``: (gauges name -> (help, value), the state as a labelled gauge);
+    a field ``current`` lacks (no estimate yet, no progress line) has no gauge."""
+    fields = {
+        "session": "The session being trained (1-based).",
+        "epoch": "The session's newest completed epoch.",
+        "epochs": "The session's epochs.",
+        "step": "The session's newest step.",
+        "loss": "The session's loss at its newest epoch.",
+        "images": "Labelled added images the session learns from.",
+        "classes": "Classes among them.",
+        "seconds_left": "Estimated seconds of training left (the child's ETA).",
+    }
+    present = [key for key in fields if current.get(key) is not None]
+    out = {f"cvs_session_{key}": (fields[key], float(current[key])) for key in present}
+    states = {state: int(state == current["state"]) for state in STATES}
+    return out, {"cvs_session_state": ("The session's state (1: the current one).", "state", states)}
 
 
 def _float(text: str) -> float | None:

@@ -1,6 +1,7 @@
 """``update --from_added``: the next session from the labelled images added to a run, trained as
 ``update --data`` trains on a folder of the same images; the added rows' embeddings untouched."""
 
+import collections
 import json
 import os
 import shutil
@@ -13,9 +14,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cvs_jax import search, update
+from cvs_jax.reports import html
 from cvs_jax.retrieval import additions, gate
 from cvs_jax.retrieval.run_reader import ADDED_BASE, Run
 from cvs_jax.rundir import paths
+from cvs_jax.serve import sessions
 from cvs_jax.serve.app import create_app
 from cvs_jax.serve.state import Served
 from cvs_jax.testing.image_folders import new_photo
@@ -115,6 +118,76 @@ def test_search_add_takes_a_new_class_name_and_refuses_names_that_cannot_be_one(
     assert Run(run_copy).label_of("dog") == 3  # a search's label= filter knows it too
 
 
+class _Child:
+    """A stand-in for the session's process: its pid and exit status (None while it runs)."""
+
+    def __init__(self, code=None):
+        self.pid, self.code = 4242, code
+
+    def poll(self):
+        return self.code
+
+
+def _gauges(text: str) -> dict[str, float]:
+    """``/metrics``' ``cvs_session_*`` samples, name (with its labels) -> value."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("cvs_session_"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def _want_gauges(current: dict) -> dict[str, float]:
+    """The gauges a ``/sessions/current`` answer must have, written from its JSON."""
+    out = {f'cvs_session_state{{state="{s}"}}': float(s == current["state"]) for s in sessions.STATES}
+    keys = ("session", "epoch", "epochs", "step", "loss", "images", "classes", "seconds_left")
+    out.update({f"cvs_session_{k}": float(current[k]) for k in keys if current.get(k) is not None})
+    return out
+
+
+def _check_progress_states_and_gauges(client):
+    """States, time left and the gauges from a child's log, without training (a stand-in process); run by
+    the learn_after test, whose served run and app it reuses."""
+    job = client.app.state.ctx.sessions
+    job._child, job._learns = _Child(), collections.Counter({"ant": 5, "dog": 4})
+    os.makedirs(os.path.dirname(job.log_path), exist_ok=True)
+    lines = [
+        "== session 2/2 [cvs, linear_reset head]: 34 train images (4 steps/epoch), 5 classes, gallery ...",
+        "  session 2: compiling the training step (or reading it from the cache)",
+    ]
+    steps = [
+        ("training", "session 2/2 epoch 1/3 step 4 lr=0.00500 loss=4.9916 L_c=1.5 val R@1=57.14 8 img/s ETA 0:01:40"),
+        ("training", "  session 2 epoch 2 step 6/12 ETA 0:01:10"),
+        ("scoring", "  session 2: embedding 10 new gallery rows and 11 test queries with the selected model"),
+    ]
+    for i, (state, line) in enumerate([(None, None)] + steps):
+        if line is not None:
+            lines.append(line)
+        with open(job.log_path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os.utime(job.log_path, (time.time() - 10, time.time() - 10))  # the log last grew 10 s ago
+        current = client.get("/sessions/current").json()
+        assert current["state"] == (state or "training") and (current["images"], current["classes"]) == (9, 2)
+        want_left = [None, 90, 60, None][i]  # the newest ETA less the 10 s since it was printed
+        left = current["seconds_left"]
+        assert (left is None) if want_left is None else abs(left - want_left) < 2, (i, current)
+        if i:
+            assert (current["session"], current["epoch"], current["epochs"], current["loss"]) == (2, 1, 3, 4.9916)
+        assert _gauges(client.get("/metrics").text) == _want_gauges(client.get("/sessions/current").json())
+        assert html.esc(current["summary"]) in client.get("/").text
+    job._child.code = 2
+    with open(job.log_path, "a") as f:
+        f.write("error: the disk is full\n")
+    current = client.get("/sessions/current").json()
+    assert current["state"] == "failed" and current["error"] == "error: the disk is full"
+    assert _gauges(client.get("/metrics").text) == _want_gauges(current)
+    job._child.code = 0
+    current = client.get("/sessions/current").json()
+    assert current["state"] == "done" and current["seconds_left"] == 0
+    assert _gauges(client.get("/metrics").text) == _want_gauges(current)
+
+
 def _search(client, path, **params) -> list[dict]:
     with open(path, "rb") as f:
         r = client.post("/search", params=params, files=[("file", ("q.png", f.read()))])
@@ -135,7 +208,7 @@ def test_post_sessions_trains_beside_serving_and_the_new_model_is_served(run_cop
     state = _state(run_copy)
     r = client.post("/sessions", headers=auth)  # nothing added yet: one line, nothing changed, no child
     assert r.status_code == 400 and "no image was added" in r.json()["error"], r.text
-    assert _state(run_copy) == state and client.get("/sessions/current").json() == {"state": "idle"}
+    assert _state(run_copy) == state and client.get("/sessions/current").json()["state"] == "idle"
     # eel and dog are new classes, added in the reverse of the order the session's plan numbers them
     # (its folder's classes are sorted): a label kept as the number given at the add names the wrong class
     photos = _photos(tmp_path / "photos", {"eel": 5, "dog": 5, "bee": 4})
@@ -164,13 +237,15 @@ def test_post_sessions_trains_beside_serving_and_the_new_model_is_served(run_cop
     with open(query, "rb") as f:
         body = f.read()
     answered, failed, deadline = 0, 0, time.monotonic() + 400
-    while client.get("/sessions/current").json()["state"] == "training" and time.monotonic() < deadline:
+    while client.get("/sessions/current").json()["state"] in ("training", "scoring") and time.monotonic() < deadline:
         r = client.post("/search", params={"k": 3}, files=[("file", ("q.png", body))])
         answered, failed = answered + 1, failed + (r.status_code != 200)
         time.sleep(0.2)
     current = client.get("/sessions/current").json()
     assert current["state"] == "done", current
     assert current["epoch"] == current["epochs"] and current["loss"] is not None
+    assert (current["images"], current["classes"], current["seconds_left"]) == (14, 3, 0)
+    assert _gauges(client.get("/metrics").text) == _want_gauges(current)
     assert answered > 0 and failed == 0
     served.poll()  # the server's switch path (the watcher's poll) takes the new session
     r = client.post("/search", params={"k": 3}, files=[("file", ("q.png", body))]).json()
@@ -203,7 +278,8 @@ def test_learn_after_starts_the_session_once_n_labelled_images_are_pending(run_c
     assert add(photos["ant"][0], "ant") is False and add(photos["cat"][0]) is None  # 1 pending; unlabelled
     assert add(photos["bee"][0], "bee") is False  # 2 of 3
     assert add(photos["ant"][1], "ant") is False  # 3, but bee has one image: refused, waits for more
-    assert client.get("/sessions/current").json() == {"state": "idle"}
+    assert client.get("/sessions/current").json()["state"] == "idle"
+    assert _gauges(client.get("/metrics").text) == _want_gauges({"state": "idle"})
     assert add(photos["bee"][1], "bee") is True
     current = client.get("/sessions/current").json()
     job = client.app.state.ctx.sessions
@@ -213,6 +289,7 @@ def test_learn_after_starts_the_session_once_n_labelled_images_are_pending(run_c
     finally:
         os.killpg(job._child.pid, signal.SIGKILL)  # the child this test started: its training is not the subject
         job._child.wait()
+    _check_progress_states_and_gauges(client)
     served.close()
 
 
