@@ -38,8 +38,15 @@ SCORING = re.compile(r"^  session \d+: embedding ")
 STATES = ("idle", "training", "scoring", "done", "failed")
 
 
+ACCEPT_WAIT_S = 300.0  # POST /sessions waits this long at most for the child to accept or refuse its plan
+
+
 class Busy(Exception):
     """A session is already training (409)."""
+
+
+class SessionRefused(UserError):
+    """The child refused the session when it checked its plan (400), e.g. too few images for a batch."""
 
 
 class SessionJob:
@@ -53,8 +60,11 @@ class SessionJob:
         self._learns: collections.Counter = collections.Counter()  # class -> images of the session started
         self._lock = threading.Lock()
 
-    def start(self) -> dict:
-        """Starts the child after the refusals a request can be told at once; raises ``Busy`` or a ``UserError``."""
+    def start(self, wait_s: float = ACCEPT_WAIT_S) -> dict:
+        """Starts the child after the refusals a request can be told at once, then waits (at most ``wait_s``)
+        until the child has checked its plan: a refusal it finds there (too few images for a batch, ...)
+        is raised as this request's (``UserError``, one line, nothing changed: ``update`` removes the folder
+        it made).  Raises ``Busy`` while a session trains."""
         with self._lock:
             if self._child is not None and self._child.poll() is None:
                 raise Busy(f"a session is already training (process {self._child.pid}); GET /sessions/current.")
@@ -67,17 +77,44 @@ class SessionJob:
             updates = list(config.data.updates)
             folder = added_session.folder_of(self.workdir, done + 1)
             if bool(updates) and updates[-1] == folder:  # resuming a killed session: its folder's images
-                self._learns = _folder_counts(folder)
+                learns = _folder_counts(folder)
             else:
                 rows = added_session.pending(self.workdir, updates, int(config.model.embed_dim))[2]  # or refuses
-                self._learns = collections.Counter(name for name, _ in rows)
+                learns = collections.Counter(name for name, _ in rows)
+            made = not os.path.isdir(os.path.dirname(self.log_path))
             os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
             with open(self.log_path, "wb") as log:
                 cmd = [sys.executable, "-m", "cvs_jax.update", "--workdir", self.workdir, "--from_added"]
-                self._child = subprocess.Popen(
+                child = subprocess.Popen(
                     cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
                 )
-            return {"state": "training", "pid": self._child.pid, "session": done + 1}
+            refusal = self._accepted(child, folder, wait_s)
+            if refusal is not None:  # the workdir as it was: the refused child's log goes too
+                os.remove(self.log_path)
+                if made:
+                    os.rmdir(os.path.dirname(self.log_path))
+                raise SessionRefused(refusal)
+            self._child, self._learns = child, learns
+            return {"state": "training", "pid": child.pid, "session": done + 1}
+
+    def _accepted(self, child: subprocess.Popen, folder: str, wait_s: float) -> str | None:
+        """Waits until ``config.json`` records ``folder`` (``update`` checked the session's plan and took it),
+        the child ends, or ``wait_s`` passes; the child's ``error:`` line when it refused, else None."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            code = child.poll()
+            if code is not None:
+                if code == 0:
+                    return None
+                errors = [line for line in self._log_text().splitlines() if line.startswith("error:")]
+                return errors[-1].removeprefix("error: ") if errors else f"the session's process ended with {code}"
+            try:
+                if folder in added_session.run_config(self.workdir).data.updates:
+                    return None
+            except (UserError, OSError, ValueError):  # config.json being replaced: read it again
+                pass
+            time.sleep(0.1)
+        return None  # still planning: watched from GET /sessions/current
 
     def after_add(self) -> bool:
         """``--learn_after N``: starts the session once N labelled images are pending and none trains;
@@ -89,7 +126,7 @@ class SessionJob:
         if pending < self.learn_after:
             return False
         try:
-            self.start()
+            self.start(wait_s=0)  # the add is answered now; a refusal shows in GET /sessions/current
         except (Busy, UserError) as e:
             log.warning("--learn_after %d: %d labelled images pending, not started: %s", self.learn_after, pending, e)
             return False

@@ -2,6 +2,7 @@
 ``update --data`` trains on a folder of the same images; the added rows' embeddings untouched."""
 
 import collections
+import hashlib
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from cvs_jax import search, update
 from cvs_jax.reports import html
-from cvs_jax.retrieval import additions, gate
+from cvs_jax.retrieval import added_session, additions, gate
 from cvs_jax.retrieval.run_reader import ADDED_BASE, Run
 from cvs_jax.rundir import paths
 from cvs_jax.serve import sessions
@@ -201,6 +202,37 @@ def _added_names(run: Run) -> list[str]:
     return [run.describe(n + i)["class_name"] for i in range(len(run.added_sources))]
 
 
+@pytest.mark.parametrize("child", ["stand_in", pytest.param("update", marks=pytest.mark.slow)])
+def test_too_few_images_for_a_batch_are_refused_naming_what_was_added(run_copy, tmp_path, capsys, monkeypatch, child):
+    """The run's batch made bigger than the session's images plus its replay (24): the command and
+    ``POST /sessions`` (its child checks the plan) refuse with one line, and nothing changes.  The
+    server's child is ``update --from_added`` itself (slow: a process that imports JAX), or, in the default
+    suite, a stand-in that prints the command's error line and exits 2 as it does."""
+    with open(paths.config_file(run_copy)) as f:
+        config = json.load(f)
+    config["train"]["batch_size"] = 64
+    with open(paths.config_file(run_copy), "w") as f:
+        json.dump(config, f)
+    _add(run_copy, _photos(tmp_path / "p", {"ant": 3, "bee": 2}))
+    state = _state(run_copy)
+    capsys.readouterr()
+    assert update.update_from_added(run_copy) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: too few images were added since the last session"), err
+    assert "(5 labelled image(s) (ant: 3, bee: 2))" in err[0] and "fewer than train.batch_size=64" in err[0]
+    assert "Each class needs at least 2 images" in err[0]
+    assert _state(run_copy) == state
+    if child == "stand_in":
+        script = tmp_path / "stand_in.sh"
+        script.write_text(f"#!/bin/sh\necho 'the next session from ...'\necho {json.dumps(err[0])}\nexit 2\n")
+        script.chmod(0o755)
+        monkeypatch.setattr(sessions.sys, "executable", str(script))
+    with pytest.raises(sessions.SessionRefused) as refused:  # the server's 400 (app.py: a UserError)
+        sessions.SessionJob(run_copy).start()
+    assert str(refused.value) == err[0].removeprefix("error: ")
+    assert _state(run_copy) == state and not os.path.exists(os.path.join(run_copy, "from_added"))
+
+
 def test_post_sessions_trains_beside_serving_and_the_new_model_is_served(run_copy, tmp_path):
     served = Served(run_copy, poll_s=0, max_wait_s=0.02, thresholds=gate.Thresholds(off=True))
     client = TestClient(create_app(served, token="t"))
@@ -236,26 +268,43 @@ def test_post_sessions_trains_beside_serving_and_the_new_model_is_served(run_cop
     query = photos["bee"][0]
     with open(query, "rb") as f:
         body = f.read()
+    late = _photos(tmp_path / "late", {"ant": 2}, seed=900)["ant"]  # added while the session trains
+    late_digests = sorted(hashlib.sha256(_bytes(p)).hexdigest() for p in late)
     answered, failed, deadline = 0, 0, time.monotonic() + 400
     while client.get("/sessions/current").json()["state"] in ("training", "scoring") and time.monotonic() < deadline:
         r = client.post("/search", params={"k": 3}, files=[("file", ("q.png", body))])
         answered, failed = answered + 1, failed + (r.status_code != 200)
+        if late and answered > 1:
+            path = late.pop()
+            r = client.post("/add", params={"label": "ant"}, files=[("file", (path, _bytes(path)))], headers=auth)
+            assert r.status_code == 200, r.text
         time.sleep(0.2)
+    assert not late, "the session ended before the late adds"
     current = client.get("/sessions/current").json()
     assert current["state"] == "done", current
     assert current["epoch"] == current["epochs"] and current["loss"] is not None
     assert (current["images"], current["classes"], current["seconds_left"]) == (14, 3, 0)
     assert _gauges(client.get("/metrics").text) == _want_gauges(current)
     assert answered > 0 and failed == 0
+    # the late adds belong to the next session: this one used the 14 before them, none is lost or used twice
+    folder = os.path.join(run_copy, "from_added", "session-2")
+    with open(os.path.join(folder, "rows.json")) as f:
+        assert json.load(f) == {"first": 0, "end": 14}
+    assert sum(len(files) for _, _, files in os.walk(folder)) == 14 + 1  # the images and rows.json
+    config = Run(run_copy).config
+    first, end, rows = added_session.pending(run_copy, list(config.data.updates), config.model.embed_dim)
+    stored = additions.read(run_copy, config.model.embed_dim)
+    assert (first, end) == (14, 16) and [src for _, src in rows] == stored.sources[14:]
+    assert [name for name, _ in rows] == ["ant", "ant"] and sorted(stored.digests[14:]) == late_digests
     served.poll()  # the server's switch path (the watcher's poll) takes the new session
     r = client.post("/search", params={"k": 3}, files=[("file", ("q.png", body))]).json()
     assert r["model_session"] == 2 and served.model_session == 2
-    assert _added_bytes(run_copy) == before
+    assert b"".join(_added_bytes(run_copy)).startswith(b"".join(before))  # byte-identical; the late rows after
     # the session learnt eel and dog as classes of the run; every row keeps its name across the switch
     with open(paths.protocol_file(run_copy)) as f:
         names = json.load(f)["class_names"]
     assert names[:3] == ["ant", "bee", "cat"] and sorted(names[3:]) == ["dog", "eel"]
-    assert served.run.class_names == names and _added_names(served.run) == added
+    assert served.run.class_names == names and _added_names(served.run) == added + ["ant", "ant"]
     part = served.run.gallery.parts[-1]  # the session's rows, labelled by the protocol
     assert part.session == 1 and {names[i] for i in part.labels.tolist()} <= {"eel", "dog", "bee"}
     hits = _search(client, photos["bee"][0], k=40, label="eel")
