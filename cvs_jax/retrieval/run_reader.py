@@ -470,9 +470,11 @@ def check_new_class(name: str, known: list[str]) -> None:
             f"label {name!r} is not a class of the run, but {folded[name.strip().casefold()]!r} is; pass that name "
             f"(names are matched exactly)."
         )
-    if parse_int(name) is not None or re.fullmatch(r"-?[0-9]+", name, flags=re.ASCII):
+    digits = name.strip("+-")
+    if digits and all(c.isnumeric() for c in digits):  # 7, 007, --1, ², ٣: a label number, or meant as one
         raise SearchError(
-            f"label {name}: the run's labels are 0 to {len(known) - 1}; a new class needs a name that is not a number."
+            f"label {name!r} reads as a number, and the run's labels are 0 to {len(known) - 1} (plain ASCII digits); "
+            f"a new class needs a name that is not a number."
         )
     bad = (
         not name

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -22,6 +23,7 @@ from cvs_jax.rundir import paths
 from cvs_jax.serve import sessions
 from cvs_jax.serve.app import create_app
 from cvs_jax.serve.state import Served
+from cvs_jax.testing import serve_process
 from cvs_jax.testing.image_folders import new_photo
 
 
@@ -104,7 +106,13 @@ def test_refusals_change_nothing(run_copy, tmp_path, capsys, case):
 
 def test_search_add_takes_a_new_class_name_and_refuses_names_that_cannot_be_one(run_copy, tmp_path, capsys):
     photos = _photos(tmp_path / "p", {"dog": 2})
-    for bad, why in [("Ant", "but 'ant' is"), ("7", "not a number"), ("train", "cannot name"), (".x", "cannot name")]:
+    for bad, why in [
+        ("Ant", "but 'ant' is"),
+        ("7", "reads as a number"),
+        ("²", "reads as a number"),
+        ("train", "cannot name"),
+        (".x", "cannot name"),
+    ]:
         state = _state(run_copy)
         capsys.readouterr()
         assert search.search_or_add(run_copy, photos["dog"], add=True, label=bad) == 2
@@ -296,6 +304,18 @@ def test_post_sessions_trains_beside_serving_and_the_new_model_is_served(run_cop
     stored = additions.read(run_copy, config.model.embed_dim)
     assert (first, end) == (14, 16) and [src for _, src in rows] == stored.sources[14:]
     assert [name for name, _ in rows] == ["ant", "ant"] and sorted(stored.digests[14:]) == late_digests
+    # a server started now (say, after one killed while the child trained) takes session 2 through the gate
+    with open(paths.served_file(run_copy), "rb") as f:
+        record = f.read()
+    assert json.loads(record) == {"model_session": 0, "gallery_session": 0}
+    restarted = Served(run_copy, poll_s=0)  # the default gate
+    verdict = gate.for_workdir(run_copy, 1, 0, gate.Thresholds())
+    assert restarted.gate == verdict and verdict["decision"] in ("switched", "kept")
+    assert restarted.model_session == (2 if verdict["decision"] == "switched" else 1)
+    assert restarted.run.gallery_session == 1 and len(restarted.run.rows) == len(Run(run_copy).rows)
+    restarted.close()
+    with open(paths.served_file(run_copy), "wb") as f:
+        f.write(record)  # the first server's record again: its own switch below
     served.poll()  # the server's switch path (the watcher's poll) takes the new session
     r = client.post("/search", params={"k": 3}, files=[("file", ("q.png", body))]).json()
     assert r["model_session"] == 2 and served.model_session == 2
@@ -311,6 +331,50 @@ def test_post_sessions_trains_beside_serving_and_the_new_model_is_served(run_cop
     assert {h["class_name"] for h in hits} == {"eel"} and {h["label"] for h in hits} == {names.index("eel")}
     assert any(h["id"] >= ADDED_BASE for h in hits) and any(h["id"] < ADDED_BASE for h in hits)
     served.close()
+
+
+@pytest.mark.slow  # a server process started twice and a session trained
+def test_a_session_outlives_a_killed_server_and_the_restarted_one_takes_it(run_copy, tmp_path):
+    photos = _photos(tmp_path / "photos", {"ant": 5, "bee": 5, "cat": 4})
+    _add(run_copy, photos)
+    port = serve_process.free_port()
+    url = f"http://127.0.0.1:{port}"
+    with open(tmp_path / "serve.log", "ab") as log:
+        server = serve_process.start(run_copy, port, log, "--poll_s", "0.2")
+        try:
+            r = httpx.post(f"{url}/sessions", timeout=300)
+            assert r.status_code == 200, r.text
+            pid = r.json()["pid"]
+            assert httpx.get(f"{url}/sessions/current").json()["state"] == "training"
+        finally:
+            server.send_signal(signal.SIGKILL)  # kill -9 of the server alone: the child has its own group
+            server.wait(timeout=60)
+        assert _alive(pid), "the child died with the server"
+        deadline = time.monotonic() + 540
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _alive(pid)
+        assert len(_results(run_copy)) == 2  # the child finished the session on its own
+        with open(os.path.join(run_copy, "from_added", "child.log")) as f:
+            assert f.read().strip().splitlines()[-1].startswith("gate: ")
+        server = serve_process.start(run_copy, port, log, "--poll_s", "0.2")
+        try:
+            info = httpx.get(f"{url}/info", timeout=60).json()
+            verdict = gate.for_workdir(run_copy, 1, 0, gate.Thresholds())
+            assert info["gate"] == json.loads(json.dumps(verdict))  # session 2 went through the gate at start
+            assert info["model_session"] == (2 if verdict["decision"] == "switched" else 1)
+            assert httpx.get(f"{url}/healthz").json()["gallery_rows"] == len(Run(run_copy).rows)
+        finally:
+            serve_process.stop(server)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie left unreaped, its parent the killed server, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_learn_after_starts_the_session_once_n_labelled_images_are_pending(run_copy, tmp_path):
