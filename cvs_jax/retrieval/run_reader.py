@@ -300,7 +300,7 @@ class Run:
     @property
     def class_names(self) -> list[str]:
         """The protocol's classes, then the new ones only added rows carry (``additions.class_list``)."""
-        return additions.class_list(self._added, self.protocol["class_names"])
+        return list(self._class_list)
 
     def embed(self, images: np.ndarray) -> np.ndarray:
         return self.network.embed(images)
@@ -331,7 +331,7 @@ class Run:
         return names[i] if names is not None and 0 <= i < len(names) else f"train[{i}]"
 
     def class_name(self, label: int) -> str:
-        names = self.class_names
+        names = self._class_list  # per hit: not copied
         return names[label] if 0 <= label < len(names) else "?"
 
     def describe(self, row: int) -> dict:
@@ -401,6 +401,7 @@ class Run:
         """Rows added since this run was read (a server's ``/add``, or a newer step on disk), labelled by
         name against this run's protocol (``additions.resolve``)."""
         self._added = additions.resolve(added, self.protocol["class_names"])
+        self._class_list = additions.class_list(self._added, self.protocol["class_names"])
         self.__dict__.pop("rows", None)
 
     def duplicates(self, paths: list[str]) -> list[tuple[str, str]]:
