@@ -67,7 +67,7 @@ def _state(wd) -> dict:
 
 @pytest.mark.slow  # two sessions trained; the default suite has the served end-to-end test below
 def test_from_added_trains_as_update_data_on_the_same_folder(run_copy, tmp_path, capsys):
-    photos = _photos(tmp_path / "photos", {"ant": 5, "bee": 5, "cat": 4})
+    photos = _photos(tmp_path / "photos", {"ant": 5, "eel": 5, "dog": 4})  # eel and dog: new classes
     _add(run_copy, photos)
     before = _added_bytes(run_copy)
     twin = str(tmp_path / "twin")
