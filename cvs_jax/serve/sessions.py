@@ -22,6 +22,7 @@ import collections
 import logging
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -59,6 +60,7 @@ class SessionJob:
         self._child: subprocess.Popen | None = None
         self._learns: collections.Counter = collections.Counter()  # class -> images of the session started
         self._lock = threading.Lock()
+        self._adopted: tuple[int, int] | None = None  # (pid, session) of a child an earlier server started
 
     def start(self, wait_s: float = ACCEPT_WAIT_S) -> dict:
         """Starts the child after the refusals a request can be told at once, then waits (at most ``wait_s``)
@@ -94,7 +96,7 @@ class SessionJob:
                 if made:
                     os.rmdir(os.path.dirname(self.log_path))
                 raise SessionRefused(refusal)
-            self._child, self._learns = child, learns
+            self._child, self._learns, self._adopted = child, learns, None
             return {"state": "training", "pid": child.pid, "session": done + 1}
 
     def _accepted(self, child: subprocess.Popen, folder: str, wait_s: float) -> str | None:
@@ -136,7 +138,7 @@ class SessionJob:
         """``state`` (``STATES``: idle while this server started none), ``pid``, ``images`` and ``classes`` the
         session learns from, and what the log tells: ``session``, ``epoch``, ``epochs``, ``step``, ``loss``,
         ``seconds_left`` (module docstring), ``error`` (the child's ``error:`` line) when failed."""
-        child = self._child
+        child = self._child or self._orphan()
         if child is None:
             return {"state": "idle", "summary": summary({"state": "idle"})}
         code = child.poll()
@@ -159,6 +161,20 @@ class SessionJob:
         out["summary"] = summary(out)
         return out
 
+    def _orphan(self) -> "_Orphan | None":
+        """A ``--from_added`` child that an earlier server of this workdir started (one killed while it
+        trained) and that holds the run's lock now, or that this server saw holding it: watched by its pid,
+        its end read from ``results.json`` (done when its session completed, else failed)."""
+        if self._adopted is None:
+            held = workdir_lib.holder(self.workdir)
+            command, pid = str((held or {}).get("command", "")), (held or {}).get("pid")
+            if "--from_added" not in command or not isinstance(pid, int) or held.get("host") != socket.gethostname():
+                return None  # no lock, an update by hand, or a process on another host (no /proc of it here)
+            session = added_session.completed_sessions(self.workdir) + 1
+            self._adopted = (pid, session)
+            self._learns = _folder_counts(added_session.folder_of(self.workdir, session))
+        return _Orphan(*self._adopted, self.workdir)
+
     def _seconds_left(self, lines: list[str]) -> float | None:
         """The newest ETA the child printed, less the time since the log last grew when it is the last line."""
         for i in range(len(lines) - 1, -1, -1):
@@ -180,6 +196,22 @@ class SessionJob:
                 return f.read()
         except FileNotFoundError:
             return ""
+
+
+class _Orphan:
+    """A child this server did not start, as ``current`` asks a ``Popen``: ``pid`` and ``poll()``."""
+
+    def __init__(self, pid: int, session: int, workdir: str):
+        self.pid, self.session, self.workdir = pid, session, workdir
+
+    def poll(self) -> int | None:
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    return None  # running (a zombie left by a killed server is not)
+        except (OSError, IndexError):
+            pass
+        return 0 if added_session.completed_sessions(self.workdir) >= self.session else 1
 
 
 def summary(current: dict) -> str:

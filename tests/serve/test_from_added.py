@@ -197,6 +197,49 @@ def _check_progress_states_and_gauges(client):
     assert _gauges(client.get("/metrics").text) == _want_gauges(current)
 
 
+_LOCK_HOLDER = """
+import fcntl, json, os, socket, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+command = "python -m cvs_jax.update --workdir W --from_added"
+os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "command": command}).encode())
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_session_an_earlier_server_started_is_watched_by_its_pid(run_copy):
+    """A server restarted while the child of the one before it trains shows that child's session (it
+    holds the run's lock as ``update --from_added``), and its end: here killed, so failed."""
+    job = sessions.SessionJob(run_copy)
+    assert job.current()["state"] == "idle"
+    folder = added_session.folder_of(run_copy, 2)
+    for name in ("ant/a.png", "ant/b.png", "eel/c.png"):
+        os.makedirs(os.path.dirname(os.path.join(folder, name)), exist_ok=True)
+        open(os.path.join(folder, name), "wb").close()
+    with open(job.log_path, "w") as f:
+        f.write("session 2/2 epoch 1/2 step 4 lr=0.005 loss=4.5 val R@1=50.00 8 img/s ETA 0:00:30\n")
+    cmd = [sys.executable, "-c", _LOCK_HOLDER, os.path.join(run_copy, paths.LOCK)]
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)  # plays the orphaned child
+    restarted = sessions.SessionJob(run_copy)  # the restarted server's
+    try:
+        assert child.stdout.readline().strip() == "held"
+        current = restarted.current()
+        assert (current["state"], current["pid"], current["images"], current["classes"]) == (
+            "training",
+            child.pid,
+            3,
+            2,
+        )
+        assert (current["epoch"], current["loss"]) == (1, 4.5)
+        with pytest.raises(sessions.Busy):
+            restarted.start()  # 409 while it trains
+    finally:
+        child.kill()  # the process this test started
+        child.wait()
+    assert restarted.current()["state"] == "failed"  # gone, and results.json has no session 2
+
+
 def _search(client, path, **params) -> list[dict]:
     with open(path, "rb") as f:
         r = client.post("/search", params=params, files=[("file", ("q.png", f.read()))])
