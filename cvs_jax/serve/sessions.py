@@ -166,8 +166,8 @@ class SessionJob:
         trained) and that holds the run's lock now, or that this server saw holding it: watched by its pid,
         its end read from ``results.json`` (done when its session completed, else failed)."""
         if self._adopted is None:
-            held = workdir_lib.holder(self.workdir)
-            command, pid = str((held or {}).get("command", "")), (held or {}).get("pid")
+            held = workdir_lib.holder(self.workdir) or {}
+            command, pid = str(held.get("command", "")), held.get("pid")
             if "--from_added" not in command or not isinstance(pid, int) or held.get("host") != socket.gethostname():
                 return None  # no lock, an update by hand, or a process on another host (no /proc of it here)
             session = added_session.completed_sessions(self.workdir) + 1
