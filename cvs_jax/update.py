@@ -317,6 +317,8 @@ def from_added_folder(workdir: str) -> tuple[str, bool, str]:
 
 def update_from_added(workdir: str, overrides: dict | None = None) -> int:
     """``update`` on the folder ``from_added_folder`` makes; a refused one is removed (nothing changes)."""
+    parent = os.path.join(os.path.abspath(workdir), added_session.FOLDER)
+    parent_made = not os.path.isdir(parent)
     try:
         folder, made, what = from_added_folder(workdir)
         try:
@@ -330,7 +332,7 @@ def update_from_added(workdir: str, overrides: dict | None = None) -> int:
             ) from e
         finally:
             if made and folder not in run_config(workdir).data.updates:
-                shutil.rmtree(folder, ignore_errors=True)
+                shutil.rmtree(folder if not parent_made else parent, ignore_errors=True)
     except UserError as e:
         return cli.report(e)
     return 0

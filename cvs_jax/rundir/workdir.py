@@ -132,6 +132,21 @@ def _remove_created(created: list[str]) -> None:
             return
 
 
+def holder(workdir: str) -> dict | None:
+    """What the live process holding ``workdir``'s lock wrote of itself (``host``, ``pid``, ``started``,
+    ``command``), None when no live process holds it; takes nothing."""
+    try:
+        check_not_busy(workdir)
+        return None
+    except WorkdirBusyError:
+        pass
+    try:
+        with open(os.path.join(workdir, LOCK_NAME)) as f:
+            return json.loads(f.read() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
 def check_not_busy(workdir: str) -> None:
     """Raises ``WorkdirBusyError`` (naming the holder) when a live process holds ``workdir``'s lock; takes
     nothing (a free lock is released at once).  For commands that check a run before they lock it."""

@@ -322,7 +322,9 @@ async def prometheus(request: Request):
     if sizes:
         gauges["cvs_batch_images_mean"] = ("Images per batch, mean of the last 1000.", float(np.mean(sizes)))
     counters = {"cvs_gate_decisions_total": ("Gate verdicts on new sessions, by decision.", served.gate_counts)}
-    return Response(ctx.metrics.text(gauges, counters), media_type="text/plain; version=0.0.4")
+    session, states = sessions.gauges(ctx.sessions.current())
+    gauges.update(session)
+    return Response(ctx.metrics.text(gauges, counters, states), media_type="text/plain; version=0.0.4")
 
 
 async def index_page(request: Request):
@@ -336,6 +338,7 @@ async def index_page(request: Request):
             k=5,
             max_k=ctx.limits.max_k,
             has_report=os.path.exists(paths.report_file(served.workdir)),
+            session=ctx.sessions.current(),
         )
     )
 

@@ -31,10 +31,14 @@ class Metrics:
             self._count[route] += 1
 
     def text(
-        self, gauges: Mapping[str, tuple[str, float]], labelled: Mapping[str, tuple[str, Mapping]] | None = None
+        self,
+        gauges: Mapping[str, tuple[str, float]],
+        labelled: Mapping[str, tuple[str, Mapping]] | None = None,
+        labelled_gauges: Mapping[str, tuple[str, str, Mapping]] | None = None,
     ) -> str:
         """The exposition; ``gauges``: name -> (help, value); ``labelled``: counters kept elsewhere, name ->
-        (help, {decision: count}) (the gate's verdicts)."""
+        (help, {decision: count}) (the gate's verdicts); ``labelled_gauges``: name -> (help, label name,
+        {label value: value}) (a session's state)."""
         out = [
             "# HELP cvs_requests_total Requests answered, by route and HTTP status.",
             "# TYPE cvs_requests_total counter",
@@ -67,4 +71,7 @@ class Metrics:
         for name, (help_text, counts) in (labelled or {}).items():
             out += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
             out += [f'{name}{{decision="{d}"}} {n}' for d, n in sorted(counts.items())]
+        for name, (help_text, key, values) in (labelled_gauges or {}).items():
+            out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+            out += [f'{name}{{{key}="{v}"}} {n:g}' for v, n in values.items()]
         return "\n".join(out) + "\n"

@@ -1,7 +1,9 @@
 """``GET /``: drop or pick a photo, see its hits as thumbnails, labelled as ``search --html`` labels them.
 
-The page posts the photo to ``/search?html=1``; the server answers with the hits' rows rendered by
-``reports/search_page.py`` (the same cells as ``search --html``, thumbnails from ``/thumb/<id>.png``).
+A line says what the session learning from the adds is doing (``serve/sessions.py``'s summary,
+refreshed from ``/sessions/current`` every 5 s).  The page posts the photo to ``/search?html=1``; the
+server answers with the hits' rows rendered by ``reports/search_page.py`` (the same cells as
+``search --html``, thumbnails from ``/thumb/<id>.png``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ _FORM = """
 </style>
 <p>Model of session <b id="session">{session}</b>, gallery <b id="rows">{rows}</b> rows.
 {report}</p>
+<p id="learning">{learning}</p>
 <div id="drop">Drop a photo here, or <input type="file" id="file" name="file" accept="image/*">
  &nbsp; top <input type="number" id="k" value="{k}" min="1" max="{max_k}" style="width:4em"> hits</div>
 <div id="status"></div>
@@ -42,6 +45,13 @@ async function send(f) {{
 file.addEventListener("change", () => {{ if (file.files.length) send(file.files[0]); }});
 drop.addEventListener("dragover", (e) => {{ e.preventDefault(); drop.classList.add("over"); }});
 drop.addEventListener("dragleave", () => drop.classList.remove("over"));
+async function learning() {{
+  try {{
+    const r = await fetch("sessions/current");
+    if (r.ok) document.getElementById("learning").textContent = (await r.json()).summary;
+  }} catch (e) {{}}
+}}
+setInterval(learning, 5000);
 drop.addEventListener("drop", (e) => {{
   e.preventDefault(); drop.classList.remove("over");
   if (e.dataTransfer.files.length) send(e.dataTransfer.files[0]);
@@ -50,10 +60,19 @@ drop.addEventListener("drop", (e) => {{
 """
 
 
-def render(*, workdir: str, model_session: int, gallery_rows: int, k: int, max_k: int, has_report: bool) -> str:
+def render(
+    *, workdir: str, model_session: int, gallery_rows: int, k: int, max_k: int, has_report: bool, session: dict
+) -> str:
+    """``session``: ``GET /sessions/current``'s answer, whose ``summary`` the page shows (and refreshes)."""
     report = '<a href="report.html">The run\'s report</a>.' if has_report else ""
     body = _FORM.format(
-        session=model_session, rows=gallery_rows, k=k, max_k=max_k, report=report, legend=search_page.LEGEND
+        session=model_session,
+        rows=gallery_rows,
+        k=k,
+        max_k=max_k,
+        report=report,
+        legend=search_page.LEGEND,
+        learning=html.esc(session["summary"]),
     )
     return html.page("visual search", workdir, body)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import os
 import threading
@@ -107,11 +108,12 @@ class Served:
         ``max_k`` (and the label path's) in a background thread, so that no request compiles."""
         self.workdir = workdir
         self._workdir_abs = os.path.abspath(workdir)
-        self.run = run_reader.Run(workdir)
-        self.run.preload()
         self.thresholds = thresholds
         self.gate: dict | None = None  # the last verdict (``/info``)
         self.gate_counts: Counter = Counter()
+        self.run = self._first_run()
+        self.run.preload()
+        self._record()
         self._pin: int | None = None  # the pinned session (0-based), None: follow the newest through the gate
         self.dim = int(self.run.config.model.embed_dim)
         self._make_index = make_index
@@ -141,6 +143,42 @@ class Served:
         self._watcher = threading.Thread(target=self._watch, name="watcher", daemon=True)
         if poll_s > 0:
             self._watcher.start()
+
+    def _first_run(self) -> run_reader.Run:
+        """The run to serve at start: the newest session's model, unless ``served.json`` (a server of this
+        workdir before, e.g. one killed while ``POST /sessions``' child trained) says which model it
+        served and up to which session: then each session completed since goes through the gate, as the
+        watcher would have taken it, and a session it kept stays kept."""
+        run = run_reader.Run(self.workdir)
+        try:
+            with open(paths.served_file(self.workdir)) as f:
+                record = json.load(f)
+            model, seen = int(record["model_session"]), int(record["gallery_session"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return run  # never served (or an unreadable record): the newest model
+        if not 0 <= model <= seen <= run.gallery_session:
+            return run  # a record of another run (the workdir replaced)
+        for candidate in range(seen + 1, run.gallery_session + 1):
+            verdict = gate.for_workdir(self.workdir, candidate, model, self.thresholds)
+            if verdict["decision"] == "pending":
+                continue  # its scores are not written: the model stays
+            self.gate = verdict
+            self.gate_counts[verdict["decision"]] += 1
+            log.warning("at start, %s", gate.line(verdict))
+            model = candidate if verdict["decision"] == "switched" else model
+        return run if model == run.session else run_reader.Run(self.workdir, model_session=model)
+
+    def _record(self) -> None:
+        """Writes ``served.json`` (the served model and gallery sessions, 0-based), replaced atomically; a
+        workdir this server cannot write to only loses the restart's gate (logged)."""
+        path = paths.served_file(self.workdir)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump({"model_session": self.run.session, "gallery_session": self.run.gallery_session}, f)
+            os.replace(tmp, path)
+        except OSError as e:
+            log.warning("cannot record the served sessions in %s (%s): a restart serves the newest model", path, e)
 
     @property
     def model_session(self) -> int:
@@ -309,6 +347,7 @@ class Served:
         self._in_added = min(self._in_added, len(new.stored_added))
         self._sync_added(new.stored_added)
         self.switches += new.session != old.session
+        self._record()
         log.warning("serving the model of session %d (%d rows)", new.session + 1, len(new.rows))
 
     # --- watching the workdir -----------------------------------------------------------------------
@@ -446,7 +485,8 @@ class Served:
         """Embeds the uploads with the served model and appends them as ``search --add`` does (same
         duplicate-bytes rule, same row layout); returns when the rows are on disk and searchable."""
         run = self.run
-        label_value = run.label_of(label)
+        label_value, name = run.label_and_name(label, new=True)  # a new name is a new class
+        new_class = bool(name) and name not in run.class_names
         named = [(u.name, u.digest) for u in uploads]
         with self._add_lock:
             self._refuse_duplicates(named, run.stored_added, run, force)
@@ -466,6 +506,7 @@ class Served:
                         current,
                         emb,
                         np.full(len(uploads), label_value, np.int32),
+                        [name] * len(uploads),
                         sources,
                         [u.digest for u in uploads],
                         session,
@@ -479,14 +520,17 @@ class Served:
 
             def integrate():
                 self._sync_added(stored)
-                return [len(self.run.gallery) + i for i in range(first, first + n)]
+                rows = [len(self.run.gallery) + i for i in range(first, first + n)]
+                return rows, int(self.run.rows.labels[rows[0]])  # the label the name has now
 
-            rows = self.batcher.call(integrate).result()
+            rows, label_value = self.batcher.call(integrate).result()
         return {
             "added": n,
             "ids": [ADDED_BASE + i for i in range(first, first + n)],
             "rows": rows,
             "label": label_value,
+            "class_name": name or None,
+            "new_class": new_class,
             "model_session": session + 1,
             "gallery_rows": len(self.run.rows),
         }
