@@ -12,9 +12,17 @@ rows it learns of with ``upsert`` (Milvus does not refuse a second row with the 
 upsert of the same row replaces it), so a row added through one replica and later read by another stays
 one row.  A server that does not answer within ``timeout_s`` raises ``IndexUnavailableError`` naming
 the URI (the HTTP server's 503), not the client library's exception.
+
+A gallery that is re-embedded (a ``joint`` session's part replaces every row: ``generation`` is that
+session) gets a collection of its own, ``<collection>_g<generation>``: the ids are the same, the vectors
+are not, and a replica still serving the older model keeps searching the older collection during a
+rolling switch.  ``drop_generations_before`` drops this gallery's older ones (by the description each
+collection carries, never another run's).
 """
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 
@@ -24,6 +32,18 @@ from cvs_jax.index.base import RowIds, empty_results, normalized, padded
 VECTOR, ROW, ARRIVAL, MODEL = "embedding", "row", "arrival_session", "model_session"
 INSERT_BATCH = 2048  # rows per insert call (bounded message size)
 MAX_K = 16384  # Milvus's largest search limit
+log = logging.getLogger(__name__)
+
+
+def generation_name(collection: str, generation: int) -> str:
+    """The collection of a gallery re-embedded at session ``generation`` (0: the gallery as first made)."""
+    return collection if not generation else f"{collection}_g{int(generation)}"
+
+
+def _described(collection: str) -> str:
+    """How this gallery's collections describe themselves (+ the generation): read before a drop, so only
+    this gallery's older ones are dropped."""
+    return f"cvs-jax gallery {collection}, generation "
 
 
 def _pymilvus():
@@ -46,6 +66,7 @@ class MilvusIndex:
         *,
         uri: str,
         collection: str = "cvs_gallery",
+        generation: int = 0,
         token: str = "",
         index_type: str = "FLAT",
         index_params: dict | None = None,
@@ -54,13 +75,14 @@ class MilvusIndex:
     ):
         pymilvus = _pymilvus()
         self._ids = RowIds(dim)
-        self._name, self._uri, self._timeout = collection, uri, float(timeout_s)
+        self._base, self._generation = collection, int(generation)
+        self._name, self._uri, self._timeout = generation_name(collection, generation), uri, float(timeout_s)
         self._search_params = {"metric_type": "IP", "params": dict(search_params or {})}
         try:
             self._client = pymilvus.MilvusClient(uri=uri, token=token)
         except Exception as e:  # pymilvus raises its own exception types, or OSError for a bad path
             raise IndexBackendError(f"cannot open Milvus at {uri!r} ({e}); pass a local file path or http://host:port.")
-        if self._client.has_collection(collection):
+        if self._client.has_collection(self._name):
             self._reopen(dim)
         else:
             self._create(pymilvus.DataType, index_type, dict(index_params or {}))
@@ -88,7 +110,9 @@ class MilvusIndex:
         self._call("has_collection", self._name)
 
     def _create(self, types, index_type: str, index_params: dict) -> None:
-        schema = self._client.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema = self._client.create_schema(
+            auto_id=False, enable_dynamic_field=False, description=_described(self._base) + str(self._generation)
+        )
         schema.add_field(ROW, types.INT64, is_primary=True)
         schema.add_field(VECTOR, types.FLOAT_VECTOR, dim=self._ids.dim)
         schema.add_field(ARRIVAL, types.INT32)
@@ -112,6 +136,27 @@ class MilvusIndex:
                 self._ids.hold([r[ROW] for r in batch])
         finally:
             it.close()
+
+    @property
+    def collection(self) -> str:
+        return self._name
+
+    def drop_generations_before(self, generation: int) -> list[str]:
+        """Drops this gallery's collections of generations older than ``generation`` (not this one's);
+        returns their names.  A replica switching to a re-embedded gallery calls it with the generation
+        it leaves, so the one it leaves stays for replicas still serving it (a rolling switch)."""
+        dropped = []
+        for name in self._call("list_collections"):
+            if name == self._name or not name.startswith(self._base):
+                continue
+            said = str(self._call("describe_collection", name).get("description", ""))
+            tail = said.removeprefix(_described(self._base))
+            if tail != said and tail.isdigit() and int(tail) < generation:
+                self._call("drop_collection", name)
+                dropped.append(name)
+        if dropped:
+            log.warning("dropped the Milvus collection(s) %s (older re-embeddings of this gallery)", dropped)
+        return dropped
 
     def __len__(self) -> int:
         return len(self._ids)
