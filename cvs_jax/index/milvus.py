@@ -16,13 +16,15 @@ the URI (the HTTP server's 503), not the client library's exception.
 A gallery that is re-embedded (a ``joint`` session's part replaces every row: ``generation`` is that
 session) gets a collection of its own, ``<collection>_g<generation>``: the ids are the same, the vectors
 are not, and a replica still serving the older model keeps searching the older collection during a
-rolling switch.  ``drop_generations_before`` drops this gallery's older ones (by the description each
-collection carries, never another run's).
+rolling switch.  ``drop_generations_before`` drops this gallery's older ones: the collections named
+``<collection>`` or ``<collection>_g<N>`` with a smaller N and this gallery's fields and width (so never
+name another run's collection ``<collection>_g<N>``; the default names end in a hash of the run's path).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 
@@ -40,10 +42,10 @@ def generation_name(collection: str, generation: int) -> str:
     return collection if not generation else f"{collection}_g{int(generation)}"
 
 
-def _described(collection: str) -> str:
-    """How this gallery's collections describe themselves (+ the generation): read before a drop, so only
-    this gallery's older ones are dropped."""
-    return f"cvs-jax gallery {collection}, generation "
+def _generation_of(collection: str, name: str) -> int | None:
+    """N when ``name`` is ``generation_name(collection, N)``, else None."""
+    m = re.fullmatch(re.escape(collection) + r"(?:_g([1-9][0-9]*))?", name)
+    return None if m is None else int(m.group(1) or 0)
 
 
 def _pymilvus():
@@ -110,9 +112,7 @@ class MilvusIndex:
         self._call("has_collection", self._name)
 
     def _create(self, types, index_type: str, index_params: dict) -> None:
-        schema = self._client.create_schema(
-            auto_id=False, enable_dynamic_field=False, description=_described(self._base) + str(self._generation)
-        )
+        schema = self._client.create_schema(auto_id=False, enable_dynamic_field=False)
         schema.add_field(ROW, types.INT64, is_primary=True)
         schema.add_field(VECTOR, types.FLOAT_VECTOR, dim=self._ids.dim)
         schema.add_field(ARRIVAL, types.INT32)
@@ -121,12 +121,16 @@ class MilvusIndex:
         index.add_index(field_name=VECTOR, index_type=index_type, metric_type="IP", params=index_params)
         self._client.create_collection(self._name, schema=schema, index_params=index, consistency_level="Strong")
 
+    def _layout(self, name: str) -> tuple[list[str], int]:
+        """The collection's field names and vector width."""
+        fields = {f["name"]: f for f in self._call("describe_collection", name)["fields"]}
+        return sorted(fields), int(fields.get(VECTOR, {}).get("params", {}).get("dim", -1))
+
     def _reopen(self, dim: int) -> None:
-        fields = {f["name"]: f for f in self._client.describe_collection(self._name)["fields"]}
-        have = int(fields.get(VECTOR, {}).get("params", {}).get("dim", -1))
-        if set(fields) != {ROW, VECTOR, ARRIVAL, MODEL} or have != dim:
+        fields, have = self._layout(self._name)
+        if fields != sorted([ROW, VECTOR, ARRIVAL, MODEL]) or have != dim:
             raise IndexBackendError(
-                f"the Milvus collection {self._name!r} holds fields {sorted(fields)} (dim {have}), not this "
+                f"the Milvus collection {self._name!r} holds fields {fields} (dim {have}), not this "
                 f"gallery's (dim {dim}); pass another collection name or drop it."
             )
         self._client.load_collection(self._name)
@@ -145,13 +149,10 @@ class MilvusIndex:
         """Drops this gallery's collections of generations older than ``generation`` (not this one's);
         returns their names.  A replica switching to a re-embedded gallery calls it with the generation
         it leaves, so the one it leaves stays for replicas still serving it (a rolling switch)."""
-        dropped = []
+        dropped, mine = [], (sorted([ROW, VECTOR, ARRIVAL, MODEL]), self._ids.dim)
         for name in self._call("list_collections"):
-            if name == self._name or not name.startswith(self._base):
-                continue
-            said = str(self._call("describe_collection", name).get("description", ""))
-            tail = said.removeprefix(_described(self._base))
-            if tail != said and tail.isdigit() and int(tail) < generation:
+            g = _generation_of(self._base, name)
+            if g is not None and g < generation and name != self._name and self._layout(name) == mine:
                 self._call("drop_collection", name)
                 dropped.append(name)
         if dropped:

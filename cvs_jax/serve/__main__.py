@@ -104,7 +104,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_string(
         "milvus-collection",
         None,
-        "With --index milvus: the collection (default: named after the run's folder, so two runs never share one).",
+        "With --index milvus: the collection (default: named after the run's folder, so two runs never share one); "
+        "a gallery re-embedded by a joint session goes to <collection>_g<session>.",
         flag_values=flag_values,
     )
     flags.DEFINE_string(
