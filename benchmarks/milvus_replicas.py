@@ -41,7 +41,7 @@ import _common  # noqa: F401  (puts the repo root on sys.path)
 import httpx
 import numpy as np
 
-from cvs_jax.index.milvus import ROW
+from cvs_jax.index.milvus import ROW, VECTOR
 from cvs_jax.retrieval import run_reader
 from cvs_jax.retrieval.run_reader import ADDED_BASE
 from cvs_jax.testing import replicas, serve_process
@@ -190,13 +190,13 @@ def _roll(load: Load, urls: dict, run: str, folder: str, queries: list[str], a) 
     with open(os.path.join(a.tmp, "update.log"), "w") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
     out["update_s"] = time.monotonic() - t
+    n_new = len(run_reader.Run(run).rows)
+    for url in urls.values():
+        replicas.until(lambda u=url: _health(u)["gallery_rows"] == n_new, 300, "the new session's rows")
+    out["update_start_to_both_on_new_rows_s"] = time.monotonic() - t
     for model in (1, 2):
         key, hits = _refs(run, queries, model)
         refs[key] = hits
-    n_new = key[1]
-    for url in urls.values():
-        replicas.until(lambda u=url: _health(u)["gallery_rows"] == n_new, 300, "the new session's rows")
-    out["update_to_both_on_new_rows_s"] = time.monotonic() - t
     out["rows"] = {"session 1": n_old, "session 2": n_new}
     out["models_after_update"] = {k: _health(u)["model_session"] for k, u in urls.items()}
     for name, phase in (("A", "roll (A model 2, B model 1)"), ("B", "after roll (both model 2)")):
@@ -257,7 +257,7 @@ def _check_rows(urls: dict, server: MilvusServer, run: str, adder: Adder) -> dic
         it.close()
     finally:
         client.close()
-    added_ids = sorted(i for i in ids if i >= ADDED_BASE)
+    want = set(range(total - stored)) | {ADDED_BASE + i for i in range(stored)}
     return {
         "adds": len(adder.results),
         "adds_acknowledged": len(acked),
@@ -268,8 +268,30 @@ def _check_rows(urls: dict, server: MilvusServer, run: str, adder: Adder) -> dic
         "milvus_rows": count,
         "milvus_distinct_ids": len(set(ids)),
         "run_rows_on_disk": total,
-        "added_ids_in_milvus_are_those_on_disk": added_ids == [ADDED_BASE + i for i in range(stored)],
+        "rows_on_disk_missing_from_milvus": len(want - set(ids)),
+        "milvus_ids_not_on_disk": len(set(ids) - want),
     }
+
+
+def _direct_search_ms(uri: str, dim: int, n: int = 20) -> dict:
+    """p50 of one pymilvus search (1 query, k=5) on the collection, at each consistency level, no load:
+    what a replica's search costs in Milvus alone (the replicas read ``Strong``)."""
+    import pymilvus  # pylint: disable=g-import-not-at-top
+
+    client = pymilvus.MilvusClient(uri=uri)
+    q = [np.random.default_rng(0).normal(size=dim).tolist()]
+    out = {}
+    try:
+        for level in ("Strong", "Bounded", "Eventually"):
+            ms = []
+            for _ in range(n):
+                t = time.perf_counter()
+                client.search(COLLECTION, data=q, limit=5, anns_field=VECTOR, consistency_level=level)
+                ms.append((time.perf_counter() - t) * 1000)
+            out[level] = float(np.percentile(ms, 50))
+    finally:
+        client.close()
+    return out
 
 
 def _markdown(rows: list[dict], facts: dict) -> str:
@@ -317,6 +339,7 @@ def main() -> None:
             flags = ("--index", "milvus", "--milvus-uri", server.uri, "--milvus-collection", COLLECTION)
             procs.append(serve_process.start(run, port, log, *flags, "--poll_s", "1"))
             urls[name] = f"http://127.0.0.1:{port}"
+        facts["milvus_search_p50_ms_by_consistency"] = _direct_search_ms(server.uri, _dim(run))
         load = Load(urls, queries, a.clients).start()
         refs, facts["roll"] = _roll(load, urls, run, folder, queries, a)
         adder, facts["kill"] = _kill(load, urls, server, a)
@@ -342,3 +365,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _dim(run: str) -> int:
+    return int(run_reader.Run(run).config.model.embed_dim)

@@ -193,13 +193,17 @@ class MilvusIndex:
     def add(self, rows, embeddings, arrival_session, model_session) -> None:
         rows, emb, arrival, model = self._ids.new(rows, embeddings, arrival_session, model_session)
         emb = normalized(emb)
-        for s in range(0, rows.size, INSERT_BATCH):
-            part = slice(s, s + INSERT_BATCH)
-            data = [
-                {ROW: int(r), VECTOR: e.tolist(), ARRIVAL: int(a), MODEL: int(m)}
-                for r, e, a, m in zip(rows[part], emb[part], arrival[part], model[part])
-            ]
-            self._call("upsert", self._name, data)
+        try:
+            for s in range(0, rows.size, INSERT_BATCH):
+                part = slice(s, s + INSERT_BATCH)
+                data = [
+                    {ROW: int(r), VECTOR: e.tolist(), ARRIVAL: int(a), MODEL: int(m)}
+                    for r, e, a, m in zip(rows[part], emb[part], arrival[part], model[part])
+                ]
+                self._call("upsert", self._name, data)
+        except BaseException:  # the server went down: these rows are written again at the next add (poll)
+            self._ids.release(rows)
+            raise
 
     def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
         q = self._ids.queries(queries, k)

@@ -146,6 +146,29 @@ def test_milvus_reopened_inserts_only_new_rows_and_keeps_sessions(gallery, tmp_p
         registry.make_index("milvus", DIM + 1, uri=str(tmp_path / "milvus.db"))
 
 
+def test_milvus_rows_a_failed_write_left_out_go_in_at_the_next_add(gallery, tmp_path, monkeypatch):
+    """A server down during ``add`` (a replica's poll): the rows are not held, so the next add writes them."""
+    from cvs_jax.errors import IndexUnavailableError
+
+    rows, emb, arrival, model, _ = gallery
+    index = make("milvus", tmp_path)
+    index.add(rows[:10], emb[:10], arrival[:10], model[:10])
+    real = index._client.upsert  # noqa: SLF001
+
+    def down(*args, **kwargs):
+        raise ConnectionError("connection refused")
+
+    monkeypatch.setattr(index._client, "upsert", down)  # noqa: SLF001
+    with pytest.raises(IndexUnavailableError, match="did not answer"):
+        index.add(rows[:30], emb[:30], arrival[:30], model[:30])
+    assert len(index) == 10
+    monkeypatch.setattr(index._client, "upsert", real)  # noqa: SLF001
+    index.add(rows[:30], emb[:30], arrival[:30], model[:30])
+    assert len(index) == index.count() == 30
+    _, got = index.search(emb[10:30], 1)
+    np.testing.assert_array_equal(got[:, 0], rows[10:30])
+
+
 def test_milvus_a_re_embedded_gallery_has_a_collection_of_its_own(gallery, tmp_path):
     """``joint``: the same ids with other vectors go to ``<name>_g<session>``, the older collection keeps
     its own; ``drop_generations_before`` drops only this gallery's older ones (not another collection

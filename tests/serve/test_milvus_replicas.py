@@ -13,9 +13,11 @@ import os
 import time
 
 import pytest
+from absl import flags
 from fastapi.testclient import TestClient
 
-from cvs_jax import update
+from cvs_jax import search, update
+from cvs_jax.errors import IndexUnavailableError
 from cvs_jax.index import registry
 from cvs_jax.retrieval.run_reader import ADDED_BASE
 from cvs_jax.serve.app import create_app
@@ -74,9 +76,17 @@ def test_a_row_added_through_one_replica_is_found_once_through_the_other(server,
         b.close()
 
 
+def _search_add(workdir, photo, label) -> int:
+    """``python -m cvs_jax.search --workdir W --images PHOTO --add --label LABEL`` (it writes no index)."""
+    fv = flags.FlagValues()
+    search.define_flags(fv)
+    return search.main(fv(["search", "--workdir", workdir, "--images", photo, "--add", "--label", label]), fv)
+
+
 def test_kill_9_of_the_milvus_server(server, run_copy, tmp_path):
     """503 with one ``error`` line naming the server while it is down, adds refused with the files as they
-    were, every acknowledged row there after the restart, and both replicas answering again."""
+    were, every acknowledged row there after the restart, both replicas answering again, and a row stored
+    while the server was down (``search --add``) written by the replica that read it then."""
     a, ca = _replica(run_copy, server.uri, "replicas_kill")
     b, cb = _replica(run_copy, server.uri, "replicas_kill")
     try:
@@ -101,6 +111,10 @@ def test_kill_9_of_the_milvus_server(server, run_copy, tmp_path):
         r = cb.post("/add", params={"label": "ant"}, files=_files([refused]))
         assert r.status_code == 503 and server.uri in r.json()["error"], r.text
         assert file_tree.checksums(run_copy) == before
+        offline = new_photo(tmp_path / "offline.png", "bee", seed=31)  # stored while the server is down
+        assert _search_add(run_copy, offline, "bee") == 0
+        with pytest.raises(IndexUnavailableError):
+            b.poll()  # B reads it and cannot write it: it must not count it as held
         started = time.monotonic()
         server.start()
         for client in (ca, cb):
@@ -112,10 +126,12 @@ def test_kill_9_of_the_milvus_server(server, run_copy, tmp_path):
             _same(got, want)
             assert [q[0]["id"] for q in got] == [i for _, i in acked]
         assert a.index.count() == n + len(acked)
+        b.poll()  # B alone writes the row stored while the server was down
+        assert b.index.count() == n + 3 and _hits(cb, [offline])[0][0]["id"] == ADDED_BASE + 2
         r = cb.post("/add", params={"label": "ant"}, files=_files([refused]))  # now taken
         assert r.status_code == 200, r.text
         a.poll()
-        assert _hits(ca, [refused])[0][0]["id"] == r.json()["ids"][0] and a.index.count() == n + 3
+        assert _hits(ca, [refused])[0][0]["id"] == r.json()["ids"][0] and a.index.count() == n + 4
     finally:
         a.close()
         b.close()
