@@ -273,6 +273,10 @@ def _check_rows(urls: dict, server: MilvusServer, run: str, adder: Adder) -> dic
     }
 
 
+def _dim(run: str) -> int:
+    return int(run_reader.Run(run).config.model.embed_dim)
+
+
 def _direct_search_ms(uri: str, dim: int, n: int = 20) -> dict:
     """p50 of one pymilvus search (1 query, k=5) on the collection, at each consistency level, no load:
     what a replica's search costs in Milvus alone (the replicas read ``Strong``)."""
@@ -365,7 +369,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-
-def _dim(run: str) -> int:
-    return int(run_reader.Run(run).config.model.embed_dim)
