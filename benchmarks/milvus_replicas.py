@@ -31,6 +31,7 @@ import json
 import os
 import pathlib
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -325,6 +326,7 @@ def main() -> None:
     p.add_argument("--down_s", type=float, default=15)
     p.add_argument("--add_every_s", type=float, default=1.0)
     p.add_argument("--out", default="", help="the JSON's path (the table goes to stdout)")
+    p.add_argument("--keep", action="store_true", help="keep the temp folder (run, Milvus data, logs)")
     a = p.parse_args()
     a.tmp = tempfile.mkdtemp(prefix="milvus_replicas_")
     started = datetime.datetime.now(datetime.timezone.utc)
@@ -355,6 +357,8 @@ def main() -> None:
         for proc in procs:
             serve_process.stop(proc)
         server.stop()
+        if not a.keep:
+            shutil.rmtree(a.tmp, ignore_errors=True)
     phases = list(dict.fromkeys(r["phase"] for r in load.records if r["phase"] != "setup"))
     rows = _summary(load, refs, phases)
     facts["queries"] = len(queries)
