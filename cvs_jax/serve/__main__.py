@@ -162,8 +162,9 @@ def default_collection(workdir: str) -> str:
     return f"cvs_{name}_{hashlib.sha256(path.encode()).hexdigest()[:8]}"
 
 
-def index_factory(fv) -> Callable[[int], Any]:
-    """``dim -> index`` for ``--index`` (``cvs_jax.index.registry``), its options checked before anything loads."""
+def index_factory(fv) -> Callable[..., Any]:
+    """``(dim, generation=0) -> index`` for ``--index`` (``cvs_jax.index.registry``), its options checked
+    before anything loads."""
     kind = fv.index
     options: dict[str, Any] = {}
     if kind == "milvus":

@@ -110,7 +110,7 @@ class Served:
         self,
         workdir: str,
         *,
-        make_index: Callable[[int], Any] = functools.partial(index_registry.make_index, "exact"),
+        make_index: Callable[..., Any] = functools.partial(index_registry.make_index, "exact"),
         max_wait_s: float = 0.005,
         max_batch: int = 64,
         poll_s: float = 1.0,
@@ -118,7 +118,8 @@ class Served:
         max_k: int = 100,
         warm_all: bool = False,
     ):
-        """``thresholds``: the compatibility gate on each switch; ``warm_all``: compile every k bucket up to
+        """``make_index(dim, generation=...)``: the index (``index.registry.make_index``'s arguments);
+        ``thresholds``: the compatibility gate on each switch; ``warm_all``: compile every k bucket up to
         ``max_k`` (and the label path's) in a background thread, so that no request compiles."""
         self.workdir = workdir
         self._workdir_abs = os.path.abspath(workdir)
