@@ -85,6 +85,10 @@ class RowIds:
         rows = np.unique(np.asarray(rows, np.int64))
         self._insert(rows[~self._held(rows)])
 
+    def release(self, rows: np.ndarray) -> None:
+        """Forgets rows a failed write did not store, so that the next ``add`` of them writes them."""
+        self._sorted = self._sorted[~np.isin(self._sorted, np.asarray(rows, np.int64))]
+
     def _held(self, rows: np.ndarray) -> np.ndarray:
         """Which of ``rows`` are held: a binary search in the sorted ids, O(n log N)."""
         if not self._sorted.size:

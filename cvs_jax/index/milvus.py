@@ -5,16 +5,30 @@ One collection holds the gallery. Each row carries its row id (the primary key),
 (normalised: the ``IP`` metric is then the project's cosine), the session its image arrived in and the
 session of the model that embedded it. The collection outlives the process: a reopened index reads the
 row ids it already holds, and ``add`` writes only rows it does not hold, so after an ``update`` (or an
-``/add``) only the new rows travel. Reads are ``Strong``: a search sees every row added before it.
+``/add``) only the new rows travel. Searches read at ``Session`` consistency: a search sees every row
+this process wrote and every row it read when it opened the collection (a write of nothing then, the
+``_barrier``, is the point they wait for), without ``Strong``'s wait for the server's next time tick
+(200 ms per search on the 2.3.5 server against 1 ms: benchmarks/milvus_replicas.py).  A replica answers
+only rows it holds, and holds only rows it wrote itself (an upsert) or read at opening.
 
 Several replicas may share one collection (docs/index-backends.md, "Several replicas"): each writes the
 rows it learns of with ``upsert`` (Milvus does not refuse a second row with the same primary key; an
 upsert of the same row replaces it), so a row added through one replica and later read by another stays
 one row.  A server that does not answer within ``timeout_s`` raises ``IndexUnavailableError`` naming
 the URI (the HTTP server's 503), not the client library's exception.
+
+A gallery that is re-embedded (a ``joint`` session's part replaces every row: ``generation`` is that
+session) gets a collection of its own, ``<collection>_g<generation>``: the ids are the same, the vectors
+are not, and a replica still serving the older model keeps searching the older collection during a
+rolling switch.  ``drop_generations_before`` drops this gallery's older ones: the collections named
+``<collection>`` or ``<collection>_g<N>`` with a smaller N and this gallery's fields and width (so never
+name another run's collection ``<collection>_g<N>``; the default names end in a hash of the run's path).
 """
 
 from __future__ import annotations
+
+import logging
+import re
 
 import numpy as np
 
@@ -24,6 +38,19 @@ from cvs_jax.index.base import RowIds, empty_results, normalized, padded
 VECTOR, ROW, ARRIVAL, MODEL = "embedding", "row", "arrival_session", "model_session"
 INSERT_BATCH = 2048  # rows per insert call (bounded message size)
 MAX_K = 16384  # Milvus's largest search limit
+READS = "Session"  # the consistency of searches (module docstring)
+log = logging.getLogger(__name__)
+
+
+def generation_name(collection: str, generation: int) -> str:
+    """The collection of a gallery re-embedded at session ``generation`` (0: the gallery as first made)."""
+    return collection if not generation else f"{collection}_g{int(generation)}"
+
+
+def _generation_of(collection: str, name: str) -> int | None:
+    """N when ``name`` is ``generation_name(collection, N)``, else None."""
+    m = re.fullmatch(re.escape(collection) + r"(?:_g([1-9][0-9]*))?", name)
+    return None if m is None else int(m.group(1) or 0)
 
 
 def _pymilvus():
@@ -46,6 +73,7 @@ class MilvusIndex:
         *,
         uri: str,
         collection: str = "cvs_gallery",
+        generation: int = 0,
         token: str = "",
         index_type: str = "FLAT",
         index_params: dict | None = None,
@@ -54,13 +82,14 @@ class MilvusIndex:
     ):
         pymilvus = _pymilvus()
         self._ids = RowIds(dim)
-        self._name, self._uri, self._timeout = collection, uri, float(timeout_s)
+        self._base, self._generation = collection, int(generation)
+        self._name, self._uri, self._timeout = generation_name(collection, generation), uri, float(timeout_s)
         self._search_params = {"metric_type": "IP", "params": dict(search_params or {})}
         try:
             self._client = pymilvus.MilvusClient(uri=uri, token=token)
         except Exception as e:  # pymilvus raises its own exception types, or OSError for a bad path
             raise IndexBackendError(f"cannot open Milvus at {uri!r} ({e}); pass a local file path or http://host:port.")
-        if self._client.has_collection(collection):
+        if self._client.has_collection(self._name):
             self._reopen(dim)
         else:
             self._create(pymilvus.DataType, index_type, dict(index_params or {}))
@@ -97,14 +126,16 @@ class MilvusIndex:
         index.add_index(field_name=VECTOR, index_type=index_type, metric_type="IP", params=index_params)
         self._client.create_collection(self._name, schema=schema, index_params=index, consistency_level="Strong")
 
+    def _layout(self, name: str) -> tuple[list[str], int]:
+        """The collection's field names and vector width."""
+        fields = {f["name"]: f for f in self._call("describe_collection", name)["fields"]}
+        return sorted(fields), int(fields.get(VECTOR, {}).get("params", {}).get("dim", -1))
+
     def _reopen(self, dim: int) -> None:
-        # pymilvus leaves describe_collection unannotated and pyright infers its async twin's coroutine
-        described = self._client.describe_collection(self._name)
-        fields = {f["name"]: f for f in described["fields"]}  # pyright: ignore[reportIndexIssue]
-        have = int(fields.get(VECTOR, {}).get("params", {}).get("dim", -1))
-        if set(fields) != {ROW, VECTOR, ARRIVAL, MODEL} or have != dim:
+        fields, have = self._layout(self._name)
+        if fields != sorted([ROW, VECTOR, ARRIVAL, MODEL]) or have != dim:
             raise IndexBackendError(
-                f"the Milvus collection {self._name!r} holds fields {sorted(fields)} (dim {have}), not this "
+                f"the Milvus collection {self._name!r} holds fields {fields} (dim {have}), not this "
                 f"gallery's (dim {dim}); pass another collection name or drop it."
             )
         self._client.load_collection(self._name)
@@ -114,6 +145,30 @@ class MilvusIndex:
                 self._ids.hold([r[ROW] for r in batch])
         finally:
             it.close()
+        self._barrier()
+
+    def _barrier(self) -> None:
+        """Deletes row -1 (there is none): pymilvus keeps the write's timestamp per collection, and every
+        later ``Session`` search waits until the server has applied everything written before it."""
+        self._call("delete", self._name, ids=[-1])
+
+    @property
+    def collection(self) -> str:
+        return self._name
+
+    def drop_generations_before(self, generation: int) -> list[str]:
+        """Drops this gallery's collections of generations older than ``generation`` (not this one's);
+        returns their names.  A replica switching to a re-embedded gallery calls it with the generation
+        it leaves, so the one it leaves stays for replicas still serving it (a rolling switch)."""
+        dropped, mine = [], (sorted([ROW, VECTOR, ARRIVAL, MODEL]), self._ids.dim)
+        for name in self._call("list_collections"):
+            g = _generation_of(self._base, name)
+            if g is not None and g < generation and name != self._name and self._layout(name) == mine:
+                self._call("drop_collection", name)
+                dropped.append(name)
+        if dropped:
+            log.warning("dropped the Milvus collection(s) %s (older re-embeddings of this gallery)", dropped)
+        return dropped
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -150,13 +205,17 @@ class MilvusIndex:
     def add(self, rows, embeddings, arrival_session, model_session) -> None:
         rows, emb, arrival, model = self._ids.new(rows, embeddings, arrival_session, model_session)
         emb = normalized(emb)
-        for s in range(0, rows.size, INSERT_BATCH):
-            part = slice(s, s + INSERT_BATCH)
-            data = [
-                {ROW: int(r), VECTOR: e.tolist(), ARRIVAL: int(a), MODEL: int(m)}
-                for r, e, a, m in zip(rows[part], emb[part], arrival[part], model[part])
-            ]
-            self._call("upsert", self._name, data)
+        try:
+            for s in range(0, rows.size, INSERT_BATCH):
+                part = slice(s, s + INSERT_BATCH)
+                data = [
+                    {ROW: int(r), VECTOR: e.tolist(), ARRIVAL: int(a), MODEL: int(m)}
+                    for r, e, a, m in zip(rows[part], emb[part], arrival[part], model[part])
+                ]
+                self._call("upsert", self._name, data)
+        except BaseException:  # the server went down: these rows are written again at the next add (poll)
+            self._ids.release(rows)
+            raise
 
     def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
         q = self._ids.queries(queries, k)
@@ -170,6 +229,7 @@ class MilvusIndex:
             limit=limit,
             anns_field=VECTOR,
             search_params=self._search_params,
+            consistency_level=READS,
             output_fields=[ROW],  # the row as an output field: read the same way by pymilvus 2.5 and 3
         )
         scores, rows = empty_results(q.shape[0], limit)

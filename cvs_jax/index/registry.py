@@ -10,11 +10,13 @@ from cvs_jax.index.base import Index
 INDEXES = ("exact", "faiss-hnsw", "faiss-ivf", "milvus")
 
 
-def make_index(kind: str, dim: int, **options) -> Index:
-    """A new (or, for Milvus, reopened) index of ``dim``-dimensional rows. Options by kind:
-    ``exact``: mesh, gallery_block, query_chunk; ``faiss-hnsw``: m, ef_construction, ef_search;
-    ``faiss-ivf``: nlist, nprobe; ``milvus``: uri (required), collection, token, index_type,
-    index_params, search_params."""
+def make_index(kind: str, dim: int, generation: int = 0, **options) -> Index:
+    """A new (or, for Milvus, reopened) index of ``dim``-dimensional rows. ``generation``: the session
+    whose re-embedding the gallery is (``joint``; 0 for a gallery that only appends): a store that
+    outlives the process keeps each in a collection of its own, an index in memory is new anyway.
+    Options by kind: ``exact``: mesh, gallery_block, query_chunk; ``faiss-hnsw``: m, ef_construction,
+    ef_search; ``faiss-ivf``: nlist, nprobe; ``milvus``: uri (required), collection, token, index_type,
+    index_params, search_params, timeout_s."""
     if kind == "exact":
         from cvs_jax.index.exact import ExactIndex
 
@@ -32,7 +34,7 @@ def make_index(kind: str, dim: int, **options) -> Index:
 
         if not options.get("uri"):
             raise IndexBackendError("--index milvus needs --milvus-uri (a local file for Milvus Lite, or http://...).")
-        return MilvusIndex(dim, **options)
+        return MilvusIndex(dim, generation=generation, **options)
     raise IndexBackendError(f"unknown index {kind!r}; pass one of {', '.join(INDEXES)}.")
 
 

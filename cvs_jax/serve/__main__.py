@@ -104,7 +104,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_string(
         "milvus-collection",
         None,
-        "With --index milvus: the collection (default: named after the run's folder, so two runs never share one).",
+        "With --index milvus: the collection (default: named after the run's folder, so two runs never share one); "
+        "a gallery re-embedded by a joint session goes to <collection>_g<session>.",
         flag_values=flag_values,
     )
     flags.DEFINE_string(
@@ -161,8 +162,9 @@ def default_collection(workdir: str) -> str:
     return f"cvs_{name}_{hashlib.sha256(path.encode()).hexdigest()[:8]}"
 
 
-def index_factory(fv) -> Callable[[int], Any]:
-    """``dim -> index`` for ``--index`` (``cvs_jax.index.registry``), its options checked before anything loads."""
+def index_factory(fv) -> Callable[..., Any]:
+    """``(dim, generation=0) -> index`` for ``--index`` (``cvs_jax.index.registry``), its options checked
+    before anything loads."""
     kind = fv.index
     options: dict[str, Any] = {}
     if kind == "milvus":

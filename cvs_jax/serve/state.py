@@ -11,7 +11,8 @@ of the additions).  When a newer session is complete it reads that run in the ba
 gallery), runs the new model once (its compile happens there, not in a request), then hands the
 switch to the batcher's thread, which adds only the new session's rows to the index (stored
 embeddings; no row is re-embedded) and replaces the run between two batches.  Only a ``joint``
-session, which re-embeds the whole gallery, makes a new index.
+session, which re-embeds the whole gallery, makes a new index (on Milvus a collection of that
+generation: ``_generation``; the collections before the one left are dropped after the switch).
 
 Everything that reads or changes ``run`` and ``index`` runs under the batcher's lock (on its thread, or
 a lone search on the event loop's: ``Batcher.now``); adds write their rows under the additions' lock
@@ -32,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from cvs_jax.data import chunks
-from cvs_jax.errors import SearchError
+from cvs_jax.errors import IndexBackendError, SearchError
 from cvs_jax.index import registry as index_registry
 from cvs_jax.retrieval import additions, gate, query_maps, run_reader, topk
 from cvs_jax.retrieval.run_reader import ADDED_BASE
@@ -83,6 +84,20 @@ def _extends(old: Gallery, new: Gallery) -> bool:
     )
 
 
+def _generation(gallery: Gallery) -> int:
+    """The session whose re-embedding ``gallery`` is (a ``joint`` part replaces every row before it), 0
+    for a gallery that only appends: what names a Milvus collection, the same ids holding other vectors."""
+    first = gallery.parts[0] if gallery.parts else None
+    return first.session if first is not None and first.replaces else 0
+
+
+def _close(index) -> None:
+    """Lets go of an index no longer searched (a Milvus client's connection)."""
+    close = getattr(index, "close", None)
+    if close is not None:
+        close()
+
+
 QUERY_CHUNK = 1024  # the exact index's query chunk (``index.exact``): batches up to it are one chunk
 
 
@@ -96,7 +111,7 @@ class Served:
         self,
         workdir: str,
         *,
-        make_index: Callable[[int], Any] = functools.partial(index_registry.make_index, "exact"),
+        make_index: Callable[..., Any] = functools.partial(index_registry.make_index, "exact"),
         max_wait_s: float = 0.005,
         max_batch: int = 64,
         poll_s: float = 1.0,
@@ -104,7 +119,8 @@ class Served:
         max_k: int = 100,
         warm_all: bool = False,
     ):
-        """``thresholds``: the compatibility gate on each switch; ``warm_all``: compile every k bucket up to
+        """``make_index(dim, generation=...)``: the index (``index.registry.make_index``'s arguments);
+        ``thresholds``: the compatibility gate on each switch; ``warm_all``: compile every k bucket up to
         ``max_k`` (and the label path's) in a background thread, so that no request compiles."""
         self.workdir = workdir
         self._workdir_abs = os.path.abspath(workdir)
@@ -117,7 +133,7 @@ class Served:
         self._pin: int | None = None  # the pinned session (0-based), None: follow the newest through the gate
         self.dim = int(self.run.config.model.embed_dim)
         self._make_index = make_index
-        self.index = make_index(self.dim)
+        self.index = make_index(self.dim, generation=_generation(self.run.gallery))
         check = getattr(self.index, "check_rows", None)
         if check is not None:  # a store that outlives the process (Milvus): it must hold this run's rows
             check(self.run.ids, self._embeddings_of)  # before anything is written to it
@@ -340,7 +356,7 @@ class Served:
         if index is not None:
             self.index, self._in_gallery, self._in_added = index
         elif not _extends(old.gallery, new.gallery):  # joint, and no index made beside serving
-            self.index = self._make_index(self.dim)
+            self.index = self._make_index(self.dim, generation=_generation(new.gallery))
             self._in_gallery = self._in_added = 0
         self.run = new
         self._index_gallery(new)
@@ -419,7 +435,7 @@ class Served:
             self._warm(new)
         index = None
         if not _extends(self.run.gallery, new.gallery):
-            fresh = self._make_index(self.dim)
+            fresh = self._make_index(self.dim, generation=_generation(new.gallery))
             self._fill(fresh, new)
             for n in warm_sizes(self._max_batch, QUERY_CHUNK):
                 fresh.search(np.zeros((n, self.dim), np.float32), WARM_K)
@@ -428,7 +444,24 @@ class Served:
             prepare = getattr(self.index, "prepare", None)
             if prepare is not None:
                 prepare([len(new.gallery) - self._in_gallery, len(new.stored_added) - self._in_added])
+        old, left = self.index, _generation(self.run.gallery)
         self.batcher.call(lambda: self._switch(new, index)).result()
+        if index is not None and self.index is index[0]:
+            self._retire(old, left)
+        elif index is not None:  # not taken (a newer run was served meanwhile)
+            _close(index[0])
+
+    def _retire(self, old, left: int) -> None:
+        """Closes the index left; on a store shared by replicas, drops the re-embeddings older than the
+        generation ``left`` (that one stays: a replica still serving the older model searches it until it
+        switches too).  A failure there is logged: the switch has happened."""
+        drop = getattr(self.index, "drop_generations_before", None)
+        try:
+            if drop is not None:
+                drop(left)
+        except IndexBackendError:
+            log.exception("dropping the older collections failed; they stay (drop them by hand)")
+        _close(old)
 
     def pin(self, session: int | None) -> dict:
         """Serves the model of completed session ``session`` (0-based), past the gate; None: follows the

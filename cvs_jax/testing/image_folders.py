@@ -62,13 +62,16 @@ def folder_config(tmp_path, manual_dir):
 PHOTO_RUN_SESSIONS = ({"ant": 16, "bee": 16, "cat": 16}, {"dog": 16, "ant": 4})
 
 
-def photo_run(root, network: str = "tiny") -> tuple[str, str]:
+def photo_run(root, network: str = "tiny", method: str | None = None) -> tuple[str, str]:
     """A finished one-session photo run under ``root/run`` and the folder of its next session
     (``python -m cvs_jax.update --workdir root/run --data <folder>``).  ``network="walkthrough"``: the
-    ``:cpu`` variant's network and image sizes (docs/your-images.md), one epoch, instead of the tiny one."""
+    ``:cpu`` variant's network and image sizes (docs/your-images.md), one epoch, instead of the tiny one;
+    ``method``: another method than the config's (``joint``: a gallery re-embedded each session)."""
     sessions = enumerate(PHOTO_RUN_SESSIONS)
     first, second = (write_folder(root / f"s{i + 1}", classes, 3, seed=i) for i, classes in sessions)
     config = folder_config(root, first)
+    if method is not None:
+        config.method = method
     if network == "walkthrough":
         cpu = image_folder_general.get_config("cpu")
         config.data.stored_size, config.augment.size = cpu.data.stored_size, cpu.augment.size

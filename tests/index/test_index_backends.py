@@ -146,6 +146,49 @@ def test_milvus_reopened_inserts_only_new_rows_and_keeps_sessions(gallery, tmp_p
         registry.make_index("milvus", DIM + 1, uri=str(tmp_path / "milvus.db"))
 
 
+def test_milvus_rows_a_failed_write_left_out_go_in_at_the_next_add(gallery, tmp_path, monkeypatch):
+    """A server down during ``add`` (a replica's poll): the rows are not held, so the next add writes them."""
+    from cvs_jax.errors import IndexUnavailableError
+
+    rows, emb, arrival, model, _ = gallery
+    index = make("milvus", tmp_path)
+    index.add(rows[:10], emb[:10], arrival[:10], model[:10])
+    real = index._client.upsert  # noqa: SLF001
+
+    def down(*args, **kwargs):
+        raise ConnectionError("connection refused")
+
+    monkeypatch.setattr(index._client, "upsert", down)  # noqa: SLF001
+    with pytest.raises(IndexUnavailableError, match="did not answer"):
+        index.add(rows[:30], emb[:30], arrival[:30], model[:30])
+    assert len(index) == 10
+    monkeypatch.setattr(index._client, "upsert", real)  # noqa: SLF001
+    index.add(rows[:30], emb[:30], arrival[:30], model[:30])
+    assert len(index) == index.count() == 30
+    _, got = index.search(emb[10:30], 1)
+    np.testing.assert_array_equal(got[:, 0], rows[10:30])
+
+
+def test_milvus_a_re_embedded_gallery_has_a_collection_of_its_own(gallery, tmp_path):
+    """``joint``: the same ids with other vectors go to ``<name>_g<session>``, the older collection keeps
+    its own; ``drop_generations_before`` drops only this gallery's older ones (not another collection
+    whose name merely starts alike)."""
+    rows, emb, arrival, model, _ = gallery
+    made = {g: make("milvus", tmp_path, collection="photos", generation=g) for g in (0, 1, 2)}
+    other = make("milvus", tmp_path, collection="photos_g0_other")
+    for g, index in [*made.items(), ("other", other)]:
+        index.add(rows[:50], emb[:50] if g == 0 else -emb[:50], arrival[:50], model[:50])
+    assert [made[g].collection for g in (0, 1, 2)] == ["photos", "photos_g1", "photos_g2"]
+    for g, sign in ((0, 1), (2, -1)):
+        scores, got = made[g].search(sign * emb[:50], 1)
+        np.testing.assert_array_equal(got[:, 0], rows[:50])
+        np.testing.assert_allclose(scores[:, 0], 1.0, atol=1e-5)
+    assert made[2].drop_generations_before(1) == ["photos"]
+    client = made[2]._client  # noqa: SLF001
+    assert sorted(client.list_collections()) == ["photos_g0_other", "photos_g1", "photos_g2"]
+    assert made[2].drop_generations_before(1) == [] and made[2].count() == 50
+
+
 def test_measured_recall_catches_a_coarse_index(gallery, tmp_path):
     """One probed cluster of 12 misses true neighbours: measured recall says so, and equals a count by hand."""
     rows, emb, arrival, model, queries = gallery

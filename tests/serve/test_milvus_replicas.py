@@ -12,24 +12,31 @@ import functools
 import os
 import time
 
-import numpy as np
 import pytest
+from absl import flags
 from fastapi.testclient import TestClient
 
-from cvs_jax import update
+from cvs_jax import search, update
+from cvs_jax.errors import IndexUnavailableError
 from cvs_jax.index import registry
 from cvs_jax.retrieval.run_reader import ADDED_BASE
 from cvs_jax.serve.app import create_app
 from cvs_jax.serve.state import Served
 from cvs_jax.testing import file_tree
-from cvs_jax.testing.image_folders import new_photo
+from cvs_jax.testing.image_folders import new_photo, photo_run, write_folder
 from cvs_jax.testing.milvus_server import MilvusServer
+from cvs_jax.testing.replicas import K
+from cvs_jax.testing.replicas import exact_hits as _exact_hits
+from cvs_jax.testing.replicas import files as _files
+from cvs_jax.testing.replicas import hits as _hits
+from cvs_jax.testing.replicas import recall as _recall
+from cvs_jax.testing.replicas import same as _same
+from cvs_jax.testing.replicas import search as _search
+from cvs_jax.testing.replicas import until as _until
 
 pytest.importorskip("pymilvus")
 pytest.importorskip("milvus", reason="the Milvus server package: pip install -e '.[milvus_server]'")
 pytestmark = pytest.mark.slow
-
-K = 5
 
 
 @pytest.fixture(scope="module")
@@ -43,50 +50,6 @@ def _replica(wd, uri, collection):
     make = functools.partial(registry.make_index, "milvus", uri=uri, collection=collection, timeout_s=5)
     served = Served(wd, make_index=make, poll_s=0, max_wait_s=0.02)  # polls by hand: the order is the test's
     return served, TestClient(create_app(served))
-
-
-def _files(paths):
-    out = []
-    for p in paths:
-        with open(p, "rb") as f:
-            out.append(("file", (os.path.basename(p), f.read())))
-    return out
-
-
-def _search(client, paths, k=K):
-    return client.post("/search", params={"k": k}, files=_files(paths))
-
-
-def _hits(client, paths, k=K):
-    r = _search(client, paths, k)
-    assert r.status_code == 200, r.text
-    return [q["hits"] for q in r.json()["queries"]]
-
-
-def _until(fn, timeout_s, what):
-    """``fn()`` until it is truthy; fails naming ``what`` after ``timeout_s``."""
-    end = time.monotonic() + timeout_s
-    while True:
-        out = fn()
-        if out or time.monotonic() > end:
-            assert out, f"{what} not within {timeout_s} s"
-            return out
-        time.sleep(0.5)
-
-
-def _exact_hits(wd, paths, k=K):
-    """What exact search over the run on disk answers (the reference of every replica)."""
-    served = Served(wd, poll_s=0, max_wait_s=0.02)
-    try:
-        return _hits(TestClient(create_app(served)), paths, k)
-    finally:
-        served.close()
-
-
-def _same(got, want):
-    for g, w in zip(got, want):
-        assert [h["id"] for h in g] == [h["id"] for h in w]
-        np.testing.assert_allclose([h["score"] for h in g], [h["score"] for h in w], atol=1e-5)
 
 
 def test_a_row_added_through_one_replica_is_found_once_through_the_other(server, run_copy, tmp_path):
@@ -113,9 +76,17 @@ def test_a_row_added_through_one_replica_is_found_once_through_the_other(server,
         b.close()
 
 
+def _search_add(workdir, photo, label) -> int:
+    """``python -m cvs_jax.search --workdir W --images PHOTO --add --label LABEL`` (it writes no index)."""
+    fv = flags.FlagValues()
+    search.define_flags(fv)
+    return search.main(fv(["search", "--workdir", workdir, "--images", photo, "--add", "--label", label]), fv)
+
+
 def test_kill_9_of_the_milvus_server(server, run_copy, tmp_path):
     """503 with one ``error`` line naming the server while it is down, adds refused with the files as they
-    were, every acknowledged row there after the restart, and both replicas answering again."""
+    were, every acknowledged row there after the restart, both replicas answering again, and a row stored
+    while the server was down (``search --add``) written by the replica that read it then."""
     a, ca = _replica(run_copy, server.uri, "replicas_kill")
     b, cb = _replica(run_copy, server.uri, "replicas_kill")
     try:
@@ -140,6 +111,10 @@ def test_kill_9_of_the_milvus_server(server, run_copy, tmp_path):
         r = cb.post("/add", params={"label": "ant"}, files=_files([refused]))
         assert r.status_code == 503 and server.uri in r.json()["error"], r.text
         assert file_tree.checksums(run_copy) == before
+        offline = new_photo(tmp_path / "offline.png", "bee", seed=31)  # stored while the server is down
+        assert _search_add(run_copy, offline, "bee") == 0
+        with pytest.raises(IndexUnavailableError):
+            b.poll()  # B reads it and cannot write it: it must not count it as held
         started = time.monotonic()
         server.start()
         for client in (ca, cb):
@@ -151,19 +126,15 @@ def test_kill_9_of_the_milvus_server(server, run_copy, tmp_path):
             _same(got, want)
             assert [q[0]["id"] for q in got] == [i for _, i in acked]
         assert a.index.count() == n + len(acked)
+        b.poll()  # B alone writes the row stored while the server was down
+        assert b.index.count() == n + 3 and _hits(cb, [offline])[0][0]["id"] == ADDED_BASE + 2
         r = cb.post("/add", params={"label": "ant"}, files=_files([refused]))  # now taken
         assert r.status_code == 200, r.text
         a.poll()
-        assert _hits(ca, [refused])[0][0]["id"] == r.json()["ids"][0] and a.index.count() == n + 3
+        assert _hits(ca, [refused])[0][0]["id"] == r.json()["ids"][0] and a.index.count() == n + 4
     finally:
         a.close()
         b.close()
-
-
-def _recall(got, want):
-    """recall@k of ``got`` (hits per query) against ``want``'s (exact search)."""
-    found = [len({h["id"] for h in g} & {h["id"] for h in w}) for g, w in zip(got, want)]
-    return sum(found) / sum(len(w) for w in want)
 
 
 def test_a_rolling_update_switch(server, photo_runs, run_copy):
@@ -194,3 +165,54 @@ def test_a_rolling_update_switch(server, photo_runs, run_copy):
     finally:
         a.close()
         b.close()
+
+
+@pytest.fixture(scope="module")
+def joint_run(tmp_path_factory):
+    """A one-session ``joint`` photo run (each session re-embeds the whole gallery) and two next folders."""
+    root = tmp_path_factory.mktemp("joint")
+    run, second = photo_run(root, method="joint")
+    return run, second, write_folder(root / "s3", {"emu": 16, "bee": 4}, 3, seed=2)
+
+
+def test_a_rolling_switch_to_a_re_embedded_gallery(server, joint_run):
+    """``joint``: the new model's gallery holds the same ids with other vectors. A replica switching gets a
+    collection of that generation (``<name>_g<session>``) and answers exact search's hits of the new model;
+    the other, not switched yet, still answers from the collection it serves.  The collection before the
+    one a replica leaves is dropped (never one a replica one switch behind still serves)."""
+    import pymilvus
+
+    run, second, third = joint_run
+    queries = sorted(os.path.join(d, f) for d, _, fs in os.walk(second) for f in fs)[::2]
+    a, ca = _replica(run, server.uri, "replicas_joint")
+    b, cb = _replica(run, server.uri, "replicas_joint")
+    milvus = pymilvus.MilvusClient(uri=server.uri)
+
+    def held():
+        return sorted(c for c in milvus.list_collections() if c.startswith("replicas_joint"))
+
+    try:
+        old = _exact_hits(run, queries)
+        assert update.update(run, second) == 0
+        new = _exact_hits(run, queries, session=2)
+        assert ca.post("/model", params={"session": 2}).status_code == 200
+        assert (a.index.collection, b.index.collection) == ("replicas_joint_g1", "replicas_joint")
+        _same(_hits(ca, queries), new)  # the old code reopened one collection: model 1's vectors under model 2
+        _same(_hits(cb, queries), old)
+        assert a.index.count() == len(a.run.rows) and b.index.count() == len(b.run.rows)
+        assert cb.post("/model", params={"session": 2}).status_code == 200
+        _same(_hits(cb, queries), new)
+        assert held() == ["replicas_joint", "replicas_joint_g1"]  # the one left stays (one switch of slack)
+        assert update.update(run, third) == 0
+        newest = _exact_hits(run, queries, session=3)
+        assert ca.post("/model", params={"session": 3}).status_code == 200
+        assert held() == ["replicas_joint_g1", "replicas_joint_g2"]  # generation 0 dropped, B's kept
+        _same(_hits(ca, queries), newest)
+        _same(_hits(cb, queries), new)
+        assert cb.post("/model", params={"session": 3}).status_code == 200
+        _same(_hits(cb, queries), newest)
+        assert b.index.collection == "replicas_joint_g2" and b.index.count() == len(b.run.rows)
+    finally:
+        a.close()
+        b.close()
+        milvus.close()
