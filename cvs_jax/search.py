@@ -210,7 +210,8 @@ def search_or_add(
             check_is_run(workdir)  # before the lock, which would create the folder
             with workdir_lib.hold_additions(workdir):  # additions are written: one writer at a time
                 run = Run(workdir, for_add=True)
-                label_value = run.label_of(label)
+                _, name = run.label_and_name(label, new=True)  # a new name is a new class
+                new_class = bool(name) and name not in run.class_names
                 images = load_images(paths, run.image_shape)
                 dup = [] if force else run.duplicates(paths)
                 if dup:
@@ -219,11 +220,17 @@ def search_or_add(
                         f"{dup[0][1]}; each would be a second gallery row of one image. Leave them out, or pass "
                         f"--force to add them anyway."
                     )
-                run.add(images, paths, label_value)
+                run.add(images, paths, label)
             if label is None:
                 print(
                     f"note: the {len(paths)} added rows are unlabelled (label -1, class ?); pass --label CLASS to "
                     f"label images when adding them.",
+                    file=sys.stderr,
+                )
+            if new_class:
+                print(
+                    f"note: {name!r} is a new class ({len(run.class_names)} classes now): its rows are searchable "
+                    f"under that name, and the next update --from_added learns it.",
                     file=sys.stderr,
                 )
             if as_json:

@@ -7,6 +7,10 @@ files and labels) are laid out as a folder of class folders, ``<workdir>/from_ad
 ``update --data`` trains on any folder: same inventory, split, plan, method, replay and recipe.  One
 place decides how a folder becomes a session; this module only decides which images form the folder.
 
+A row's class is the name it was added with (``additions.resolve``), so a name the run has not seen
+becomes a class folder like any other and the session learns it as a new class, as ``update --data``
+learns a new class folder.
+
 "Since the last session": the added rows no earlier ``--from_added`` session used (``rows.json`` of
 the folders in ``data.updates``), in the order added; rows added while a session trains belong to
 the next one.  The added rows themselves are left as they are (their stored embeddings are never
@@ -71,8 +75,9 @@ def pending(workdir: str, updates: list[str], embed_dim: int) -> tuple[int, int,
             f"no image was added to {workdir} since the last session ({first} added row(s), all used); add "
             f"labelled images (POST /add?label=NAME or search --add with --label) first."
         )
+    added = additions.resolve(added, _class_names(workdir))  # labels by name: new names are new classes
+    names = additions.class_list(added, _class_names(workdir))
     labels = added.gallery.labels[first:end]
-    names = _class_names(workdir)
     rows = [(names[int(label)], added.sources[first + i]) for i, label in enumerate(labels) if label >= 0]
     if not rows:
         raise DataError(

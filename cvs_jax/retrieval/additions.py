@@ -2,10 +2,17 @@
 
 They live in ``checkpoints/additions``: each write is a new orbax step holding every added row (one
 part per model session, in the order added, so older rows keep the session of the model that embedded
-them), with each row's source and the SHA-256 of its image's bytes (the duplicate-bytes rule).  orbax
+them), with each row's source, the SHA-256 of its image's bytes (the duplicate-bytes rule) and the class
+name it was added with.  orbax
 writes a step into a temporary folder and renames it when complete, and ``append`` then fsyncs the
 step's files and folders: when it returns, the rows survive a ``kill -9`` or a power cut, and a process
 killed before that leaves the previous step as the newest (no partial row is ever read).
+
+A row's label is its class *name*: the stored integer label is read only for rows added before names
+were kept.  A name the run has not seen yet (``/add?label=NEW``) is a new class at once: ``resolve``
+numbers the names against the protocol's class list read now, the new ones after it in the order first
+added, so a row's label stays right when a session (``update --from_added``) grows the class list and
+gives that class the place its plan decides.
 
 No training run writes here, so additions have their own lock (``workdir.hold_additions``), which the
 caller of ``append`` holds: rows can be added while ``update`` trains.
@@ -33,6 +40,7 @@ class Added:
     sources: list[str]  # absolute path of each row's image
     digests: list[str]  # SHA-256 (hex) of each row's image bytes ("": added before digests were kept)
     step: int | None
+    names: list[str]  # each row's class name ("": unlabelled, or added before names were kept)
 
     def __len__(self) -> int:
         return len(self.sources)
@@ -40,7 +48,7 @@ class Added:
 
 def _from_stored(stored: tuple[int, dict] | None, embed_dim: int) -> Added:
     if stored is None:
-        return Added(Gallery.empty(embed_dim), [], [], None)
+        return Added(Gallery.empty(embed_dim), [], [], None, [])
     step, items = stored
     rows = items["rows"]
     if "embeddings" in rows:  # one part (the layout before per-session parts)
@@ -49,7 +57,34 @@ def _from_stored(stored: tuple[int, dict] | None, embed_dim: int) -> Added:
         parts = [GalleryPart.from_dict(rows[key]) for key in sorted(rows)]
     sources = list(items["meta"]["sources"])
     digests = list(items["meta"].get("digests", [""] * len(sources)))
-    return Added(Gallery(parts, embed_dim), sources, digests, step)
+    names = list(items["meta"].get("names", [""] * len(sources)))
+    return Added(Gallery(parts, embed_dim), sources, digests, step, names)
+
+
+def class_list(added: Added, class_names: list[str]) -> list[str]:
+    """The run's classes as the added rows see them: ``class_names`` (the protocol's), then each name only
+    added rows carry, in the order first added."""
+    out, known = list(class_names), set(class_names)
+    for name in added.names:
+        if name and name not in known:
+            known.add(name)
+            out.append(name)
+    return out
+
+
+def resolve(added: Added, class_names: list[str]) -> Added:
+    """``added`` with each named row's label its name's place in ``class_list`` (the stored label for the
+    rows added before names were kept, and -1 for unlabelled ones)."""
+    if not any(added.names):
+        return added
+    index = {name: i for i, name in enumerate(class_list(added, class_names))}
+    parts, start = [], 0
+    for p in added.gallery.parts:
+        names = added.names[start : start + len(p)]
+        labels = np.asarray([index[n] if n else int(x) for n, x in zip(names, p.labels)], np.int32)
+        parts.append(dataclasses.replace(p, labels=labels))
+        start += len(p)
+    return dataclasses.replace(added, gallery=Gallery(parts, added.gallery.embed_dim))
 
 
 def newest_step(workdir: str) -> int | None:
@@ -88,12 +123,13 @@ def append(
     added: Added,
     embeddings: np.ndarray,
     labels: np.ndarray,
+    names: list[str],
     sources: list[str],
     digests: list[str],
     session: int,
 ) -> Added:
-    """``added`` plus the new rows (embedded by the model of ``session``), written as a new durable
-    step; returns what is now stored."""
+    """``added`` plus the new rows (embedded by the model of ``session``; ``names``: their class names, ""
+    unlabelled), written as a new durable step; returns what is now stored."""
     new = GalleryPart(
         np.asarray(embeddings, np.float32),
         np.asarray(labels, np.int32),
@@ -112,15 +148,16 @@ def append(
     parts.append(new)
     all_sources = added.sources + list(sources)
     all_digests = added.digests + list(digests)
+    all_names = added.names + list(names)
     steps = checkpoints.steps()
     step = (max(steps) + 1) if steps else 0
     checkpoints.save(
         step,
         {"rows": {_KEY.format(i): p.as_dict() for i, p in enumerate(parts)}},
-        {"sources": all_sources, "digests": all_digests},
+        {"sources": all_sources, "digests": all_digests, "names": all_names},
     )
     fsync_tree(os.path.join(checkpoints.directory, str(step)))
-    return Added(Gallery(parts, added.gallery.embed_dim), all_sources, all_digests, step)
+    return Added(Gallery(parts, added.gallery.embed_dim), all_sources, all_digests, step, all_names)
 
 
 def fsync_tree(path: str) -> None:

@@ -219,9 +219,9 @@ class Run:
         self.query_maps = query_maps.stored_maps(workdir, self.gallery_session, c.retrieval.query_map)
         self._additions = additions.writer(workdir) if for_add else None
         if for_add:
-            self._added = additions.read_for_append(self._additions, c.model.embed_dim)
+            self.use_added(additions.read_for_append(self._additions, c.model.embed_dim))
         else:
-            self._added = additions.read(workdir, c.model.embed_dim)
+            self.use_added(additions.read(workdir, c.model.embed_dim))
 
     @property
     def added(self) -> Gallery:
@@ -299,7 +299,8 @@ class Run:
 
     @property
     def class_names(self) -> list[str]:
-        return list(self.protocol["class_names"])
+        """The protocol's classes, then the new ones only added rows carry (``additions.class_list``)."""
+        return additions.class_list(self._added, self.protocol["class_names"])
 
     def embed(self, images: np.ndarray) -> np.ndarray:
         return self.network.embed(images)
@@ -330,7 +331,8 @@ class Run:
         return names[i] if names is not None and 0 <= i < len(names) else f"train[{i}]"
 
     def class_name(self, label: int) -> str:
-        return self.protocol["class_names"][label] if 0 <= label < len(self.protocol["class_names"]) else "?"
+        names = self.class_names
+        return names[label] if 0 <= label < len(names) else "?"
 
     def describe(self, row: int) -> dict:
         """What a hit (or an exported row) shows; sessions 1-based."""
@@ -396,8 +398,9 @@ class Run:
         ]
 
     def use_added(self, added: additions.Added) -> None:
-        """Rows added since this run was read (a server's ``/add``, or a newer step on disk)."""
-        self._added = added
+        """Rows added since this run was read (a server's ``/add``, or a newer step on disk), labelled by
+        name against this run's protocol (``additions.resolve``)."""
+        self._added = additions.resolve(added, self.protocol["class_names"])
         self.__dict__.pop("rows", None)
 
     def duplicates(self, paths: list[str]) -> list[tuple[str, str]]:
@@ -405,37 +408,85 @@ class Run:
         a row of its data (train or test), an earlier ``--add``, or an earlier file of ``paths``."""
         return duplicates_of([(p, file_digest(p)) for p in paths], self._added, store_digests(self.config))
 
-    def add(self, images: np.ndarray, paths: list[str], label: int) -> None:
-        """Appends the images embedded by the newest model (``additions.append``); needs ``for_add``."""
+    def add(self, images: np.ndarray, paths: list[str], label: str | None) -> None:
+        """Appends the images embedded by the newest model (``additions.append``), under the class ``label``
+        (a name, new or known, or a label number; ``label_and_name``); needs ``for_add``."""
         if self._additions is None:
             raise RuntimeError("Run(workdir, for_add=True) adds rows (while holding the additions' lock)")
-        self._added = additions.append(
-            self._additions,
-            self._added,
-            self.embed(images),
-            np.full(len(paths), label, np.int32),
-            [os.path.abspath(p) for p in paths],
-            [file_digest(p) for p in paths],
-            self.session,
+        value, name = self.label_and_name(label, new=True)
+        self.use_added(
+            additions.append(
+                self._additions,
+                self._added,
+                self.embed(images),
+                np.full(len(paths), value, np.int32),
+                [name] * len(paths),
+                [os.path.abspath(p) for p in paths],
+                [file_digest(p) for p in paths],
+                self.session,
+            )
         )
-        self.__dict__.pop("rows", None)
 
     def label_of(self, name: str | None) -> int:
-        if name is None:
-            return -1
-        names = self.protocol["class_names"]
-        if name in names:
-            return names.index(name)
-        number = parse_int(name)
+        """The label of a class name (or label number) the run knows; ``label_and_name``."""
+        return self.label_and_name(name)[0]
+
+    def label_and_name(self, text: str | None, *, new: bool = False) -> tuple[int, str]:
+        """``(label, class name)`` of ``--label``/``label=``: a class the run knows (the protocol's, or one
+        only added rows carry), a label number, None (``(-1, "")``: unlabelled); ``new``: an unknown name
+        is a new class (``check_new_class``), numbered after the known ones.  Else ``SearchError``."""
+        if text is None:
+            return -1, ""
+        names = self.class_names
+        if text in names:
+            return names.index(text), text
+        number = parse_int(text)
         if number is not None and -1 <= number < len(names):
-            return number
-        close = difflib.get_close_matches(name, names, n=1) or difflib.get_close_matches(
-            name.lower(), [n.lower() for n in names], n=1
+            return number, names[number] if number >= 0 else ""
+        if new:
+            check_new_class(text, names)
+            return len(names), text
+        close = difflib.get_close_matches(text, names, n=1) or difflib.get_close_matches(
+            text.lower(), [n.lower() for n in names], n=1
         )
         hint = f"did you mean {names[[n.lower() for n in names].index(close[0].lower())]!r}? " if close else ""
         raise SearchError(
-            f"--label {name!r} is neither a class name nor a label; {hint}known classes: "
+            f"--label {text!r} is neither a class name nor a label; {hint}known classes: "
             f"{', '.join(names[:10])}{', ...' if len(names) > 10 else ''}."
+        )
+
+
+NAME_MAX = 100  # characters of a new class's name (a folder name in a session's folder)
+RESERVED_NAMES = ("train", "test")  # a folder of class folders would read them as its split folders
+
+
+def check_new_class(name: str, known: list[str]) -> None:
+    """Refuses (``SearchError``) a class name that cannot become a new class: one that only differs from a
+    known class in case or spaces (most likely that class, mistyped), a number (labels are numbers), or
+    one that cannot name the class's folder in the session made from the adds (``added_session``)."""
+    folded = {n.strip().casefold(): n for n in known}
+    if name.strip().casefold() in folded:
+        raise SearchError(
+            f"label {name!r} is not a class of the run, but {folded[name.strip().casefold()]!r} is; pass that name "
+            f"(names are matched exactly)."
+        )
+    if parse_int(name) is not None or re.fullmatch(r"-?[0-9]+", name, flags=re.ASCII):
+        raise SearchError(
+            f"label {name}: the run's labels are 0 to {len(known) - 1}; a new class needs a name that is not a number."
+        )
+    bad = (
+        not name
+        or name != name.strip()
+        or len(name) > NAME_MAX
+        or name.startswith(".")
+        or name in RESERVED_NAMES
+        or any(c in name for c in "/\\")
+        or not name.isprintable()
+    )
+    if bad:
+        raise SearchError(
+            f"label {name!r} cannot name a new class: a class name is 1 to {NAME_MAX} printable characters, without "
+            f"/ or \\, leading or trailing spaces or a leading '.', and not {' or '.join(RESERVED_NAMES)}."
         )
 
 

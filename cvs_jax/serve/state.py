@@ -442,7 +442,8 @@ class Served:
         """Embeds the uploads with the served model and appends them as ``search --add`` does (same
         duplicate-bytes rule, same row layout); returns when the rows are on disk and searchable."""
         run = self.run
-        label_value = run.label_of(label)
+        label_value, name = run.label_and_name(label, new=True)  # a new name is a new class
+        new_class = bool(name) and name not in run.class_names
         named = [(u.name, u.digest) for u in uploads]
         with self._add_lock:
             self._refuse_duplicates(named, run.stored_added, run, force)
@@ -462,6 +463,7 @@ class Served:
                         current,
                         emb,
                         np.full(len(uploads), label_value, np.int32),
+                        [name] * len(uploads),
                         sources,
                         [u.digest for u in uploads],
                         session,
@@ -475,14 +477,17 @@ class Served:
 
             def integrate():
                 self._sync_added(stored)
-                return [len(self.run.gallery) + i for i in range(first, first + n)]
+                rows = [len(self.run.gallery) + i for i in range(first, first + n)]
+                return rows, int(self.run.rows.labels[rows[0]])  # the label the name has now
 
-            rows = self.batcher.call(integrate).result()
+            rows, label_value = self.batcher.call(integrate).result()
         return {
             "added": n,
             "ids": [ADDED_BASE + i for i in range(first, first + n)],
             "rows": rows,
             "label": label_value,
+            "class_name": name or None,
+            "new_class": new_class,
             "model_session": session + 1,
             "gallery_rows": len(self.run.rows),
         }

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from cvs_jax import search, update
 from cvs_jax.retrieval import additions, gate
-from cvs_jax.retrieval.run_reader import Run
+from cvs_jax.retrieval.run_reader import ADDED_BASE, Run
 from cvs_jax.rundir import paths
 from cvs_jax.serve.app import create_app
 from cvs_jax.serve.state import Served
@@ -34,6 +34,11 @@ def _photos(folder, counts: dict[str, int], seed: int = 100) -> dict[str, list[s
 def _add(wd, photos: dict[str, list[str]], labelled: bool = True) -> None:
     for name, files in photos.items():
         assert search.search_or_add(wd, files, add=True, label=name if labelled else None) == 0
+
+
+def _bytes(path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _added_bytes(wd) -> list[bytes]:
@@ -93,6 +98,36 @@ def test_refusals_change_nothing(run_copy, tmp_path, capsys, case):
     assert _state(run_copy) == state and not os.path.exists(os.path.join(run_copy, "from_added", "session-2"))
 
 
+def test_search_add_takes_a_new_class_name_and_refuses_names_that_cannot_be_one(run_copy, tmp_path, capsys):
+    photos = _photos(tmp_path / "p", {"dog": 2})
+    for bad, why in [("Ant", "but 'ant' is"), ("7", "not a number"), ("train", "cannot name"), (".x", "cannot name")]:
+        state = _state(run_copy)
+        capsys.readouterr()
+        assert search.search_or_add(run_copy, photos["dog"], add=True, label=bad) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and why in err[0], (bad, err)
+        assert _state(run_copy) == state
+    assert search.search_or_add(run_copy, photos["dog"], add=True, label="dog") == 0
+    assert "'dog' is a new class (4 classes now)" in capsys.readouterr().err
+    assert search.search_or_add(run_copy, photos["dog"][:1], k=1, as_json=True) == 0
+    hit = json.loads(capsys.readouterr().out)[0]["hits"][0]  # the photo's own row
+    assert hit["class_name"] == "dog" and hit["label"] == 3 and hit["source"].endswith("dog-0.png")
+    assert Run(run_copy).label_of("dog") == 3  # a search's label= filter knows it too
+
+
+def _search(client, path, **params) -> list[dict]:
+    with open(path, "rb") as f:
+        r = client.post("/search", params=params, files=[("file", ("q.png", f.read()))])
+    assert r.status_code == 200, r.text
+    return r.json()["queries"][0]["hits"]
+
+
+def _added_names(run: Run) -> list[str]:
+    """The class name each added row shows (``describe``), in the order added."""
+    n = len(run.gallery)
+    return [run.describe(n + i)["class_name"] for i in range(len(run.added_sources))]
+
+
 def test_post_sessions_trains_beside_serving_and_the_new_model_is_served(run_copy, tmp_path):
     served = Served(run_copy, poll_s=0, max_wait_s=0.02, thresholds=gate.Thresholds(off=True))
     client = TestClient(create_app(served, token="t"))
@@ -101,12 +136,25 @@ def test_post_sessions_trains_beside_serving_and_the_new_model_is_served(run_cop
     r = client.post("/sessions", headers=auth)  # nothing added yet: one line, nothing changed, no child
     assert r.status_code == 400 and "no image was added" in r.json()["error"], r.text
     assert _state(run_copy) == state and client.get("/sessions/current").json() == {"state": "idle"}
-    photos = _photos(tmp_path / "photos", {"ant": 5, "bee": 5, "cat": 4})
+    # eel and dog are new classes, added in the reverse of the order the session's plan numbers them
+    # (its folder's classes are sorted): a label kept as the number given at the add names the wrong class
+    photos = _photos(tmp_path / "photos", {"eel": 5, "dog": 5, "bee": 4})
     for name, files in photos.items():
         for path in files:
             with open(path, "rb") as f:
                 r = client.post("/add", params={"label": name}, files=[("file", (path, f.read()))], headers=auth)
             assert r.status_code == 200, r.text
+            assert r.json()["class_name"] == name and r.json()["new_class"] == (name != "bee" and path == files[0])
+    added = [name for name, files in photos.items() for _ in files]
+    assert _added_names(served.run) == added  # searchable under their names at once, before any session
+    hit = _search(client, photos["eel"][0], k=1)[0]
+    assert hit["class_name"] == "eel" and hit["id"] >= ADDED_BASE  # the photo's own added row
+    hits = _search(client, photos["bee"][0], k=8, label="dog")
+    assert len(hits) == 5 and {h["class_name"] for h in hits} == {"dog"}  # a new class filters like a known one
+    page = client.post(
+        "/search", params={"k": 1, "html": "true"}, files=[("file", ("q.png", _bytes(photos["dog"][1])))]
+    )
+    assert '<span class="name">dog</span>' in page.json()["html"]
     before = _added_bytes(run_copy)
     assert client.post("/sessions").status_code == 401
     r = client.post("/sessions", headers=auth)
@@ -128,6 +176,16 @@ def test_post_sessions_trains_beside_serving_and_the_new_model_is_served(run_cop
     r = client.post("/search", params={"k": 3}, files=[("file", ("q.png", body))]).json()
     assert r["model_session"] == 2 and served.model_session == 2
     assert _added_bytes(run_copy) == before
+    # the session learnt eel and dog as classes of the run; every row keeps its name across the switch
+    with open(paths.protocol_file(run_copy)) as f:
+        names = json.load(f)["class_names"]
+    assert names[:3] == ["ant", "bee", "cat"] and sorted(names[3:]) == ["dog", "eel"]
+    assert served.run.class_names == names and _added_names(served.run) == added
+    part = served.run.gallery.parts[-1]  # the session's rows, labelled by the protocol
+    assert part.session == 1 and {names[i] for i in part.labels.tolist()} <= {"eel", "dog", "bee"}
+    hits = _search(client, photos["bee"][0], k=40, label="eel")
+    assert {h["class_name"] for h in hits} == {"eel"} and {h["label"] for h in hits} == {names.index("eel")}
+    assert any(h["id"] >= ADDED_BASE for h in hits) and any(h["id"] < ADDED_BASE for h in hits)
     served.close()
 
 
