@@ -71,12 +71,12 @@ def class_names(z: zipfile.ZipFile, top: str, wnids: list[str]) -> dict[str, str
 
 def day_plan(n_classes: int, days: int, base: int, new: int, returning: int) -> list[dict]:
     """Which classes each day brings: ``{"new": [class index], "returning": [class index]}``; day 0 is the
-    first run's. Returning classes rotate through the classes seen before the day."""
+    first run's. Returning classes take turns through the classes seen before the day, oldest first."""
     plan = [{"new": list(range(base)), "returning": []}]
     seen = base
     for d in range(1, days + 1):
         fresh = list(range(seen, min(seen + new, n_classes)))
-        back = [(seen - 1 - (d * returning + i)) % seen for i in range(min(returning, seen))]
+        back = [((d - 1) * returning + i) % seen for i in range(min(returning, seen))]
         plan.append({"new": fresh, "returning": sorted(set(back))})
         seen += len(fresh)
     return plan
@@ -270,7 +270,7 @@ def measure_day(client, workdir: str, day: dict, before: dict[int, bytes], extra
     health = client.get("/healthz").json()
     return {
         "day": day["day"],
-        "new_classes": len(day["new"]) if day["day"] else 0,
+        "new_classes": len(day["new"]),
         "returning_classes": len(day["returning"]),
         "queries": len(top["correct"]),
         "r1": float(np.mean(top["correct"])) if top["correct"] else None,
@@ -433,7 +433,7 @@ def parse(argv=None):
     p.add_argument("--known_only", action="store_true", help="every class in day 0; the days bring known ones")
     p.add_argument("--train", type=int, default=20, help="images of a class on its first day")
     p.add_argument("--more", type=int, default=10, help="images of a returning class")
-    p.add_argument("--queries", type=int, default=8, help="held-out queries per class and day")
+    p.add_argument("--queries", type=int, default=16, help="held-out queries per class and day")
     p.add_argument("--recipe", choices=("tiny", "pretrained"), default="tiny")
     p.add_argument("--size", type=int, default=32)
     p.add_argument("--width", type=int, default=8)
