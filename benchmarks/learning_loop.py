@@ -45,7 +45,7 @@ import httpx
 import numpy as np
 
 from cvs_jax.retrieval import gate, topk
-from cvs_jax.retrieval.run_reader import Run
+from cvs_jax.retrieval.run_reader import Run, load_images
 from cvs_jax.testing import serve_process
 
 REPO = _common.REPO
@@ -201,6 +201,19 @@ def stored_embeddings(workdir: str) -> dict[int, bytes]:
     return {int(i): rows[n].tobytes() for n, i in enumerate(run.ids)}
 
 
+def session_rows_r1(workdir: str, model_session: int, queries: dict[str, list[str]]) -> float:
+    """R@1 of the queries against the session rows alone (no added row), embedded by the served model
+    (``model_session``, 1-based), with ``topk.recall_at_k``: what a ``joint`` arm's re-embedded gallery finds,
+    without the added rows it does not re-embed."""
+    run = Run(workdir, model_session=model_session - 1)
+    names = run.class_names
+    paths = [p for ps in queries.values() for p in ps]
+    labels = np.asarray([names.index(n) if n in names else -1 for n, ps in queries.items() for _ in ps], np.int32)
+    q = run.embed(load_images(paths, run.image_shape))
+    g = run.gallery
+    return topk.recall_at_k(q, labels, np.asarray(g.embeddings, np.float32), g.labels, ks=(1,))[1]
+
+
 def rows_reembedded(before: dict[int, bytes], after: dict[int, bytes]) -> int:
     """Rows stored before whose stored embedding is different (or gone) after."""
     return sum(after.get(i) != b for i, b in before.items())
@@ -264,9 +277,11 @@ class Searcher(threading.Thread):
         self.join(timeout=120)
 
 
-def measure_day(client, workdir: str, day: dict, before: dict[int, bytes], extra: dict) -> dict:
-    """The day's row of the table, once its adds (and session) are in: R@1 of its queries, rows re-embedded."""
+def measure_day(client, workdir: str, day: dict, before: dict[int, bytes], extra: dict, so_far: dict) -> dict:
+    """The day's row of the table, once its adds (and session) are in: R@1 of its queries and of every day's
+    queries so far (``so_far``: are the old classes still found?), rows re-embedded."""
     top = top1_via_search(client, day["queries"])
+    every = top1_via_search(client, so_far)
     health = client.get("/healthz").json()
     return {
         "day": day["day"],
@@ -274,19 +289,24 @@ def measure_day(client, workdir: str, day: dict, before: dict[int, bytes], extra
         "returning_classes": len(day["returning"]),
         "queries": len(top["correct"]),
         "r1": float(np.mean(top["correct"])) if top["correct"] else None,
+        "r1_all_so_far": float(np.mean(every["correct"])),
+        "r1_session_rows": session_rows_r1(workdir, health["model_session"], day["queries"]),
         "model_session": health["model_session"],
         "gallery_rows": health["gallery_rows"],
         "rows_reembedded": rows_reembedded(before, stored_embeddings(workdir)),
         "rows_before": len(before),
-        "query_failed": top["failed"],
+        "query_failed": top["failed"] + every["failed"],
         **extra,
     }
 
 
 def run_days(client, workdir: str, days: list[dict], learn: bool, searcher=None, timeout_s: float = 1800) -> list:
     """Day 0 measured as served, then each day: its adds, its session (``learn``), its measurement."""
-    out = [measure_day(client, workdir, days[0], stored_embeddings(workdir), {})]
+    so_far = {n: list(p) for n, p in days[0]["queries"].items()}
+    out = [measure_day(client, workdir, days[0], stored_embeddings(workdir), {}, so_far)]
     for day in days[1:]:
+        for name, paths in day["queries"].items():
+            so_far[name] = so_far.get(name, []) + paths
         if searcher is not None:
             searcher.day = day["day"]
         before = stored_embeddings(workdir)
@@ -296,7 +316,7 @@ def run_days(client, workdir: str, days: list[dict], learn: bool, searcher=None,
             extra.update(trigger_and_wait(client, session, timeout_s))
             if extra["decision"] in ("switched", "kept"):
                 extra.update(session_scores(workdir, session))
-        out.append(measure_day(client, workdir, day, before, extra))
+        out.append(measure_day(client, workdir, day, before, extra, so_far))
         print(f"  day {day['day']}: {json.dumps(out[-1])}", flush=True)
     for row, r in zip(out, topk_running_average([row["r1"] for row in out])):
         row["ar1"] = r
@@ -348,6 +368,8 @@ COLUMNS = [
     ("queries", "queries"),
     ("r1", "R@1 %"),
     ("ar1", "AR@1 %"),
+    ("r1_all_so_far", "R@1 all days' queries %"),
+    ("r1_session_rows", "R@1 session rows only %"),
     ("bc", "BC points"),
     ("nfr", "NFR %"),
     ("decision", "switch"),
@@ -365,7 +387,7 @@ COLUMNS = [
 def _cell(key: str, v) -> str:
     if v is None or v == "":
         return "-"
-    if key in ("r1", "ar1"):
+    if key in ("r1", "ar1", "r1_all_so_far", "r1_session_rows"):
         return f"{100 * v:.2f}"
     if key in ("bc", "nfr"):
         return f"{v:+.2f}" if key == "bc" else f"{v:.2f}"
@@ -402,7 +424,10 @@ def write_page(out: str, arms: list[dict], header: dict) -> str:
             "method": r["arm"],
             "dataset": "Tiny-ImageNet mini photos via /add",
             "setup": "day's held-out queries",
-            "per_session": [{"session": d["day"], "recall": {"1": d["r1"]}, "ar": {"1": d["ar1"]}} for d in r["days"]],
+            "per_session": [
+                {"session": d["day"], "recall": {"1": d["r1"]}, "ar": {"1": d["ar1"]}, "all": {"1": d["r1_all_so_far"]}}
+                for d in r["days"]
+            ],
             "average_recall": {"1": r["days"][-1]["ar1"]},
         }
         for r in arms
@@ -411,11 +436,19 @@ def write_page(out: str, arms: list[dict], header: dict) -> str:
     plots.recall_per_session(
         results, os.path.join(out, "ar1_per_day.png"), xlabel="day", ylabel="AR@1 (%), days 0..d", key="ar"
     )
+    plots.recall_per_session(
+        results,
+        os.path.join(out, "r1_all_queries_per_day.png"),
+        xlabel="day",
+        ylabel="R@1 (%), days 0..d's queries",
+        key="all",
+    )
     head = [h for _, h in COLUMNS]
     rows = [[html.esc(_cell(k, row.get(k))) for k, _ in COLUMNS] for row in table_rows(arms)]
     body = (
         f"<p>{html.esc(header['command'])}</p>"
-        '<p><img src="ar1_per_day.png" alt="AR@1 per day"> <img src="r1_per_day.png" alt="R@1 per day"></p>'
+        '<p><img src="ar1_per_day.png" alt="AR@1 per day"> <img src="r1_per_day.png" alt="R@1 per day"> '
+        '<img src="r1_all_queries_per_day.png" alt="R@1 of every day\'s queries so far, per day"></p>'
         + html.table(head, rows)
     )
     return html.write(os.path.join(out, "learning_loop.html"), html.page("the learning loop", header["when"], body))
