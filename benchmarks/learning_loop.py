@@ -139,10 +139,9 @@ def train_day0(arm: str, root: str, day0_train: str, a) -> str:
         "data.data_dir": os.path.join(root, arm, "data"),
         "method": METHOD[arm],
         "seed": a.seed,
-        "train.epochs": a.epochs,
-        "train.batch_size": a.batch_size,
-        "memory.budget": a.memory,
     }
+    given = {"train.epochs": a.epochs, "train.batch_size": a.batch_size, "memory.budget": a.memory}
+    sets.update({k: v for k, v in given.items() if v is not None})  # else the recipe's own
     if a.recipe == "tiny":
         sets.update({"data.stored_size": a.size, "augment.size": a.size - a.size // 8})
         sets.update({"model.width": a.width, "model.embed_dim": a.embed_dim})
@@ -471,9 +470,9 @@ def parse(argv=None):
     p.add_argument("--size", type=int, default=32)
     p.add_argument("--width", type=int, default=8)
     p.add_argument("--embed_dim", type=int, default=32)
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--batch_size", type=int, default=16)
-    p.add_argument("--memory", type=int, default=100)
+    p.add_argument("--epochs", type=int, help="per session (tiny: 4; pretrained: the recipe's 8)")
+    p.add_argument("--batch_size", type=int, help="tiny: 16; pretrained: the recipe's 32")
+    p.add_argument("--memory", type=int, help="replay exemplars (tiny: 100; pretrained: the recipe's 2,000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--search_pause_s", type=float, default=0.02, help="the searching client's pause")
     p.add_argument(
@@ -484,6 +483,8 @@ def parse(argv=None):
         "default gate would have decided",
     )
     a = p.parse_args(argv)
+    if a.recipe == "tiny":
+        a.epochs, a.batch_size, a.memory = a.epochs or 4, a.batch_size or 16, a.memory or 100
     if a.known_only:
         a.base, a.new = a.base + a.days * a.new, 0
     return a
