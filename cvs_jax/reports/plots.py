@@ -15,18 +15,22 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def recall_per_session(results: list[dict], path: str) -> None:
+def recall_per_session(
+    results: list[dict], path: str, xlabel: str = "session", ylabel: str = "recall@1 (%)", key: str = "recall"
+) -> None:
+    """One line per result: ``per_session[i][key]["1"]`` against ``per_session[i]["session"]`` (a benchmark's
+    days use the same picture with ``xlabel="day"``)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in results:
         sessions = [s["session"] for s in r["per_session"]]  # numbered from 1 (results.json)
         ax.plot(
             sessions,
-            [100 * s["recall"]["1"] for s in r["per_session"]],
+            [np.nan if s[key]["1"] is None else 100 * s[key]["1"] for s in r["per_session"]],
             marker="o",
             label=f"{r['method']} (AR@1 {100 * r['average_recall']['1']:.2f})",
         )
-    ax.set_xlabel("session")
-    ax.set_ylabel("recall@1 (%)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(f"{results[0]['dataset']} / {results[0]['setup']}")
     ax.set_xticks(sessions)
     ax.grid(alpha=0.3)
