@@ -47,6 +47,7 @@ import numpy as np
 from cvs_jax.retrieval import gate, topk
 from cvs_jax.retrieval.run_reader import Run, load_images
 from cvs_jax.testing import serve_process
+from scripts.photos_from_tiny_imagenet import class_names  # one naming rule for the photos
 
 REPO = _common.REPO
 TOKEN = "learning-loop"
@@ -56,17 +57,6 @@ METHOD = {"learning": "cvs", "frozen": "cvs", "joint": "joint"}
 
 
 # ------------------------------------------------------------------ photos arriving over days
-
-
-def class_names(z: zipfile.ZipFile, top: str, wnids: list[str]) -> dict[str, str]:
-    """wnid -> the first word group of ``words.txt`` (as ``scripts/photos_from_tiny_imagenet.py`` names them)."""
-    words = dict(line.split("\t", 1) for line in z.read(f"{top}/words.txt").decode().splitlines() if "\t" in line)
-    names, used = {}, set()
-    for w in wnids:
-        name = words.get(w, w).split(",")[0].strip().replace("/", " ")
-        names[w] = name if name not in used else f"{name} {w}"
-        used.add(names[w])
-    return names
 
 
 def day_plan(n_classes: int, days: int, base: int, new: int, returning: int) -> list[dict]:

@@ -35,6 +35,18 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
+def class_names(z: zipfile.ZipFile, top: str, wnids: list[str]) -> dict[str, str]:
+    """wnid -> the first word group of ``words.txt``, "/" made a space (a folder name), the wnid appended to a
+    name already taken."""
+    words = dict(line.split("\t", 1) for line in z.read(f"{top}/words.txt").decode().splitlines() if "\t" in line)
+    names, used = {}, set()
+    for w in wnids:
+        name = words.get(w, w).split(",")[0].strip().replace("/", " ")
+        names[w] = name if name not in used else f"{name} {w}"
+        used.add(names[w])
+    return names
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--zip", required=True, help="tiny-imagenet-200(-mini).zip")
@@ -53,12 +65,7 @@ def main() -> None:
         fail(f"--zip {a.zip} cannot be read as a zip ({e}); {WHERE}.")
     top = z.namelist()[0].split("/")[0]
     wnids = z.read(f"{top}/wnids.txt").decode().split()[: a.classes]
-    words = dict(line.split("\t", 1) for line in z.read(f"{top}/words.txt").decode().splitlines() if "\t" in line)
-    names, used = {}, set()
-    for w in wnids:
-        name = words.get(w, w).split(",")[0].strip().replace("/", " ")
-        names[w] = name if name not in used else f"{name} {w}"
-        used.add(names[w])
+    names = class_names(z, top, wnids)
     val = {}
     for line in z.read(f"{top}/val/val_annotations.txt").decode().splitlines():
         f, w = line.split("\t")[:2]

@@ -86,3 +86,15 @@ def new_photo(path, name: str = "ant", seed: int = 1000) -> str:
     """A photo of class ``name``'s pattern whose bytes are in no run (for adds); returns ``path``."""
     folder_image(sum(map(ord, name)) % 97, np.random.default_rng(seed)).save(path)
     return str(path)
+
+
+def new_photos(folder, counts: dict[str, int], seed: int = 100) -> dict[str, list[str]]:
+    """``counts[name]`` new photos (bytes in no run) of each class as ``folder/<class>/<class>-<i>.png``."""
+    out = {}
+    for name, n in counts.items():
+        os.makedirs(os.path.join(folder, name), exist_ok=True)
+        out[name] = [
+            new_photo(os.path.join(folder, name, f"{name}-{i}.png"), name, seed=seed + 10 * i) for i in range(n)
+        ]
+        seed += 1000
+    return out

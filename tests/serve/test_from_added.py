@@ -24,17 +24,7 @@ from cvs_jax.serve import sessions
 from cvs_jax.serve.app import create_app
 from cvs_jax.serve.state import Served
 from cvs_jax.testing import serve_process
-from cvs_jax.testing.image_folders import new_photo
-
-
-def _photos(folder, counts: dict[str, int], seed: int = 100) -> dict[str, list[str]]:
-    """New photos (bytes in no run) as ``folder/<class>/<class>-<i>.png``."""
-    out = {}
-    for name, n in counts.items():
-        os.makedirs(folder / name, exist_ok=True)
-        out[name] = [new_photo(folder / name / f"{name}-{i}.png", name, seed=seed + 10 * i) for i in range(n)]
-        seed += 1000
-    return out
+from cvs_jax.testing.image_folders import new_photos as _photos
 
 
 def _add(wd, photos: dict[str, list[str]], labelled: bool = True) -> None:

@@ -2,9 +2,7 @@
 ``/search``) on the serve tests' tiny photo run, checked against numpy; the whole benchmark at a minimal
 size (three arms, real servers, sessions trained) is slow-marked."""
 
-import importlib.util
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -13,22 +11,15 @@ from fastapi.testclient import TestClient
 from cvs_jax.retrieval.run_reader import Run, load_images
 from cvs_jax.serve.app import create_app
 from cvs_jax.serve.state import Served
-from cvs_jax.testing.image_folders import new_photo
+from cvs_jax.testing.image_folders import new_photos as _photos
 
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
 ZIP = os.path.join(BENCH, "..", "..", "shared", "data", "tiny-imagenet-200-mini.zip")
 
 
 @pytest.fixture(scope="module")
-def loop():
-    sys.path.insert(0, os.path.abspath(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("learning_loop", os.path.join(BENCH, "learning_loop.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(os.path.abspath(BENCH))
-    return module
+def loop(benchmark_module):
+    return benchmark_module("learning_loop")
 
 
 def brute_force_top1(workdir: str, queries: dict[str, list[str]]) -> tuple[list[bool], list[int]]:
@@ -46,15 +37,6 @@ def brute_force_top1(workdir: str, queries: dict[str, list[str]]) -> tuple[list[
         correct += [names[run.rows.labels[b]] == name for b in best]
         ids += [int(run.ids[b]) for b in best]
     return correct, ids
-
-
-def _photos(folder, counts: dict[str, int], seed: int) -> dict[str, list[str]]:
-    out = {}
-    for name, n in counts.items():
-        os.makedirs(folder / name, exist_ok=True)
-        out[name] = [new_photo(folder / name / f"{i}.png", name, seed=seed + 7 * i) for i in range(n)]
-        seed += 1000
-    return out
 
 
 def test_a_day_adds_new_and_known_classes_and_its_r1_is_numpys(loop, run_copy, tmp_path):

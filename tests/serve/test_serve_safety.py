@@ -318,18 +318,8 @@ def test_update_prints_the_gate_verdict(photo_runs):
     assert line.startswith("gate: kept session 2 (BC -33.33 points")
 
 
-def test_the_benchmark_sends_the_runs_photos_not_its_plots(photo_runs, tmp_path):
-    import importlib.util
-    import sys
-
-    bench = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
-    sys.path.insert(0, os.path.abspath(bench))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_serve", os.path.join(bench, "serve.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(os.path.abspath(bench))
+def test_the_benchmark_sends_the_runs_photos_not_its_plots(photo_runs, tmp_path, benchmark_module):
+    module = benchmark_module("serve")
     wd = str(tmp_path / "elsewhere" / "run")  # no photo folder beside it, as for --workdir W
     shutil.copytree(photo_runs[0], wd)
     Image.new("RGB", (8, 8)).save(os.path.join(wd, "plot.png"))

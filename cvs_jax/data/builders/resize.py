@@ -107,6 +107,20 @@ Item = TypeVar("Item")
 BLOCK = 256  # Images per block: bounds the memory of encoded bytes in flight.
 
 
+def read_ahead(chunks: list, load):
+    """Yields ``(chunk, load(chunk))`` in order, loading the next chunk in a thread while the caller works on
+    this one (reading overlaps decoding and writing; one place for the builders that stream their source)."""
+    if not chunks:
+        return
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as reader:
+        pending = reader.submit(load, chunks[0])
+        for c, chunk in enumerate(chunks):
+            result = pending.result()
+            if c + 1 < len(chunks):
+                pending = reader.submit(load, chunks[c + 1])
+            yield chunk, result
+
+
 def image_errors() -> tuple[type[BaseException], ...]:
     """What Pillow raises for a broken, truncated or oversized image (a decompression bomb is not an
     OSError): these files are skipped and recorded, never fatal."""
@@ -160,16 +174,8 @@ def decode_blocks(
         return list(decoder.map(decode, zip(block, read_block(block))))
 
     blocks = [items[s : s + BLOCK] for s in range(0, len(items), BLOCK)]
-    with (
-        concurrent.futures.ThreadPoolExecutor(max_workers=1) as reader,
-        concurrent.futures.ThreadPoolExecutor(max_workers=workers) as decoder,
-    ):
-        pending = reader.submit(load, blocks[0]) if blocks else None
-        for b, block in enumerate(blocks):
-            assert pending is not None  # submitted before each block
-            results = pending.result()
-            if b + 1 < len(blocks):
-                pending = reader.submit(load, blocks[b + 1])
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as decoder:
+        for block, results in read_ahead(blocks, load):
             for item, result in zip(block, results):
                 if isinstance(result, str):
                     skipped.append(result)

@@ -27,7 +27,6 @@ different files.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
 import io
 import os
@@ -45,7 +44,7 @@ from cvs_jax.data.builders._common import (
     metadata_of,
     sha256_lines,
 )
-from cvs_jax.data.builders.resize import image_errors
+from cvs_jax.data.builders.resize import image_errors, read_ahead
 from cvs_jax.errors import DataError, DatasetNotFoundError
 
 IMAGE_SHAPE = (64, 64, 3)
@@ -393,26 +392,20 @@ class TinyImagenetZip(LocalBuilder):
 
         chunks = [items[s : s + block] for s in range(0, len(items), block)]
         i = 0
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            pending = pool.submit(load, chunks[0]) if chunks else None
-            for c, chunk in enumerate(chunks):
-                assert pending is not None  # submitted before each chunk
-                images = pending.result()
-                if c + 1 < len(chunks):
-                    pending = pool.submit(load, chunks[c + 1])
-                for decoded, (rel, label) in zip(images, chunk):
-                    if decoded is None:
-                        continue
-                    image, passthrough, data = decoded
-                    yield (
-                        i,
-                        {
-                            "image": image,
-                            "label": label,
-                            "id": i,
-                            "source": rel,
-                            "source_bytes": data,
-                            "passthrough": passthrough,
-                        },
-                    )
-                    i += 1
+        for chunk, images in read_ahead(chunks, load):
+            for decoded, (rel, label) in zip(images, chunk):
+                if decoded is None:
+                    continue
+                image, passthrough, data = decoded
+                yield (
+                    i,
+                    {
+                        "image": image,
+                        "label": label,
+                        "id": i,
+                        "source": rel,
+                        "source_bytes": data,
+                        "passthrough": passthrough,
+                    },
+                )
+                i += 1
