@@ -14,7 +14,7 @@
                                      written before session s's checkpoint, ``retrieval/query_maps.py``)
       checkpoints/additions/         rows added by ``python -m cvs_jax.search --add`` (or ``serve``'s /add)
       checkpoints/additions.lock     the lock of whoever writes the additions (``workdir.hold_additions``)
-      checkpoints/served.json        the sessions a server last served (model, gallery), for its restart
+      checkpoints/served.json        the sessions a server last served (model, gallery, pin), for its restart
                                      (``serve/state.py``)
       uploads/<sha256>.<ext>         images added through ``python -m cvs_jax.serve`` (their rows' sources)
       profile/                       a jax.profiler trace of ``--config.profile_steps=a:b`` (``engine/profiling.py``)
@@ -69,7 +69,7 @@ sessions_dir = _under_workdir(SESSIONS, doc="Session checkpoints: ``<s>/`` after
 progress_dir = _under_workdir(PROGRESS, doc="Rolling mid-session checkpoints, numbered by run step.")
 additions_dir = _under_workdir(ADDITIONS, doc="Rows added by ``python -m cvs_jax.search --add``.")
 additions_lock = _under_workdir(ADDITIONS_LOCK, doc="The lock of the additions' writer (not the run's lock).")
-served_file = _under_workdir(SERVED, doc="The model and gallery sessions a server last served (its restart).")
+served_file = _under_workdir(SERVED, doc="The model, gallery and pinned sessions a server last served (its restart).")
 uploads_dir = _under_workdir(UPLOADS, doc="Images added through the server, named by their SHA-256.")
 profile_dir = _under_workdir(PROFILE, doc="The jax.profiler trace of ``--config.profile_steps``.")
 

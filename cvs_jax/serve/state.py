@@ -127,10 +127,10 @@ class Served:
         self.thresholds = thresholds
         self.gate: dict | None = None  # the last verdict (``/info``)
         self.gate_counts: Counter = Counter()
-        self.run = self._first_run()
+        self._pin: int | None = None  # the pinned session (0-based), None: follow the newest through the gate
+        self.run = self._first_run()  # restores a recorded pin
         self.run.preload()
         self._record()
-        self._pin: int | None = None  # the pinned session (0-based), None: follow the newest through the gate
         self.dim = int(self.run.config.model.embed_dim)
         self._make_index = make_index
         self.index = make_index(self.dim, generation=_generation(self.run.gallery))
@@ -164,16 +164,29 @@ class Served:
         """The run to serve at start: the newest session's model, unless ``served.json`` (a server of this
         workdir before, e.g. one killed while ``POST /sessions``' child trained) says which model it
         served and up to which session: then each session completed since goes through the gate, as the
-        watcher would have taken it, and a session it kept stays kept."""
+        watcher would have taken it, and a session it kept stays kept; a pin it records holds (its model
+        with the newest gallery, no gate) until ``POST /model?session=newest``."""
         run = run_reader.Run(self.workdir)
         try:
             with open(paths.served_file(self.workdir)) as f:
                 record = json.load(f)
             model, seen = int(record["model_session"]), int(record["gallery_session"])
+            pin = record.get("pinned_session")  # absent in a record written before pins were kept
+            pin = None if pin is None else int(pin)
         except (OSError, ValueError, KeyError, TypeError):
             return run  # never served (or an unreadable record): the newest model
-        if not 0 <= model <= seen <= run.gallery_session:
+        if not 0 <= model <= seen <= run.gallery_session or not (pin is None or 0 <= pin <= run.gallery_session):
+            if pin is not None:
+                log.warning("at start, served.json pins session %d, which this run lacks: not pinned", pin + 1)
             return run  # a record of another run (the workdir replaced)
+        if pin is not None:
+            self._pin = pin
+            log.warning(
+                "at start, the pin to the model of session %d is kept (checkpoints/served.json): sessions "
+                "completed since do not go through the gate; lift it with POST /model?session=newest",
+                pin + 1,
+            )
+            return run if pin == run.session else run_reader.Run(self.workdir, model_session=pin)
         for candidate in range(seen + 1, run.gallery_session + 1):
             verdict = gate.for_workdir(self.workdir, candidate, model, self.thresholds)
             if verdict["decision"] == "pending":
@@ -185,13 +198,18 @@ class Served:
         return run if model == run.session else run_reader.Run(self.workdir, model_session=model)
 
     def _record(self) -> None:
-        """Writes ``served.json`` (the served model and gallery sessions, 0-based), replaced atomically; a
-        workdir this server cannot write to only loses the restart's gate (logged)."""
+        """Writes ``served.json`` (the served model and gallery sessions and the pin, 0-based), replaced
+        atomically; a workdir this server cannot write to only loses the restart's gate and pin (logged)."""
         path = paths.served_file(self.workdir)
         tmp = f"{path}.{os.getpid()}.tmp"
+        record = {
+            "model_session": self.run.session,
+            "gallery_session": self.run.gallery_session,
+            "pinned_session": self._pin,
+        }
         try:
             with open(tmp, "w") as f:
-                json.dump({"model_session": self.run.session, "gallery_session": self.run.gallery_session}, f)
+                json.dump(record, f)
             os.replace(tmp, path)
         except OSError as e:
             log.warning("cannot record the served sessions in %s (%s): a restart serves the newest model", path, e)
@@ -485,6 +503,7 @@ class Served:
             else:
                 model = session
             self._install(run_reader.Run(self.workdir, model_session=model))
+            self._record()  # the pin (or its end) also when the served model stays
             run = self.run
         newer = int(np.sum(run.rows.model > run.session))
         return {

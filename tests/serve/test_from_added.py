@@ -340,7 +340,7 @@ def test_post_sessions_trains_beside_serving_and_the_new_model_is_served(run_cop
     # a server started now (say, after one killed while the child trained) takes session 2 through the gate
     with open(paths.served_file(run_copy), "rb") as f:
         record = f.read()
-    assert json.loads(record) == {"model_session": 0, "gallery_session": 0}
+    assert json.loads(record) == {"model_session": 0, "gallery_session": 0, "pinned_session": None}
     restarted = Served(run_copy, poll_s=0)  # the default gate
     verdict = gate.for_workdir(run_copy, 1, 0, gate.Thresholds())
     assert restarted.gate == verdict and verdict["decision"] in ("switched", "kept")

@@ -311,6 +311,59 @@ def test_the_gate_keeps_a_model_that_loses_old_rows_and_a_pin_overrides_it(photo
         served.close()
 
 
+def test_a_pin_holds_across_restarts_until_it_is_lifted(photo_runs, run_copy, caplog):
+    """A pin is recorded in served.json: a server restarted after session 2 completed serves the pinned
+    model 1 with the newest gallery, where the gate (here off) would switch; ``session=newest`` lifts it,
+    also in the record when the gate then keeps the model; a record without a pin (older servers wrote
+    none) is taken through the gate at restart, and a pin of a session the run lacks is dropped."""
+    auth = {"authorization": "Bearer t"}
+
+    def start(thresholds=OFF):
+        served = Served(run_copy, poll_s=0, max_batch=SMALL, thresholds=thresholds)
+        return served, TestClient(create_app(served, token="t"))
+
+    def record():
+        with open(paths.served_file(run_copy)) as f:
+            return json.load(f)
+
+    served, client = start()
+    try:
+        assert client.post("/model", params={"session": "1"}, headers=auth).json()["pinned_session"] == 1
+    finally:
+        served.close()
+    assert record() == {"model_session": 0, "gallery_session": 0, "pinned_session": 0}
+    _next_session_completes(photo_runs[1], run_copy)  # while no server runs
+    caplog.clear()
+    served, client = start()
+    try:
+        info = client.get("/info").json()
+        assert (info["model_session"], info["pinned_session"], info["gate"]) == (1, 1, None)
+        assert served.run.gallery_session == 1 and len(served.run.rows) > len(served.run.gallery.parts[0])
+        assert "lift it with POST /model?session=newest" in caplog.text
+        served.thresholds = gate.Thresholds()  # the default gate keeps session 2: lifting the pin switches nothing
+        lifted = client.post("/model", params={"session": "newest"}, headers=auth).json()
+        assert (lifted["model_session"], lifted["pinned_session"]) == (1, None)
+        assert client.get("/info").json()["gate"]["decision"] == "kept"
+    finally:
+        served.close()
+    assert record() == {"model_session": 0, "gallery_session": 1, "pinned_session": None}
+    with open(paths.served_file(run_copy), "w") as f:  # a record from before pins were kept, before session 2
+        json.dump({"model_session": 0, "gallery_session": 0}, f)
+    served, client = start()
+    try:
+        info = client.get("/info").json()
+        assert (info["model_session"], info["pinned_session"], info["gate"]["decision"]) == (2, None, "switched")
+    finally:
+        served.close()
+    with open(paths.served_file(run_copy), "w") as f:  # a pin of another run (the workdir replaced)
+        json.dump({"model_session": 0, "gallery_session": 0, "pinned_session": 2}, f)
+    served, _ = start(gate.Thresholds())
+    try:
+        assert (served.model_session, served.status()["pinned_session"], served.gate) == (2, None, None)
+    finally:
+        served.close()
+
+
 def test_update_prints_the_gate_verdict(photo_runs):
     from cvs_jax import update
 
