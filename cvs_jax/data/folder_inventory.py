@@ -28,7 +28,9 @@ entry (a skipped folder counts once): ``"not an image"`` (extension not in
 with ``.``; hidden folders are not entered), ``"symlink outside root"`` (a symlink whose target
 resolves outside the root), ``"broken symlink"``, ``"symlink loop"`` (a folder symlink to one of
 its own parents), ``"not in a class folder"`` (a file directly in the root, or in ``train/`` /
-``test/``) and ``"not in train/ or test/"``. Symlinks whose targets stay inside the root are
+``test/``) and ``"not in train/ or test/"``. One file is neither an entry nor counted: ``rows.json``
+directly in the root of class folders (:data:`FOLDER_RECORD`, the record ``update --from_added`` writes
+beside the class folders it lays out; not a photo). Symlinks whose targets stay inside the root are
 followed. In a manifest, a row is ignored as ``"hidden"`` if a component of its path below the root
 starts with ``.`` and as ``"symlink outside root"`` if its path lies in the root but resolves outside
 it; a path written outside the root (absolute, or with ``..``) is taken as written. A manifest row
@@ -62,10 +64,11 @@ import numpy as np
 
 from cvs_jax.errors import DataError
 
-__all__ = ["IMAGE_EXTENSIONS", "MANIFEST_NAME", "Entry", "Inventory", "scan"]
+__all__ = ["FOLDER_RECORD", "IMAGE_EXTENSIONS", "MANIFEST_NAME", "Entry", "Inventory", "scan"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")  # compared case-insensitively
 MANIFEST_NAME = "manifest.csv"
+FOLDER_RECORD = "rows.json"  # a from_added folder's record of its rows (retrieval/added_session.py): skipped
 MANIFEST_COLUMNS = ("path", "label", "split", "session")
 SPLITS = ("train", "test")
 
@@ -233,9 +236,9 @@ class _Walker:
                         f"files and symlinks leaving {self.root!r} do not count); add images or remove the folder."
                     )
                 classes[name] = files
-            elif kind == "file":
-                self.ignored["not in a class folder"] += 1
-            elif kind == "not an image" and os.path.isfile(path):
+            elif not rel and name == FOLDER_RECORD and kind == "not an image" and os.path.isfile(path):
+                continue  # bookkeeping beside the class folders, not a photo left out
+            elif kind == "file" or (kind == "not an image" and os.path.isfile(path)):
                 self.ignored["not in a class folder"] += 1
             else:
                 self.ignored[kind] += 1

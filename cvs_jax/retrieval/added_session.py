@@ -25,12 +25,13 @@ import os
 import shutil
 
 from cvs_jax.config import stored
+from cvs_jax.data import folder_inventory
 from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.retrieval import additions
 from cvs_jax.rundir import paths
 
 FOLDER = "from_added"
-ROWS_FILE = "rows.json"
+ROWS_FILE = folder_inventory.FOLDER_RECORD  # beside the class folders; the inventory skips it
 MIN_PER_CLASS = 2  # a class with one image has nothing left to train on once its test query is drawn
 
 

@@ -105,6 +105,25 @@ def _tree(root, sizes):
     return root
 
 
+def test_a_from_added_folders_record_is_not_an_ignored_photo(tmp_path):
+    """``update --from_added`` lays its rows out as class folders with ``rows.json`` beside them: the child's
+    log said "ignored: 1 not in a class folder" as if a photo were dropped. A real stray image in the root,
+    and a ``rows.json`` inside a class folder, are still counted."""
+    from cvs_jax.retrieval import added_session
+
+    workdir = tmp_path / "run"
+    rows = [(name, img(workdir / "uploads" / f"{name}{i}.png")) for name in ("ant", "bee") for i in range(2)]
+    folder = added_session.make_folder(str(workdir), 2, 0, len(rows), rows)
+    assert os.path.isfile(os.path.join(folder, added_session.ROWS_FILE))
+    inv = fi.scan(folder, test_fraction=0.0)
+    assert (len(inv.train), inv.ignored) == (4, {}) and "ignored" not in inv.description()
+    img(os.path.join(folder, "stray.png"))
+    text(os.path.join(folder, "ant", added_session.ROWS_FILE))
+    inv = fi.scan(folder, test_fraction=0.0)
+    assert len(inv.train) == 4 and inv.ignored == {"not in a class folder": 1, "not an image": 1}
+    assert "ignored: 1 not an image, 1 not in a class folder" in inv.description()
+
+
 def test_drawn_split_matches_its_definition(tmp_path):
     sizes = {"a": 1, "b": 2, "c": 3, "d": 7, "e": 10, "f": 4}
     root = _tree(tmp_path / "r", sizes)

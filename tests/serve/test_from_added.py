@@ -332,6 +332,10 @@ def test_post_sessions_trains_beside_serving_and_the_new_model_is_served(run_cop
     with open(os.path.join(folder, "rows.json")) as f:
         assert json.load(f) == {"first": 0, "end": 14}
     assert sum(len(files) for _, _, files in os.walk(folder)) == 14 + 1  # the images and rows.json
+    with open(os.path.join(run_copy, "from_added", "child.log")) as f:
+        child_log = f.read()
+    drawn = "test split drawn: 0.2 of each class, seed 0"  # and no "; ignored: 1 not in a class folder" (rows.json)
+    assert f"from folders {folder}: 3 classes, 12 train / 2 test images ({drawn}) into " in child_log
     config = Run(run_copy).config
     first, end, rows = added_session.pending(run_copy, list(config.data.updates), config.model.embed_dim)
     stored = additions.read(run_copy, config.model.embed_dim)
