@@ -180,13 +180,13 @@ class Served:
                 log.warning("at start, served.json pins session %d, which this run lacks: not pinned", pin + 1)
             return run  # a record of another run (the workdir replaced)
         if pin is not None:
-            self._pin = pin
+            self._pin = model = pin
             log.warning(
                 "at start, the pin to the model of session %d is kept (checkpoints/served.json): sessions "
                 "completed since do not go through the gate; lift it with POST /model?session=newest",
                 pin + 1,
             )
-            return run if pin == run.session else run_reader.Run(self.workdir, model_session=pin)
+            seen = run.gallery_session  # nothing goes through the gate
         for candidate in range(seen + 1, run.gallery_session + 1):
             verdict = gate.for_workdir(self.workdir, candidate, model, self.thresholds)
             if verdict["decision"] == "pending":
