@@ -179,7 +179,8 @@ def entry_pairs(config, methods: list[str]) -> list[tuple[str, str, str]]:
     both heads (``a`` linear_reset, ``b`` cosine: the head effect) and for each entry against the cvs
     entry trained with the same head (when that cvs entry is not plain ``cvs``, already the reference);
     and each ablation (``entry+field=value``) against its entry without overrides; each query-map entry
-    (``method@procrustes``) against the entry without the map (``method``), its query-map effect."""
+    (``method@procrustes``) against the entry without the map (``method``), its query-map effect; and
+    each entry against the cvs entry with the same settings (``_same_settings_pairs``)."""
     mapped = {e: _without_map(e) for e in methods if "+" not in e and "retrieval.query_map" in parse_entry(e)[2]}
     plain = [e for e in methods if "+" not in e and e not in mapped]
     ablations = [(e, _ablation_base(e, methods)) for e in methods if "+" in e]
@@ -198,6 +199,33 @@ def entry_pairs(config, methods: list[str]) -> list[tuple[str, str, str]]:
         ref = next((e for e, (m, h) in heads.items() if m == REFERENCE and h == head), None)
         if method != REFERENCE and ref is not None and ref != REFERENCE:
             pairs.append((entry, ref, f"against {REFERENCE} with the {head} head"))
+    taken = {(a, b) for a, b, _ in pairs}
+    pairs += [p for p in _same_settings_pairs(config, methods) if p[:2] not in taken]
+    return pairs
+
+
+def _same_settings_pairs(config, methods: list[str]) -> list[tuple[str, str, str]]:
+    """Each entry against the cvs entry with its head, query map and overrides less ``memory.rule``
+    (``cl2r+model.embed_dim=200+memory.rule=budget`` against ``cvs+model.embed_dim=200``): a study at
+    another width than the config's otherwise pairs every entry with plain ``cvs``, which differs in
+    more than the method (Tiny-ImageNet mini's 200-d study needed a script for these pairs)."""
+    cvs_entries = {}
+    for entry in methods:
+        method, head, overrides = parse_entry(entry)
+        if method == REFERENCE and entry != REFERENCE and "memory.rule" not in overrides:
+            cvs_entries[(head, tuple(sorted(overrides.items())))] = entry
+    pairs = []
+    for entry in methods:
+        method, head, overrides = parse_entry(entry)
+        rest = tuple(sorted((k, v) for k, v in overrides.items() if k != "memory.rule"))
+        ref = cvs_entries.get((head, rest))
+        if method == REFERENCE or ref is None:
+            continue
+        size = {e: memory_rules.rule_of(get_method(entry_config(config, e, 0, None)).memory) for e in (entry, ref)}
+        if "memory.rule" in overrides and size[entry] == size[ref]:
+            pairs.append((entry, ref, f"at equal memory ({size[ref]}): against {ref}, the same settings"))
+        else:
+            pairs.append((entry, ref, f"against {ref}, the same settings"))
     return pairs
 
 

@@ -200,3 +200,21 @@ def test_the_compare_table_shows_each_entrys_memory_rows_and_rule():
     table = tables.markdown(summary, records, "t", "s")
     assert "| cvs | 0/85 | 70.00 ± 0.00 |" in table  # the mean over the seeds of the rows before each session
     assert "cl2r+memory.rule=budget budget 200 (budget // classes each), random" in table
+
+
+def test_compare_pairs_each_entry_with_the_cvs_entry_of_the_same_settings():
+    """The Tiny-ImageNet mini study at 200-d: without these pairs every entry met only plain (128-d) cvs."""
+    c = fashion_mnist_general.get_config()
+    w, budget = "+model.embed_dim=200", "+memory.rule=budget"
+    methods = ["cvs", "cvs" + w, "cl2r" + w, "cl2r" + w + budget, "cores" + w + budget, "cvs" + w + "+memory.rule=all"]
+    methods += ["ewc@linear_reset", "cvs@linear_reset", "cl2r+memory.rule=budget"]
+    pairs = comparison.entry_pairs(c, methods)
+    same = {(a, b, why) for a, b, why in pairs if why.endswith("the same settings")}
+    assert same == {
+        ("cl2r" + w, "cvs" + w, "against cvs" + w + ", the same settings"),  # per_class against cvs's budget
+        ("cl2r" + w + budget, "cvs" + w, "at equal memory (budget): against cvs" + w + ", the same settings"),
+        ("cores" + w + budget, "cvs" + w, "at equal memory (budget): against cvs" + w + ", the same settings"),
+    }
+    assert ("ewc@linear_reset", "cvs@linear_reset", "against cvs with the linear_reset head") in pairs
+    assert [(a, b) for a, b, _ in pairs].count(("ewc@linear_reset", "cvs@linear_reset")) == 1  # not named twice
+    assert not any(a == "cl2r+memory.rule=budget" and b != "cl2r" for a, b, _ in pairs)  # plain cvs: vs_cvs has it
