@@ -204,6 +204,11 @@ def entry_pairs(config, methods: list[str]) -> list[tuple[str, str, str]]:
     return pairs
 
 
+def _size_rule(config, entry: str) -> str:
+    """The size rule of the memory ``entry`` keeps ("budget", "per_class", "all" or "none")."""
+    return memory_rules.rule_of(get_method(entry_config(config, entry, 0, None)).memory)
+
+
 def _same_settings_pairs(config, methods: list[str]) -> list[tuple[str, str, str]]:
     """Each entry against the cvs entry with its head, query map and overrides less ``memory.rule``
     (``cl2r+model.embed_dim=200+memory.rule=budget`` against ``cvs+model.embed_dim=200``): a study at
@@ -221,7 +226,7 @@ def _same_settings_pairs(config, methods: list[str]) -> list[tuple[str, str, str
         ref = cvs_entries.get((head, rest))
         if method == REFERENCE or ref is None:
             continue
-        size = {e: memory_rules.rule_of(get_method(entry_config(config, e, 0, None)).memory) for e in (entry, ref)}
+        size = {e: _size_rule(config, e) for e in (entry, ref)}
         if "memory.rule" in overrides and size[entry] == size[ref]:
             pairs.append((entry, ref, f"at equal memory ({size[ref]}): against {ref}, the same settings"))
         else:
@@ -246,7 +251,7 @@ def _equal_memory_pairs(config, methods: list[str]) -> list[tuple[str, str, str]
     rules = {}
     for entry in methods:
         c = entry_config(config, entry, 0, None)
-        rules[entry] = (c.method, c.memory.rule, memory_rules.rule_of(get_method(c).memory))
+        rules[entry] = (c.method, c.memory.rule, _size_rule(config, entry))
     pairs = []
     for ref, (method, rule, size) in rules.items():
         if method != REFERENCE or rule == "official" or "retrieval.query_map" in parse_entry(ref)[2]:
