@@ -204,9 +204,9 @@ def entry_pairs(config, methods: list[str]) -> list[tuple[str, str, str]]:
     return pairs
 
 
-def _size_rule(config, entry: str) -> str:
-    """The size rule of the memory ``entry`` keeps ("budget", "per_class", "all" or "none")."""
-    return memory_rules.rule_of(get_method(entry_config(config, entry, 0, None)).memory)
+def _size_rule(entry_cfg) -> str:
+    """The size rule of the memory an entry's config keeps ("budget", "per_class", "all" or "none")."""
+    return memory_rules.rule_of(get_method(entry_cfg).memory)
 
 
 def _same_settings_pairs(config, methods: list[str]) -> list[tuple[str, str, str]]:
@@ -226,7 +226,7 @@ def _same_settings_pairs(config, methods: list[str]) -> list[tuple[str, str, str
         ref = cvs_entries.get((head, rest))
         if method == REFERENCE or ref is None:
             continue
-        size = {e: _size_rule(config, e) for e in (entry, ref)}
+        size = {e: _size_rule(entry_config(config, e, 0, None)) for e in (entry, ref)}
         if "memory.rule" in overrides and size[entry] == size[ref]:
             pairs.append((entry, ref, f"at equal memory ({size[ref]}): against {ref}, the same settings"))
         else:
@@ -251,7 +251,7 @@ def _equal_memory_pairs(config, methods: list[str]) -> list[tuple[str, str, str]
     rules = {}
     for entry in methods:
         c = entry_config(config, entry, 0, None)
-        rules[entry] = (c.method, c.memory.rule, _size_rule(config, entry))
+        rules[entry] = (c.method, c.memory.rule, _size_rule(c))
     pairs = []
     for ref, (method, rule, size) in rules.items():
         if method != REFERENCE or rule == "official" or "retrieval.query_map" in parse_entry(ref)[2]:
