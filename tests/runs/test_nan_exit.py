@@ -4,6 +4,7 @@ inside the runtime at interpreter exit aborted it: "terminate called", "Fatal Py
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import pytest
@@ -24,6 +25,10 @@ def manual(fashion_idx):
 def test_no_reading_thread_outlives_the_nan_error(manual, tmp_path):
     c = tiny_data.tiny_config(manual, tmp_path, method="ewc", sessions=2)
     c.train.lr = float(DIVERGING_LR)
+    # This run reads in memory, with no worker processes, yet one fresh-clone suite saw a multiprocessing
+    # "QueueFeederThread" appear during it: likely an earlier test's streamed pipeline (grain's
+    # mp_prefetch) finalized by the collector. Collect first, so the snapshot holds such leftovers.
+    gc.collect()
     before = set(threading.enumerate())
     with pytest.raises(NonFiniteError):
         runner.run(c, str(tmp_path / "run"))
