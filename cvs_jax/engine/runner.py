@@ -174,8 +174,21 @@ def run_comparison(
     population, on one plan (``split_seed``, else ``config.split_seed``, else the first seed's)."""
     comparison.check_entries(config, methods, seeds, split_seed, population)
     distributed.maybe_initialize(config.distributed.multihost)  # before the lock asks JAX for the process index
+    if not tabulate:  # (tabulating reads records only: it needs no dataset or weights file)
+        _check_entry_configs(config, methods, seeds, split_seed, population)
     with workdir_lib.hold(workdir):  # one comparison per DIR; each run also locks its own workdir
         return _compare(config, workdir, methods, seeds, split_seed, population, tabulate)
+
+
+def _check_entry_configs(config, methods: list[str], seeds: list[int], split_seed, population: bool) -> None:
+    """Every entry's config passes ``config_checks`` before the first run starts, so that a field the last
+    entry cannot take (a memory budget below the classes, a method a population cannot train) is refused
+    before the earlier entries have trained for hours."""
+    for entry in methods:
+        c = comparison.entry_config(config, entry, seeds[0], split_seed)
+        if population:
+            c.population = len(seeds)
+        config_checks.check(c, num_devices=jax.device_count())
 
 
 def _share_session_one(c, entry: str, seed: int, run_dir: str, earlier: dict) -> None:

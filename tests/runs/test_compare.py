@@ -97,6 +97,31 @@ def test_unknown_method_refused(tmp_path):
         runner.run_comparison(c, str(tmp_path / "cmp"), ["finetune", "lwf2"], [0])
 
 
+@pytest.mark.parametrize(
+    "methods, population, field, message",
+    [
+        (["finetune", "cvs"], False, ("memory", "budget", 1), "memory.budget=1 is smaller than the 6 classes"),
+        (["finetune", "rainbow"], True, None, "population=2 is not supported for method='rainbow'"),
+    ],
+)
+def test_every_entry_is_checked_before_the_first_run(tmp_path, monkeypatch, methods, population, field, message):
+    """A field the last entry cannot take stops compare before the first entry trains (it used to be
+    refused only when that entry's turn came, after the earlier ones had run)."""
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a run started before every entry was checked")
+
+    monkeypatch.setattr(runner, "run", no_run)
+    monkeypatch.setattr(runner, "run_population", no_run)
+    c = tiny_config(str(tmp_path), tmp_path, sessions=2)
+    if field is not None:
+        c[field[0]][field[1]] = field[2]
+    wd = tmp_path / "cmp"
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        runner.run_comparison(c, str(wd), methods, [0, 1], population=population)
+    assert not wd.exists()
+
+
 # ---------------------------------------------------------------- statistics
 
 
