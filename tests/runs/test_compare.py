@@ -122,6 +122,21 @@ def test_every_entry_is_checked_before_the_first_run(tmp_path, monkeypatch, meth
     assert not wd.exists()
 
 
+def test_no_entry_or_no_seed_is_refused_leaving_the_tables(tmp_path):
+    """``--methods ""`` or ``--seeds ""`` is one error (it was an IndexError, after the empty method list
+    had overwritten a finished comparison's comparison.md with an empty table)."""
+    c = tiny_config(str(tmp_path), tmp_path, sessions=2)
+    wd = tmp_path / "cmp"
+    wd.mkdir()
+    (wd / "comparison.md").write_text("the finished comparison\n")
+    for methods, seeds, what in (([], [0], "--methods names no entry"), (["finetune"], [], "--seeds names no seed")):
+        for tabulate in (False, True):
+            with pytest.raises(ConfigError, match=what):
+                runner.run_comparison(c, str(wd), methods, seeds, tabulate=tabulate)
+    assert sorted(os.listdir(wd)) == ["comparison.md"]
+    assert (wd / "comparison.md").read_text() == "the finished comparison\n"
+
+
 # ---------------------------------------------------------------- statistics
 
 
