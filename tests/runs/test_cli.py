@@ -114,6 +114,7 @@ def test_workdir_that_is_a_file_is_one_error_line_and_the_file_is_kept(tmp_path)
     not_a_folder.write_text("mine")
     message = f"--workdir {not_a_folder} is a file (or lies under one), not a folder; pass a new or existing folder."
     args = ["--config", "configs/fashion_mnist_general.py", "--workdir", str(not_a_folder), "--methods", "finetune"]
+    args.append(f"--config.data.manual_dir={tmp_path}")  # a folder that exists: the entries' config checks pass
     proc = _run([sys.executable, "-m", "cvs_jax.compare", *args])
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [f"error: {message}"]

@@ -360,11 +360,13 @@ def test_compare_on_a_held_directory_is_refused_naming_the_holder(tmp_path, monk
     monkeypatch.setattr(runner, "run_population", no_run)
     wd = str(tmp_path / "cmp")
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    config = fashion_mnist_general.get_config()
+    config.data.manual_dir = str(tmp_path)  # a folder that exists: the entries' config checks pass
     with workdir.hold(wd):
         with pytest.raises(WorkdirBusyError, match=f"in use by pid {os.getpid()} on "):
-            runner.run_comparison(fashion_mnist_general.get_config(), wd, ["finetune"], [0])
+            runner.run_comparison(config, wd, ["finetune"], [0])
         cmd = [sys.executable, "-m", "cvs_jax.compare", "--config", "configs/fashion_mnist_general.py"]
-        cmd += ["--workdir", wd, "--methods", "finetune", "--seeds", "0"]
+        cmd += ["--workdir", wd, "--methods", "finetune", "--seeds", "0", f"--config.data.manual_dir={tmp_path}"]
         out = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0
     assert f"in use by pid {os.getpid()} on " in out.stderr + out.stdout, out.stderr[-2000:]

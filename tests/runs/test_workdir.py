@@ -75,8 +75,10 @@ def test_compare_on_a_directory_another_process_holds_is_refused_naming_it(holde
     monkeypatch.setattr(runner, "run", no_run)
     monkeypatch.setattr(runner, "run_population", no_run)
     wd, proc = holder
+    config = fashion_mnist_general.get_config()
+    config.data.manual_dir = os.path.dirname(wd)  # a folder that exists: the entries' config checks pass
     with pytest.raises(WorkdirBusyError, match=rf"in use by pid {proc.pid} on \S+ "):
-        runner.run_comparison(fashion_mnist_general.get_config(), wd, ["finetune", "cvs"], [0, 1])
+        runner.run_comparison(config, wd, ["finetune", "cvs"], [0, 1])
     assert not os.path.exists(os.path.join(wd, "seed0")), "compare wrote a run while DIR was held"
 
 
