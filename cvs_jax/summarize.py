@@ -45,6 +45,11 @@ def summarize(workdirs: list[str]) -> str:
     results = []
     for d in workdirs:
         path = paths.results_file(d)
+        if not os.path.exists(path) and os.path.exists(os.path.join(d, paths.COMPARISON)):
+            raise UserError(
+                f"{d} is a compare --workdir: its tables are {os.path.join(d, 'comparison.md')}; summarize takes "
+                f"the runs inside it, e.g. {os.path.join(d, 'seed0', '*')}."
+            )
         if not os.path.exists(path):
             raise UserError(f"{path} does not exist; run the experiment first (python -m cvs_jax.main --workdir {d}).")
         with open(path) as f:

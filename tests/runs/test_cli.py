@@ -62,6 +62,20 @@ def test_summarize_missing_results_is_one_error_line():
     ]
 
 
+def test_summarize_on_a_compare_folder_names_its_tables_and_runs(tmp_path):
+    """A compare --workdir is not a run: the message points at its tables and its runs (it said "run the
+    experiment first (python -m cvs_jax.main --workdir DIR)", which would start a run inside the comparison)."""
+    from cvs_jax import summarize
+
+    (tmp_path / "comparison.json").write_text("{}")
+    with pytest.raises(UserError) as e:
+        summarize.summarize([str(tmp_path)])
+    assert str(e.value) == (
+        f"{tmp_path} is a compare --workdir: its tables are {tmp_path}/comparison.md; summarize takes the runs "
+        f"inside it, e.g. {tmp_path}/seed0/*."
+    )
+
+
 def test_main_help_lists_methods_and_config_variants():
     proc = _run([sys.executable, "-m", "cvs_jax.main", "--help"])
     assert proc.returncode == 0, proc.stderr
