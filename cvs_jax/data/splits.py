@@ -238,40 +238,49 @@ class _Classes:
     C: int  # new classes per later session (0 with one session)
 
 
-def _check_request(r: _Request) -> None:
-    """Refuse arguments that no train split could satisfy."""
+def _check_request(r: _Request, prefix: str = "") -> None:
+    """Refuse arguments that no train split could satisfy (fields named ``<prefix><field>``: ``data.`` when
+    they come from a config, ``check_config``)."""
+    f = {k: f"{prefix}{k}" for k in dataclasses.asdict(r)}
     if r.setup not in SETUPS:
-        raise SplitError(f"setup={r.setup!r} is unknown; use one of {SETUPS}")
+        raise SplitError(f"{f['setup']}={r.setup!r} is unknown; use one of {SETUPS}")
     if r.num_sessions < 1:
-        raise SplitError(f"num_sessions={r.num_sessions} must be >= 1")
+        raise SplitError(f"{f['num_sessions']}={r.num_sessions} must be >= 1")
     if r.first_classes < 1:
-        raise SplitError(f"first_classes={r.first_classes} must be >= 1")
+        raise SplitError(f"{f['first_classes']}={r.first_classes} must be >= 1")
     if r.num_sessions > 1 and r.classes_per_session < 1:
-        raise SplitError(f"classes_per_session={r.classes_per_session} must be >= 1 when num_sessions > 1")
+        raise SplitError(
+            f"{f['classes_per_session']}={r.classes_per_session} must be >= 1 when {f['num_sessions']} > 1"
+        )
     if not 0 <= r.old_class_percent < 100:
-        raise SplitError(f"old_class_percent={r.old_class_percent} must lie in [0, 100)")
+        raise SplitError(f"{f['old_class_percent']}={r.old_class_percent} must lie in [0, 100)")
     if not 0 <= r.val_fraction < 1:
-        raise SplitError(f"val_fraction={r.val_fraction} must lie in [0, 1)")
+        raise SplitError(f"{f['val_fraction']}={r.val_fraction} must lie in [0, 1)")
     if r.general_shares not in GENERAL_SHARES:
-        raise SplitError(f"general_shares={r.general_shares!r} is unknown; use one of {GENERAL_SHARES}")
+        raise SplitError(f"{f['general_shares']}={r.general_shares!r} is unknown; use one of {GENERAL_SHARES}")
     if r.general_shares == "proportional" and r.samples_per_new_class is not None:
-        raise SplitError("general_shares='proportional' sizes every class itself; pass samples_per_new_class=None")
+        raise SplitError(
+            f"{f['general_shares']}='proportional' sizes every class itself; pass {f['samples_per_new_class']}=None"
+        )
     if r.val_per_class is not None and (r.val_per_class < 1 or r.val_fraction != 0):
         raise SplitError(
-            f"val_per_class={r.val_per_class} needs val_fraction=0 (got {r.val_fraction}) and must be >= 1"
+            f"{f['val_per_class']}={r.val_per_class} needs {f['val_fraction']}=0 (got {r.val_fraction}) "
+            "and must be >= 1"
         )
     if r.max_per_class is not None and r.max_per_class < 1:
-        raise SplitError(f"max_per_class={r.max_per_class} must be >= 1 or None")
+        raise SplitError(f"{f['max_per_class']}={r.max_per_class} must be >= 1 or None")
     if r.samples_per_new_class is not None and r.samples_per_new_class < 1:
-        raise SplitError(f"samples_per_new_class={r.samples_per_new_class} must be >= 1 or None")
+        raise SplitError(f"{f['samples_per_new_class']}={r.samples_per_new_class} must be >= 1 or None")
     if r.setup == "blurry":
         if r.num_sessions > 1 and r.first_classes != r.classes_per_session:
             raise SplitError(
-                f"blurry needs first_classes ({r.first_classes}) == classes_per_session "
+                f"blurry needs {f['first_classes']} ({r.first_classes}) == {f['classes_per_session']} "
                 f"({r.classes_per_session}); set them equal"
             )
         if not 0 < r.blurry_minor_percent < 100:
-            raise SplitError(f"blurry_minor_percent={r.blurry_minor_percent} must lie in (0, 100) for setup='blurry'")
+            raise SplitError(
+                f"{f['blurry_minor_percent']}={r.blurry_minor_percent} must lie in (0, 100) for setup='blurry'"
+            )
 
 
 def _checked_labels(train_labels: np.ndarray, num_classes: int | None) -> np.ndarray:
@@ -503,27 +512,27 @@ def make_session_plan(
     return SessionPlan(setup=setup, class_order=k.class_order, sessions=_sessions(k, pools, r, ss_val))
 
 
+def _config_request(config, num_classes: int | None) -> _Request:
+    """The ``_Request`` of ``config.data``'s generator fields, drawn with ``split_seed(config)``."""
+    d = config.data
+    return _Request(
+        d.setup, d.num_sessions, d.first_classes, d.classes_per_session, d.old_class_percent,
+        d.samples_per_new_class, d.blurry_minor_percent, d.val_fraction, num_classes, d.shuffle_classes,
+        split_seed(config), d.val_per_class, d.general_shares, d.max_per_class,
+    )  # fmt: skip
+
+
+def check_config(config) -> None:
+    """Refuses ``config.data``'s generator fields that no dataset could satisfy (a blurry setup with
+    S != C, a validation share outside [0, 1), ...), naming each ``data.<field>``: the config checks call
+    it before any data is read; the checks that need the data stay in ``make_session_plan``."""
+    _check_request(_config_request(config, None), prefix="data.")
+
+
 def plan_from_config(train_labels: np.ndarray, config, *, num_classes: int) -> SessionPlan:
     """``make_session_plan`` with the fields of ``config.data``: the one place a config becomes a
     generated split, drawn with ``split_seed(config)``."""
-    d = config.data
-    return make_session_plan(
-        train_labels,
-        setup=d.setup,
-        num_sessions=d.num_sessions,
-        first_classes=d.first_classes,
-        classes_per_session=d.classes_per_session,
-        old_class_percent=d.old_class_percent,
-        samples_per_new_class=d.samples_per_new_class,
-        blurry_minor_percent=d.blurry_minor_percent,
-        val_fraction=d.val_fraction,
-        num_classes=num_classes,
-        shuffle_classes=d.shuffle_classes,
-        seed=split_seed(config),
-        val_per_class=d.val_per_class,
-        general_shares=d.general_shares,
-        max_per_class=d.max_per_class,
-    )
+    return make_session_plan(train_labels, **dataclasses.asdict(_config_request(config, num_classes)))
 
 
 def split_seed(config) -> int:

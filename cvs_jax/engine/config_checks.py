@@ -14,7 +14,7 @@ import ml_collections
 from cvs_jax.augment import transforms as augment
 from cvs_jax.data import official_splits, splits
 from cvs_jax.engine import profiling, schedules
-from cvs_jax.errors import ConfigError, DataError
+from cvs_jax.errors import ConfigError, DataError, SplitError
 from cvs_jax.methods.registry import METHODS, head_name, population_methods
 from cvs_jax.models import backbones
 from cvs_jax.models.simplex_head import check_simplex_width
@@ -42,6 +42,11 @@ def check(config: ml_collections.ConfigDict, *, num_devices: int) -> None:
     if config.method not in METHODS:
         raise ConfigError(f"method={config.method!r} is unknown; choose one of {sorted(METHODS)}.")
     total = _check_data(config.data)
+    if config.data.split == "generator":  # the generator's own rules (blurry S == C, ...), before the data is read
+        try:
+            splits.check_config(config)
+        except SplitError as e:
+            raise ConfigError(str(e)) from None
     _check_train(config.train, num_devices)
     _check_augment(config.augment)
     _check_method(config, total)

@@ -51,6 +51,10 @@ def config(manual_dir, tmp_path):
         ),
         ("data.on_corrupt", "ignore", "data.on_corrupt='ignore' is unknown"),
         ("augment.policy", "autoaug", "augment.policy='autoaug' is unknown"),
+        # the generator's own rules: refused before the data is read (they were refused by the splitter, after)
+        ("data.setup", "blurry", "blurry needs data.first_classes (4) == data.classes_per_session (2)"),
+        ("data.val_fraction", 1.0, "data.val_fraction=1.0 must lie in [0, 1)"),
+        ("data.samples_per_new_class", 0, "data.samples_per_new_class=0 must be >= 1"),
     ],
 )
 def test_config_refused_before_any_work(config, tmp_path, field, value, message):
@@ -66,6 +70,7 @@ def test_config_refused_before_any_work(config, tmp_path, field, value, message)
     ):
         runner.run(config, str(tmp_path / "wd"))
     assert not os.path.exists(str(tmp_path / "tfds"))  # refused before the dataset was even built
+    assert not os.path.exists(str(tmp_path / "wd"))  # and before the workdir (config.json) was written
 
 
 def test_budget_smaller_than_classes(config, tmp_path):
