@@ -83,9 +83,14 @@ def enable_compile_cache() -> None:
     jax.config.update("jax_compilation_cache_dir", folder)
 
 
+INTERRUPTED = "interrupted (Ctrl-C): what the last checkpoint holds is kept; rerun the same command to resume from it."
+
+
 def command(main: Callable[[list[str], flags.FlagValues], int]) -> Callable[..., int]:
     """The one error boundary of an entry point's ``main``: a ``UserError`` becomes one ``error:`` line and
-    exit status 2 (also when a test calls ``main`` in-process); anything else is a bug and keeps its traceback."""
+    exit status 2 (also when a test calls ``main`` in-process); Ctrl-C (SIGINT) one ``interrupted`` line
+    and status 130, as a shell reports it (the ``finally`` blocks have closed the run by then); anything
+    else is a bug and keeps its traceback."""
 
     @functools.wraps(main)
     def wrapped(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
@@ -93,6 +98,9 @@ def command(main: Callable[[list[str], flags.FlagValues], int]) -> Callable[...,
             return main(argv, flag_values)
         except UserError as e:
             return report(e)
+        except KeyboardInterrupt:
+            print(INTERRUPTED, file=sys.stderr)
+            return 130
 
     return wrapped
 

@@ -9,6 +9,7 @@ import pytest
 
 from configs import variants
 from configs.variants import VARIANTS
+from cvs_jax import cli
 from cvs_jax.errors import UserError
 from cvs_jax.methods.registry import METHODS
 from cvs_jax.rundir import workdir as workdir_lib
@@ -18,7 +19,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # `python -m cvs_jax.main` with runner.run replaced: it reports the log verbosity, then fails as asked.
 FAKE_MAIN = textwrap.dedent(
     """
-    import sys
+    import os, signal, sys, time
     from absl import logging
     from cvs_jax import cli, errors, main
     from cvs_jax.engine import runner
@@ -29,6 +30,9 @@ FAKE_MAIN = textwrap.dedent(
         print("verbosity", logging.get_verbosity(), flush=True)
         if failure == "user":
             raise errors.DataError("the dataset files are missing; put them in data.manual_dir")
+        if failure == "interrupt":  # Ctrl-C: a real SIGINT to this process
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(60)
         raise RuntimeError("a bug in the trainer")
 
     runner.run = run
@@ -100,6 +104,15 @@ def test_other_exceptions_keep_their_traceback_and_verbosity_is_respected():
     assert "verbosity 1" in proc.stdout  # --verbosity is not overridden
     assert "Traceback" in proc.stderr and "RuntimeError: a bug in the trainer" in proc.stderr
     assert "error: a bug" not in proc.stderr
+
+
+def test_ctrl_c_is_one_line_and_status_130():
+    """SIGINT mid-run (Ctrl-C) ends with one line saying how to resume and the shell's status 130; it was a
+    KeyboardInterrupt traceback through absl and the training loop."""
+    proc = _main("interrupt")
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [cli.INTERRUPTED]
+    assert "rerun the same command to resume" in cli.INTERRUPTED
 
 
 def test_unknown_config_variant_is_one_error_line():
