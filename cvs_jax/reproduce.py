@@ -18,7 +18,8 @@ from its ``config.json``: the CVS switches and the memory budget of ``cvs_jax/co
 are the cell's.  A cell without runs reads "not run"; one whose runs all stopped with
 ``NonFiniteError`` reads "diverged".  When a run's config differs from the cell's config file
 in any other result-changing field (e.g. fewer epochs), the cell is marked † and the fields are
-listed under the table.
+listed under the table; so it is when a run's sessions brought other image counts than its split gives
+on the paper's dataset (another copy of the data, such as the Tiny-ImageNet mini zip).
 
 ``--plan`` prints, for every cell, the ``compare`` command that produces it and its estimated
 GPU hours on one H100 (the formula and the rates are printed with it).  Nothing is read from
@@ -259,6 +260,7 @@ class Run:
     average_recall: dict  # K -> AR@K in %
     variant: str = ""
     differences: tuple = ()  # result-changing config fields that differ from the cell's config file
+    data_differences: tuple = ()  # the run's sessions differ from those the paper's dataset gives (data_difference)
     config_known: bool = True
 
 
@@ -307,7 +309,33 @@ def _read_json(path: str):
         raise UserError(f"cannot read {path} ({e}); rerun the command that wrote it.") from None
 
 
-def _identify(run: Run, config: dict | None) -> Run:
+def data_difference(config: dict, results: dict | None, dataset: str) -> tuple[str, ...]:
+    """The images each session of the run brought (``results.json``) against those its own split gives on
+    the paper's dataset (``session_plan``): a run of a paper config on another copy of the data (the
+    200-class Tiny-ImageNet mini zip, 100 train images per class where Tiny-ImageNet has 500) has the
+    cell's config and other sessions.  () when they agree, or when the run does not say (runs written
+    before ``new_images`` was recorded, the official CIFAR-100 session files)."""
+    got = [s.get("new_images") for s in (results or {}).get("per_session", [])]
+    if not got or None in got:
+        return ()
+    try:
+        c = stored.over_defaults(config, "config.json")
+        if c.data.split != "generator":
+            return ()
+        want = [len(s.train) for s in session_plan(c, dataset).sessions][: len(got)]
+    except UserError:  # a split the paper's class sizes cannot give (a custom config): nothing to compare
+        return ()
+    if got == want:
+        return ()
+    info = paper_results.DATASETS[dataset]
+    return (
+        f"its sessions brought {'/'.join(map(str, got))} training images, where {info['label']} "
+        f"({info['train_per_class']} per class) gives {'/'.join(map(str, want))}: another copy of the data "
+        "(e.g. the Tiny-ImageNet mini zip)",
+    )
+
+
+def _identify(run: Run, config: dict | None, results: dict | None = None) -> Run:
     run.dataset = paper_dataset(run.data_name)
     if run.dataset is None or run.setup not in paper_results.SETUPS:
         return run
@@ -318,6 +346,7 @@ def _identify(run: Run, config: dict | None) -> Run:
     run.variant = infer_variant(config, run.dataset, run.setup)
     if not run.variant.startswith("custom("):
         run.differences = recipe_differences(config, expected_config(run.dataset, run.setup, run.variant))
+        run.data_differences = data_difference(config, results, run.dataset)
     return run
 
 
@@ -347,7 +376,8 @@ def find_runs(dirs: list[str]) -> list[Run]:
                         r.get("message"),
                         dict(r.get("average_recall") or {}),
                     )
-                    runs[path] = _identify(run, config)
+                    res_path = paths.results_file(path)
+                    runs[path] = _identify(run, config, _read_json(res_path) if os.path.exists(res_path) else None)
             if paths.RESULTS in files:
                 path = os.path.realpath(root)
                 if path in runs:
@@ -366,7 +396,7 @@ def find_runs(dirs: list[str]) -> list[Run]:
                     None,
                     {k: 100 * v for k, v in res["average_recall"].items()},
                 )
-                runs[path] = _identify(run, config)
+                runs[path] = _identify(run, config, res)
     return list(runs.values())
 
 
@@ -393,6 +423,7 @@ def match(runs: list[Run]) -> list[dict]:
                 "ours": ours,
                 "delta": delta,
                 "recipe_differences": sorted({d for r in ok for d in r.differences}),
+                "data_differences": sorted({d for r in ok for d in r.data_differences}),
                 "config_unknown": [r.path for r in ok if not r.config_known],
             }
         )
@@ -407,7 +438,7 @@ def _ours_text(c: dict) -> str:
     text = " / ".join(parts)
     if c["diverged"]:
         text += f" ({len(c['diverged'])} diverged)"
-    if c["recipe_differences"]:
+    if c["recipe_differences"] or c["data_differences"]:
         text += " †"
     return text
 
@@ -446,6 +477,8 @@ def report(cells: list[dict], runs: list[Run], dirs: list[str]) -> str:
                         f":{c['variant']}" if c["variant"] else ""
                     )
                     notes.append(f"† {cell}: config differs from {name}: {shown}")
+                for d in c["data_differences"]:
+                    notes.append(f"† {cell}: the data differs from {info['label']}'s: {d}")
                 if c["config_unknown"]:
                     notes.append(f"{cell}: {len(c['config_unknown'])} run(s) without config.json (variant not checked)")
                 for d in c["diverged"]:

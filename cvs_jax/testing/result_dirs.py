@@ -8,8 +8,9 @@ from cvs_jax.config import cifar100_general
 from cvs_jax.rundir import paths
 
 
-def write_run_dir(run_dir, config, ar=None, seed=0):
-    """A run directory as trainer.run leaves it: config.json, and results.json when ``ar`` (AR@K in %) is given."""
+def write_run_dir(run_dir, config, ar=None, seed=0, new_images=None):
+    """A run directory as trainer.run leaves it: config.json, and results.json when ``ar`` (AR@K in %) is given
+    (``new_images``: the training images each session brought, one session entry each)."""
     os.makedirs(run_dir, exist_ok=True)
     config.seed = seed
     with open(paths.config_file(run_dir), "w") as f:
@@ -20,7 +21,12 @@ def write_run_dir(run_dir, config, ar=None, seed=0):
             "dataset": config.data.name,
             "setup": config.data.setup,
             "seed": seed,
-            "per_session": [{"session": 0, "recall": {k: v / 100 for k, v in ar.items()}}],
+            "per_session": [{"session": 0, "recall": {k: v / 100 for k, v in ar.items()}}]
+            if new_images is None
+            else [
+                {"session": s + 1, "recall": {k: v / 100 for k, v in ar.items()}, "new_images": n}
+                for s, n in enumerate(new_images)
+            ],
             "average_recall": {k: v / 100 for k, v in ar.items()},
         }
         with open(paths.results_file(run_dir), "w") as f:

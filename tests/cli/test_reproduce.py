@@ -2,12 +2,14 @@
 
 import os
 
+import numpy as np
 import pytest
 
-from configs import cifar100_general
+from configs import cifar100_general, tinyimagenet_disjoint
 from cvs_jax import reproduce
+from cvs_jax.data import splits
 from cvs_jax.reports import paper_results
-from cvs_jax.testing.result_dirs import fake_results
+from cvs_jax.testing.result_dirs import fake_results, write_run_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -67,6 +69,31 @@ def test_report_marks_cells_not_run_and_gives_ours_and_delta(tmp_path):
     ]
     cvs = [c for c in cells if c["group"] == paper_results.TABLE1 and c["setup"] == "general" and c["method"] == "cvs"]
     assert cvs[0]["ours"]["1"]["per_run"] == [70.0, 72.0] and cvs[0]["delta"]["1"] == pytest.approx(-2.95)
+
+
+def test_a_paper_config_run_on_other_data_is_marked(tmp_path):
+    """The Tiny-ImageNet disjoint recipe run on the mini zip (100 train images per class, not 500) has the
+    cell's config: its sessions' image counts mark the cell (it counted as a run of Tiny-ImageNet, unmarked)."""
+    config = tinyimagenet_disjoint.get_config()
+    sizes = {}
+    for per_class in (500, 100):  # the real mini run's sessions have the sizes of this synthetic split (1,710 each)
+        labels = np.repeat(np.arange(200), per_class)
+        sizes[per_class] = [len(s.train) for s in splits.plan_from_config(labels, config, num_classes=200).sessions]
+    ar = {"1": 30.0, "2": 35.0, "4": 40.0}
+    for per_class in (500, 100):
+        write_run_dir(str(tmp_path / str(per_class)), config, ar, new_images=sizes[per_class])
+    title, row = "Table 1: Tiny-ImageNet", ("Disjoint", "CVS")
+    full = reproduce.find_runs([str(tmp_path / "500")])
+    assert _row(reproduce.report(reproduce.match(full), full, []), title, *row)[3] == "30.00 / 35.00 / 40.00"
+    mini = reproduce.find_runs([str(tmp_path / "100")])
+    text = reproduce.report(reproduce.match(mini), mini, [])
+    assert _row(text, title, *row)[3] == "30.00 / 35.00 / 40.00 †"
+    shown = "/".join(map(str, sizes[100]))
+    assert (
+        f"† Tiny-ImageNet disjoint CVS (Table 1): the data differs from Tiny-ImageNet's: its sessions brought {shown} "
+        f"training images, where Tiny-ImageNet (500 per class) gives {'/'.join(map(str, sizes[500]))}"
+    ) in text
+    assert "config differs" not in text
 
 
 def test_variant_inference():
