@@ -20,10 +20,40 @@ from cvs_jax.models.simplex_head import check_simplex_width
 
 def check_plan(config: ml_collections.ConfigDict, method: Method, proto: Protocol) -> None:
     """What ``build_protocol`` leaves to the method: sessions that come from the data (``data.split=user``,
-    or generated sessions continued by ``update``) must be trainable by it (``check_user_plan``)."""
+    or generated sessions continued by ``update``) must be trainable by it (``check_user_plan``); every
+    other plan's sessions must each fill a batch (``check_batches``)."""
     d = config.data
     if d.split == "user" or (d.split == "generator" and d.updates):
         check_user_plan(config, method, proto.plan, proto.train_labels)
+    else:
+        check_batches(config, method, proto.plan)
+
+
+def check_batches(config: ml_collections.ConfigDict, method: Method, plan: SessionPlan) -> None:
+    """Every session of a generated (or official) plan fills one batch of ``train.batch_size``: refused
+    before session 1 trains, where ``phases.session_view`` refuses it only when that session comes, after
+    the earlier ones have trained.  A replay memory counts at its largest possible size (every earlier
+    training image), so that no run that can train is refused here."""
+    b = config.train.batch_size
+    half = isinstance(method.batches, policies.HalfMemoryBatches)
+    seen = 0
+    for s, sess in enumerate(plan.sessions):
+        own = len(method.scope.indices(plan, s))
+        replay = seen if s > 0 and method.uses_memory else 0
+        seen += len(sess.train)
+        if half and replay:  # half-memory batches: the session's own images fill the stream rows
+            rows = policies.half_memory_split(b, method.batches.memory_batches)[0]
+            if own < rows:
+                raise ConfigError(
+                    f"session {s + 1} has {own} training images, fewer than the {rows} of its own that each "
+                    f"half-memory batch of train.batch_size={b} takes; lower the batch size."
+                )
+        elif own + replay < b:
+            extra = f" and at most {replay} replayed" if replay else ""
+            raise ConfigError(
+                f"session {s + 1} has {own} training images{extra}, fewer than train.batch_size={b}; "
+                "lower the batch size."
+            )
 
 
 def check_data(config: ml_collections.ConfigDict) -> None:

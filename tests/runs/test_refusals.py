@@ -80,6 +80,41 @@ def test_budget_smaller_than_classes(config, tmp_path):
         runner.run(config, str(tmp_path / "wd"))
 
 
+def test_a_session_smaller_than_the_batch_is_refused_before_session_one_trains(config, tmp_path):
+    """Session 2 (90 images) cannot fill a batch of 120: the run stops before session 1 trains (it trained
+    session 1 first and stopped when session 2 came)."""
+    config.train.batch_size = 120
+    wd = tmp_path / "wd"
+    with pytest.raises(ConfigError, match=r"^session 2 has 90 training images, fewer than train.batch_size=120;"):
+        runner.run(config, str(wd))
+    assert not (wd / "checkpoints" / "sessions" / "0").exists()
+
+
+@pytest.mark.parametrize(
+    "method, batch_size, refused",
+    [
+        ("finetune", 120, "session 2 has 90 training images, fewer than train.batch_size=120"),
+        ("cvs", 120, None),  # its memory (herded from session 1's 144 images) may fill the batch
+        ("rainbow", 120, None),  # half-memory batches: 60 rows of its own, 90 images
+        ("rainbow", 200, "session 1 has 144 training images, fewer than train.batch_size=200"),
+        ("joint", 144, None),  # session 2 trains on every image so far: 234
+        ("finetune", 144, "session 2 has 90 training images, fewer than train.batch_size=144"),
+    ],
+)
+def test_the_batch_check_counts_what_each_method_trains_on(config, method, batch_size, refused):
+    from cvs_jax.engine import data_checks
+    from cvs_jax.engine.protocol_builder import build_protocol
+    from cvs_jax.methods.registry import get_method
+
+    config.method, config.train.batch_size = method, batch_size
+    proto = build_protocol(config)
+    if refused is None:
+        data_checks.check_plan(config, get_method(config), proto)
+    else:
+        with pytest.raises(ConfigError, match=refused):
+            data_checks.check_plan(config, get_method(config), proto)
+
+
 def test_batch_not_divisible_by_devices(config):
     config.train.batch_size = 15
     with pytest.raises(config_checks.ConfigError, match="train.batch_size=15 .* multiple of the 2 devices"):
