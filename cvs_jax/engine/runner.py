@@ -26,7 +26,7 @@ from cvs_jax.engine import comparison, config_checks, data_checks, phases, popul
 from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.context_builder import build_context, devices_line
 from cvs_jax.engine.run_state import RunState
-from cvs_jax.errors import NonFiniteError
+from cvs_jax.errors import ConfigError, NonFiniteError
 from cvs_jax.methods.registry import get_method, head_name, head_note
 from cvs_jax.retrieval import query_maps
 from cvs_jax.rundir import paths
@@ -41,6 +41,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         return run_population(config, workdir)
     distributed.maybe_initialize(config.distributed.multihost)  # before anything touches the devices
     config_checks.check(config, num_devices=jax.device_count())  # before any data loading or compilation
+    if os.path.isfile(os.path.join(workdir, paths.COMPARISON)):
+        raise ConfigError(
+            f"{workdir} is a compare --workdir (it holds {paths.COMPARISON}); give this run a --workdir of its own."
+        )
     with recorded.open_run(config, workdir, check=lambda: data_checks.check_data(config)):
         log = RunLog(workdir)
         log.print(devices_line())
@@ -173,6 +177,11 @@ def run_comparison(
     None each seed its own).  ``population``: each method's seeds (consecutive) train as one
     population, on one plan (``split_seed``, else ``config.split_seed``, else the first seed's)."""
     comparison.check_entries(config, methods, seeds, split_seed, population)
+    if os.path.isfile(paths.config_file(workdir)):
+        raise ConfigError(
+            f"{workdir} holds a run of python -m cvs_jax.main (its config.json); give the comparison a --workdir "
+            "of its own."
+        )
     distributed.maybe_initialize(config.distributed.multihost)  # before the lock asks JAX for the process index
     if not tabulate:  # (tabulating reads records only: it needs no dataset or weights file)
         _check_entry_configs(config, methods, seeds, split_seed, population)

@@ -115,6 +115,20 @@ def test_the_batch_check_counts_what_each_method_trains_on(config, method, batch
             data_checks.check_plan(config, get_method(config), proto)
 
 
+def test_main_and_compare_refuse_each_others_workdir(config, tmp_path):
+    """``main --workdir`` of a comparison trained a run among its seed folders (and ``compare`` on a run's
+    workdir put its seeds inside the run); each is one error now, and the folder is left as it was."""
+    cmp_dir, run_dir = tmp_path / "cmp", tmp_path / "run"
+    for folder, name in ((cmp_dir, "comparison.json"), (run_dir, "config.json")):
+        folder.mkdir()
+        (folder / name).write_text("{}")
+    with pytest.raises(ConfigError, match=f"^{cmp_dir} is a compare --workdir"):
+        runner.run(config, str(cmp_dir))
+    with pytest.raises(ConfigError, match=f"^{run_dir} holds a run of python -m cvs_jax.main"):
+        runner.run_comparison(config, str(run_dir), ["finetune"], [0])
+    assert sorted(os.listdir(cmp_dir)) == ["comparison.json"] and sorted(os.listdir(run_dir)) == ["config.json"]
+
+
 def test_batch_not_divisible_by_devices(config):
     config.train.batch_size = 15
     with pytest.raises(config_checks.ConfigError, match="train.batch_size=15 .* multiple of the 2 devices"):
