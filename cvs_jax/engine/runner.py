@@ -177,15 +177,15 @@ def run_comparison(
     None each seed its own).  ``population``: each method's seeds (consecutive) train as one
     population, on one plan (``split_seed``, else ``config.split_seed``, else the first seed's)."""
     comparison.check_entries(config, methods, seeds, split_seed, population)
-    if os.path.isfile(paths.config_file(workdir)):
-        raise ConfigError(
-            f"{workdir} holds a run of python -m cvs_jax.main (its config.json); give the comparison a --workdir "
-            "of its own."
-        )
     distributed.maybe_initialize(config.distributed.multihost)  # before the lock asks JAX for the process index
     if not tabulate:  # (tabulating reads records only: it needs no dataset or weights file)
         _check_entry_configs(config, methods, seeds, split_seed, population)
     with workdir_lib.hold(workdir):  # one comparison per DIR; each run also locks its own workdir
+        if os.path.isfile(paths.config_file(workdir)):  # (under the lock: a live run is named by the lock)
+            raise ConfigError(
+                f"{workdir} holds a run of python -m cvs_jax.main (its config.json); give the comparison a "
+                "--workdir of its own."
+            )
         return _compare(config, workdir, methods, seeds, split_seed, population, tabulate)
 
 

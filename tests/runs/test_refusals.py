@@ -122,11 +122,15 @@ def test_main_and_compare_refuse_each_others_workdir(config, tmp_path):
     for folder, name in ((cmp_dir, "comparison.json"), (run_dir, "config.json")):
         folder.mkdir()
         (folder / name).write_text("{}")
+    (run_dir / ".lock").touch()  # a run's workdir has its lock file (compare refuses it under the lock)
     with pytest.raises(ConfigError, match=f"^{cmp_dir} is a compare --workdir"):
         runner.run(config, str(cmp_dir))
     with pytest.raises(ConfigError, match=f"^{run_dir} holds a run of python -m cvs_jax.main"):
         runner.run_comparison(config, str(run_dir), ["finetune"], [0])
-    assert sorted(os.listdir(cmp_dir)) == ["comparison.json"] and sorted(os.listdir(run_dir)) == ["config.json"]
+    assert sorted(os.listdir(cmp_dir)) == ["comparison.json"] and sorted(os.listdir(run_dir)) == [
+        ".lock",
+        "config.json",
+    ]
 
 
 def test_batch_not_divisible_by_devices(config):
