@@ -83,6 +83,7 @@ def enable_compile_cache() -> None:
     jax.config.update("jax_compilation_cache_dir", folder)
 
 
+INTERRUPTED_STATUS = 130  # a shell's status for a process ended by SIGINT
 INTERRUPTED = "interrupted (Ctrl-C): what the last checkpoint holds is kept; rerun the same command to resume from it."
 
 
@@ -100,7 +101,7 @@ def command(main: Callable[[list[str], flags.FlagValues], int]) -> Callable[...,
             return report(e)
         except KeyboardInterrupt:
             print(INTERRUPTED, file=sys.stderr)
-            return 130
+            return INTERRUPTED_STATUS
 
     return wrapped
 
@@ -114,7 +115,25 @@ def run(main: Callable[[list[str]], int], define_flags: Callable[[], None]) -> N
     app.define_help_flags()
     for flag in (_HelpFlag(), _HelpshortFlag(), _HelpfullFlag()):
         flags.DEFINE_flag(flag)
-    app.run(main, flags_parser=_parse_flags)
+    app.run(_ending_at_once_when_interrupted(main), flags_parser=_parse_flags)
+
+
+def _ending_at_once_when_interrupted(main: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
+    """After Ctrl-C (``command``'s status 130, the run's ``finally`` blocks done) the process ends at once,
+    as ``kill -9`` would end it there (which a rerun resumes from): the interpreter's exit would otherwise
+    wait for every background thread, and orbax's checkpoint threads, interrupted mid-save, waited for a
+    signal for their 300 s timeout."""
+
+    @functools.wraps(main)
+    def wrapped(argv: list[str]) -> int:
+        status = main(argv)
+        if status == INTERRUPTED_STATUS:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+        return status
+
+    return wrapped
 
 
 def _parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) -> list[str]:
