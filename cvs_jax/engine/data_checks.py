@@ -34,15 +34,14 @@ def check_batches(config: ml_collections.ConfigDict, method: Method, plan: Sessi
     before session 1 trains, where ``phases.session_view`` refuses it only when that session comes, after
     the earlier ones have trained.  A replay memory counts at its largest possible size (every earlier
     training image), so that no run that can train is refused here."""
-    b = config.train.batch_size
-    half = isinstance(method.batches, policies.HalfMemoryBatches)
+    b, batches = config.train.batch_size, method.batches
     seen = 0
     for s, sess in enumerate(plan.sessions):
         own = len(method.scope.indices(plan, s))
         replay = seen if s > 0 and method.uses_memory else 0
         seen += len(sess.train)
-        if half and replay:  # half-memory batches: the session's own images fill the stream rows
-            rows = policies.half_memory_split(b, method.batches.memory_batches)[0]
+        if isinstance(batches, policies.HalfMemoryBatches) and replay:  # its own images fill the stream rows
+            rows = policies.half_memory_split(b, batches.memory_batches)[0]
             if own < rows:
                 raise ConfigError(
                     f"session {s + 1} has {own} training images, fewer than the {rows} of its own that each "
