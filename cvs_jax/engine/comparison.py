@@ -304,9 +304,11 @@ def session_two_groups(config) -> tuple[str, ...]:
     return tuple(groups)
 
 
-def write_outputs(config, workdir: str, methods: list[str], seeds: list[int], split_seed, runs: list[dict], t0: float):
+def write_outputs(
+    config, workdir: str, methods: list[str], seeds: list[int], split_seed, runs: list[dict], t0: float, write=True
+):
     """The comparison's tables, JSON, page and plot from its runs' records; returns one row per method
-    (``rows_from_summary``)."""
+    (``rows_from_summary``).  ``write=False`` (``--tabulate`` while the comparison runs): printed only."""
     summary = summarize_runs(runs, methods)
     pairs = summarize_pairs(runs, entry_pairs(config, methods))
     rows = rows_from_summary(summary)
@@ -316,6 +318,9 @@ def write_outputs(config, workdir: str, methods: list[str], seeds: list[int], sp
     else:
         split_note = f"every seed runs on the split of split_seed={split_seed} (seeds vary initialisation and order)"
     table = markdown(summary, runs, title, split_note, pairs)
+    if not write:
+        print(f"\n{table}", flush=True)
+        return rows
     with open(os.path.join(workdir, "comparison.md"), "w") as f:
         f.write(table + "\n")
     write_csv(os.path.join(workdir, "comparison.csv"), rows)

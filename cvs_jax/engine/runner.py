@@ -26,7 +26,7 @@ from cvs_jax.engine import comparison, config_checks, data_checks, phases, popul
 from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.context_builder import build_context, devices_line
 from cvs_jax.engine.run_state import RunState
-from cvs_jax.errors import ConfigError, NonFiniteError
+from cvs_jax.errors import ConfigError, NonFiniteError, WorkdirBusyError
 from cvs_jax.methods.registry import get_method, head_name, head_note
 from cvs_jax.retrieval import query_maps
 from cvs_jax.rundir import paths
@@ -180,13 +180,26 @@ def run_comparison(
     distributed.maybe_initialize(config.distributed.multihost)  # before the lock asks JAX for the process index
     if not tabulate:  # (tabulating reads records only: it needs no dataset or weights file)
         _check_entry_configs(config, methods, seeds, split_seed, population)
-    with workdir_lib.hold(workdir):  # one comparison per DIR; each run also locks its own workdir
-        if os.path.isfile(paths.config_file(workdir)):  # (under the lock: a live run is named by the lock)
+    with contextlib.ExitStack() as stack:  # one comparison per DIR; each run also locks its own workdir
+        try:
+            stack.enter_context(workdir_lib.hold(workdir))
+            live = False
+        except WorkdirBusyError:
+            if not tabulate:
+                raise
+            live = True  # tabulating a comparison that runs: its tables are printed, the files stay its own
+        if os.path.isfile(paths.config_file(workdir)):  # (after the lock: a live run is named by the lock)
             raise ConfigError(
                 f"{workdir} holds a run of python -m cvs_jax.main (its config.json); give the comparison a "
                 "--workdir of its own."
             )
-        return _compare(config, workdir, methods, seeds, split_seed, population, tabulate)
+        if live:
+            print(
+                f"{workdir} is held by a running comparison: the tables of the runs finished so far are printed "
+                "below and not written (it writes comparison.md/.csv/.json when it ends).",
+                flush=True,
+            )
+        return _compare(config, workdir, methods, seeds, split_seed, population, tabulate, write=not live)
 
 
 def _check_entry_configs(config, methods: list[str], seeds: list[int], split_seed, population: bool) -> None:
@@ -248,6 +261,7 @@ def _compare(
     split_seed: int | None,
     population: bool = False,
     tabulate: bool = False,
+    write: bool = True,
 ) -> list[dict]:
     if split_seed is None:
         split_seed = config.split_seed
@@ -275,4 +289,4 @@ def _compare(
                 print(f"seed {seed}, method {method} diverged: {e}", flush=True)
                 comparison.record_divergence(run_dir, e)
                 runs.append(comparison.run_record(seed, method, c, run_dir, workdir, None, e))
-    return comparison.write_outputs(config, workdir, methods, seeds, split_seed, runs, t0)
+    return comparison.write_outputs(config, workdir, methods, seeds, split_seed, runs, t0, write=write)

@@ -122,6 +122,25 @@ def test_every_entry_is_checked_before_the_first_run(tmp_path, monkeypatch, meth
     assert not wd.exists()
 
 
+def test_tabulate_reads_a_running_comparison_and_writes_nothing(tmp_path, capsys):
+    """``--tabulate`` on a DIR a running comparison holds (here: this process, through a second lock of the
+    file) prints the tables of the runs finished so far and leaves DIR's files to that comparison; it was
+    refused naming the holder, although ``compare --help`` says a long comparison can be read while it runs."""
+    c = tiny_config(str(tmp_path), tmp_path, sessions=2)
+    wd = tmp_path / "cmp"
+    with workdir.hold(str(wd)):
+        before = sorted(os.listdir(wd))
+        rows = runner.run_comparison(c, str(wd), ["finetune", "cvs"], [0, 1], tabulate=True)
+        assert sorted(os.listdir(wd)) == before  # no comparison.md/.csv/.json/.html/.png
+    assert [r["method"] for r in rows] == ["finetune", "cvs"]
+    out = capsys.readouterr().out
+    assert f"{wd} is held by a running comparison: the tables of the runs finished so far are printed" in out
+    assert "| method | memory |" in out and "| finetune |" in out
+    with pytest.raises(WorkdirBusyError):  # a comparison that would run is still refused
+        with workdir.hold(str(wd)):
+            runner.run_comparison(c, str(wd), ["finetune"], [0])
+
+
 def test_no_entry_or_no_seed_is_refused_leaving_the_tables(tmp_path):
     """``--methods ""`` or ``--seeds ""`` is one error (it was an IndexError, after the empty method list
     had overwritten a finished comparison's comparison.md with an empty table)."""
