@@ -22,7 +22,8 @@ sets it for every entry.
 ``+field=value`` after it sets config fields for that entry alone (an ablation):
 ``rainbow,rainbow+rainbow.memory=herding,cvs,cvs+cvs.use_lm=False``; each ablation is also paired
 with its entry without the ``+`` part when that entry is compared.  ``--tabulate`` runs nothing and
-builds the tables from the runs already finished in DIR (a long comparison can be read while it runs).
+builds the tables from the runs already finished in DIR (a long comparison can be read while it runs:
+then they are printed, and its files are left to the running comparison).
 Each (seed, entry) runs in ``DIR/seed<seed>/<entry>`` (rerunning resumes).  Session 1 is plain
 L_c training for every method (as in the official launch scripts), so it is trained once per seed
 and head and its checkpoint is copied into the workdirs of the other entries with that head,
@@ -112,7 +113,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         "tabulate",
         False,
         "Run nothing: build the tables from the runs already in DIR (results.json: finished; diverged.json: "
-        "stopped by the NaN guard; neither: not finished, left out), e.g. while a long comparison runs.",
+        "stopped by the NaN guard; neither: not finished, left out), e.g. while a long comparison runs (then "
+        "printed only: the running comparison writes DIR's tables).",
         flag_values=fv,
     )
     flags.mark_flags_as_required(["config", "workdir"], flag_values=fv)
