@@ -10,8 +10,9 @@ Every ``python -m cvs_jax.<command>`` module has the same three pieces:
   call and returns the exit status; ``if __name__ == "__main__": cli.run(main, define_flags)``.
 
 A problem the user must fix (``errors.UserError``) is one ``error: <message>`` line on stderr and
-exit status 2 (``command``); so are absl's own flag errors (an unknown flag, a missing required flag,
-a bad value: ``run``).  Every other exception keeps its traceback.
+exit status 2 (``command``); so are a write the file system refuses (a read-only or full disk:
+``errors.not_writable``) and absl's own flag errors (an unknown flag, a missing required flag, a bad
+value: ``run``).  Every other exception keeps its traceback.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Callable
 
 from absl import app, flags, logging
 
-from cvs_jax.errors import UserError
+from cvs_jax.errors import UserError, not_writable
 
 
 class _HelpFlag(app.HelpFlag):
@@ -84,8 +85,9 @@ def enable_compile_cache() -> None:
 
 
 def command(main: Callable[[list[str], flags.FlagValues], int]) -> Callable[..., int]:
-    """The one error boundary of an entry point's ``main``: a ``UserError`` becomes one ``error:`` line and
-    exit status 2 (also when a test calls ``main`` in-process); anything else is a bug and keeps its traceback."""
+    """The one error boundary of an entry point's ``main``: a ``UserError``, or a write the file system refused
+    (``errors.not_writable``: read-only, permission, no space), becomes one ``error:`` line and exit status 2
+    (also when a test calls ``main`` in-process); anything else is a bug and keeps its traceback."""
 
     @functools.wraps(main)
     def wrapped(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
@@ -93,6 +95,11 @@ def command(main: Callable[[list[str], flags.FlagValues], int]) -> Callable[...,
             return main(argv, flag_values)
         except UserError as e:
             return report(e)
+        except OSError as e:  # the file system refused a write (read-only, no space): the user's to fix
+            refusal = not_writable(e)
+            if refusal is None:
+                raise
+            return report(refusal)
 
     return wrapped
 

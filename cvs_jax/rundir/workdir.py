@@ -33,7 +33,7 @@ from typing import Callable, Iterator
 import jax
 import numpy as np
 
-from cvs_jax.errors import ConfigError, UserError, WorkdirBusyError
+from cvs_jax.errors import ConfigError, UserError, WorkdirBusyError, not_writable
 from cvs_jax.rundir import paths
 
 LOCK_NAME = paths.LOCK
@@ -107,6 +107,11 @@ def _make_folder(workdir: str) -> None:
         raise UserError(
             f"--workdir {workdir} cannot be created: permission denied; pass a folder you can write."
         ) from None
+    except OSError as e:  # a read-only file system, no space left
+        refusal = not_writable(e, workdir)
+        if refusal is None:
+            raise
+        raise refusal from None
 
 
 def _missing_folders(workdir: str) -> list[str]:
@@ -168,7 +173,13 @@ def _lock(workdir: str, name: str = LOCK_NAME, wait_s: float = 0.0) -> int:
     """Takes ``<workdir>/<name>`` (waiting at most ``wait_s``); returns its descriptor, or raises
     ``WorkdirBusyError``."""
     _make_folder(os.path.dirname(os.path.join(workdir, name)))
-    fd = os.open(os.path.join(workdir, name), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(os.path.join(workdir, name), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:  # a read-only workdir: one line before anything else is tried (was a traceback)
+        refusal = not_writable(e)
+        if refusal is None:
+            raise
+        raise refusal from None
     deadline = time.monotonic() + wait_s
     while True:
         try:

@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 
-from cvs_jax.errors import IndexUnavailableError, UserError, WorkdirBusyError
+from cvs_jax.errors import IndexUnavailableError, NotWritableError, UserError, WorkdirBusyError
 from cvs_jax.reports import search_page
 from cvs_jax.retrieval import run_info
 from cvs_jax.retrieval.run_reader import parse_int
@@ -130,6 +130,13 @@ def _handlers() -> dict:
         return _error(409, str(e))
 
     async def user_error(request, e: UserError):
+        if isinstance(e, NotWritableError):  # the operator's to fix: the log names the path, the answer none
+            log.error("%s: %s", request.url.path, e)
+            return _error(
+                503,
+                f"the server cannot write to its workdir ({e.cause}); its operator must fix that, then retry. "
+                f"Searching works meanwhile.",
+            )
         unavailable = isinstance(e, (WorkdirBusyError, IndexUnavailableError))
         status = 409 if isinstance(e, Duplicate) else 503 if unavailable else 400
         return _error(status, str(e))
