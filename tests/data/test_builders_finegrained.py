@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import csv
+import io
 import os
 from unittest import mock
 
@@ -362,3 +363,39 @@ def test_inat_m_selection_ignores_record_order():
     assert to_key(plan.records["test"], val_keys) == to_key(shuffled.records["test"], val_keys[::-1])
     with pytest.raises(DataError, match="only 8 classes"):
         inat_m.select(_split(keys, labels), _split(val_keys, val_labels), names, **{**params, "num_classes": 9})
+
+
+@pytest.mark.parametrize(
+    "orientation, turn, back",  # turn: what a viewer does to the stored pixels; back: how a phone stored them
+    [
+        (6, Image.Transpose.ROTATE_270, Image.Transpose.ROTATE_90),
+        (3, Image.Transpose.ROTATE_180, Image.Transpose.ROTATE_180),
+    ],
+)
+def test_a_photo_is_stored_and_queried_upright_by_its_exif_orientation(orientation, turn, back):
+    """A phone's portrait photo: pixels stored sideways, an EXIF tag saying how to turn them.  Gallery
+    (``decode_keeping_source``), queries and thumbnails (``to_stored``) and uploads (``serve.uploads``)
+    read it as viewers show it; it was stored and queried sideways."""
+    from cvs_jax.serve import uploads
+
+    rng = np.random.default_rng(orientation)
+    upright = Image.fromarray(np.repeat(np.repeat(rng.integers(0, 256, (4, 6, 3), np.uint8), 8, 0), 8, 1))
+    sideways = upright.transpose(back)
+    exif = Image.Exif()
+    exif[0x0112] = orientation  # EXIF Orientation
+    buf = io.BytesIO()
+    sideways.save(buf, format="JPEG", quality=95, exif=exif)
+    data = buf.getvalue()
+    as_stored = Image.fromarray(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))  # sideways, no tag
+    want = resize.to_square_uint8(as_stored.transpose(turn), 16)
+    assert not np.array_equal(want, resize.to_square_uint8(as_stored, 16))
+    np.testing.assert_array_equal(resize.to_stored(Image.open(io.BytesIO(data)), (16, 16, 3)), want)
+    got, passthrough = resize.decode_keeping_source(data, 16)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(uploads.decode("p.jpg", data, (16, 16, 3), 10**6).image, want)
+    square = io.BytesIO()  # a turned JPEG of the stored size is re-encoded upright, not kept as it is
+    sideways.resize((48, 48)).save(square, format="JPEG", exif=exif)
+    assert resize.decode_keeping_source(square.getvalue(), 48)[1] is False
+    plain = io.BytesIO()
+    sideways.resize((48, 48)).save(plain, format="JPEG")
+    assert resize.decode_keeping_source(plain.getvalue(), 48)[1] is True

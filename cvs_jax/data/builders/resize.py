@@ -54,21 +54,42 @@ def to_square_uint8(pil_image, size: int | None = None) -> np.ndarray:
 
     Args:
       pil_image: any PIL image (greyscale, palette, CMYK, RGBA... converted to
-        RGB first, as torchvision's ImageFolder loader does).
+        RGB first, as torchvision's ImageFolder loader does; turned upright by its
+        EXIF orientation, ``upright``).
       size: output side; default `STORED_SIZE` (read now).
     """
     size = stored_size() if size is None else int(size)
     return to_stored(pil_image, (size, size, 3))
 
 
+EXIF_ORIENTATION = 0x0112  # the EXIF tag saying how a viewer turns the stored pixels (1: as stored)
+
+
+def upright(pil_image):
+    """The image as photo viewers and browsers show it: its EXIF orientation applied (the same image when it
+    has none).  Why: phones store a portrait photo's pixels sideways with a tag saying so; read as stored,
+    such photos went into the gallery, the queries and every thumbnail sideways, and the network saw
+    them turned."""
+    from PIL import ImageOps  # pylint: disable=g-import-not-at-top
+
+    try:
+        orientation = pil_image.getexif().get(EXIF_ORIENTATION, 1)
+    except Exception:  # pylint: disable=broad-except  # a damaged EXIF block: the pixels as stored
+        return pil_image
+    if orientation not in range(2, 9):
+        return pil_image
+    return ImageOps.exif_transpose(pil_image)
+
+
 def to_stored(pil_image, shape) -> np.ndarray:
     """PIL image -> uint8 `shape` = (size, size, C): a query prepared as the gallery was stored.
 
     Why: search and export embed user images with the network that embedded the stored gallery
-    images, so a query must reach it in the same form: converted to "L" (C == 1) or "RGB" (C == 3),
-    shorter side resized to `size` (PIL BILINEAR, as torchvision's Resize), torchvision's
-    CenterCrop offsets.  For C == 3 this is exactly `to_square_uint8(pil_image, size)`; an image
-    already of the stored size is returned unchanged.
+    images, so a query must reach it in the same form: turned upright by its EXIF orientation
+    (`upright`), converted to "L" (C == 1) or "RGB" (C == 3), shorter side resized to `size` (PIL
+    BILINEAR, as torchvision's Resize), torchvision's CenterCrop offsets.  For C == 3 this is exactly
+    `to_square_uint8(pil_image, size)`; an upright image already of the stored size is returned
+    unchanged.
     """
     from PIL import Image  # pylint: disable=g-import-not-at-top
 
@@ -76,7 +97,8 @@ def to_stored(pil_image, shape) -> np.ndarray:
     if size != other or channels not in (1, 3):
         raise ValueError(f"stored shape {tuple(shape)}: expected (size, size, 1) or (size, size, 3)")
     mode = "L" if channels == 1 else "RGB"
-    img = pil_image if pil_image.mode == mode else pil_image.convert(mode)
+    img = upright(pil_image)
+    img = img if img.mode == mode else img.convert(mode)
     width, height = resized_shape(img.width, img.height, size)
     if (width, height) != img.size:
         img = img.resize((width, height), Image.Resampling.BILINEAR)
@@ -130,14 +152,16 @@ def image_errors() -> tuple[type[BaseException], ...]:
 
 
 def decode_keeping_source(data: bytes, size: int) -> tuple[np.ndarray, bool]:
-    """(uint8 [size, size, 3], passthrough): passthrough is True when ``data`` is an RGB JPEG of
-    exactly that size, whose bytes the record store then keeps instead of a re-encode."""
+    """(uint8 [size, size, 3], passthrough): passthrough is True when ``data`` is an upright RGB JPEG of
+    exactly that size, whose bytes the record store then keeps instead of a re-encode (a turned one is
+    re-encoded upright: the store's reader does not turn it)."""
     from PIL import Image  # pylint: disable=g-import-not-at-top
 
     with Image.open(io.BytesIO(data)) as img:
         img.load()
-        same = img.format == "JPEG" and img.mode == "RGB" and img.size == (size, size)
-        return to_square_uint8(img, size), same
+        up = upright(img)
+        same = up is img and img.format == "JPEG" and img.mode == "RGB" and img.size == (size, size)
+        return to_square_uint8(up, size), same
 
 
 def decode_blocks(
