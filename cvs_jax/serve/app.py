@@ -120,6 +120,15 @@ class _Observe:
             self.metrics.observe(getattr(route, "path", "other"), status[0], time.perf_counter() - start)
 
 
+def _named_by_folder_name(message: str, workdir: str) -> str:
+    """``message`` with the workdir named by its folder's name only, as ``/info`` names it: the refusals the
+    server shares with the commands (``POST /sessions``' "no image was added to <workdir> ...", its child's
+    lines) named the server's folders."""
+    for path in dict.fromkeys((os.path.abspath(workdir), os.path.realpath(workdir))):
+        message = message.replace(path, os.path.basename(path))
+    return message
+
+
 def _handlers() -> dict:
     """Exception class -> handler: each refusal one 4xx JSON line."""
 
@@ -139,7 +148,7 @@ def _handlers() -> dict:
             )
         unavailable = isinstance(e, (WorkdirBusyError, IndexUnavailableError))
         status = 409 if isinstance(e, Duplicate) else 503 if unavailable else 400
-        return _error(status, str(e))
+        return _error(status, _named_by_folder_name(str(e), _ctx(request).served.workdir))
 
     async def http_error(request, e: HTTPException):
         return _error(e.status_code, str(e.detail))

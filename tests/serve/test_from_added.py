@@ -319,6 +319,7 @@ def test_post_sessions_trains_beside_serving_and_the_new_model_is_served(run_cop
     state = _state(run_copy)
     r = client.post("/sessions", headers=auth)  # nothing added yet: one line, nothing changed, no child
     assert r.status_code == 400 and "no image was added" in r.json()["error"], r.text
+    assert os.path.abspath(run_copy) not in r.text and f"added to {os.path.basename(run_copy)} since" in r.text
     assert _state(run_copy) == state and client.get("/sessions/current").json()["state"] == "idle"
     # eel and dog are new classes, added in the reverse of the order the session's plan numbers them
     # (its folder's classes are sorted): a label kept as the number given at the add names the wrong class
