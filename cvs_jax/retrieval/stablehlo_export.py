@@ -109,5 +109,6 @@ def write(config, variables: dict, image_shape, session: int, out: str) -> dict:
         "preprocessing": json.dumps(prep),
         "function": FUNCTION,
     }
-    safetensors.numpy.save_file(weights, os.path.join(out, WEIGHTS), metadata=meta)
+    with open(os.path.join(out, WEIGHTS), "wb") as f:  # save_file made it 0600: unreadable by the service
+        f.write(safetensors.numpy.save(weights, metadata=meta))  # account the folder is copied to; open obeys umask
     return {"files": list(FILES), "platforms": list(PLATFORMS), **prep}
