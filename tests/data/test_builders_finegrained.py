@@ -399,3 +399,20 @@ def test_a_photo_is_stored_and_queried_upright_by_its_exif_orientation(orientati
     plain = io.BytesIO()
     sideways.resize((48, 48)).save(plain, format="JPEG")
     assert resize.decode_keeping_source(plain.getvalue(), 48)[1] is True
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I"])
+def test_a_16_bit_greyscale_scan_is_stored_as_its_8_bit_picture(tmp_path, mode):
+    """A 16-bit PNG (mode I;16, or I) was converted by Pillow's clip at 255: stored and queried white."""
+    grey = np.random.default_rng(3).integers(0, 256, (20, 30), np.uint8)
+    wide = Image.fromarray(grey.astype(np.uint16) * 257)  # mode I;16
+    path = tmp_path / ("scan.png" if mode == "I;16" else "scan.tif")  # PNG: I;16; TIFF keeps 32-bit I
+    (wide if mode == "I;16" else wide.convert("I")).save(path)
+    with Image.open(path) as img:
+        assert img.mode == mode
+        got = resize.to_stored(img, (16, 16, 3))
+    np.testing.assert_array_equal(got, resize.to_stored(Image.fromarray(grey, "L"), (16, 16, 3)))
+    np.testing.assert_array_equal(
+        resize.to_stored(Image.fromarray(grey.astype(np.int32)), (16, 16, 1))[..., 0],
+        resize.to_stored(Image.fromarray(grey, "L"), (16, 16, 1))[..., 0],
+    )

@@ -81,15 +81,29 @@ def upright(pil_image):
     return ImageOps.exif_transpose(pil_image)
 
 
+def eight_bit(pil_image):
+    """A 16-bit greyscale image (a PNG or TIFF scan: mode "I;16", or "I" with values past 255) as 8-bit "L",
+    v -> round(v / 257); any other image as it is.  Why: Pillow's ``convert`` clips such values at 255, so
+    these photos went into the gallery and the queries as white squares."""
+    from PIL import Image  # pylint: disable=g-import-not-at-top
+
+    if not (pil_image.mode.startswith("I;16") or pil_image.mode == "I"):
+        return pil_image
+    values = np.asarray(pil_image).astype(np.int64)
+    if pil_image.mode == "I" and values.max(initial=0) <= 255 and values.min(initial=0) >= 0:
+        return Image.fromarray(values.astype(np.uint8), "L")  # 8-bit values held as 32-bit integers
+    return Image.fromarray(((np.clip(values, 0, 65535) + 128) // 257).astype(np.uint8), "L")
+
+
 def to_stored(pil_image, shape) -> np.ndarray:
     """PIL image -> uint8 `shape` = (size, size, C): a query prepared as the gallery was stored.
 
     Why: search and export embed user images with the network that embedded the stored gallery
     images, so a query must reach it in the same form: turned upright by its EXIF orientation
-    (`upright`), converted to "L" (C == 1) or "RGB" (C == 3), shorter side resized to `size` (PIL
-    BILINEAR, as torchvision's Resize), torchvision's CenterCrop offsets.  For C == 3 this is exactly
-    `to_square_uint8(pil_image, size)`; an upright image already of the stored size is returned
-    unchanged.
+    (`upright`), 16-bit greyscale brought to 8 bits (`eight_bit`), converted to "L" (C == 1) or "RGB"
+    (C == 3), shorter side resized to `size` (PIL BILINEAR, as torchvision's Resize), torchvision's
+    CenterCrop offsets.  For C == 3 this is exactly `to_square_uint8(pil_image, size)`; an upright
+    image already of the stored size is returned unchanged.
     """
     from PIL import Image  # pylint: disable=g-import-not-at-top
 
@@ -97,7 +111,7 @@ def to_stored(pil_image, shape) -> np.ndarray:
     if size != other or channels not in (1, 3):
         raise ValueError(f"stored shape {tuple(shape)}: expected (size, size, 1) or (size, size, 3)")
     mode = "L" if channels == 1 else "RGB"
-    img = upright(pil_image)
+    img = eight_bit(upright(pil_image))
     img = img if img.mode == mode else img.convert(mode)
     width, height = resized_shape(img.width, img.height, size)
     if (width, height) != img.size:
