@@ -281,7 +281,12 @@ async def add(request: Request):
     ctx = _ctx(request)
     _check_write(request, ctx)
     got, fields = await read_uploads(request, ctx)
-    out = await run_in_threadpool(ctx.served.add, got, fields.get("label") or None, _bool(fields.get("force")))
+    label = fields.get("label")
+    if label == "":  # label=$UNSET in a script: rows silently unlabelled, never learnt (search --add refuses it)
+        raise _Refused(
+            400, "label= is empty: pass the class name (label=NAME), or leave label out to add unlabelled rows."
+        )
+    out = await run_in_threadpool(ctx.served.add, got, label, _bool(fields.get("force")))
     if ctx.sessions.learn_after is not None and out.get("label", -1) >= 0:
         out["session_started"] = await run_in_threadpool(ctx.sessions.after_add)
     return out

@@ -186,6 +186,7 @@ def test_each_bad_request_gets_one_4xx_line_and_the_next_query_is_answered(photo
         (lambda: _post(client, [new_photo(tmp_path / "n.png")], "/add", headers=auth, label="Ant"), 400),  # ant's case
         (lambda: _post(client, [new_photo(tmp_path / "n.png")], "/add", headers=auth, label="7"), 400),  # a number
         (lambda: _post(client, [new_photo(tmp_path / "n.png")], "/add", headers=auth, label="train"), 400),
+        (lambda: _post(client, [new_photo(tmp_path / "n.png")], "/add", headers=auth, label=""), 400),  # was unlabelled
         (lambda: client.get("/thumb/99999.png"), 404),
         (lambda: client.get("/thumb/-1.png"), 404),
         (lambda: client.get("/etc/passwd"), 404),
