@@ -85,14 +85,14 @@ class NotWritableError(UserError):
         self.cause = cause
 
 
-_DENIED = ("permission denied", "pass a folder this user can write, or change its permissions")
-_WRITE_REFUSALS = {  # errno -> (cause, fix)
-    errno.EROFS: ("a read-only file system", "pass a folder on a writable one, or mount it read-write"),
+_DENIED = ("use", "permission denied", "give this user access to it, or pass another path")  # a read or a write
+_WRITE_REFUSALS = {  # errno -> (verb, cause, fix)
+    errno.EROFS: ("write", "a read-only file system", "pass a folder on a writable one, or mount it read-write"),
     errno.EACCES: _DENIED,
     errno.EPERM: _DENIED,
-    errno.ENOSPC: ("no space left on its disk", "free some, or pass a folder on another disk, then rerun"),
-    errno.EDQUOT: ("this user's disk quota used up", "free some space, then rerun"),
-    errno.ENOTDIR: ("a file in its path where a folder should be", "pass another path"),
+    errno.ENOSPC: ("write", "no space left on its disk", "free some, or pass a folder on another disk, then rerun"),
+    errno.EDQUOT: ("write", "this user's disk quota used up", "free some space, then rerun"),
+    errno.ENOTDIR: ("use", "a file in its path where a folder should be", "pass another path"),
 }
 
 
@@ -103,6 +103,6 @@ def not_writable(error: OSError, path: str | None = None) -> NotWritableError | 
     refusal = _WRITE_REFUSALS.get(error.errno) if isinstance(error.errno, int) else None
     if refusal is None:
         return None
-    cause, fix = refusal
+    verb, cause, fix = refusal
     where = error.filename if error.filename is not None else path
-    return NotWritableError(f"cannot write {where if where is not None else 'a file'} ({cause}); {fix}.", cause)
+    return NotWritableError(f"cannot {verb} {where if where is not None else 'a file'} ({cause}); {fix}.", cause)

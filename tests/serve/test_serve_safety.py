@@ -18,7 +18,7 @@ from absl import flags
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from cvs_jax import export, search
+from cvs_jax import errors, export, search
 from cvs_jax.index import exact
 from cvs_jax.retrieval import gate, query_maps
 from cvs_jax.retrieval.run_reader import ADDED_BASE
@@ -146,7 +146,10 @@ def test_a_workdir_that_cannot_be_written_is_one_line_or_a_503(
     capsys.readouterr()
     assert export.main(["export"], _export_flags(photo_runs[0], str(out / "export"))) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"error: cannot write {out}") and "pass another path" in err[0]
+    assert len(err) == 1 and err[0].startswith(f"error: cannot use {out}") and "pass another path" in err[0]
+    denied = errors.not_writable(PermissionError(errno.EACCES, "Permission denied", "/photos"))  # a read, too
+    assert str(denied) == "cannot use /photos (permission denied); give this user access to it, or pass another path."
+    assert errors.not_writable(OSError(errno.EIO, "I/O error", "/x")) is None  # not the user's: a traceback
 
     real_open = os.open
 
