@@ -124,7 +124,7 @@ def leave_out(workdir: str, added: additions.Added, labelled: list[int]) -> tupl
     row, searchable as before."""
     from cvs_jax.retrieval import run_reader  # pylint: disable=g-import-not-at-top  # the training stack
 
-    stored = run_reader.store_digests(run_config(workdir))
+    stored = run_reader.store_digests(run_config(workdir), only={added.digests[r] for r in labelled})
     seen: dict[tuple[int, str], str] = {}
     kept, out = [], []
     for r in labelled:
