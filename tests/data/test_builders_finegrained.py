@@ -390,12 +390,14 @@ def test_a_photo_is_stored_and_queried_upright_by_its_exif_orientation(orientati
     want = resize.to_square_uint8(as_stored.transpose(turn), 16)
     assert not np.array_equal(want, resize.to_square_uint8(as_stored, 16))
     np.testing.assert_array_equal(resize.to_stored(Image.open(io.BytesIO(data)), (16, 16, 3)), want)
-    got, passthrough = resize.decode_keeping_source(data, 16)
+    got, passthrough = resize.decode_keeping_source(data, 16, exif=True)  # image_folder: users' photos
     np.testing.assert_array_equal(got, want)
+    as_torchvision = resize.decode_keeping_source(data, 16)[0]  # the benchmark builders, as the reference reads
+    np.testing.assert_array_equal(as_torchvision, resize.to_square_uint8(as_stored, 16))
     np.testing.assert_array_equal(uploads.decode("p.jpg", data, (16, 16, 3), 10**6).image, want)
     square = io.BytesIO()  # a turned JPEG of the stored size is re-encoded upright, not kept as it is
     sideways.resize((48, 48)).save(square, format="JPEG", exif=exif)
-    assert resize.decode_keeping_source(square.getvalue(), 48)[1] is False
+    assert resize.decode_keeping_source(square.getvalue(), 48, exif=True)[1] is False
     plain = io.BytesIO()
     sideways.resize((48, 48)).save(plain, format="JPEG")
     assert resize.decode_keeping_source(plain.getvalue(), 48)[1] is True
@@ -416,3 +418,35 @@ def test_a_16_bit_greyscale_scan_is_stored_as_its_8_bit_picture(tmp_path, mode):
         resize.to_stored(Image.fromarray(grey.astype(np.int32)), (16, 16, 1))[..., 0],
         resize.to_stored(Image.fromarray(grey, "L"), (16, 16, 1))[..., 0],
     )
+
+
+def test_a_photo_folder_is_prepared_upright_and_a_benchmark_as_stored(tmp_path):
+    """``image_folder`` (users' photos) prepares a phone's EXIF-tagged portrait upright; the benchmark
+    builders' decoding (``decode_blocks`` default) keeps torchvision's reading of the same bytes."""
+    rng = np.random.default_rng(5)
+    for split in ("train", "test"):
+        for name in ("a", "b"):
+            os.makedirs(tmp_path / "photos" / split / name)
+            for i in range(2):
+                Image.fromarray(rng.integers(0, 256, (24, 40, 3), np.uint8)).save(
+                    tmp_path / "photos" / split / name / f"{i}.png"
+                )
+    upright = Image.fromarray(np.repeat(np.repeat(rng.integers(0, 256, (4, 6, 3), np.uint8), 8, 0), 8, 1))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # EXIF Orientation: turn 90 degrees clockwise to view
+    buf = io.BytesIO()
+    upright.transpose(Image.Transpose.ROTATE_90).save(buf, format="JPEG", quality=95, exif=exif)
+    (tmp_path / "photos" / "train" / "a" / "phone.jpg").write_bytes(buf.getvalue())
+    options = {"stored_size": 16, "test_fraction": 0.2, "test_seed": 0}
+    ds = sources.load_dataset(
+        "image_folder", data_dir=str(tmp_path / "tfds"), manual_dir=str(tmp_path / "photos"), options=options
+    )
+    stored = ds.train.read(np.arange(len(ds.train.labels))).astype(np.int64)
+    want, sideways = (
+        resize.to_square_uint8(im, 16).astype(np.int64)
+        for im in (upright, upright.transpose(Image.Transpose.ROTATE_90))
+    )
+    phone = stored[np.argmin(np.abs(stored - want).mean(axis=(1, 2, 3)))]
+    assert np.abs(phone - want).mean() < 6 < 20 < np.abs(phone - sideways).mean()  # a JPEG copy, upright
+    (benchmark,) = [image for _, image, _, _ in resize.decode_blocks(["p"], lambda block: [buf.getvalue()], 16, [])]
+    assert np.abs(benchmark.astype(np.int64) - sideways).mean() < 6

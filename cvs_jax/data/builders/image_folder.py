@@ -128,7 +128,9 @@ class ImageFolder(LocalBuilder, skip_registration=True):
                     out.append(f.read())
             return out
 
-        items = resize.decode_blocks(entries, read_block, self.STORED_SIZE, skipped, describe=lambda e: e.path)
+        items = resize.decode_blocks(
+            entries, read_block, self.STORED_SIZE, skipped, describe=lambda e: e.path, exif=True
+        )  # photos upright, as viewers show them (phones store portraits sideways with an EXIF tag)
         tiny = metadata_of(self.info).setdefault("tiny", [])
         for i, (entry, image, data, passthrough) in enumerate(items):
             if _smaller_than(data, MIN_SIDE):
