@@ -45,6 +45,7 @@ WEIGHTS = "weights.safetensors"
 FILES = (FUNCTION, WEIGHTS)
 PLATFORMS = ("cpu", "cuda")  # lowered for both: jax.export cross-lowers without the devices
 RESIZE = (
+    "turn the picture upright by its EXIF orientation, bring 16-bit greyscale to 8 bits (v / 257), "
     "resize the shorter side to the stored size (PIL bilinear), centre crop to the stored height x width, "
     "convert to 'L' (1 channel) or 'RGB' (3 channels); an image already of the stored shape is used as it is"
 )
