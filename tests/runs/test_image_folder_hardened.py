@@ -233,6 +233,11 @@ def test_flag_mistakes_are_one_error_line(capsys):
     assert "workdirr" in _parse(update.define_flags, ["update", "--workdirr=/w", "--data=/d"], capsys)
     assert "--data" in _parse(update.define_flags, ["update", "--workdir=/w"], capsys)
     assert "--k=abc" in _parse(search.define_flags, ["search", "--workdir=/w", "--k=abc"], capsys)
+    batch = _parse(update.define_flags, ["update", "--workdir=/w", "--config.train.batch_size=8"], capsys)
+    assert "takes only --config.data.on_corrupt, --config.train.epochs, --config.train.lr" in batch, batch
+    assert "did you mean" not in batch.lower()  # absl offered train.epochs for train.batch_size
+    typo = _parse(update.define_flags, ["update", "--workdir=/w", "--config.train.epochz=3"], capsys)
+    assert "--config.train.epochz: did you mean --config.train.epochs? this command takes only" in typo, typo
     cfg = [
         "main",
         "--config",
