@@ -59,7 +59,9 @@ class _Refused(Exception):
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+    # a 401 says which scheme it wants (RFC 7235: a client may then retry with its token)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def _bool(value: str | None) -> bool:

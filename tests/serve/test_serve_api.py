@@ -205,6 +205,7 @@ def test_each_bad_request_gets_one_4xx_line_and_the_next_query_is_answered(photo
     fresh = new_photo(tmp_path / "fresh.png", seed=77)
     assert _post(client, [fresh], "/add", headers=auth, label="ant").status_code == 200  # the token admits
     lower = {"authorization": "bearer s3cret"}  # the scheme in any case (RFC 7235): it was refused
+    assert _post(client, [fresh], "/add").headers.get("www-authenticate") == "Bearer"  # a 401 names its scheme
     assert (
         _post(client, [new_photo(tmp_path / "f2.png", seed=78)], "/add", headers=lower, label="ant").status_code == 200
     )
