@@ -105,6 +105,7 @@ def test_pillows_pixel_limit_is_413(photo_runs, shared, tmp_path, monkeypatch):
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3000)
     r = client.post("/search", files=_files([str(big)]))
     assert r.status_code == 413, r.text
+    assert "(--max_pixels)" in r.json()["error"]  # the command sets both to one limit: Pillow's refusal came first
 
 
 def test_write_routes_refuse_cross_origin_and_the_host_list(photo_runs, run_copy, tmp_path):
