@@ -151,7 +151,9 @@ def describe(rows: list[tuple[str, str]]) -> str:
 def make_folder(workdir: str, session: int, first: int, end: int, rows: list[tuple[str, str]]) -> str:
     """Lays the rows out as class folders (hard links, else copies) and writes ``rows.json``; returns it.
     Files of one class that share a name (``IMG_0001.JPG`` from two cameras) are kept as ``IMG_0001-2.JPG``
-    and so on, in the order added (they refused the session, for good).  On any failure the folders it
+    and so on, in the order added (they refused the session, for good); a name that is not UTF-8 (a
+    latin-1 ``café.jpg`` added with ``search --add``) is kept with U+FFFD for its odd bytes, as the folder's
+    inventory takes UTF-8 names only.  On any failure the folders it
     made are removed."""
     folder = folder_of(workdir, session)
     if os.path.exists(folder):
@@ -160,7 +162,8 @@ def make_folder(workdir: str, session: int, first: int, end: int, rows: list[tup
     try:
         for name, source in rows:
             path = source if os.path.isabs(source) else os.path.join(workdir, source)
-            target = _free_name(os.path.join(folder, name, os.path.basename(path)))
+            base = os.fsencode(os.path.basename(path)).decode("utf-8", "replace")  # a latin-1 name, as UTF-8
+            target = _free_name(os.path.join(folder, name, base))
             os.makedirs(os.path.dirname(target), exist_ok=True)
             try:
                 os.link(path, target)
