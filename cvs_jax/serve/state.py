@@ -533,7 +533,9 @@ class Served:
             self._stores = (run.session, run_reader.store_digests(run.config))
         return self._stores[1]
 
-    def add(self, uploads: list[uploads_lib.Upload], label: str | None, force: bool, wait_s: float = 30.0) -> dict:
+    def add(
+        self, uploads: list[uploads_lib.Upload], label: str | None, force: bool, wait_s: float | None = None
+    ) -> dict:
         """Embeds the uploads with the served model and appends them as ``search --add`` does (same
         duplicate-bytes rule, same row layout); returns when the rows are on disk and searchable."""
         run = self.run
