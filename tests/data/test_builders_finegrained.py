@@ -446,6 +446,7 @@ def test_a_photo_folder_is_prepared_upright_and_a_benchmark_as_stored(tmp_path):
         resize.to_square_uint8(im, 16).astype(np.int64)
         for im in (upright, upright.transpose(Image.Transpose.ROTATE_90))
     )
+    assert records.read_info(ds.train.store.directory)["metadata"]["exif_upright"] is True  # the feature cache's key
     phone = stored[np.argmin(np.abs(stored - want).mean(axis=(1, 2, 3)))]
     assert np.abs(phone - want).mean() < 6 < 20 < np.abs(phone - sideways).mean()  # a JPEG copy, upright
     (benchmark,) = [image for _, image, _, _ in resize.decode_blocks(["p"], lambda block: [buf.getvalue()], 16, [])]
