@@ -10,12 +10,14 @@ Every ``python -m cvs_jax.<command>`` module has the same three pieces:
   call and returns the exit status; ``if __name__ == "__main__": cli.run(main, define_flags)``.
 
 A problem the user must fix (``errors.UserError``) is one ``error: <message>`` line on stderr and
-exit status 2 (``command``); so are absl's own flag errors (an unknown flag, a missing required flag,
-a bad value: ``run``).  Every other exception keeps its traceback.
+exit status 2 (``command``); so are a write the file system refuses (a read-only or full disk:
+``errors.not_writable``) and absl's own flag errors (an unknown flag, a missing required flag, a bad
+value: ``run``).  Every other exception keeps its traceback.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import logging as std_logging
 import os
@@ -24,7 +26,7 @@ from typing import Callable
 
 from absl import app, flags, logging
 
-from cvs_jax.errors import UserError
+from cvs_jax.errors import UserError, not_writable
 
 
 class _HelpFlag(app.HelpFlag):
@@ -88,10 +90,11 @@ INTERRUPTED = "interrupted (Ctrl-C): what the last checkpoint holds is kept; rer
 
 
 def command(main: Callable[[list[str], flags.FlagValues], int]) -> Callable[..., int]:
-    """The one error boundary of an entry point's ``main``: a ``UserError`` becomes one ``error:`` line and
-    exit status 2 (also when a test calls ``main`` in-process); Ctrl-C (SIGINT) one ``interrupted`` line
-    and status 130, as a shell reports it (the ``finally`` blocks have closed the run by then); anything
-    else is a bug and keeps its traceback."""
+    """The one error boundary of an entry point's ``main``: a ``UserError``, or a write the file system refused
+    (``errors.not_writable``: read-only, permission, no space), becomes one ``error:`` line and exit status 2
+    (also when a test calls ``main`` in-process); Ctrl-C (SIGINT) one ``interrupted`` line and status 130, as a
+    shell reports it (the ``finally`` blocks have closed the run by then); anything else is a bug and keeps
+    its traceback."""
 
     @functools.wraps(main)
     def wrapped(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
@@ -99,6 +102,11 @@ def command(main: Callable[[list[str], flags.FlagValues], int]) -> Callable[...,
             return main(argv, flag_values)
         except UserError as e:
             return report(e)
+        except OSError as e:  # the file system refused a write (read-only, no space): the user's to fix
+            refusal = not_writable(e)
+            if refusal is None:
+                raise
+            return report(refusal)
         except KeyboardInterrupt:
             print(INTERRUPTED, file=sys.stderr)
             return INTERRUPTED_STATUS
@@ -140,15 +148,16 @@ def _parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) -
     """absl's flag parsing, except that a ``UserError`` raised while loading the config (e.g. an unknown
     ``:variant``), absl's flag errors and an unknown ``--config.<field>`` are reported like any other
     problem to fix: one ``error:`` line, exit status 2."""
+    fv = flags.FLAGS if flag_values is None else flag_values
     try:
-        return (flags.FLAGS if flag_values is None else flag_values)(argv)
+        return fv(argv)
     except UserError as e:
         sys.exit(report(e))
     except flags.Error as e:
         cause = e.__cause__ or e.__context__
         while cause is not None and not isinstance(cause, UserError):
             cause = cause.__cause__ or cause.__context__
-        sys.exit(report(cause if cause is not None else flag_error(e)))
+        sys.exit(report(cause if cause is not None else flag_error(e, fv)))
     except (AttributeError, KeyError) as e:  # ml_collections: a --config.<field> that the config lacks
         overrides = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
         if not overrides:
@@ -158,9 +167,21 @@ def _parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) -
         sys.exit(report(UserError(f"unknown config field among {', '.join(overrides)}: {text} (see --helpfull)")))
 
 
-def flag_error(error: Exception) -> UserError:
-    """absl's flag errors (unknown flag, missing required flag, bad value) as one line to fix."""
+def flag_error(error: Exception, flag_values: flags.FlagValues | None = None) -> UserError:
+    """absl's flag errors (unknown flag, missing required flag, bad value) as one line to fix.  A
+    ``--config.<field>`` unknown to a command that takes only some fields (``update``: the rest is the run's)
+    names those it takes: absl's own "Did you mean" named one of them as if it were the field meant."""
     text = " ".join(str(error).split())
+    name = getattr(error, "flagname", None)
+    if isinstance(error, flags.UnrecognizedFlagError) and name and name.startswith("config.") and flag_values:
+        taken = sorted(n for n in flag_values if n.startswith("config."))
+        if taken and "config" not in flag_values:
+            close = difflib.get_close_matches(name, taken, n=1, cutoff=0.85)  # a typo of one it takes
+            return UserError(
+                f"--{name}: {f'did you mean --{close[0]}? ' if close else ''}this command takes only "
+                f"{', '.join('--' + n for n in taken)} of the config (the rest is the run's, fixed when it "
+                f"started) (see --help)"
+            )
     return UserError(f"{text} (see --help)")
 
 

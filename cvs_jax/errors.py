@@ -1,12 +1,14 @@
 """The one error boundary: problems a user must fix, as opposed to bugs.
 
 Every entry point (``main``, ``compare``, ``search``, ``summarize``, ``update``) catches
-``UserError`` only: it prints one ``error: ...`` line (what is wrong and how to fix it)
-and exits with status 2.  Any other exception is a bug or an environment failure and
-keeps its traceback.
+``UserError`` (and a write the file system refuses, ``not_writable``) only: it prints one
+``error: ...`` line (what is wrong and how to fix it) and exits with status 2.  Any other
+exception is a bug or an environment failure and keeps its traceback.
 """
 
 from __future__ import annotations
+
+import errno
 
 
 class UserError(Exception):
@@ -71,3 +73,36 @@ class UnreadableCheckpointError(CheckpointError):
 
 class WorkdirBusyError(UserError):
     """Another live process is writing the workdir."""
+
+
+class NotWritableError(UserError):
+    """The file system refuses a write a command must make (read-only, no permission, no space left): the
+    user's to fix, not a bug.  ``cause`` says why without the path: the server answers it 503 naming no
+    folder (it is its operator's to fix)."""
+
+    def __init__(self, message: str, cause: str):
+        super().__init__(message)
+        self.cause = cause
+
+
+_DENIED = ("use", "permission denied", "give this user access to it, or pass another path")  # a read or a write
+_WRITE_REFUSALS = {  # errno -> (verb, cause, fix)
+    errno.EROFS: ("write", "a read-only file system", "pass a folder on a writable one, or mount it read-write"),
+    errno.EACCES: _DENIED,
+    errno.EPERM: _DENIED,
+    errno.ENOSPC: ("write", "no space left on its disk", "free some, or pass a folder on another disk, then rerun"),
+    errno.EDQUOT: ("write", "this user's disk quota used up", "free some space, then rerun"),
+    errno.ENOTDIR: ("use", "a file in its path where a folder should be", "pass another path"),
+}
+
+
+def not_writable(error: OSError, path: str | None = None) -> NotWritableError | None:
+    """``error`` as one line naming the path, the cause and its fix when it is one of the file system's
+    refusals a user fixes (``_WRITE_REFUSALS``: read-only, permission, no space, a file in the path); None
+    for any other ``OSError`` (an I/O error, a bug), which keeps its traceback."""
+    refusal = _WRITE_REFUSALS.get(error.errno) if isinstance(error.errno, int) else None
+    if refusal is None:
+        return None
+    verb, cause, fix = refusal
+    where = error.filename if error.filename is not None else path
+    return NotWritableError(f"cannot {verb} {where if where is not None else 'a file'} ({cause}); {fix}.", cause)

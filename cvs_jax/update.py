@@ -218,6 +218,7 @@ def plan_update(workdir: str, data: str, overrides: dict | None = None) -> ml_co
             f"{len(dup)} image(s) of {data} are already in the run (same bytes), e.g. {dup[0][0]} = {dup[0][1]}; "
             f"remove them from the new folder so that no gallery row is duplicated."
         )
+    _check_class_names(workdir, data, new.class_names)
     _warn_few_photos(workdir, data, new)
     config.data.updates = updates + [data]
     for field, value in recipe.items():  # the new session's entry (index: the sessions completed)
@@ -227,6 +228,23 @@ def plan_update(workdir: str, data: str, overrides: dict | None = None) -> ml_co
         values[done] = value
         config.train[key] = values
     return config
+
+
+def _check_class_names(workdir: str, data: str, names: list[str]) -> None:
+    """Refuses a new class folder whose name differs from a known class's only in case or spaces (``Lemon/``
+    for the run's ``lemon``), as ``search --add`` and ``/add`` refuse such a label: it became a second
+    class, and a query of one counted the other's hits as wrong."""
+    with open(paths.protocol_file(workdir)) as f:
+        known = list(json.load(f)["class_names"])
+    folded = {n.strip().casefold(): n for n in known}
+    for name in names:
+        twin = folded.get(name.strip().casefold())
+        if name not in known and twin is not None:
+            raise DataError(
+                f"class folder {name!r} of {data} is not a class of the run, but {twin!r} is (names are matched "
+                f"exactly); rename the folder to {twin!r}, or give another class a name that differs in more "
+                f"than case or spaces."
+            )
 
 
 def _warn_few_photos(workdir: str, data: str, new) -> None:
@@ -309,9 +327,14 @@ def from_added_folder(workdir: str) -> tuple[str, bool, str]:
         and done < _sessions_before(config) + len(updates)
     ):
         return updates[-1], False, "the images of the session being resumed"
-    first, end, rows = added_session.pending(workdir, updates, config.model.embed_dim)
+    first, end, rows, left_out = added_session.pending(workdir, updates, config.model.embed_dim)
     what = added_session.describe(rows)
     print(f"the next session from {what} added since the last session")
+    if left_out:
+        print(
+            f"note: {len(left_out)} labelled added row(s) left out of it: their bytes are in the run already "
+            f"(added with force), e.g. {left_out[0][0]} = {left_out[0][1]}; they stay searchable as added rows."
+        )
     return added_session.make_folder(workdir, done + 1, first, end, rows), True, what
 
 

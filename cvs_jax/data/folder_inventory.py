@@ -198,9 +198,12 @@ class _Walker:
 
     def listdir(self, folder: str) -> list[str]:
         try:
-            return sorted(os.listdir(folder))
+            names = sorted(os.listdir(folder))
         except OSError as e:
             raise DataError(f"cannot list {folder!r} ({e.strerror}); check that it exists and is readable.") from e
+        for name in names:
+            _check_utf8(os.path.join(folder, name))
+        return names
 
     def files(self, folder: str, rel: str, stack: frozenset[str] = frozenset()) -> list[tuple[str, int]]:
         """``(rel, size)`` of every image below ``folder`` (``rel`` = its path relative to the root)."""
@@ -494,6 +497,19 @@ def _scan_manifest(csv_path: str, frac: Fraction, seed: int) -> Inventory:
 
 
 # ---------------------------------------------------------------- entry point
+def _check_utf8(path: str) -> None:
+    """Refuses a path whose name is not UTF-8 (a latin-1 ``café.jpg`` from an old camera card or zip):
+    the store's source list and the fingerprint are UTF-8, and such a name was a UnicodeEncodeError
+    traceback after the listing."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DataError(
+            f"{os.fsencode(path)!r} has a name that is not UTF-8; rename it to UTF-8 (every name below a folder: "
+            f"convmv -f latin1 -t utf8 -r --notest FOLDER), or move it out of the folder."
+        ) from None
+
+
 def scan(source: str, *, test_fraction: float = 0.2, seed: int = 0) -> Inventory:
     """Inventory of the labelled images at ``source`` (layouts and rules: module docstring).
 
@@ -507,6 +523,7 @@ def scan(source: str, *, test_fraction: float = 0.2, seed: int = 0) -> Inventory
     """
     frac = _check_fraction(test_fraction)
     source = os.path.abspath(os.path.expanduser(os.fspath(source)))
+    _check_utf8(source)
     if os.path.isfile(source):
         if not source.lower().endswith(".csv"):
             raise DataError(

@@ -23,6 +23,7 @@ import collections
 import json
 import os
 import shutil
+from typing import NamedTuple
 
 from cvs_jax.config import stored
 from cvs_jax.data import folder_inventory
@@ -66,9 +67,20 @@ def labelled_pending(workdir: str, updates: list[str], embed_dim: int) -> int:
     return int((added.gallery.labels[used_rows(workdir, updates) :] >= 0).sum()) if len(added) else 0
 
 
-def pending(workdir: str, updates: list[str], embed_dim: int) -> tuple[int, int, list[tuple[str, str]]]:
-    """``(first, end, [(class name, stored file)])``: the added rows ``first..end-1`` not yet used, and the
-    labelled ones among them.  Refuses (``DataError``) when none is labelled or a class has one image."""
+class Pending(NamedTuple):
+    """The added rows ``first..end-1`` not yet used; ``rows``: the labelled ones the session learns from,
+    ``(class name, stored file)``; ``left_out``: ``(stored file, where its bytes already are)`` of the
+    labelled ones it does not (``leave_out``)."""
+
+    first: int
+    end: int
+    rows: list[tuple[str, str]]
+    left_out: list[tuple[str, str]]
+
+
+def pending(workdir: str, updates: list[str], embed_dim: int) -> Pending:
+    """The added rows not yet used and the labelled ones among them.  Refuses (``DataError``) when none is
+    labelled (or left once ``leave_out`` has taken out images the run holds) or a class has one image."""
     added = additions.read(workdir, embed_dim)
     first, end = used_rows(workdir, updates), len(added)
     if end <= first:
@@ -79,20 +91,52 @@ def pending(workdir: str, updates: list[str], embed_dim: int) -> tuple[int, int,
     added = additions.resolve(added, _class_names(workdir))  # labels by name: new names are new classes
     names = additions.class_list(added, _class_names(workdir))
     labels = added.gallery.labels[first:end]
-    rows = [(names[int(label)], added.sources[first + i]) for i, label in enumerate(labels) if label >= 0]
-    if not rows:
+    labelled = [first + i for i, label in enumerate(labels) if label >= 0]
+    if not labelled:
         raise DataError(
             f"the {end - first} image(s) added since the last session have no label, so no session can learn "
             f"from them; add images with a label (POST /add?label=NAME)."
+        )
+    kept, left_out = leave_out(workdir, added, labelled)
+    rows = [(names[int(added.gallery.labels[r])], added.sources[r]) for r in kept]
+    if not rows:
+        raise DataError(
+            f"the {len(labelled)} labelled image(s) added since the last session are all in the run already "
+            f"(added with force; e.g. {left_out[0][0]} = {left_out[0][1]}): no session can learn from them; "
+            f"add new labelled images."
         )
     counts = collections.Counter(name for name, _ in rows)
     single = sorted(name for name, n in counts.items() if n < MIN_PER_CLASS)
     if single:
         raise DataError(
-            f"class {single[0]!r} has 1 image among those added since the last session ({_counts(counts)}); a "
-            f"class needs at least {MIN_PER_CLASS}: add another image of it, or wait for more."
+            f"class {single[0]!r} has 1 image among those added since the last session ({_counts(counts)}"
+            + (f"; {len(left_out)} left out, their bytes in the run already" if left_out else "")
+            + f"); a class needs at least {MIN_PER_CLASS}: add another image of it, or wait for more."
         )
-    return first, end, rows
+    return Pending(first, end, rows, left_out)
+
+
+def leave_out(workdir: str, added: additions.Added, labelled: list[int]) -> tuple[list[int], list[tuple[str, str]]]:
+    """``(rows kept, [(stored file, where its bytes already are)])``: a row added with force whose bytes a
+    session of the run already holds (a test query, an image learnt before), or an earlier row of this
+    session under the same class holds, is left out.  ``update`` refuses a folder holding an image the run
+    holds, and an added row cannot be taken out: such a row blocked every later session.  It stays an added
+    row, searchable as before."""
+    from cvs_jax.retrieval import run_reader  # pylint: disable=g-import-not-at-top  # the training stack
+
+    stored = run_reader.store_digests(run_config(workdir), only={added.digests[r] for r in labelled})
+    seen: dict[tuple[int, str], str] = {}
+    kept, out = [], []
+    for r in labelled:
+        digest, source = added.digests[r], added.sources[r]
+        where = (stored.get(digest) or seen.get((int(added.gallery.labels[r]), digest))) if digest else None
+        if where is not None:
+            out.append((source, where))
+            continue
+        if digest:
+            seen[(int(added.gallery.labels[r]), digest)] = source
+        kept.append(r)
+    return kept, out
 
 
 def _counts(counts: collections.Counter) -> str:
@@ -105,23 +149,41 @@ def describe(rows: list[tuple[str, str]]) -> str:
 
 
 def make_folder(workdir: str, session: int, first: int, end: int, rows: list[tuple[str, str]]) -> str:
-    """Lays the rows out as class folders (hard links, else copies) and writes ``rows.json``; returns it."""
+    """Lays the rows out as class folders (hard links, else copies) and writes ``rows.json``; returns it.
+    Files of one class that share a name (``IMG_0001.JPG`` from two cameras) are kept as ``IMG_0001-2.JPG``
+    and so on, in the order added (they refused the session, for good); a name that is not UTF-8 (a
+    latin-1 ``café.jpg`` added with ``search --add``) is kept with U+FFFD for its odd bytes, as the folder's
+    inventory takes UTF-8 names only.  On any failure the folders it
+    made are removed."""
     folder = folder_of(workdir, session)
     if os.path.exists(folder):
         shutil.rmtree(folder)  # left by a request refused or killed before its session was recorded
-    for name, source in rows:
-        path = source if os.path.isabs(source) else os.path.join(workdir, source)
-        target = os.path.join(folder, name, os.path.basename(path))
-        if os.path.exists(target):
-            raise ConfigError(f"two added rows share the file name {os.path.basename(path)} in class {name!r}.")
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        try:
-            os.link(path, target)
-        except OSError:
-            shutil.copyfile(path, target)
-    with open(os.path.join(folder, ROWS_FILE), "w") as f:
-        json.dump({"first": first, "end": end}, f)
+    made = folder if os.path.isdir(os.path.dirname(folder)) else os.path.dirname(folder)
+    try:
+        for name, source in rows:
+            path = source if os.path.isabs(source) else os.path.join(workdir, source)
+            base = os.fsencode(os.path.basename(path)).decode("utf-8", "replace")  # a latin-1 name, as UTF-8
+            target = _free_name(os.path.join(folder, name, base))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            try:
+                os.link(path, target)
+            except OSError:
+                shutil.copyfile(path, target)
+        with open(os.path.join(folder, ROWS_FILE), "w") as f:
+            json.dump({"first": first, "end": end}, f)
+    except BaseException:
+        shutil.rmtree(made, ignore_errors=True)
+        raise
     return folder
+
+
+def _free_name(target: str) -> str:
+    """``target``, or ``<stem>-<n><ext>`` with the smallest n >= 2 that no file has."""
+    stem, ext = os.path.splitext(target)
+    n = 2
+    while os.path.exists(target):
+        target, n = f"{stem}-{n}{ext}", n + 1
+    return target
 
 
 def run_config(workdir: str):

@@ -164,9 +164,13 @@ def file_digest(path: str) -> str:
     return h.hexdigest()
 
 
-def store_digests(config: ml_collections.ConfigDict) -> dict[str, str]:
-    """SHA-256 (hex) -> source of every image of the run's record stores (none for standard TFDS data)."""
+def store_digests(config: ml_collections.ConfigDict, only: set[str] | None = None) -> dict[str, str]:
+    """SHA-256 (hex) -> source of every image of the run's record stores (none for standard TFDS data);
+    ``only``: of those digests alone (the few images a session from adds checks, without a dict of every
+    stored image)."""
     from cvs_jax.data import records, sources  # tensorflow_datasets: imported only for --add
+
+    wanted = None if only is None else np.array([bytes.fromhex(d) for d in only if d], dtype="V32")
 
     stores = sources.store_dirs(config.data)
     if stores is None:
@@ -180,7 +184,16 @@ def store_digests(config: ml_collections.ConfigDict) -> dict[str, str]:
             if not os.path.exists(os.path.join(store, f"{split}.sha256.npy")):
                 continue
             rows = records.StoreSplit(store, split, info)
-            for digest, name in zip(rows.digests(), sources.shown_sources(store, rows.sources(), folder)):
+            digests = rows.digests()
+            if wanted is not None:
+                hits = np.flatnonzero(np.isin(np.ascontiguousarray(digests).view("V32").ravel(), wanted))
+                if not len(hits):
+                    continue
+                names = sources.shown_sources(store, rows.sources(), folder)
+                for i in hits:
+                    out.setdefault(digests[i].tobytes().hex(), names[i])
+                continue
+            for digest, name in zip(digests, sources.shown_sources(store, rows.sources(), folder)):
                 out.setdefault(digest.tobytes().hex(), name)
     return out
 

@@ -45,6 +45,7 @@ WEIGHTS = "weights.safetensors"
 FILES = (FUNCTION, WEIGHTS)
 PLATFORMS = ("cpu", "cuda")  # lowered for both: jax.export cross-lowers without the devices
 RESIZE = (
+    "turn the picture upright by its EXIF orientation, bring 16-bit greyscale to 8 bits (v / 257), "
     "resize the shorter side to the stored size (PIL bilinear), centre crop to the stored height x width, "
     "convert to 'L' (1 channel) or 'RGB' (3 channels); an image already of the stored shape is used as it is"
 )
@@ -109,5 +110,6 @@ def write(config, variables: dict, image_shape, session: int, out: str) -> dict:
         "preprocessing": json.dumps(prep),
         "function": FUNCTION,
     }
-    safetensors.numpy.save_file(weights, os.path.join(out, WEIGHTS), metadata=meta)
+    with open(os.path.join(out, WEIGHTS), "wb") as f:  # save_file made it 0600: unreadable by the service
+        f.write(safetensors.numpy.save(weights, metadata=meta))  # account the folder is copied to; open obeys umask
     return {"files": list(FILES), "platforms": list(PLATFORMS), **prep}

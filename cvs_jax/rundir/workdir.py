@@ -33,7 +33,7 @@ from typing import Callable, Iterator
 import jax
 import numpy as np
 
-from cvs_jax.errors import ConfigError, UserError, WorkdirBusyError
+from cvs_jax.errors import ConfigError, UserError, WorkdirBusyError, not_writable
 from cvs_jax.rundir import paths
 
 LOCK_NAME = paths.LOCK
@@ -80,13 +80,18 @@ def _holder() -> dict:
     }
 
 
-def _busy(workdir: str, fd: int) -> WorkdirBusyError:
+def _busy(workdir: str, fd: int, name: str = LOCK_NAME) -> WorkdirBusyError:
     try:
         os.lseek(fd, 0, os.SEEK_SET)
         holder = json.loads(os.read(fd, 1 << 16).decode() or "{}")
     except (OSError, ValueError):
         holder = {}
     host, pid = holder.get("host", "an unknown host"), holder.get("pid", "?")
+    if name == paths.ADDITIONS_LOCK:  # no command line (it names folders: the server answers this) and no resume
+        return WorkdirBusyError(
+            f"another add (pid {pid} on {host}) has been writing the added rows of {workdir} for longer than this "
+            f"add waits; nothing was added: rerun this add when it is done."
+        )
     return WorkdirBusyError(
         f"{workdir} is in use by pid {pid} on {host} (started {holder.get('started', '?')}: "
         f"{holder.get('command', '?')}); wait for it to finish, or stop it (kill {pid} on {host}) and rerun "
@@ -107,6 +112,11 @@ def _make_folder(workdir: str) -> None:
         raise UserError(
             f"--workdir {workdir} cannot be created: permission denied; pass a folder you can write."
         ) from None
+    except OSError as e:  # a read-only file system, no space left
+        refusal = not_writable(e, workdir)
+        if refusal is None:
+            raise
+        raise refusal from None
 
 
 def _missing_folders(workdir: str) -> list[str]:
@@ -168,7 +178,13 @@ def _lock(workdir: str, name: str = LOCK_NAME, wait_s: float = 0.0) -> int:
     """Takes ``<workdir>/<name>`` (waiting at most ``wait_s``); returns its descriptor, or raises
     ``WorkdirBusyError``."""
     _make_folder(os.path.dirname(os.path.join(workdir, name)))
-    fd = os.open(os.path.join(workdir, name), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(os.path.join(workdir, name), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:  # a read-only workdir: one line before anything else is tried (was a traceback)
+        refusal = not_writable(e)
+        if refusal is None:
+            raise
+        raise refusal from None
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -179,7 +195,7 @@ def _lock(workdir: str, name: str = LOCK_NAME, wait_s: float = 0.0) -> int:
             if busy and time.monotonic() < deadline:
                 time.sleep(0.05)
                 continue
-            error = _busy(workdir, fd) if busy else None
+            error = _busy(workdir, fd, name) if busy else None
             os.close(fd)
             if error is not None:
                 raise error from None
@@ -264,11 +280,15 @@ def held(workdir: str, then: Callable[[], None]) -> Iterator[None]:
         yield
 
 
+ADD_WAIT_S = 30.0  # how long an add waits for another adder (an add takes about a second)
+
+
 @contextlib.contextmanager
-def hold_additions(workdir: str, wait_s: float = 0.0) -> Iterator[None]:
-    """The additions' lock (``paths.ADDITIONS_LOCK``), waiting at most ``wait_s`` for another adder:
-    not the run's lock, which a training ``update`` holds for hours."""
-    fd = _lock(workdir, paths.ADDITIONS_LOCK, wait_s)
+def hold_additions(workdir: str, wait_s: float | None = None) -> Iterator[None]:
+    """The additions' lock (``paths.ADDITIONS_LOCK``), waiting at most ``wait_s`` (``ADD_WAIT_S``) for
+    another adder: not the run's lock, which a training ``update`` holds for hours.  ``search --add``
+    refused at once when another add ran: parallel adds (``xargs -P4``) lost all but one."""
+    fd = _lock(workdir, paths.ADDITIONS_LOCK, ADD_WAIT_S if wait_s is None else wait_s)
     try:
         yield
     finally:

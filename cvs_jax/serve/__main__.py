@@ -15,6 +15,7 @@ A problem to fix ends with one ``error: ...`` line and exit status 2.
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import logging
@@ -142,17 +143,37 @@ def allowed_hosts(host: str, given: list[str] | None) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(guard.LOOPBACK_HOSTS + extra))
 
 
+def check_limits(fv) -> None:
+    """Refuses a count below 1, or a size or time that is not positive (``--poll_s 0`` spun a core listing
+    the workdir; ``--max_upload_mb 0`` refused every request), before the run is loaded."""
+    for name in ("max_images", "max_pixels", "max_batch"):
+        if fv[name].value < 1:
+            raise UserError(f"--{name}={fv[name].value}: pass a positive number.")
+    for name in ("max_upload_mb", "read_timeout_s", "poll_s"):
+        if not fv[name].value > 0:  # also NaN
+            raise UserError(f"--{name}={fv[name].value}: pass a positive number (default {fv[name].default}).")
+    if not fv.max_wait_ms >= 0:
+        raise UserError(f"--max_wait_ms={fv.max_wait_ms}: pass 0 (no batching wait) or more.")
+
+
 def check_port(host: str, port: int) -> None:
-    """Refuses a port already in use before the run is loaded (which takes a while)."""
+    """Refuses a port out of range, in use, or an address this machine lacks, before the run is loaded
+    (which takes a while); the fix named is the one for the cause."""
+    if not 1 <= port <= 65535:
+        raise UserError(f"--port {port} is not a TCP port; pass one of 1 to 65535 (default 8000).")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as e:
-            raise UserError(
-                f"cannot listen on {host}:{port} ({e.strerror}); stop what uses it, or pass another --port."
-            ) from e
+            if e.errno in (errno.EADDRINUSE, errno.EACCES):
+                fix = "stop what uses it, or pass another --port" + (
+                    " (ports below 1024 need root)" if port < 1024 else ""
+                )
+            else:
+                fix = "pass a --host this machine has: 127.0.0.1 (this machine only) or 0.0.0.0 (every address)"
+            raise UserError(f"cannot listen on {host}:{port} ({e.strerror}); {fix}.") from e
 
 
 def default_collection(workdir: str) -> str:
@@ -192,9 +213,7 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     if len(argv) > 1:
         raise UserError(f"unexpected arguments {' '.join(argv[1:])}; pass --workdir (and --host, --port).")
     token = check_token(fv.host, fv.token, fv.token_file)
-    for name, value in (("max_images", fv.max_images), ("max_pixels", fv.max_pixels), ("max_batch", fv.max_batch)):
-        if value < 1:
-            raise UserError(f"--{name}={value}: pass a positive number.")
+    check_limits(fv)
     check_port(fv.host, fv.port)
     import uvicorn  # pylint: disable=g-import-not-at-top  # the serve extra
 

@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 
-from cvs_jax.errors import IndexUnavailableError, UserError, WorkdirBusyError
+from cvs_jax.errors import IndexUnavailableError, NotWritableError, UserError, WorkdirBusyError
 from cvs_jax.reports import search_page
 from cvs_jax.retrieval import run_info
 from cvs_jax.retrieval.run_reader import parse_int
@@ -59,7 +59,9 @@ class _Refused(Exception):
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+    # a 401 says which scheme it wants (RFC 7235: a client may then retry with its token)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def _bool(value: str | None) -> bool:
@@ -120,6 +122,15 @@ class _Observe:
             self.metrics.observe(getattr(route, "path", "other"), status[0], time.perf_counter() - start)
 
 
+def _named_by_folder_name(message: str, workdir: str) -> str:
+    """``message`` with the workdir named by its folder's name only, as ``/info`` names it: the refusals the
+    server shares with the commands (``POST /sessions``' "no image was added to <workdir> ...", its child's
+    lines) named the server's folders."""
+    for path in dict.fromkeys((os.path.abspath(workdir), os.path.realpath(workdir))):
+        message = message.replace(path, os.path.basename(path))
+    return message
+
+
 def _handlers() -> dict:
     """Exception class -> handler: each refusal one 4xx JSON line."""
 
@@ -130,9 +141,16 @@ def _handlers() -> dict:
         return _error(409, str(e))
 
     async def user_error(request, e: UserError):
+        if isinstance(e, NotWritableError):  # the operator's to fix: the log names the path, the answer none
+            log.error("%s: %s", request.url.path, e)
+            return _error(
+                503,
+                f"the server cannot write to its workdir ({e.cause}); its operator must fix that, then retry. "
+                f"Searching works meanwhile.",
+            )
         unavailable = isinstance(e, (WorkdirBusyError, IndexUnavailableError))
         status = 409 if isinstance(e, Duplicate) else 503 if unavailable else 400
-        return _error(status, str(e))
+        return _error(status, _named_by_folder_name(str(e), _ctx(request).served.workdir))
 
     async def http_error(request, e: HTTPException):
         return _error(e.status_code, str(e.detail))
@@ -265,7 +283,12 @@ async def add(request: Request):
     ctx = _ctx(request)
     _check_write(request, ctx)
     got, fields = await read_uploads(request, ctx)
-    out = await run_in_threadpool(ctx.served.add, got, fields.get("label") or None, _bool(fields.get("force")))
+    label = fields.get("label")
+    if label == "":  # label=$UNSET in a script: rows silently unlabelled, never learnt (search --add refuses it)
+        raise _Refused(
+            400, "label= is empty: pass the class name (label=NAME), or leave label out to add unlabelled rows."
+        )
+    out = await run_in_threadpool(ctx.served.add, got, label, _bool(fields.get("force")))
     if ctx.sessions.learn_after is not None and out.get("label", -1) >= 0:
         out["session_started"] = await run_in_threadpool(ctx.sessions.after_add)
     return out

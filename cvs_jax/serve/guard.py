@@ -45,7 +45,8 @@ def write_refusal(headers, token: str | None) -> tuple[int, str] | None:
         if origin_host != headers.get("host", "").lower():
             return 403, f"a request from the web page {origin!r} may not change the gallery; send it from a client."
     if token is not None:
-        given = headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        scheme, _, given = headers.get("authorization", "").strip().partition(" ")
+        # the scheme is case-insensitive (RFC 7235): clients that send "bearer" were refused
+        if not (hmac.compare_digest(given.strip().encode(), token.encode()) and scheme.lower() == "bearer"):
             return 401, "this route needs the server's token: send 'Authorization: Bearer TOKEN'."
     return None

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from cvs_jax.data import chunks
-from cvs_jax.errors import IndexBackendError, SearchError
+from cvs_jax.errors import IndexBackendError, SearchError, not_writable
 from cvs_jax.index import registry as index_registry
 from cvs_jax.retrieval import additions, gate, query_maps, run_reader, topk
 from cvs_jax.retrieval.run_reader import ADDED_BASE
@@ -533,7 +533,9 @@ class Served:
             self._stores = (run.session, run_reader.store_digests(run.config))
         return self._stores[1]
 
-    def add(self, uploads: list[uploads_lib.Upload], label: str | None, force: bool, wait_s: float = 30.0) -> dict:
+    def add(
+        self, uploads: list[uploads_lib.Upload], label: str | None, force: bool, wait_s: float | None = None
+    ) -> dict:
         """Embeds the uploads with the served model and appends them as ``search --add`` does (same
         duplicate-bytes rule, same row layout); returns when the rows are on disk and searchable."""
         run = self.run
@@ -563,6 +565,11 @@ class Served:
                         [u.digest for u in uploads],
                         session,
                     )
+                except OSError as e:  # a full disk: 503, not 500 (no row was acknowledged)
+                    refusal = not_writable(e)
+                    if refusal is None:
+                        raise
+                    raise refusal from None
                 finally:
                     writer.close()
             n, first = len(uploads), len(stored) - len(uploads)

@@ -69,7 +69,11 @@ def decode(name: str, data: bytes, shape: tuple[int, int, int], max_pixels: int)
     except BadUpload:
         raise
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:  # Pillow's own pixel limit
-        raise BadUpload(f"{name}: too many pixels to decode safely ({e}); send a smaller image.", 413) from e
+        raise BadUpload(
+            f"{name}: too many pixels to decode safely ({e}); the server takes at most {max_pixels:,} per image "
+            f"(--max_pixels): send a smaller image.",
+            413,
+        ) from e
     except image_errors() as e:
         why = "not an image file" if isinstance(e, Image.UnidentifiedImageError) else str(e)
         raise BadUpload(f"{name}: not a readable image ({why}); send PNG, JPEG, WebP or BMP files.") from e

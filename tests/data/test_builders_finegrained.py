@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import csv
+import io
 import os
 from unittest import mock
 
@@ -362,3 +363,91 @@ def test_inat_m_selection_ignores_record_order():
     assert to_key(plan.records["test"], val_keys) == to_key(shuffled.records["test"], val_keys[::-1])
     with pytest.raises(DataError, match="only 8 classes"):
         inat_m.select(_split(keys, labels), _split(val_keys, val_labels), names, **{**params, "num_classes": 9})
+
+
+@pytest.mark.parametrize(
+    "orientation, turn, back",  # turn: what a viewer does to the stored pixels; back: how a phone stored them
+    [
+        (6, Image.Transpose.ROTATE_270, Image.Transpose.ROTATE_90),
+        (3, Image.Transpose.ROTATE_180, Image.Transpose.ROTATE_180),
+    ],
+)
+def test_a_photo_is_stored_and_queried_upright_by_its_exif_orientation(orientation, turn, back):
+    """A phone's portrait photo: pixels stored sideways, an EXIF tag saying how to turn them.  Gallery
+    (``decode_keeping_source``), queries and thumbnails (``to_stored``) and uploads (``serve.uploads``)
+    read it as viewers show it; it was stored and queried sideways."""
+    from cvs_jax.serve import uploads
+
+    rng = np.random.default_rng(orientation)
+    upright = Image.fromarray(np.repeat(np.repeat(rng.integers(0, 256, (4, 6, 3), np.uint8), 8, 0), 8, 1))
+    sideways = upright.transpose(back)
+    exif = Image.Exif()
+    exif[0x0112] = orientation  # EXIF Orientation
+    buf = io.BytesIO()
+    sideways.save(buf, format="JPEG", quality=95, exif=exif)
+    data = buf.getvalue()
+    as_stored = Image.fromarray(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))  # sideways, no tag
+    want = resize.to_square_uint8(as_stored.transpose(turn), 16)
+    assert not np.array_equal(want, resize.to_square_uint8(as_stored, 16))
+    np.testing.assert_array_equal(resize.to_stored(Image.open(io.BytesIO(data)), (16, 16, 3)), want)
+    got, passthrough = resize.decode_keeping_source(data, 16, exif=True)  # image_folder: users' photos
+    np.testing.assert_array_equal(got, want)
+    as_torchvision = resize.decode_keeping_source(data, 16)[0]  # the benchmark builders, as the reference reads
+    np.testing.assert_array_equal(as_torchvision, resize.to_square_uint8(as_stored, 16))
+    np.testing.assert_array_equal(uploads.decode("p.jpg", data, (16, 16, 3), 10**6).image, want)
+    square = io.BytesIO()  # a turned JPEG of the stored size is re-encoded upright, not kept as it is
+    sideways.resize((48, 48)).save(square, format="JPEG", exif=exif)
+    assert resize.decode_keeping_source(square.getvalue(), 48, exif=True)[1] is False
+    plain = io.BytesIO()
+    sideways.resize((48, 48)).save(plain, format="JPEG")
+    assert resize.decode_keeping_source(plain.getvalue(), 48)[1] is True
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I"])
+def test_a_16_bit_greyscale_scan_is_stored_as_its_8_bit_picture(tmp_path, mode):
+    """A 16-bit PNG (mode I;16, or I) was converted by Pillow's clip at 255: stored and queried white."""
+    grey = np.random.default_rng(3).integers(0, 256, (20, 30), np.uint8)
+    wide = Image.fromarray(grey.astype(np.uint16) * 257)  # mode I;16
+    path = tmp_path / ("scan.png" if mode == "I;16" else "scan.tif")  # PNG: I;16; TIFF keeps 32-bit I
+    (wide if mode == "I;16" else wide.convert("I")).save(path)
+    with Image.open(path) as img:
+        assert img.mode == mode
+        got = resize.to_stored(img, (16, 16, 3))
+    np.testing.assert_array_equal(got, resize.to_stored(Image.fromarray(grey, "L"), (16, 16, 3)))
+    np.testing.assert_array_equal(
+        resize.to_stored(Image.fromarray(grey.astype(np.int32)), (16, 16, 1))[..., 0],
+        resize.to_stored(Image.fromarray(grey, "L"), (16, 16, 1))[..., 0],
+    )
+
+
+def test_a_photo_folder_is_prepared_upright_and_a_benchmark_as_stored(tmp_path):
+    """``image_folder`` (users' photos) prepares a phone's EXIF-tagged portrait upright; the benchmark
+    builders' decoding (``decode_blocks`` default) keeps torchvision's reading of the same bytes."""
+    rng = np.random.default_rng(5)
+    for split in ("train", "test"):
+        for name in ("a", "b"):
+            os.makedirs(tmp_path / "photos" / split / name)
+            for i in range(2):
+                Image.fromarray(rng.integers(0, 256, (24, 40, 3), np.uint8)).save(
+                    tmp_path / "photos" / split / name / f"{i}.png"
+                )
+    upright = Image.fromarray(np.repeat(np.repeat(rng.integers(0, 256, (4, 6, 3), np.uint8), 8, 0), 8, 1))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # EXIF Orientation: turn 90 degrees clockwise to view
+    buf = io.BytesIO()
+    upright.transpose(Image.Transpose.ROTATE_90).save(buf, format="JPEG", quality=95, exif=exif)
+    (tmp_path / "photos" / "train" / "a" / "phone.jpg").write_bytes(buf.getvalue())
+    options = {"stored_size": 16, "test_fraction": 0.2, "test_seed": 0}
+    ds = sources.load_dataset(
+        "image_folder", data_dir=str(tmp_path / "tfds"), manual_dir=str(tmp_path / "photos"), options=options
+    )
+    stored = ds.train.read(np.arange(len(ds.train.labels))).astype(np.int64)
+    want, sideways = (
+        resize.to_square_uint8(im, 16).astype(np.int64)
+        for im in (upright, upright.transpose(Image.Transpose.ROTATE_90))
+    )
+    assert records.read_info(ds.train.store.directory)["metadata"]["exif_upright"] is True  # the feature cache's key
+    phone = stored[np.argmin(np.abs(stored - want).mean(axis=(1, 2, 3)))]
+    assert np.abs(phone - want).mean() < 6 < 20 < np.abs(phone - sideways).mean()  # a JPEG copy, upright
+    (benchmark,) = [image for _, image, _, _ in resize.decode_blocks(["p"], lambda block: [buf.getvalue()], 16, [])]
+    assert np.abs(benchmark.astype(np.int64) - sideways).mean() < 6

@@ -124,6 +124,27 @@ def test_a_from_added_folders_record_is_not_an_ignored_photo(tmp_path):
     assert "ignored: 1 not an image, 1 not in a class folder" in inv.description()
 
 
+def test_a_name_that_is_not_utf8_is_refused_naming_it_and_an_added_one_is_kept(tmp_path):
+    """A latin-1 ``café.jpg`` (an old camera card, a zip without UTF-8 names) was a UnicodeEncodeError
+    traceback from ``update`` after the listing (the fingerprint and the store's source list are UTF-8);
+    added with ``search --add``, it blocked every session from the adds.  A folder refuses it, naming the
+    bytes and the fix; the folder made from adds keeps it under a UTF-8 name."""
+    from cvs_jax.retrieval import added_session
+
+    for name in ("ant", "bee"):
+        for i in range(2):
+            img(tmp_path / "photos" / name / f"{i}.png")
+    latin = os.fsdecode(os.path.join(os.fsencode(tmp_path), b"photos", b"ant", b"caf\xe9.png"))
+    img(latin)
+    with pytest.raises(DataError, match=r"caf\\xe9.png' has a name that is not UTF-8; rename it to UTF-8"):
+        fi.scan(str(tmp_path / "photos"))
+    rows = [("ant", latin), ("ant", str(tmp_path / "photos" / "ant" / "0.png"))]
+    rows += [("bee", str(tmp_path / "photos" / "bee" / f"{i}.png")) for i in range(2)]
+    folder = added_session.make_folder(str(tmp_path / "run"), 2, 0, len(rows), rows)
+    assert sorted(os.listdir(os.path.join(folder, "ant"))) == ["0.png", "caf\ufffd.png"]
+    assert len(fi.scan(folder, test_fraction=0.0).train) == 4
+
+
 def test_drawn_split_matches_its_definition(tmp_path):
     sizes = {"a": 1, "b": 2, "c": 3, "d": 7, "e": 10, "f": 4}
     root = _tree(tmp_path / "r", sizes)

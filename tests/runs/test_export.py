@@ -202,6 +202,8 @@ def test_stablehlo_runs_without_cvs_jax(exported_run, tmp_path):
     out = str(tmp_path / "hlo")
     assert _cli(["--workdir", wd, "--out", out, "--format", "stablehlo"]) == 0
     assert sorted(os.listdir(out)) == sorted(export.FILES + stablehlo_export.FILES)
+    modes = {name: os.stat(os.path.join(out, name)).st_mode & 0o777 for name in os.listdir(out)}
+    assert len(set(modes.values())) == 1, modes  # the weights were 0600, the rest as the umask allows
     run = run_reader.Run(wd)
     images = data.test.images[:7]
     np.save(tmp_path / "images.npy", images)

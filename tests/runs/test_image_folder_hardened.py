@@ -120,6 +120,17 @@ def test_update_duplicates_compare_content_not_names(trained, run_copy, tmp_path
     assert list(planned.data.updates) == [str(same_name.parent)]
 
 
+def test_a_class_folder_named_as_a_known_class_in_another_case_is_refused(run_copy, tmp_path, capsys):
+    """``Ant/`` beside the run's ``ant`` became a second class (a query of one counted the other's hits as
+    wrong); ``search --add --label Ant`` and ``/add?label=Ant`` refuse that name, and so does ``update``."""
+    before = checksums(run_copy)
+    folder = class_folders(tmp_path / "cased", {"Ant": 12, "gnu": 12}, seed=8)
+    assert update.update(run_copy, folder) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "class folder 'Ant' of" in err[0] and "rename the folder to 'ant'" in err[0], err
+    assert checksums(run_copy) == before
+
+
 def test_stored_updates_must_be_a_prefix(trained, tmp_path):
     c = folder_config(tmp_path, trained[1])
     wd = str(tmp_path / "wd")
@@ -222,6 +233,11 @@ def test_flag_mistakes_are_one_error_line(capsys):
     assert "workdirr" in _parse(update.define_flags, ["update", "--workdirr=/w", "--data=/d"], capsys)
     assert "--data" in _parse(update.define_flags, ["update", "--workdir=/w"], capsys)
     assert "--k=abc" in _parse(search.define_flags, ["search", "--workdir=/w", "--k=abc"], capsys)
+    batch = _parse(update.define_flags, ["update", "--workdir=/w", "--config.train.batch_size=8"], capsys)
+    assert "takes only --config.data.on_corrupt, --config.train.epochs, --config.train.lr" in batch, batch
+    assert "did you mean" not in batch.lower()  # absl offered train.epochs for train.batch_size
+    typo = _parse(update.define_flags, ["update", "--workdir=/w", "--config.train.epochz=3"], capsys)
+    assert "--config.train.epochz: did you mean --config.train.epochs? this command takes only" in typo, typo
     cfg = [
         "main",
         "--config",

@@ -160,16 +160,19 @@ def test_arrival_session_is_the_first_part_holding_the_image():
 # --- --add -------------------------------------------------------------------------------------------
 
 
-def test_add_ingests_images_with_the_newest_model(run_copy, tmp_path, capsys):
+def test_add_ingests_images_with_the_newest_model(run_copy, tmp_path, capsys, monkeypatch):
     wd = run_copy
     before = run_reader.Run(wd)
     img = (np.random.default_rng(0).uniform(0, 255, (28, 28))).astype(np.uint8)
     path = str(tmp_path / "new.png")
     Image.fromarray(img).save(path)
     name = before.protocol["class_names"][0]
-    with workdir_lib.hold_additions(wd):  # another adder (--add, a server's /add): refused
+    monkeypatch.setattr(workdir_lib, "ADD_WAIT_S", 0.3)
+    with workdir_lib.hold_additions(wd):  # another adder (--add, a server's /add) past the wait: refused
         assert search.search_or_add(wd, [path], add=True, label=name) == 2
-    assert "is in use by pid" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"another add (pid {os.getpid()} on " in err and "nothing was added: rerun this add" in err, err
+    assert "resume" not in err and "search.py" not in err  # not a run to resume; no command line (folders)
     with workdir_lib.hold(wd):  # a training run (update) holds the run's lock: rows are added meanwhile
         assert _cli(["--workdir", wd, "--images", path, "--add", "--label", name]) == 0
     after = run_reader.Run(wd)
@@ -179,6 +182,32 @@ def test_add_ingests_images_with_the_newest_model(run_copy, tmp_path, capsys):
     top = after.search(run_reader.load_images([path], after.image_shape), k=1)[0][0]
     assert top["source"] == os.path.abspath(path) and top["score"] > 0.999
     assert top["row"] == len(after.gallery) and top["arrival_session"] == top["model_session"] == after.session + 1
+
+
+def test_an_add_waits_for_another_adder(run_copy, tmp_path, capsys):
+    """Two ``search --add`` at once (``xargs -P``): the second was refused at once (exit 2, its photo not
+    added); it waits for the first, as the server's ``/add`` does."""
+    import threading
+
+    path = str(tmp_path / "waits.png")
+    Image.fromarray(np.random.default_rng(1).uniform(0, 255, (28, 28)).astype(np.uint8)).save(path)
+    held, release = threading.Event(), threading.Event()
+
+    def first_adder():
+        with workdir_lib.hold_additions(run_copy):
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=first_adder)
+    thread.start()
+    held.wait(10)
+    threading.Timer(0.5, release.set).start()
+    try:
+        assert search.search_or_add(run_copy, [path], add=True) == 0, capsys.readouterr().err
+    finally:
+        release.set()
+        thread.join()
+    assert len(run_reader.Run(run_copy).added) == 1
 
 
 def test_added_rows_keep_the_session_of_their_model(run_copy, tmp_path):

@@ -2,6 +2,7 @@
 ``update --data`` trains on a folder of the same images; the added rows' embeddings untouched."""
 
 import collections
+import glob
 import hashlib
 import json
 import os
@@ -115,6 +116,43 @@ def test_search_add_takes_a_new_class_name_and_refuses_names_that_cannot_be_one(
     hit = json.loads(capsys.readouterr().out)[0]["hits"][0]  # the photo's own row
     assert hit["class_name"] == "dog" and hit["label"] == 3 and hit["source"].endswith("dog-0.png")
     assert Run(run_copy).label_of("dog") == 3  # a search's label= filter knows it too
+
+
+def test_rows_of_one_name_or_bytes_the_run_holds_no_longer_block_every_later_session(
+    photo_runs, run_copy, tmp_path, capsys
+):
+    """Two cameras' ``IMG_0001`` added to one class refused every later session (two rows, one file name),
+    as did a row added with force whose bytes the run holds (a test query; the same photo twice): no added
+    row can be taken out, so the run could never learn from its adds again.  The folder keeps both names
+    apart and leaves the forced rows out (they stay added rows), and ``update`` accepts its plan."""
+    photos = _photos(tmp_path / "p", {"ant": 3, "eel": 3})
+    for i, path in enumerate(photos["ant"][:2]):  # two different photos, both named IMG_0001.png
+        os.makedirs(tmp_path / f"cam{i}")
+        shutil.copy(path, tmp_path / f"cam{i}" / "IMG_0001.png")
+    _add(run_copy, {"ant": [str(tmp_path / "cam0" / "IMG_0001.png"), str(tmp_path / "cam1" / "IMG_0001.png")]})
+    _add(run_copy, {"ant": photos["ant"][2:], "eel": photos["eel"]})
+    query = sorted(glob.glob(os.path.join(os.path.dirname(photo_runs[0]), "s1", "test", "ant", "*")))[0]
+    for forced in (query, photos["eel"][0]):  # a test query of the run; a photo added a moment ago
+        assert (
+            search.search_or_add(
+                run_copy, [forced], add=True, label=os.path.basename(os.path.dirname(forced)), force=True
+            )
+            == 0
+        )
+    capsys.readouterr()
+    folder, made, _ = update.from_added_folder(run_copy)
+    note = capsys.readouterr().out
+    assert made and "note: 2 labelled added row(s) left out of it: their bytes are in the run already" in note
+    assert sorted(os.listdir(os.path.join(folder, "ant"))) == ["IMG_0001-2.png", "IMG_0001.png", "ant-2.png"]
+    assert sorted(os.listdir(os.path.join(folder, "eel"))) == sorted(os.path.basename(p) for p in photos["eel"])
+    for name, path in [
+        ("IMG_0001.png", tmp_path / "cam0" / "IMG_0001.png"),
+        ("IMG_0001-2.png", tmp_path / "cam1" / "IMG_0001.png"),
+    ]:
+        assert _bytes(os.path.join(folder, "ant", name)) == _bytes(path)  # each camera's photo, in the order added
+    update.plan_update(run_copy, folder)  # refused both (a shared file name; images the run holds) before
+    with open(os.path.join(folder, "rows.json")) as f:
+        assert json.load(f) == {"first": 0, "end": 8}  # every row counts as used: none is offered again
 
 
 class _Child:
@@ -281,6 +319,7 @@ def test_post_sessions_trains_beside_serving_and_the_new_model_is_served(run_cop
     state = _state(run_copy)
     r = client.post("/sessions", headers=auth)  # nothing added yet: one line, nothing changed, no child
     assert r.status_code == 400 and "no image was added" in r.json()["error"], r.text
+    assert os.path.abspath(run_copy) not in r.text and f"added to {os.path.basename(run_copy)} since" in r.text
     assert _state(run_copy) == state and client.get("/sessions/current").json()["state"] == "idle"
     # eel and dog are new classes, added in the reverse of the order the session's plan numbers them
     # (its folder's classes are sorted): a label kept as the number given at the add names the wrong class
@@ -337,7 +376,7 @@ def test_post_sessions_trains_beside_serving_and_the_new_model_is_served(run_cop
     drawn = "test split drawn: 0.2 of each class, seed 0"  # and no "; ignored: 1 not in a class folder" (rows.json)
     assert f"from folders {folder}: 3 classes, 12 train / 2 test images ({drawn}) into " in child_log
     config = Run(run_copy).config
-    first, end, rows = added_session.pending(run_copy, list(config.data.updates), config.model.embed_dim)
+    first, end, rows, _ = added_session.pending(run_copy, list(config.data.updates), config.model.embed_dim)
     stored = additions.read(run_copy, config.model.embed_dim)
     assert (first, end) == (14, 16) and [src for _, src in rows] == stored.sources[14:]
     assert [name for name, _ in rows] == ["ant", "ant"] and sorted(stored.digests[14:]) == late_digests

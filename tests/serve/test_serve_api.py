@@ -179,10 +179,14 @@ def test_each_bad_request_gets_one_4xx_line_and_the_next_query_is_answered(photo
         (lambda: _post(client, [good], label="zebra"), 400),
         (lambda: _post(client, [good], "/add"), 401),
         (lambda: _post(client, [good], "/add", headers={"authorization": "Bearer wrong"}), 401),
+        (lambda: _post(client, [good], "/add", headers={"authorization": "Bearer s3cre"}), 401),
+        (lambda: _post(client, [good], "/add", headers={"authorization": "Basic s3cret"}), 401),
+        (lambda: _post(client, [good], "/add", headers={"authorization": "Bearer s3cret s3cret"}), 401),
         (lambda: _post(client, [good], "/add", headers=auth), 409),  # its bytes are a row of the run
         (lambda: _post(client, [new_photo(tmp_path / "n.png")], "/add", headers=auth, label="Ant"), 400),  # ant's case
         (lambda: _post(client, [new_photo(tmp_path / "n.png")], "/add", headers=auth, label="7"), 400),  # a number
         (lambda: _post(client, [new_photo(tmp_path / "n.png")], "/add", headers=auth, label="train"), 400),
+        (lambda: _post(client, [new_photo(tmp_path / "n.png")], "/add", headers=auth, label=""), 400),  # was unlabelled
         (lambda: client.get("/thumb/99999.png"), 404),
         (lambda: client.get("/thumb/-1.png"), 404),
         (lambda: client.get("/etc/passwd"), 404),
@@ -200,6 +204,11 @@ def test_each_bad_request_gets_one_4xx_line_and_the_next_query_is_answered(photo
     assert not os.path.exists(paths.uploads_dir(run_copy))
     fresh = new_photo(tmp_path / "fresh.png", seed=77)
     assert _post(client, [fresh], "/add", headers=auth, label="ant").status_code == 200  # the token admits
+    lower = {"authorization": "bearer s3cret"}  # the scheme in any case (RFC 7235): it was refused
+    assert _post(client, [fresh], "/add").headers.get("www-authenticate") == "Bearer"  # a 401 names its scheme
+    assert (
+        _post(client, [new_photo(tmp_path / "f2.png", seed=78)], "/add", headers=lower, label="ant").status_code == 200
+    )
     metrics = client.get("/metrics").text
     assert 'cvs_requests_total{route="/search",status="413"} 3' in metrics
     assert "cvs_gallery_rows " in metrics and "cvs_model_session 1" in metrics

@@ -25,3 +25,26 @@ def test_the_command_stops_with_one_line_before_loading(tmp_path, capsys, monkey
     assert command.main(argv, fv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --host 0.0.0.0")
+
+
+@pytest.mark.parametrize(
+    "option, named",
+    [
+        (["--port", "99999"], "--port 99999 is not a TCP port"),  # was bind()'s OverflowError, a traceback
+        (["--port", "-1"], "--port -1 is not a TCP port"),
+        (["--poll_s", "0"], "--poll_s=0.0"),  # was a watcher spinning a core
+        (["--max_upload_mb", "0"], "--max_upload_mb=0.0"),  # was every request refused as too large
+        (["--read_timeout_s", "-1"], "--read_timeout_s=-1.0"),
+        (["--max_wait_ms", "-5"], "--max_wait_ms=-5.0"),
+        (["--host", "host.invalid"], "pass a --host this machine has"),  # was "pass another --port"
+    ],
+)
+def test_a_bad_option_is_one_line_before_the_run_is_read(tmp_path, capsys, monkeypatch, option, named):
+    monkeypatch.delenv(command.TOKEN_ENV, raising=False)
+    fv = flags.FlagValues()
+    command.define_flags(fv)
+    token = ["--token", "t"] if "--host" in option else []
+    argv = fv(["serve", "--workdir", str(tmp_path / "none"), "--port", "8765", *option, *token])
+    assert command.main(argv, fv) == 2  # the workdir (no run) is never read: the option is refused first
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and named in err[0], err

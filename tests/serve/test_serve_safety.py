@@ -2,6 +2,7 @@
 served, a 500 that keeps the connection, strict integers, Pillow's pixel limit as 413, stable row ids,
 relative upload paths, cross-origin and Host refusals, the compatibility gate and the model pin."""
 
+import errno
 import glob
 import json
 import os
@@ -17,7 +18,7 @@ from absl import flags
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from cvs_jax import search
+from cvs_jax import errors, export, search
 from cvs_jax.index import exact
 from cvs_jax.retrieval import gate, query_maps
 from cvs_jax.retrieval.run_reader import ADDED_BASE
@@ -104,6 +105,7 @@ def test_pillows_pixel_limit_is_413(photo_runs, shared, tmp_path, monkeypatch):
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3000)
     r = client.post("/search", files=_files([str(big)]))
     assert r.status_code == 413, r.text
+    assert "(--max_pixels)" in r.json()["error"]  # the command sets both to one limit: Pillow's refusal came first
 
 
 def test_write_routes_refuse_cross_origin_and_the_host_list(photo_runs, run_copy, tmp_path):
@@ -124,6 +126,60 @@ def test_write_routes_refuse_cross_origin_and_the_host_list(photo_runs, run_copy
         assert not os.path.isabs(info["workdir"]) and os.path.abspath(run_copy) not in client.get("/").text
     finally:
         served.close()
+
+
+def _tree(folder):
+    return {
+        os.path.relpath(os.path.join(d, f), folder): os.stat(os.path.join(d, f)).st_mtime_ns
+        for d, _, files in os.walk(folder)
+        for f in files
+    }
+
+
+def test_a_workdir_that_cannot_be_written_is_one_line_or_a_503(
+    photo_runs, shared, run_copy, tmp_path, monkeypatch, capsys
+):
+    """A read-only workdir (a read-only mount; root passes a chmod, so the file system's refusal is made
+    here): the lock every add takes first was a traceback from ``search --add`` and a 500 from ``/add``;
+    ``export --out`` under a file (a real refusal, the command's boundary) was a traceback too."""
+    out = tmp_path / "a-file"
+    out.write_text("")
+    capsys.readouterr()
+    assert export.main(["export"], _export_flags(photo_runs[0], str(out / "export"))) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: cannot use {out}") and "pass another path" in err[0]
+    denied = errors.not_writable(PermissionError(errno.EACCES, "Permission denied", "/photos"))  # a read, too
+    assert str(denied) == "cannot use /photos (permission denied); give this user access to it, or pass another path."
+    assert errors.not_writable(OSError(errno.EIO, "I/O error", "/x")) is None  # not the user's: a traceback
+
+    real_open = os.open
+
+    def read_only(path, flags, *args, **kwargs):
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT) and str(path).endswith(".lock"):
+            raise OSError(errno.EROFS, "Read-only file system", path)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    photo = new_photo(tmp_path / "new.png", "ant", seed=7)
+    before = _tree(run_copy)
+    assert search.search_or_add(run_copy, [photo], add=True, label="ant") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "additions.lock (a read-only file system); pass a folder" in err[0], err
+    assert _tree(run_copy) == before
+
+    served, client = shared
+    rows = len(served.run.rows)
+    r = client.post("/add", params={"label": "ant"}, files=_files([photo]))
+    assert r.status_code == 503 and list(r.json()) == ["error"], r.text
+    assert "read-only file system" in r.json()["error"] and os.path.dirname(photo_runs[0]) not in r.text
+    assert len(served.run.rows) == rows and client.get("/healthz").status_code == 200
+
+
+def _export_flags(workdir, out):
+    fv = flags.FlagValues()
+    export.define_flags(fv)
+    fv(["export", "--workdir", workdir, "--out", out])
+    return fv
 
 
 def test_command_token_file_hosts_and_port(tmp_path, monkeypatch, capsys):

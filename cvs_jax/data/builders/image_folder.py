@@ -109,6 +109,9 @@ class ImageFolder(LocalBuilder, skip_registration=True):
         metadata_of(self.info)["ignored"] = dict(inventory.ignored)
         metadata_of(self.info)["test_given"] = inventory.test_given
         metadata_of(self.info)["root"] = inventory.root  # stores are shared by content: sources shown per run
+        # photos turned upright by their EXIF orientation: in store.json, so the feature cache (keyed by it) of
+        # a store prepared again after this rule never reuses the features of a sideways copy prepared before
+        metadata_of(self.info)["exif_upright"] = True
         if inventory.sessions() is not None:
             metadata_of(self.info)["train_sessions"] = []
             metadata_of(self.info)["test_sessions"] = []
@@ -128,7 +131,9 @@ class ImageFolder(LocalBuilder, skip_registration=True):
                     out.append(f.read())
             return out
 
-        items = resize.decode_blocks(entries, read_block, self.STORED_SIZE, skipped, describe=lambda e: e.path)
+        items = resize.decode_blocks(
+            entries, read_block, self.STORED_SIZE, skipped, describe=lambda e: e.path, exif=True
+        )  # photos upright, as viewers show them (phones store portraits sideways with an EXIF tag)
         tiny = metadata_of(self.info).setdefault("tiny", [])
         for i, (entry, image, data, passthrough) in enumerate(items):
             if _smaller_than(data, MIN_SIDE):

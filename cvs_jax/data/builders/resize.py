@@ -49,26 +49,63 @@ def resized_shape(width: int, height: int, size: int) -> tuple[int, int]:
     return int(size * width / height), size
 
 
-def to_square_uint8(pil_image, size: int | None = None) -> np.ndarray:
+def to_square_uint8(pil_image, size: int | None = None, exif: bool = True) -> np.ndarray:
     """PIL image -> uint8 [size, size, 3]: RGB, shorter side resized, centre crop.
 
     Args:
       pil_image: any PIL image (greyscale, palette, CMYK, RGBA... converted to
         RGB first, as torchvision's ImageFolder loader does).
       size: output side; default `STORED_SIZE` (read now).
+      exif: turn it upright by its EXIF orientation first (``upright``; see `to_stored`).
     """
     size = stored_size() if size is None else int(size)
-    return to_stored(pil_image, (size, size, 3))
+    return to_stored(pil_image, (size, size, 3), exif=exif)
 
 
-def to_stored(pil_image, shape) -> np.ndarray:
+EXIF_ORIENTATION = 0x0112  # the EXIF tag saying how a viewer turns the stored pixels (1: as stored)
+
+
+def upright(pil_image):
+    """The image as photo viewers and browsers show it: its EXIF orientation applied (the same image when it
+    has none).  Why: phones store a portrait photo's pixels sideways with a tag saying so; read as stored,
+    such photos went into the gallery, the queries and every thumbnail sideways, and the network saw
+    them turned."""
+    from PIL import ImageOps  # pylint: disable=g-import-not-at-top
+
+    try:
+        orientation = pil_image.getexif().get(EXIF_ORIENTATION, 1)
+    except Exception:  # pylint: disable=broad-except  # a damaged EXIF block: the pixels as stored
+        return pil_image
+    if orientation not in range(2, 9):
+        return pil_image
+    return ImageOps.exif_transpose(pil_image)
+
+
+def eight_bit(pil_image):
+    """A 16-bit greyscale image (a PNG or TIFF scan: mode "I;16", or "I" with values past 255) as 8-bit "L",
+    v -> round(v / 257); any other image as it is.  Why: Pillow's ``convert`` clips such values at 255, so
+    these photos went into the gallery and the queries as white squares."""
+    from PIL import Image  # pylint: disable=g-import-not-at-top
+
+    if not (pil_image.mode.startswith("I;16") or pil_image.mode == "I"):
+        return pil_image
+    values = np.asarray(pil_image).astype(np.int64)
+    if pil_image.mode == "I" and values.max(initial=0) <= 255 and values.min(initial=0) >= 0:
+        return Image.fromarray(values.astype(np.uint8), "L")  # 8-bit values held as 32-bit integers
+    return Image.fromarray(((np.clip(values, 0, 65535) + 128) // 257).astype(np.uint8), "L")
+
+
+def to_stored(pil_image, shape, exif: bool = True) -> np.ndarray:
     """PIL image -> uint8 `shape` = (size, size, C): a query prepared as the gallery was stored.
 
     Why: search and export embed user images with the network that embedded the stored gallery
-    images, so a query must reach it in the same form: converted to "L" (C == 1) or "RGB" (C == 3),
-    shorter side resized to `size` (PIL BILINEAR, as torchvision's Resize), torchvision's
-    CenterCrop offsets.  For C == 3 this is exactly `to_square_uint8(pil_image, size)`; an image
-    already of the stored size is returned unchanged.
+    images, so a query must reach it in the same form: turned upright by its EXIF orientation
+    (`upright`), 16-bit greyscale brought to 8 bits (`eight_bit`), converted to "L" (C == 1) or "RGB"
+    (C == 3), shorter side resized to `size` (PIL BILINEAR, as torchvision's Resize), torchvision's
+    CenterCrop offsets.  For C == 3 this is exactly `to_square_uint8(pil_image, size)`; an upright
+    image already of the stored size is returned unchanged.  ``exif=False`` reads the pixels as stored,
+    as torchvision's loader does: the benchmark datasets' builders (``decode_blocks``), which follow the
+    reference code; users' photos, queries and uploads are read upright.
     """
     from PIL import Image  # pylint: disable=g-import-not-at-top
 
@@ -76,7 +113,8 @@ def to_stored(pil_image, shape) -> np.ndarray:
     if size != other or channels not in (1, 3):
         raise ValueError(f"stored shape {tuple(shape)}: expected (size, size, 1) or (size, size, 3)")
     mode = "L" if channels == 1 else "RGB"
-    img = pil_image if pil_image.mode == mode else pil_image.convert(mode)
+    img = eight_bit(upright(pil_image) if exif else pil_image)
+    img = img if img.mode == mode else img.convert(mode)
     width, height = resized_shape(img.width, img.height, size)
     if (width, height) != img.size:
         img = img.resize((width, height), Image.Resampling.BILINEAR)
@@ -129,15 +167,18 @@ def image_errors() -> tuple[type[BaseException], ...]:
     return (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 
-def decode_keeping_source(data: bytes, size: int) -> tuple[np.ndarray, bool]:
-    """(uint8 [size, size, 3], passthrough): passthrough is True when ``data`` is an RGB JPEG of
-    exactly that size, whose bytes the record store then keeps instead of a re-encode."""
+def decode_keeping_source(data: bytes, size: int, exif: bool = False) -> tuple[np.ndarray, bool]:
+    """(uint8 [size, size, 3], passthrough): passthrough is True when ``data`` is an RGB JPEG of exactly
+    that size that needs no turning, whose bytes the record store then keeps instead of a re-encode.
+    ``exif``: turned upright by its EXIF orientation (users' photos; a turned one is re-encoded upright,
+    as the store's reader does not turn it); else read as stored, as torchvision does (benchmarks)."""
     from PIL import Image  # pylint: disable=g-import-not-at-top
 
     with Image.open(io.BytesIO(data)) as img:
         img.load()
-        same = img.format == "JPEG" and img.mode == "RGB" and img.size == (size, size)
-        return to_square_uint8(img, size), same
+        up = upright(img) if exif else img
+        same = up is img and img.format == "JPEG" and img.mode == "RGB" and img.size == (size, size)
+        return to_square_uint8(up, size, exif=False), same
 
 
 def decode_blocks(
@@ -146,6 +187,7 @@ def decode_blocks(
     size: int,
     skipped: list[str],
     describe: Callable[[Item], str] = str,
+    exif: bool = False,
 ) -> Iterator[tuple[Item, np.ndarray, bytes, bool]]:
     """Yields (item, uint8 [size, size, 3], source bytes, passthrough) in order; broken images are
     skipped (see ``decode_keeping_source``).
@@ -158,6 +200,8 @@ def decode_blocks(
       skipped: receives `'<describe(item)>: <error type>'` for each image that
         does not decode (recorded by the builders in `skipped_<split>`).
       describe: name of an item in `skipped`.
+      exif: turn each image upright by its EXIF orientation (``image_folder``: users' photos); the
+        benchmark builders read the pixels as stored, as the reference code's torchvision loader does.
     """
     workers = max(1, min(8, os.cpu_count() or 1))
 
@@ -166,7 +210,7 @@ def decode_blocks(
     def decode(pair):
         item, data = pair
         try:
-            return (*decode_keeping_source(data, size), data)
+            return (*decode_keeping_source(data, size, exif), data)
         except errors as e:  # PIL's errors for broken files and decompression bombs
             return f"{describe(item)}: {type(e).__name__}"
 
