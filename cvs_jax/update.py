@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 
 import ml_collections
 import numpy as np
@@ -230,7 +231,7 @@ def plan_update(workdir: str, data: str, overrides: dict | None = None) -> ml_co
     return config
 
 
-def _check_class_names(workdir: str, data: str, names: list[str]) -> None:
+def _check_class_names(workdir: str, data: str, names: Sequence[str]) -> None:
     """Refuses a new class folder whose name differs from a known class's only in case or spaces (``Lemon/``
     for the run's ``lemon``), as ``search --add`` and ``/add`` refuse such a label: it became a second
     class, and a query of one counted the other's hits as wrong."""
