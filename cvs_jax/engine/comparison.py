@@ -264,11 +264,13 @@ def _equal_memory_pairs(config, methods: list[str]) -> list[tuple[str, str, str]
 
 def check_entries(config, methods: list[str], seeds: list[int], split_seed: int | None, population: bool) -> None:
     """Refuses a comparison's entries before anything runs: seeds a population cannot take, unknown
-    methods or heads, an entry named twice, an override of a field that does not exist, no entry or no seed."""
+    methods or heads, an entry or a seed named twice, an override of a field that does not exist, no entry or no seed."""
     if not methods:
         raise ConfigError("--methods names no entry; name at least one, e.g. --methods finetune,cvs.")
     if not seeds:
         raise ConfigError("--seeds names no seed; name at least one, e.g. --seeds 0,1,2.")
+    if len(set(seeds)) < len(seeds):  # it ran once, and the tables' "n seeds" counted it once
+        raise ConfigError(f"--seeds {','.join(map(str, seeds))} names a seed twice; name each once.")
     if population and sorted(seeds) != list(range(min(seeds), min(seeds) + len(seeds))):
         raise ConfigError(
             f"--population trains seeds k..k+N-1 as one population; --seeds {','.join(map(str, seeds))} are "

@@ -143,12 +143,18 @@ def test_tabulate_reads_a_running_comparison_and_writes_nothing(tmp_path, capsys
 
 def test_no_entry_or_no_seed_is_refused_leaving_the_tables(tmp_path):
     """``--methods ""`` or ``--seeds ""`` is one error (it was an IndexError, after the empty method list
-    had overwritten a finished comparison's comparison.md with an empty table)."""
+    had overwritten a finished comparison's comparison.md with an empty table); so is a seed named twice
+    (``--seeds 0,0`` ran seed 0 once while an entry named twice was refused)."""
     c = tiny_config(str(tmp_path), tmp_path, sessions=2)
     wd = tmp_path / "cmp"
     wd.mkdir()
     (wd / "comparison.md").write_text("the finished comparison\n")
-    for methods, seeds, what in (([], [0], "--methods names no entry"), (["finetune"], [], "--seeds names no seed")):
+    cases = (
+        ([], [0], "--methods names no entry"),
+        (["finetune"], [], "--seeds names no seed"),
+        (["finetune"], [0, 1, 0], "--seeds 0,1,0 names a seed twice"),
+    )
+    for methods, seeds, what in cases:
         for tabulate in (False, True):
             with pytest.raises(ConfigError, match=what):
                 runner.run_comparison(c, str(wd), methods, seeds, tabulate=tabulate)
