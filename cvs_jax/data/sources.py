@@ -621,3 +621,35 @@ def _read_generic_split(source: Any) -> Split:  # a TFDS data source: len() and 
         if perm is not None:
             images, labels = images[perm], labels[perm]
     return Split(images=images, labels=labels)
+
+
+def store_digests(config, only: set[str] | None = None) -> dict[str, str]:
+    """SHA-256 (hex) -> source of every image of the run's record stores (none for standard TFDS data);
+    ``only``: of those digests alone (the few images a session from adds checks, without a dict of every
+    stored image)."""
+    wanted = None if only is None else np.array([bytes.fromhex(d) for d in only if d], dtype="V32")
+
+    stores = store_dirs(config.data)
+    if stores is None:
+        return {}
+    folders = [config.data.manual_dir] + list(config.data.updates)
+    out: dict[str, str] = {}
+    for store, folder in zip(stores, folders):
+        info = records.read_info(store)
+        assert info is not None  # the run's stores are complete (prepared before it trained)
+        for split in ("train", "test"):
+            if not os.path.exists(os.path.join(store, f"{split}.sha256.npy")):
+                continue
+            rows = records.StoreSplit(store, split, info)
+            digests = rows.digests()
+            if wanted is not None:
+                hits = np.flatnonzero(np.isin(np.ascontiguousarray(digests).view("V32").ravel(), wanted))
+                if not len(hits):
+                    continue
+                names = shown_sources(store, rows.sources(), folder)
+                for i in hits:
+                    out.setdefault(digests[i].tobytes().hex(), names[i])
+                continue
+            for digest, name in zip(digests, shown_sources(store, rows.sources(), folder)):
+                out.setdefault(digest.tobytes().hex(), name)
+    return out

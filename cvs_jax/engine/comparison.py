@@ -264,7 +264,8 @@ def _equal_memory_pairs(config, methods: list[str]) -> list[tuple[str, str, str]
 
 def check_entries(config, methods: list[str], seeds: list[int], split_seed: int | None, population: bool) -> None:
     """Refuses a comparison's entries before anything runs: seeds a population cannot take, unknown
-    methods or heads, an entry or a seed named twice, an override of a field that does not exist, no entry or no seed."""
+    methods or heads, an entry or a seed named twice, an override of a field that does not exist, no entry
+    or no seed."""
     if not methods:
         raise ConfigError("--methods names no entry; name at least one, e.g. --methods finetune,cvs.")
     if not seeds:

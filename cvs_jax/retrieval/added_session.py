@@ -122,9 +122,9 @@ def leave_out(workdir: str, added: additions.Added, labelled: list[int]) -> tupl
     session under the same class holds, is left out.  ``update`` refuses a folder holding an image the run
     holds, and an added row cannot be taken out: such a row blocked every later session.  It stays an added
     row, searchable as before."""
-    from cvs_jax.retrieval import run_reader  # pylint: disable=g-import-not-at-top  # the training stack
+    from cvs_jax.data import sources  # pylint: disable=g-import-not-at-top  # tensorflow_datasets
 
-    stored = run_reader.store_digests(run_config(workdir), only={added.digests[r] for r in labelled})
+    stored = sources.store_digests(run_config(workdir), only={added.digests[r] for r in labelled})
     seen: dict[tuple[int, str], str] = {}
     kept, out = [], []
     for r in labelled:

@@ -164,40 +164,6 @@ def file_digest(path: str) -> str:
     return h.hexdigest()
 
 
-def store_digests(config: ml_collections.ConfigDict, only: set[str] | None = None) -> dict[str, str]:
-    """SHA-256 (hex) -> source of every image of the run's record stores (none for standard TFDS data);
-    ``only``: of those digests alone (the few images a session from adds checks, without a dict of every
-    stored image)."""
-    from cvs_jax.data import records, sources  # tensorflow_datasets: imported only for --add
-
-    wanted = None if only is None else np.array([bytes.fromhex(d) for d in only if d], dtype="V32")
-
-    stores = sources.store_dirs(config.data)
-    if stores is None:
-        return {}
-    folders = [config.data.manual_dir] + list(config.data.updates)
-    out: dict[str, str] = {}
-    for store, folder in zip(stores, folders):
-        info = records.read_info(store)
-        assert info is not None  # the run's stores are complete (prepared before it trained)
-        for split in ("train", "test"):
-            if not os.path.exists(os.path.join(store, f"{split}.sha256.npy")):
-                continue
-            rows = records.StoreSplit(store, split, info)
-            digests = rows.digests()
-            if wanted is not None:
-                hits = np.flatnonzero(np.isin(np.ascontiguousarray(digests).view("V32").ravel(), wanted))
-                if not len(hits):
-                    continue
-                names = sources.shown_sources(store, rows.sources(), folder)
-                for i in hits:
-                    out.setdefault(digests[i].tobytes().hex(), names[i])
-                continue
-            for digest, name in zip(digests, sources.shown_sources(store, rows.sources(), folder)):
-                out.setdefault(digest.tobytes().hex(), name)
-    return out
-
-
 class Run:
     """The newest model and the full gallery of a finished (or partly finished) run."""
 
@@ -421,7 +387,10 @@ class Run:
     def duplicates(self, paths: list[str]) -> list[tuple[str, str]]:
         """(path, where its bytes already are) for each file whose content (SHA-256) is already in the run:
         a row of its data (train or test), an earlier ``--add``, or an earlier file of ``paths``."""
-        return duplicates_of([(p, file_digest(p)) for p in paths], self._added, store_digests(self.config))
+        from cvs_jax.data import sources  # tensorflow_datasets: imported only for --add
+
+        stored_rows = sources.store_digests(self.config)
+        return duplicates_of([(p, file_digest(p)) for p in paths], self._added, stored_rows)
 
     def add(self, images: np.ndarray, paths: list[str], label: str | None) -> None:
         """Appends the images embedded by the newest model (``additions.append``), under the class ``label``
@@ -519,7 +488,7 @@ def duplicates_of(
     named: list[tuple[str, str]], added: additions.Added, stores_known: dict[str, str]
 ) -> list[tuple[str, str]]:
     """(name, where its bytes already are) for each (name, SHA-256 hex) whose content is already in the
-    run: a row of its data (``stores_known``: ``store_digests``), an added row, or an earlier name."""
+    run: a row of its data (``stores_known``: ``sources.store_digests``), an added row, or an earlier name."""
     known = dict(zip(added.digests, added.sources))
     known.pop("", None)
     out = []

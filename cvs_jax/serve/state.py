@@ -529,8 +529,10 @@ class Served:
     # --- adding rows ---------------------------------------------------------------------------------
 
     def _store_digests(self, run: run_reader.Run) -> dict[str, str]:
+        from cvs_jax.data import sources  # tensorflow_datasets: imported at the first add
+
         if self._stores is None or self._stores[0] != run.session:
-            self._stores = (run.session, run_reader.store_digests(run.config))
+            self._stores = (run.session, sources.store_digests(run.config))
         return self._stores[1]
 
     def add(
