@@ -25,6 +25,9 @@ FAKE_MAIN = textwrap.dedent(
     from cvs_jax.engine import runner
 
     failure = sys.argv.pop(1)
+    # Ctrl-C as a terminal delivers it: a job a non-interactive shell starts with & (a CI script run in the
+    # background) inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def run(config, workdir):
         print("verbosity", logging.get_verbosity(), flush=True)
