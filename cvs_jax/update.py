@@ -56,7 +56,7 @@ from cvs_jax.config import recorded
 from cvs_jax.data import parts, records, sources
 from cvs_jax.engine import determinism, runner
 from cvs_jax.errors import ConfigError, DataError, UserError
-from cvs_jax.retrieval import added_session, gate
+from cvs_jax.retrieval import added_session, gate, run_reader
 from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
 
@@ -237,10 +237,9 @@ def _check_class_names(workdir: str, data: str, names: Sequence[str]) -> None:
     class, and a query of one counted the other's hits as wrong."""
     with open(paths.protocol_file(workdir)) as f:
         known = list(json.load(f)["class_names"])
-    folded = {n.strip().casefold(): n for n in known}
     for name in names:
-        twin = folded.get(name.strip().casefold())
-        if name not in known and twin is not None:
+        twin = run_reader.twin_class(name, known)
+        if twin is not None:
             raise DataError(
                 f"class folder {name!r} of {data} is not a class of the run, but {twin!r} is (names are matched "
                 f"exactly); rename the folder to {twin!r}, or give another class a name that differs in more "

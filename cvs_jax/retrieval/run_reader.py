@@ -444,15 +444,24 @@ NAME_MAX = 100  # characters of a new class's name (a folder name in a session's
 RESERVED_NAMES = ("train", "test")  # a folder of class folders would read them as its split folders
 
 
+def twin_class(name: str, known: list[str]) -> str | None:
+    """The known class ``name`` differs from only in case or spaces (``lemon`` for ``Lemon``), else None: such a
+    name is most likely that class mistyped, and as a class of its own a query of one counts the other's hits
+    as wrong (``check_new_class``; ``update``'s class folders)."""
+    if name in known:
+        return None
+    folded = {n.strip().casefold(): n for n in known}
+    return folded.get(name.strip().casefold())
+
+
 def check_new_class(name: str, known: list[str]) -> None:
     """Refuses (``SearchError``) a class name that cannot become a new class: one that only differs from a
     known class in case or spaces (most likely that class, mistyped), a number (labels are numbers), or
     one that cannot name the class's folder in the session made from the adds (``added_session``)."""
-    folded = {n.strip().casefold(): n for n in known}
-    if name.strip().casefold() in folded:
+    twin = twin_class(name, known)
+    if twin is not None:
         raise SearchError(
-            f"label {name!r} is not a class of the run, but {folded[name.strip().casefold()]!r} is; pass that name "
-            f"(names are matched exactly)."
+            f"label {name!r} is not a class of the run, but {twin!r} is; pass that name (names are matched exactly)."
         )
     digits = name.strip("+-")
     if digits and all(c.isnumeric() for c in digits):  # 7, 007, --1, ², ٣: a label number, or meant as one
