@@ -60,7 +60,9 @@ def _state(wd) -> dict:
 @pytest.mark.slow  # two sessions trained; the default suite has the served end-to-end test below
 def test_from_added_trains_as_update_data_on_the_same_folder(run_copy, tmp_path, capsys):
     photos = _photos(tmp_path / "photos", {"ant": 5, "eel": 5, "dog": 4})  # eel and dog: new classes
-    _add(run_copy, photos)
+    _add(run_copy, {"ant": photos["ant"]})
+    _add(run_copy, _photos(tmp_path / "lone", {"kiwi": 1}))  # deferred: the session is the folder's without it
+    _add(run_copy, {k: photos[k] for k in ("eel", "dog")})
     before = _added_bytes(run_copy)
     twin = str(tmp_path / "twin")
     shutil.copytree(run_copy, twin)  # the same run and added rows, updated from the folder instead
@@ -72,11 +74,12 @@ def test_from_added_trains_as_update_data_on_the_same_folder(run_copy, tmp_path,
     a, b = Run(run_copy).gallery, Run(twin).gallery
     assert [p.embeddings.tobytes() for p in a.parts] == [p.embeddings.tobytes() for p in b.parts]
     assert [p.labels.tolist() for p in a.parts] == [p.labels.tolist() for p in b.parts]
-    # the rows are used once: nothing new since, so the next request is refused and changes nothing
+    # the rows are used once: only the lone kiwi is left, so the next request is refused and changes nothing
     state = _state(run_copy)
     capsys.readouterr()
     assert update.update_from_added(run_copy) == 2
-    assert capsys.readouterr().err.count("error:") == 1
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "error: class 'kiwi' has 1 image" in err
     assert _state(run_copy) == state
 
 
