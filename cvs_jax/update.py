@@ -329,7 +329,7 @@ def from_added_folder(workdir: str) -> tuple[str, bool, str]:
         return updates[-1], False, "the images of the session being resumed"
     used, rows, left_out, deferred = added_session.pending(workdir, updates, config.model.embed_dim)
     what = added_session.describe(rows)
-    print(f"the next session from {what} added since the last session")
+    print(f"the next session from {what} added and not yet learnt")
     if left_out:
         print(
             f"note: {len(left_out)} labelled added row(s) left out of it: their bytes are in the run already "
