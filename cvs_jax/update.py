@@ -327,15 +327,17 @@ def from_added_folder(workdir: str) -> tuple[str, bool, str]:
         and done < _sessions_before(config) + len(updates)
     ):
         return updates[-1], False, "the images of the session being resumed"
-    first, end, rows, left_out = added_session.pending(workdir, updates, config.model.embed_dim)
+    used, rows, left_out, deferred = added_session.pending(workdir, updates, config.model.embed_dim)
     what = added_session.describe(rows)
-    print(f"the next session from {what} added since the last session")
+    print(f"the next session from {what} added and not yet learnt")
     if left_out:
         print(
             f"note: {len(left_out)} labelled added row(s) left out of it: their bytes are in the run already "
             f"(added with force), e.g. {left_out[0][0]} = {left_out[0][1]}; they stay searchable as added rows."
         )
-    return added_session.make_folder(workdir, done + 1, first, end, rows), True, what
+    if deferred:
+        print(added_session.deferred_note(deferred))
+    return added_session.make_folder(workdir, done + 1, used, rows), True, what
 
 
 def update_from_added(workdir: str, overrides: dict | None = None) -> int:

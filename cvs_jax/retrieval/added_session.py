@@ -3,7 +3,7 @@
 The rows that ``search --add`` and the server's ``/add`` stored since the last such session (their
 files and labels) are laid out as a folder of class folders, ``<workdir>/from_added/session-<S>/<class>/
 <file>`` (hard links to the stored files where the file system allows, else copies), with
-``rows.json`` naming the added rows it holds; ``update`` then trains on that folder exactly as
+``rows.json`` naming the added rows it used; ``update`` then trains on that folder exactly as
 ``update --data`` trains on any folder: same inventory, split, plan, method, replay and recipe.  One
 place decides how a folder becomes a session; this module only decides which images form the folder.
 
@@ -13,8 +13,11 @@ learns a new class folder.
 
 "Since the last session": the added rows no earlier ``--from_added`` session used (``rows.json`` of
 the folders in ``data.updates``), in the order added; rows added while a session trains belong to
-the next one.  The added rows themselves are left as they are (their stored embeddings are never
-rewritten).  A refused request removes the folder it made: nothing in the workdir changes.
+the next one.  A class with one labelled image among them is deferred, not refused: its image stays
+pending (not in ``rows.json``) for a later session, so a lone photo of a rare class does not block the
+others; a session is refused only when no class is left.  The added rows themselves are left as they
+are (their stored embeddings are never rewritten).  A refused request removes the folder it made:
+nothing in the workdir changes.
 """
 
 from __future__ import annotations
@@ -45,15 +48,30 @@ def is_added_folder(workdir: str, folder: str) -> bool:
     return os.path.dirname(os.path.abspath(folder)) == os.path.join(os.path.abspath(workdir), FOLDER)
 
 
-def used_rows(workdir: str, updates: list[str]) -> int:
-    """How many added rows (in the order added) earlier ``--from_added`` sessions used."""
-    used = 0
+def used_rows(workdir: str, updates: list[str]) -> set[int]:
+    """The added rows (their places in the order added) that earlier ``--from_added`` sessions used:
+    ``rows.json``'s ``rows`` (half-open ranges), or all of ``first..end-1`` in a file without them (one
+    written before classes were deferred, when a session used every row up to its end)."""
+    used: set[int] = set()
     for folder in updates:
         path = os.path.join(folder, ROWS_FILE)
         if is_added_folder(workdir, folder) and os.path.exists(path):
             with open(path) as f:
-                used = max(used, int(json.load(f)["end"]))
+                record = json.load(f)
+            for a, b in record.get("rows", [[record["first"], record["end"]]]):
+                used.update(range(int(a), int(b)))
     return used
+
+
+def _ranges(rows: list[int]) -> list[list[int]]:
+    """Sorted rows as half-open ``[first, end]`` ranges of consecutive rows."""
+    out: list[list[int]] = []
+    for r in sorted(rows):
+        if out and out[-1][1] == r:
+            out[-1][1] = r + 1
+        else:
+            out.append([r, r + 1])
+    return out
 
 
 def _class_names(workdir: str) -> list[str]:
@@ -62,58 +80,70 @@ def _class_names(workdir: str) -> list[str]:
 
 
 def labelled_pending(workdir: str, updates: list[str], embed_dim: int) -> int:
-    """How many labelled added rows no session has used yet (``--learn_after``'s count)."""
-    added = additions.read(workdir, embed_dim)
-    return int((added.gallery.labels[used_rows(workdir, updates) :] >= 0).sum()) if len(added) else 0
+    """``--learn_after``'s count: the labelled added images the next session would learn from (``pending``'s
+    ``rows``; 0 when it refuses).  Deferred lone images and forced rows the run holds do not count, so
+    adds that leave only those pending do not start (and see refused) a session each."""
+    try:
+        return len(pending(workdir, updates, embed_dim).rows)
+    except DataError:
+        return 0
 
 
 class Pending(NamedTuple):
-    """The added rows ``first..end-1`` not yet used; ``rows``: the labelled ones the session learns from,
-    ``(class name, stored file)``; ``left_out``: ``(stored file, where its bytes already are)`` of the
-    labelled ones it does not (``leave_out``)."""
+    """The next session from the adds.  ``used``: the added rows it takes (in the order added), recorded in
+    its ``rows.json``: those it learns from, those it leaves out and the unlabelled ones; ``rows``: the
+    ones it learns from, ``(class name, stored file)``; ``left_out``: ``(stored file, where its bytes
+    already are)`` of the labelled ones ``leave_out`` takes out; ``deferred``: ``(class name, stored file)``
+    of the lone images of a class, not in ``used``: they wait for a later session."""
 
-    first: int
-    end: int
+    used: list[int]
     rows: list[tuple[str, str]]
     left_out: list[tuple[str, str]]
+    deferred: list[tuple[str, str]]
 
 
 def pending(workdir: str, updates: list[str], embed_dim: int) -> Pending:
-    """The added rows not yet used and the labelled ones among them.  Refuses (``DataError``) when none is
-    labelled (or left once ``leave_out`` has taken out images the run holds) or a class has one image."""
+    """The added rows not yet used and what the next session makes of them.  A class with fewer than
+    ``MIN_PER_CLASS`` images is deferred; refuses (``DataError``) when none is labelled, none is left once
+    ``leave_out`` has taken out images the run holds, or every class left has one image."""
     added = additions.read(workdir, embed_dim)
-    first, end = used_rows(workdir, updates), len(added)
-    if end <= first:
+    done = used_rows(workdir, updates)
+    waiting = [r for r in range(len(added)) if r not in done]
+    if not waiting:
         raise DataError(
-            f"no image was added to {workdir} since the last session ({first} added row(s), all used); add "
+            f"no image was added to {workdir} since the last session ({len(added)} added row(s), all used); add "
             f"labelled images (POST /add?label=NAME or search --add with --label) first."
         )
     added = additions.resolve(added, _class_names(workdir))  # labels by name: new names are new classes
     names = additions.class_list(added, _class_names(workdir))
-    labels = added.gallery.labels[first:end]
-    labelled = [first + i for i, label in enumerate(labels) if label >= 0]
+    labelled = [r for r in waiting if added.gallery.labels[r] >= 0]
     if not labelled:
         raise DataError(
-            f"the {end - first} image(s) added since the last session have no label, so no session can learn "
+            f"the {len(waiting)} image(s) added since the last session have no label, so no session can learn "
             f"from them; add images with a label (POST /add?label=NAME)."
         )
     kept, left_out = leave_out(workdir, added, labelled)
-    rows = [(names[int(added.gallery.labels[r])], added.sources[r]) for r in kept]
-    if not rows:
+    if not kept:
         raise DataError(
             f"the {len(labelled)} labelled image(s) added since the last session are all in the run already "
             f"(added with force; e.g. {left_out[0][0]} = {left_out[0][1]}): no session can learn from them; "
             f"add new labelled images."
         )
-    counts = collections.Counter(name for name, _ in rows)
-    single = sorted(name for name, n in counts.items() if n < MIN_PER_CLASS)
-    if single:
+    named = {r: names[int(added.gallery.labels[r])] for r in kept}
+    counts = collections.Counter(named.values())
+    lone = sorted(name for name, n in counts.items() if n < MIN_PER_CLASS)
+    rows = [(named[r], added.sources[r]) for r in kept if named[r] not in lone]
+    if not rows:
+        which = f"class {lone[0]!r} has" if len(lone) == 1 else f"classes {', '.join(map(repr, lone))} have"
         raise DataError(
-            f"class {single[0]!r} has 1 image among those added since the last session ({_counts(counts)}"
+            f"{which} 1 image among the labelled images added and not yet learnt ({_counts(counts)}"
             + (f"; {len(left_out)} left out, their bytes in the run already" if left_out else "")
-            + f"); a class needs at least {MIN_PER_CLASS}: add another image of it, or wait for more."
+            + f"), and no class has more; a class needs at least {MIN_PER_CLASS}: add another image of it, "
+            f"or wait for more."
         )
-    return Pending(first, end, rows, left_out)
+    wait = {r for r in kept if named[r] in lone}
+    deferred = [(named[r], added.sources[r]) for r in kept if r in wait]
+    return Pending([r for r in waiting if r not in wait], rows, left_out, deferred)
 
 
 def leave_out(workdir: str, added: additions.Added, labelled: list[int]) -> tuple[list[int], list[tuple[str, str]]]:
@@ -148,8 +178,17 @@ def describe(rows: list[tuple[str, str]]) -> str:
     return f"{len(rows)} labelled image(s) ({_counts(collections.Counter(name for name, _ in rows))})"
 
 
-def make_folder(workdir: str, session: int, first: int, end: int, rows: list[tuple[str, str]]) -> str:
-    """Lays the rows out as class folders (hard links, else copies) and writes ``rows.json``; returns it.
+def deferred_note(deferred: list[tuple[str, str]]) -> str:
+    """The ``note:`` line that says which lone images wait for a later session, and why."""
+    return (
+        f"note: {describe(deferred)} wait for a later session: a class needs at least {MIN_PER_CLASS} images "
+        f"(add another image of it, and the next session learns it; e.g. {deferred[0][1]})."
+    )
+
+
+def make_folder(workdir: str, session: int, used: list[int], rows: list[tuple[str, str]]) -> str:
+    """Lays the rows out as class folders (hard links, else copies) and writes ``rows.json`` (``first``,
+    ``end``: the span of the added rows ``used``, ``rows``: those rows as ranges); returns the folder.
     Files of one class that share a name (``IMG_0001.JPG`` from two cameras) are kept as ``IMG_0001-2.JPG``
     and so on, in the order added (they refused the session, for good); a name that is not UTF-8 (a
     latin-1 ``café.jpg`` added with ``search --add``) is kept with U+FFFD for its odd bytes, as the folder's
@@ -170,7 +209,7 @@ def make_folder(workdir: str, session: int, first: int, end: int, rows: list[tup
             except OSError:
                 shutil.copyfile(path, target)
         with open(os.path.join(folder, ROWS_FILE), "w") as f:
-            json.dump({"first": first, "end": end}, f)
+            json.dump({"first": min(used), "end": max(used) + 1, "rows": _ranges(used)}, f)
     except BaseException:
         shutil.rmtree(made, ignore_errors=True)
         raise

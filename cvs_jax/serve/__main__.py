@@ -75,8 +75,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_integer(
         "learn_after",
         None,
-        "Start the next session (POST /sessions) by itself once this many labelled images were added since the "
-        "last one (default: off).",
+        "Start the next session (POST /sessions) by itself once it would learn from this many labelled added "
+        "images (a lone image of a class waits, uncounted; default: off).",
         lower_bound=1,
         flag_values=flag_values,
     )

@@ -3,9 +3,10 @@
 The child is ``python -m cvs_jax.update --workdir W --from_added`` (``retrieval.added_session``): it takes the
 run's one-writer lock itself, so a session already training elsewhere (another child, an ``update``
 by hand) is refused by it as by any writer.  The server refuses a second start while its own child
-lives (409), and the cheap refusals (nothing labelled added, a class with one image) before any
-child starts (400).  The child runs in its own process group and outlives the server; when it
-completes, the server's poll finds the new session and the compatibility gate decides the switch.
+lives (409), and the cheap refusals (nothing labelled added, every class with one image) before any
+child starts (400); lone images of a class wait for a later session (the answer's ``deferred``).  The
+child runs in its own process group and outlives the server; when it completes, the server's poll
+finds the new session and the compatibility gate decides the switch.
 
 Progress (``GET /sessions/current``, the ``cvs_session_*`` gauges of ``/metrics``, the page) is read from
 the child's log, ``<workdir>/from_added/child.log``: the newest ``epoch E/N step S ... loss=L`` line
@@ -61,6 +62,7 @@ class SessionJob:
         self._learns: collections.Counter = collections.Counter()  # class -> images of the session started
         self._lock = threading.Lock()
         self._adopted: tuple[int, int] | None = None  # (pid, session) of a child an earlier server started
+        self._deferred: dict | None = None  # class -> lone images the session started left for a later one
 
     def start(self, wait_s: float = ACCEPT_WAIT_S) -> dict:
         """Starts the child after the refusals a request can be told at once, then waits (at most ``wait_s``)
@@ -78,11 +80,13 @@ class SessionJob:
             done = added_session.completed_sessions(self.workdir)
             updates = list(config.data.updates)
             folder = added_session.folder_of(self.workdir, done + 1)
+            answer: dict = {}
             if bool(updates) and updates[-1] == folder:  # resuming a killed session: its folder's images
                 learns = _folder_counts(folder)
             else:
-                rows = added_session.pending(self.workdir, updates, int(config.model.embed_dim))[2]  # or refuses
-                learns = collections.Counter(name for name, _ in rows)
+                plan = added_session.pending(self.workdir, updates, int(config.model.embed_dim))  # or refuses
+                learns = collections.Counter(name for name, _ in plan.rows)
+                answer["deferred"] = dict(collections.Counter(name for name, _ in plan.deferred))
             made = not os.path.isdir(os.path.dirname(self.log_path))
             os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
             with open(self.log_path, "wb") as log:
@@ -97,7 +101,8 @@ class SessionJob:
                     os.rmdir(os.path.dirname(self.log_path))
                 raise SessionRefused(refusal)
             self._child, self._learns, self._adopted = child, learns, None
-            return {"state": "training", "pid": child.pid, "session": done + 1}
+            self._deferred = answer.get("deferred")
+            return {"state": "training", "pid": child.pid, "session": done + 1, **answer}
 
     def _accepted(self, child: subprocess.Popen, folder: str, wait_s: float) -> str | None:
         """Waits until ``config.json`` records ``folder`` (``update`` checked the session's plan and took it),
@@ -119,8 +124,9 @@ class SessionJob:
         return None  # still planning: watched from GET /sessions/current
 
     def after_add(self) -> bool:
-        """``--learn_after N``: starts the session once N labelled images are pending and none trains;
-        whether it started (a refusal, e.g. a class with one image, waits for more adds)."""
+        """``--learn_after N``: starts the session once it would learn from N labelled images
+        (``added_session.labelled_pending``: lone images of a class wait, uncounted) and none trains;
+        whether it started (a refusal waits for more adds)."""
         if self._child is not None and self._child.poll() is None:
             return False
         config = added_session.run_config(self.workdir)
@@ -150,6 +156,8 @@ class SessionJob:
             state = "done" if code == 0 else "failed"
         out: dict = {"state": state, "pid": child.pid, "images": sum(self._learns.values())}
         out["classes"] = len(self._learns)
+        if self._deferred is not None and child is self._child:
+            out["deferred"] = self._deferred
         found = PROGRESS.findall(text)
         if found:
             s, epoch, epochs, step, loss = found[-1]

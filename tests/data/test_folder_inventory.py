@@ -113,7 +113,7 @@ def test_a_from_added_folders_record_is_not_an_ignored_photo(tmp_path):
 
     workdir = tmp_path / "run"
     rows = [(name, img(workdir / "uploads" / f"{name}{i}.png")) for name in ("ant", "bee") for i in range(2)]
-    folder = added_session.make_folder(str(workdir), 2, 0, len(rows), rows)
+    folder = added_session.make_folder(str(workdir), 2, list(range(len(rows))), rows)
     assert os.path.isfile(os.path.join(folder, added_session.ROWS_FILE))
     inv = fi.scan(folder, test_fraction=0.0)
     assert (len(inv.train), inv.ignored) == (4, {}) and "ignored" not in inv.description()
@@ -140,7 +140,7 @@ def test_a_name_that_is_not_utf8_is_refused_naming_it_and_an_added_one_is_kept(t
         fi.scan(str(tmp_path / "photos"))
     rows = [("ant", latin), ("ant", str(tmp_path / "photos" / "ant" / "0.png"))]
     rows += [("bee", str(tmp_path / "photos" / "bee" / f"{i}.png")) for i in range(2)]
-    folder = added_session.make_folder(str(tmp_path / "run"), 2, 0, len(rows), rows)
+    folder = added_session.make_folder(str(tmp_path / "run"), 2, list(range(len(rows))), rows)
     assert sorted(os.listdir(os.path.join(folder, "ant"))) == ["0.png", "caf\ufffd.png"]
     assert len(fi.scan(folder, test_fraction=0.0).train) == 4
 

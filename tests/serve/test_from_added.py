@@ -17,6 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cvs_jax import search, update
+from cvs_jax.errors import DataError
 from cvs_jax.reports import html
 from cvs_jax.retrieval import added_session, additions, gate
 from cvs_jax.retrieval.run_reader import ADDED_BASE, Run
@@ -59,7 +60,9 @@ def _state(wd) -> dict:
 @pytest.mark.slow  # two sessions trained; the default suite has the served end-to-end test below
 def test_from_added_trains_as_update_data_on_the_same_folder(run_copy, tmp_path, capsys):
     photos = _photos(tmp_path / "photos", {"ant": 5, "eel": 5, "dog": 4})  # eel and dog: new classes
-    _add(run_copy, photos)
+    _add(run_copy, {"ant": photos["ant"]})
+    _add(run_copy, _photos(tmp_path / "lone", {"kiwi": 1}))  # deferred: the session is the folder's without it
+    _add(run_copy, {k: photos[k] for k in ("eel", "dog")})
     before = _added_bytes(run_copy)
     twin = str(tmp_path / "twin")
     shutil.copytree(run_copy, twin)  # the same run and added rows, updated from the folder instead
@@ -71,28 +74,106 @@ def test_from_added_trains_as_update_data_on_the_same_folder(run_copy, tmp_path,
     a, b = Run(run_copy).gallery, Run(twin).gallery
     assert [p.embeddings.tobytes() for p in a.parts] == [p.embeddings.tobytes() for p in b.parts]
     assert [p.labels.tolist() for p in a.parts] == [p.labels.tolist() for p in b.parts]
-    # the rows are used once: nothing new since, so the next request is refused and changes nothing
+    # the rows are used once: only the lone kiwi is left, so the next request is refused and changes nothing
     state = _state(run_copy)
     capsys.readouterr()
     assert update.update_from_added(run_copy) == 2
-    assert capsys.readouterr().err.count("error:") == 1
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "error: class 'kiwi' has 1 image" in err
     assert _state(run_copy) == state
 
 
-@pytest.mark.parametrize("case", ["nothing", "unlabelled", "one_image"])
+@pytest.mark.parametrize("case", ["nothing", "unlabelled", "one_image_each"])
 def test_refusals_change_nothing(run_copy, tmp_path, capsys, case):
     if case == "unlabelled":
         _add(run_copy, _photos(tmp_path / "p", {"ant": 3}), labelled=False)
-    elif case == "one_image":
-        _add(run_copy, _photos(tmp_path / "p", {"ant": 3, "bee": 1}))
+    elif case == "one_image_each":  # every class would be deferred: nothing is left to learn from
+        _add(run_copy, _photos(tmp_path / "p", {"kiwi": 1, "bee": 1}))
     state = _state(run_copy)
     capsys.readouterr()
     assert update.update_from_added(run_copy) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:")
-    want = {"nothing": "no image was added", "unlabelled": "have no label", "one_image": "class 'bee' has 1 image"}
+    want = {
+        "nothing": "no image was added",
+        "unlabelled": "have no label",
+        "one_image_each": "classes 'bee', 'kiwi' have 1 image among the labelled images added and not yet learnt "
+        "(bee: 1, kiwi: 1), and no class has more; a class needs at least 2",
+    }
     assert want[case] in err[0]
     assert _state(run_copy) == state and not os.path.exists(os.path.join(run_copy, "from_added", "session-2"))
+
+
+def _used(wd, folders) -> set[int]:
+    return added_session.used_rows(wd, [str(f) for f in folders])
+
+
+def test_a_lone_image_of_a_class_waits_for_a_later_session_and_blocks_no_other(run_copy, tmp_path, capsys, monkeypatch):
+    """One photo of a rare class ("kiwi") refused every session from the adds, for every class, until a
+    second one came.  The session learns the classes with two images or more; the lone one stays pending
+    (not in ``rows.json``), said by a ``note:`` line and ``POST /sessions``' ``deferred``; the next session
+    takes it with the rows added since, no row used twice or lost.  ``--learn_after`` counts what the
+    session would learn from, not the lone image."""
+    dim = Run(run_copy).config.model.embed_dim
+    photos = _photos(tmp_path / "p", {"ant": 3, "kiwi": 1, "bee": 2})  # rows 0-2 ant, 3 kiwi, 4-5 bee
+    _add(run_copy, photos)
+    assert added_session.labelled_pending(run_copy, [], dim) == 5  # the lone kiwi does not count
+    script = tmp_path / "stand_in.sh"  # the child: accepts the plan and exits (training is not the subject)
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(0o755)
+    monkeypatch.setattr(sessions.sys, "executable", str(script))
+    job = sessions.SessionJob(run_copy)
+    answer = job.start()
+    assert answer["session"] == 2 and answer["deferred"] == {"kiwi": 1}, answer
+    current = job.current()
+    assert (current["images"], current["classes"], current["deferred"]) == (5, 2, {"kiwi": 1}), current
+    capsys.readouterr()
+    folder, made, what = update.from_added_folder(run_copy)
+    out = capsys.readouterr().out.splitlines()
+    assert made and what == "5 labelled image(s) (ant: 3, bee: 2)"
+    assert out[1] == (
+        "note: 1 labelled image(s) (kiwi: 1) wait for a later session: a class needs at least 2 images (add "
+        f"another image of it, and the next session learns it; e.g. {Run(run_copy).added_sources[3]})."
+    )
+    assert sorted(os.listdir(folder)) == ["ant", "bee", "rows.json"]
+    with open(os.path.join(folder, "rows.json")) as f:
+        assert json.load(f) == {"first": 0, "end": 6, "rows": [[0, 3], [4, 6]]}
+    # the session recorded (its folder in data.updates): the kiwi alone is pending, and is not a session
+    assert _used(run_copy, [folder]) == {0, 1, 2, 4, 5}
+    assert added_session.labelled_pending(run_copy, [folder], dim) == 0
+    with pytest.raises(DataError, match=r"^class 'kiwi' has 1 image among .* \(kiwi: 1\), and no"):
+        added_session.pending(run_copy, [folder], dim)
+    _add(run_copy, _photos(tmp_path / "late", {"kiwi": 1, "cat": 2}, seed=900))  # rows 6 kiwi, 7-8 cat
+    plan = added_session.pending(run_copy, [folder], dim)
+    assert (
+        plan.used == [3, 6, 7, 8]
+        and plan.deferred == []
+        and added_session.labelled_pending(run_copy, [folder], dim) == 4
+    )
+    sources = Run(run_copy).added_sources
+    assert plan.rows == [("kiwi", sources[3]), ("kiwi", sources[6]), ("cat", sources[7]), ("cat", sources[8])]
+    later = added_session.make_folder(run_copy, 3, plan.used, plan.rows)
+    assert _used(run_copy, [folder, later]) == set(range(9))  # each row once, none lost
+    with pytest.raises(DataError, match="no image was added"):
+        added_session.pending(run_copy, [folder, later], dim)
+
+
+def test_an_old_rows_json_reads_as_every_row_of_its_span_used(run_copy, tmp_path):
+    """A ``rows.json`` written before lone images were deferred holds ``first`` and ``end`` alone: all of
+    ``first..end-1`` was used.  Read beside a newer one that deferred a row, the pending rows are exactly
+    the deferred one and those added since."""
+    dim = Run(run_copy).config.model.embed_dim
+    _add(run_copy, _photos(tmp_path / "p", {"ant": 2, "bee": 3, "kiwi": 1, "cat": 2}))  # 0-1, 2-4, 5, 6-7
+    old = added_session.folder_of(run_copy, 2)
+    os.makedirs(old)
+    with open(os.path.join(old, "rows.json"), "w") as f:
+        json.dump({"first": 0, "end": 2}, f)  # as d6f7dad's make_folder wrote it
+    assert _used(run_copy, [old]) == {0, 1}
+    plan = added_session.pending(run_copy, [old], dim)
+    assert plan.used == [2, 3, 4, 6, 7] and [name for name, _ in plan.deferred] == ["kiwi"]
+    new = added_session.make_folder(run_copy, 3, plan.used, plan.rows)
+    assert _used(run_copy, [old, new]) == set(range(8)) - {5}
+    assert not os.path.exists(os.path.join(run_copy, "from_added", "session-3", "kiwi"))
 
 
 def test_search_add_takes_a_new_class_name_and_refuses_names_that_cannot_be_one(run_copy, tmp_path, capsys):
@@ -152,7 +233,7 @@ def test_rows_of_one_name_or_bytes_the_run_holds_no_longer_block_every_later_ses
         assert _bytes(os.path.join(folder, "ant", name)) == _bytes(path)  # each camera's photo, in the order added
     update.plan_update(run_copy, folder)  # refused both (a shared file name; images the run holds) before
     with open(os.path.join(folder, "rows.json")) as f:
-        assert json.load(f) == {"first": 0, "end": 8}  # every row counts as used: none is offered again
+        assert json.load(f) == {"first": 0, "end": 8, "rows": [[0, 8]]}  # every row used: none is offered again
 
 
 class _Child:
@@ -369,16 +450,16 @@ def test_post_sessions_trains_beside_serving_and_the_new_model_is_served(run_cop
     # the late adds belong to the next session: this one used the 14 before them, none is lost or used twice
     folder = os.path.join(run_copy, "from_added", "session-2")
     with open(os.path.join(folder, "rows.json")) as f:
-        assert json.load(f) == {"first": 0, "end": 14}
+        assert json.load(f) == {"first": 0, "end": 14, "rows": [[0, 14]]}
     assert sum(len(files) for _, _, files in os.walk(folder)) == 14 + 1  # the images and rows.json
     with open(os.path.join(run_copy, "from_added", "child.log")) as f:
         child_log = f.read()
     drawn = "test split drawn: 0.2 of each class, seed 0"  # and no "; ignored: 1 not in a class folder" (rows.json)
     assert f"from folders {folder}: 3 classes, 12 train / 2 test images ({drawn}) into " in child_log
     config = Run(run_copy).config
-    first, end, rows, _ = added_session.pending(run_copy, list(config.data.updates), config.model.embed_dim)
+    used, rows, _, _ = added_session.pending(run_copy, list(config.data.updates), config.model.embed_dim)
     stored = additions.read(run_copy, config.model.embed_dim)
-    assert (first, end) == (14, 16) and [src for _, src in rows] == stored.sources[14:]
+    assert used == [14, 15] and [src for _, src in rows] == stored.sources[14:]
     assert [name for name, _ in rows] == ["ant", "ant"] and sorted(stored.digests[14:]) == late_digests
     # a server started now (say, after one killed while the child trained) takes session 2 through the gate
     with open(paths.served_file(run_copy), "rb") as f:
@@ -453,7 +534,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_learn_after_starts_the_session_once_n_labelled_images_are_pending(run_copy, tmp_path):
+def test_learn_after_starts_the_session_once_n_labelled_images_are_pending(run_copy, tmp_path, caplog):
     served = Served(run_copy, poll_s=0, max_wait_s=0.02)
     client = TestClient(create_app(served, learn_after=3))
     photos = _photos(tmp_path / "photos", {"ant": 2, "bee": 2, "cat": 1})
@@ -466,7 +547,8 @@ def test_learn_after_starts_the_session_once_n_labelled_images_are_pending(run_c
 
     assert add(photos["ant"][0], "ant") is False and add(photos["cat"][0]) is None  # 1 pending; unlabelled
     assert add(photos["bee"][0], "bee") is False  # 2 of 3
-    assert add(photos["ant"][1], "ant") is False  # 3, but bee has one image: refused, waits for more
+    assert add(photos["ant"][1], "ant") is False  # 3 added, but the lone bee waits: 2 to learn from
+    assert "not started" not in caplog.text  # no session tried (and refused) while lone images are counted
     assert client.get("/sessions/current").json()["state"] == "idle"
     assert _gauges(client.get("/metrics").text) == _want_gauges({"state": "idle"})
     assert add(photos["bee"][1], "bee") is True
