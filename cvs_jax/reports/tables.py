@@ -49,11 +49,11 @@ def recall_ks(runs: list[dict], configured: Sequence[int] = ()) -> list[str]:
     return next((list(r["average_recall"]) for r in runs if r["status"] == "ok"), [str(k) for k in configured])
 
 
-def summarize_runs(runs: list[dict], methods: list[str], ks: Sequence[int] = ()) -> list[dict]:
+def summarize_runs(runs: list[dict], methods: list[str], configured_ks: Sequence[int] = ()) -> list[dict]:
     """Per method (in ``methods`` order): AR@K and COMPAT mean/std/per-seed over its finished seeds, the
     seeds that diverged, the mean recall@1 per session and the paired difference to ``cvs`` (None for
-    cvs itself, and when cvs is not compared).  ``ks``: the config's K (``recall_ks``)."""
-    ks = recall_ks(runs, ks)
+    cvs itself, and when cvs is not compared).  ``configured_ks``: the config's K (``recall_ks``)."""
+    ks = recall_ks(runs, configured_ks)
     by_method = {m: [r for r in runs if r["method"] == m] for m in methods}
     ok = {m: {r["seed"]: r for r in rs if r["status"] == "ok"} for m, rs in by_method.items()}
     summary = []
@@ -91,9 +91,11 @@ def summarize_runs(runs: list[dict], methods: list[str], ks: Sequence[int] = ())
     return summary
 
 
-def summarize_pairs(runs: list[dict], pairs: list[tuple[str, str, str]], ks: Sequence[int] = ()) -> list[dict]:
+def summarize_pairs(
+    runs: list[dict], pairs: list[tuple[str, str, str]], configured_ks: Sequence[int] = ()
+) -> list[dict]:
     """``entry_pairs``' comparisons: ``{a, b, why, difference: {K or COMPAT key: paired_difference}}``."""
-    ks = recall_ks(runs, ks)
+    ks = recall_ks(runs, configured_ks)
     ok = {}
     for r in runs:
         if r["status"] == "ok":
