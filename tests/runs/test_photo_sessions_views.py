@@ -114,12 +114,17 @@ def test_summaries_agree_in_results_info_and_page(run):
     nfr = compatibility.mean_flips(res["negative_flip_rate"])
     text = info.format_info(info.describe(wd))
     ac, am = compatibility.average_compatibility(matrix), compatibility.average_multimodel_accuracy(matrix)
-    assert f"BC {bc:+.2f} points" in text and f"AC {ac:.2f}" in text and f"AM {100 * am:.1f} %" in text
+    assert f"BC {bc:+.2f} points" in text and f"AC {100 * ac:.1f} %" in text and f"AM {100 * am:.1f} %" in text
     assert f"NFR {100 * nfr:.1f} %" in text
     assert "the diagonal can differ from it" in text  # the matrix's queries are not a session's R@1 queries
-    page = run_page.render(wd)
+    page = run_page.render(wd)  # AC in % as in the text and compare's tables (it was a share here and there)
     summaries = dict(re.findall(r'data-summary="(\w+)">([^<]*)<', page))
-    assert summaries == {"BC": f"{bc:+.2f}", "AC": f"{ac:.2f}", "AM": f"{100 * am:.2f}", "NFR": f"{100 * nfr:.2f}"}
+    assert summaries == {
+        "BC": f"{bc:+.2f}",
+        "AC": f"{100 * ac:.2f}",
+        "AM": f"{100 * am:.2f}",
+        "NFR": f"{100 * nfr:.2f}",
+    }
     assert "the diagonal can differ from it" in page
     # an older results.json held BC as a fraction under compatibility_mean_drop: read in points
     assert compatibility.bc_points({"compatibility_mean_drop": -0.3408}) == pytest.approx(-34.08)
