@@ -187,12 +187,10 @@ def format_matrix(matrix, flips=None) -> str:
     nfr = mean_flips(flips)
     summary = [] if bc is None else [f"BC {100 * bc:+.2f} points (newer models on old rows minus the rows' own model)"]
     if ac is not None:
-        ac_pass = average_compatibility(matrix, ties="pass")
-        ties = (
-            ""
-            if ac_pass == ac
-            else f"; {100 * ac_pass:.1f} % if a tie with the part's own model passes, as CoReS counts"
-        )
+        ac_pass = average_compatibility(matrix, ties="pass")  # never None where ac is not: the same pairs
+        ties = ""
+        if ac_pass is not None and ac_pass != ac:
+            ties = f"; {100 * ac_pass:.1f} % if a tie with the part's own model passes, as CoReS counts"
         summary.append(  # in %, as AM and NFR beside it and compare's tables (results.json holds the share)
             f"AC {100 * ac:.1f} % (of later-model / earlier-part pairs, the later model beating the part's own model "
             f"on its rows{ties})"
