@@ -84,6 +84,21 @@ def test_info_rows_per_model_are_each_models_rows(run):
     assert sum(counts) == got["gallery_rows"]
 
 
+def test_info_on_a_run_stopped_mid_protocol_says_the_classes_learnt_so_far(run, run_copy):
+    """An update killed in session 2 (its protocol written, no session-2 checkpoint, no results.json): info
+    says the 3 classes of session 1 were learnt of the 5 planned, and marks dog and kiwi as planned only (the
+    header said "5 classes", the plan's count, as if the gallery held them)."""
+    shutil.rmtree(os.path.join(paths.sessions_dir(run_copy), "1"))
+    os.remove(paths.results_file(run_copy))
+    got = info.describe(run_copy)
+    assert (got["sessions_completed"], len(got["sessions"]), got["classes_learnt"], len(got["classes"])) == (1, 2, 3, 5)
+    text = info.format_info(got)
+    assert "1 of 2 session(s) completed, 3 classes learnt so far, of 5 planned, gallery" in text
+    planned = {line.split()[0] for line in text.splitlines() if line.endswith("(planned: not learnt yet)")}
+    assert planned == {"dog", "kiwi"}
+    assert "2 of 2 session(s) completed, 5 classes, gallery" in info.format_info(info.describe(run["workdir"]))
+
+
 def test_new_images_and_trained_on_are_named_apart(run, capsys):
     wd = run["workdir"]
     per, protocol = _results(wd)["per_session"], _protocol(wd)
