@@ -1,4 +1,5 @@
-"""The entry points' one error boundary, their --help and --verbosity (subprocesses, no training)."""
+"""The entry points' one error boundary, their --help and --verbosity (subprocesses, no training but in one
+slow test)."""
 
 import json
 import os
@@ -160,6 +161,30 @@ def test_a_printing_command_piped_to_head_ends_quietly_and_finishes(tmp_path):
         os.close(stdout)
     assert (proc.returncode, proc.stderr) == (cli.READER_GONE_STATUS, "")
     assert json.loads(out.read_text())["gpu_hours"] > 0
+
+
+@pytest.mark.slow
+def test_a_real_run_piped_to_a_reader_that_left_trains_to_its_end(fashion_idx, tmp_path):
+    """``main ... | head`` with the real trainer: every session trains and results.json is written although
+    stdout's reader left before the first line; a rerun trains nothing and leaves results.json as it was."""
+    wd = tmp_path / "wd"
+    tiny = {"data.num_sessions": 2, "data.first_classes": 4, "data.classes_per_session": 2}
+    tiny |= {"data.samples_per_new_class": 40, "model.width": 4, "model.embed_dim": 8, "train.epochs": 1}
+    tiny |= {"train.batch_size": 16, "memory.budget": 30, "method": "cvs"}
+    args = [sys.executable, "-m", "cvs_jax.main", "--config", "configs/fashion_mnist_general.py", "--workdir", str(wd)]
+    args += [f"--config.data.manual_dir={fashion_idx(60, 10)}", f"--config.data.data_dir={tmp_path / 'tfds'}"]
+    args += [f"--config.{k}={v}" for k, v in tiny.items()]
+    stdout = _closed_pipe()
+    try:
+        proc = subprocess.run(args, cwd=REPO, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=600)
+    finally:
+        os.close(stdout)
+    assert (proc.returncode, proc.stderr) == (cli.READER_GONE_STATUS, "")
+    first = (wd / "results.json").read_text()
+    assert len(json.loads(first)["per_session"]) == 2
+    again = _run(args)
+    assert again.returncode == 0 and "session 1/2" not in again.stdout, again.stdout[-2000:]
+    assert (wd / "results.json").read_text() == first
 
 
 def test_unknown_config_variant_is_one_error_line():
