@@ -13,10 +13,15 @@ A problem the user must fix (``errors.UserError``) is one ``error: <message>`` l
 exit status 2 (``command``); so are a write the file system refuses (a read-only or full disk:
 ``errors.not_writable``) and absl's own flag errors (an unknown flag, a missing required flag, a bad
 value: ``run``).  Every other exception keeps its traceback.
+
+A closed stdout (``... | head`` has read its lines) stops the printing, not the work (``_Printout``): the
+command finishes what it does (a training run trains on and writes its results), prints nothing more and
+exits with status 141, as a tool ended by SIGPIPE does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import logging as std_logging
@@ -86,6 +91,66 @@ def enable_compile_cache() -> None:
 
 
 INTERRUPTED_STATUS = 130  # a shell's status for a process ended by SIGINT
+READER_GONE_STATUS = 141  # a shell's status for a process ended by SIGPIPE (128 + 13): its reader went away
+
+
+class _Printout:
+    """``sys.stdout`` / ``sys.stderr`` while a command runs.  A write to a pipe whose reader has gone (``| head``
+    done, a ``tee`` killed) points the stream at /dev/null and is dropped, where Python raised BrokenPipeError
+    from whichever ``print`` came next: in a training run that was before ``results.json`` was written, and the
+    run stopped.  SIGPIPE itself stays ignored (Python's default), so a server on a closed socket lives on."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.reader_gone = False
+
+    def _gone(self) -> None:
+        """From now on the stream writes to /dev/null, so that no later flush (the interpreter's last one
+        included) meets the closed pipe again."""
+        self.reader_gone = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+            self._stream.flush()  # what it still holds goes to /dev/null
+        except (OSError, ValueError, AttributeError):  # no file descriptor (a test's stream): dropped as it is
+            pass
+
+    def write(self, text: str) -> int:
+        if not self.reader_gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.reader_gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._gone()
+
+    def __getattr__(self, name: str):  # fileno, isatty, encoding, buffer...: the stream's own
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _printing():
+    """``sys.stdout`` and ``sys.stderr`` as ``_Printout``s for the block (left as they are when they already
+    are: ``run`` installs them for the whole process); yields them."""
+    outs = [getattr(sys, name) for name in ("stdout", "stderr")]
+    mine = [not isinstance(out, _Printout) for out in outs]
+    wrapped = [_Printout(out) if new else out for out, new in zip(outs, mine)]
+    sys.stdout, sys.stderr = wrapped
+    try:
+        yield wrapped
+    finally:
+        for name, out, new in zip(("stdout", "stderr"), outs, mine):
+            if new:
+                setattr(sys, name, out)
+
+
 INTERRUPTED = "interrupted (Ctrl-C): what the last checkpoint holds is kept; rerun the same command to resume from it."
 
 
@@ -93,31 +158,43 @@ def command(main: Callable[[list[str], flags.FlagValues], int]) -> Callable[...,
     """The one error boundary of an entry point's ``main``: a ``UserError``, or a write the file system refused
     (``errors.not_writable``: read-only, permission, no space), becomes one ``error:`` line and exit status 2
     (also when a test calls ``main`` in-process); Ctrl-C (SIGINT) one ``interrupted`` line and status 130, as a
-    shell reports it (the ``finally`` blocks have closed the run by then); anything else is a bug and keeps
-    its traceback."""
+    shell reports it (the ``finally`` blocks have closed the run by then); a reader of stdout that went away
+    (``| head``) status 141 once ``main`` has finished (``_Printout``); anything else is a bug and keeps its
+    traceback."""
 
     @functools.wraps(main)
     def wrapped(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
-        try:
-            return main(argv, flag_values)
-        except UserError as e:
-            return report(e)
-        except OSError as e:  # the file system refused a write (read-only, no space): the user's to fix
-            refusal = not_writable(e)
-            if refusal is None:
-                raise
-            return report(refusal)
-        except KeyboardInterrupt:
-            print(INTERRUPTED, file=sys.stderr)
-            return INTERRUPTED_STATUS
+        with _printing() as outs:
+            status = _guarded(main, argv, flag_values)
+            for out in outs:  # what is still buffered: a reader that left meets it here, not at the exit
+                out.flush()
+        return READER_GONE_STATUS if status == 0 and any(out.reader_gone for out in outs) else status
 
     return wrapped
+
+
+def _guarded(main: Callable[[list[str], flags.FlagValues], int], argv: list[str], flag_values: flags.FlagValues) -> int:
+    """``command``'s boundary itself: ``main``'s status, or that of the problem it stopped on."""
+    try:
+        return main(argv, flag_values)
+    except UserError as e:
+        return report(e)
+    except OSError as e:  # the file system refused a write (read-only, no space): the user's to fix
+        refusal = not_writable(e)
+        if refusal is None:
+            raise
+        return report(refusal)
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        return INTERRUPTED_STATUS
 
 
 def run(main: Callable[[list[str]], int], define_flags: Callable[[], None]) -> None:
     """Defines the command's flags and runs ``main`` under absl (its return value is the exit status):
     ``--help`` exits with status 0, flag errors are one ``error:`` line with exit status 2, and the
-    persistent compilation cache is on (``enable_compile_cache``)."""
+    persistent compilation cache is on (``enable_compile_cache``); a closed stdout is ``_Printout``'s from the
+    start (``--help | head`` too)."""
+    sys.stdout, sys.stderr = _Printout(sys.stdout), _Printout(sys.stderr)
     enable_compile_cache()
     define_flags()
     app.define_help_flags()

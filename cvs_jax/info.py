@@ -5,7 +5,8 @@ Example: ``python -m cvs_jax.info --workdir workdirs/demo`` (``--json`` for a sc
 Reads the workdir only (``config.json``, ``protocol.json``, ``results.json`` and the gallery of the
 newest completed session, as ``search`` reads it; no dataset, no photo folder):
 
-* the classes, with their gallery rows and the session each first arrived in;
+* the classes, with their gallery rows and the session each first arrived in (a run stopped mid-protocol:
+  the classes learnt so far, of those its plan holds);
 * the sessions: new training images and the images trained on (replay included), new classes, the
   gallery rows its model embedded, recall@1, the replay rows, and each loss term's mean over the
   session's epochs (a term 0 in every epoch is marked inactive: LCE's L_bound when its clamp saturates);
@@ -40,16 +41,19 @@ def describe(workdir: str) -> dict:
 
 
 def format_info(info: dict) -> str:
-    c = info["classes"]
+    c, done = info["classes"], info["sessions_completed"]
     lines = [
         f"{info['workdir']}: {info['method']} on {info['dataset']} ({info['setup']}), "
-        f"{info['sessions_completed']} of {len(info['sessions'])} session(s) completed, {len(c)} classes, "
+        f"{done} of {len(info['sessions'])} session(s) completed, {_classes(info)}, "
         f"gallery {info['gallery_rows']} rows ({info['added_rows']} added with search --add)",
         "",
         "classes (gallery rows, session of first arrival):",
     ]
     width = max([len(x["class_name"]) for x in c] + [5])
-    lines += [f"  {x['class_name']:<{width}}  {x['gallery_rows']:>6}  {x['first_session'] or '-'}" for x in c]
+    for x in c:
+        first = x["first_session"] or "-"
+        later = " (planned: not learnt yet)" if (x["first_session"] or 0) > done else ""
+        lines.append(f"  {x['class_name']:<{width}}  {x['gallery_rows']:>6}  {first}{later}")
     lines += ["", "sessions:"]
     for s in info["sessions"]:
         recall = s["recall"] or {}
@@ -80,6 +84,14 @@ def format_info(info: dict) -> str:
             "the numbers above score older gallery parts with the newest model's queries mapped into their space"
         )
     return "\n".join(lines)
+
+
+def _classes(info: dict) -> str:
+    """``8 classes``; for a run stopped mid-protocol ``4 classes learnt so far, of 8 planned``: the plan's count
+    alone read as what the gallery holds."""
+    planned = len(info["classes"])
+    learnt = info.get("classes_learnt", planned)
+    return f"{planned} classes" if learnt == planned else f"{learnt} classes learnt so far, of {planned} planned"
 
 
 def format_terms(terms: dict) -> str:

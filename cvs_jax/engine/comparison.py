@@ -312,8 +312,8 @@ def write_outputs(
 ):
     """The comparison's tables, JSON, page and plot from its runs' records; returns one row per method
     (``rows_from_summary``).  ``write=False`` (``--tabulate`` while the comparison runs): printed only."""
-    summary = summarize_runs(runs, methods)
-    pairs = summarize_pairs(runs, entry_pairs(config, methods))
+    summary = summarize_runs(runs, methods, config.eval.ks)
+    pairs = summarize_pairs(runs, entry_pairs(config, methods), config.eval.ks)
     rows = rows_from_summary(summary)
     title = f"{config.data.name} / {config.data.setup}"
     if split_seed is None:

@@ -177,6 +177,10 @@ def run_comparison(
     None each seed its own).  ``population``: each method's seeds (consecutive) train as one
     population, on one plan (``split_seed``, else ``config.split_seed``, else the first seed's)."""
     comparison.check_entries(config, methods, seeds, split_seed, population)
+    if split_seed is None:
+        split_seed = config.split_seed
+    if population and split_seed is None:
+        split_seed = min(seeds)  # the members of a population share one session plan
     distributed.maybe_initialize(config.distributed.multihost)  # before the lock asks JAX for the process index
     if not tabulate:  # (tabulating reads records only: it needs no dataset or weights file)
         _check_entry_configs(config, methods, seeds, split_seed, population)
@@ -205,12 +209,14 @@ def run_comparison(
 def _check_entry_configs(config, methods: list[str], seeds: list[int], split_seed, population: bool) -> None:
     """Every entry's config passes ``config_checks`` before the first run starts, so that a field the last
     entry cannot take (a memory budget below the classes, a method a population cannot train) is refused
-    before the earlier entries have trained for hours."""
+    before the earlier entries have trained for hours; then every run's session plan (``data_checks.check_entries``:
+    a session smaller than a batch that only some methods' memory fills)."""
     for entry in methods:
         c = comparison.entry_config(config, entry, seeds[0], split_seed)
         if population:
             c.population = len(seeds)
         config_checks.check(c, num_devices=jax.device_count())
+    data_checks.check_entries([comparison.entry_config(config, e, seed, split_seed) for seed in seeds for e in methods])
 
 
 def _share_session_one(c, entry: str, seed: int, run_dir: str, earlier: dict) -> None:
@@ -263,10 +269,6 @@ def _compare(
     tabulate: bool = False,
     write: bool = True,
 ) -> list[dict]:
-    if split_seed is None:
-        split_seed = config.split_seed
-    if population and split_seed is None:
-        split_seed = min(seeds)  # the members of a population share one session plan
     runs: list[dict] = []
     t0 = time.time()
     if tabulate:

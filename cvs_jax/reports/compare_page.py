@@ -38,9 +38,13 @@ def _table(c: dict) -> str:
     for e in summary:
         vs = (e.get("vs_" + REFERENCE) or {}).get("1") if ks else None
         diverged = f" ({len(e['diverged'])} diverged)" if e["diverged"] else ""
+        none = "diverged" if e["diverged"] and not e["seeds"] else None  # every seed diverged: said, not "-"
         rows.append(
             [html.esc(e["method"]), f"{len(e['seeds'])}{diverged}"]
-            + [f'<span data-ar="{html.esc(e["method"])}:{k}">{_mean_std(e["average_recall"][k])}</span>' for k in ks]
+            + [
+                f'<span data-ar="{html.esc(e["method"])}:{k}">{none or _mean_std(e["average_recall"][k])}</span>'
+                for k in ks
+            ]
             + [_mean_std(e.get("mAP")), _mean_std(e[BC])]
             + [_interval(vs)]
         )
@@ -122,7 +126,7 @@ def render(c: dict, workdir: str) -> str:
         _table(c),
         _pairs_table(c),
     ]
-    if any(e["average_recall"] for e in c["summary"]):
+    if any(e["seeds"] for e in c["summary"]):  # a finished run to plot
         body += ["<h2>Per seed and paired intervals</h2>", html.img(html.figure_uri(_points(c)), "per-seed", "plot")]
     fig = _sessions(c)
     if fig is not None:

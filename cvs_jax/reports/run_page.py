@@ -182,14 +182,17 @@ def _compat_section(results: dict | None) -> str:
     drop = compatibility.bc_points(results)
     ac, am = compatibility.average_compatibility(matrix), compatibility.average_multimodel_accuracy(matrix)
     ac_pass = compatibility.average_compatibility(matrix, ties="pass")
-    ac_text = f'<b><span data-summary="AC">{"-" if ac is None else f"{ac:.2f}"}</span></b>'
+    ac_text = f'<b><span data-summary="AC">{html.pct(ac)}</span></b> %'  # in %, as in the text and compare
     if ac_pass != ac:  # a later model ties a part's own model: CoReS's rule passes the tie, iamcl2r's fails it
-        ac_text += f' (a tie fails; <b><span data-summary="AC-ties-pass">{ac_pass:.2f}</span></b> if a tie passes)'
+        ac_text += (
+            f' (a tie fails; <b><span data-summary="AC-ties-pass">{html.pct(ac_pass)}</span></b> % if a tie passes)'
+        )
     nfr = compatibility.mean_flips(results.get("negative_flip_rate"))
     note = (
         f"BC, the mean change on old rows (newer models minus the rows' own model): "
         f'<b><span data-summary="BC">{"-" if drop is None else f"{drop:+.2f}"}</span></b> points; '
-        f"AC (share of later models beating a part's own model on its rows): {ac_text}; "
+        f"AC (of later-model / earlier-part pairs, the later model beating the part's own model on its rows): "
+        f"{ac_text}; "
         "AM (every model on every part it searches): "
         f'<b><span data-summary="AM">{html.pct(am)}</span></b> %; NFR (queries right before an update and '
         f'wrong after, mean over updates): <b><span data-summary="NFR">{html.pct(nfr)}</span></b> %. '

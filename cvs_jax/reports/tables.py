@@ -43,11 +43,17 @@ def _paired(ok_a: dict, ok_b: dict, keys: list[str]) -> dict:
     return out
 
 
-def summarize_runs(runs: list[dict], methods: list[str]) -> list[dict]:
+def recall_ks(runs: list[dict], configured: Sequence[int] = ()) -> list[str]:
+    """The K of the AR@K columns: those of the first finished run, else the config's (``eval.ks``), so that a
+    comparison in which every run diverged keeps its AR@K columns (cells "diverged") instead of losing them."""
+    return next((list(r["average_recall"]) for r in runs if r["status"] == "ok"), [str(k) for k in configured])
+
+
+def summarize_runs(runs: list[dict], methods: list[str], configured_ks: Sequence[int] = ()) -> list[dict]:
     """Per method (in ``methods`` order): AR@K and COMPAT mean/std/per-seed over its finished seeds, the
     seeds that diverged, the mean recall@1 per session and the paired difference to ``cvs`` (None for
-    cvs itself, and when cvs is not compared)."""
-    ks = next((list(r["average_recall"]) for r in runs if r["status"] == "ok"), [])
+    cvs itself, and when cvs is not compared).  ``configured_ks``: the config's K (``recall_ks``)."""
+    ks = recall_ks(runs, configured_ks)
     by_method = {m: [r for r in runs if r["method"] == m] for m in methods}
     ok = {m: {r["seed"]: r for r in rs if r["status"] == "ok"} for m, rs in by_method.items()}
     summary = []
@@ -85,9 +91,11 @@ def summarize_runs(runs: list[dict], methods: list[str]) -> list[dict]:
     return summary
 
 
-def summarize_pairs(runs: list[dict], pairs: list[tuple[str, str, str]]) -> list[dict]:
+def summarize_pairs(
+    runs: list[dict], pairs: list[tuple[str, str, str]], configured_ks: Sequence[int] = ()
+) -> list[dict]:
     """``entry_pairs``' comparisons: ``{a, b, why, difference: {K or COMPAT key: paired_difference}}``."""
-    ks = next((list(r["average_recall"]) for r in runs if r["status"] == "ok"), [])
+    ks = recall_ks(runs, configured_ks)
     ok = {}
     for r in runs:
         if r["status"] == "ok":

@@ -172,8 +172,8 @@ def negative_flips(
 
 def format_matrix(matrix, flips=None) -> str:
     """The compatibility matrix as a table in % (row i: model of session i; column j: gallery rows of
-    session j; ``-``: no entry), then its summaries BC, AC, AM and (``flips``: the run's
-    ``negative_flip_rate``) NFR."""
+    session j; ``-``: no entry), then its summaries BC (points), AC, AM and (``flips``: the run's
+    ``negative_flip_rate``) NFR, in % as everywhere a person reads them."""
     if not matrix:
         return "compatibility: not computed yet (written when a run or update finishes)"
     n = len(matrix)
@@ -187,9 +187,14 @@ def format_matrix(matrix, flips=None) -> str:
     nfr = mean_flips(flips)
     summary = [] if bc is None else [f"BC {100 * bc:+.2f} points (newer models on old rows minus the rows' own model)"]
     if ac is not None:
-        ac_pass = average_compatibility(matrix, ties="pass")
-        ties = "" if ac_pass == ac else f"; {ac_pass:.2f} if a tie with the part's own model passes, as CoReS counts"
-        summary.append(f"AC {ac:.2f} (share of later models beating a part's own model on its rows{ties})")
+        ac_pass = average_compatibility(matrix, ties="pass")  # never None where ac is not: the same pairs
+        ties = ""
+        if ac_pass is not None and ac_pass != ac:
+            ties = f"; {100 * ac_pass:.1f} % if a tie with the part's own model passes, as CoReS counts"
+        summary.append(  # in %, as AM and NFR beside it and compare's tables (results.json holds the share)
+            f"AC {100 * ac:.1f} % (of later-model / earlier-part pairs, the later model beating the part's own model "
+            f"on its rows{ties})"
+        )
     if am is not None and n > 1:
         summary.append(f"AM {100 * am:.1f} % (every model on every part it searches)")
     if nfr is not None:

@@ -99,6 +99,8 @@ def describe_run(run: run_reader.Run) -> dict:
         "dataset": run.protocol.get("dataset"),
         "setup": run.protocol.get("setup"),
         "sessions_completed": run.gallery_session + 1,
+        # the classes of the completed sessions (and those only added rows carry); "classes" lists the plan's
+        "classes_learnt": sum((x["first_session"] or 0) <= run.gallery_session + 1 for x in classes),
         "gallery_rows": len(rows),
         "added_rows": len(run.added),
         "classes": classes,

@@ -30,8 +30,11 @@ def test_average_multimodel_accuracy_by_hand():
 
 
 def test_the_summaries_are_printed_under_the_matrix():
+    """AC in %, as AM beside it, the run page and compare's tables show it (it was a share, 0.33, here alone);
+    the tie-passing count too (pair (2, 1) ties: 2 of 3 pass)."""
     text = compatibility.format_matrix(M)
-    assert "AC 0.33" in text and "AM 65.8 %" in text
+    assert "AC 33.3 % (of later-model / earlier-part pairs" in text and "AM 65.8 %" in text
+    assert "; 66.7 % if a tie with the part's own model passes" in text
     assert "AC" not in compatibility.format_matrix([[0.5]])
 
 

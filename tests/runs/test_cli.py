@@ -1,5 +1,7 @@
-"""The entry points' one error boundary, their --help and --verbosity (subprocesses, no training)."""
+"""The entry points' one error boundary, their --help and --verbosity (subprocesses, no training but in one
+slow test)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -37,6 +39,12 @@ FAKE_MAIN = textwrap.dedent(
             threading.Thread(target=time.sleep, args=(600,)).start()  # (as orbax's mid-save threads were)
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(60)
+        if failure == "reader_gone":  # stdout's reader left (| head -1) before the first line: the run goes on
+            for s in range(3):
+                print(f"session {s + 1} trained", flush=True)
+            with open(os.environ["FAKE_RESULTS"], "w") as f:  # what a run writes after its last printed lines
+                f.write("results")
+            return {}
         raise RuntimeError("a bug in the trainer")
 
     runner.run = run
@@ -49,11 +57,19 @@ def _run(args, **kw):
     return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300, **kw)
 
 
-def _main(failure, *flags, timeout=300):
+def _main(failure, *flags, timeout=300, **kw):
     args = ["--config", "configs/fashion_mnist_general.py", "--workdir", "/nonexistent/wd", *flags]
+    output = {"capture_output": True} if "stdout" not in kw else {"stderr": subprocess.PIPE}
     return subprocess.run(
-        [sys.executable, "-c", FAKE_MAIN, failure, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-c", FAKE_MAIN, failure, *args], cwd=REPO, text=True, timeout=timeout, **output, **kw
     )
+
+
+def _closed_pipe() -> int:
+    """The writing end of a pipe whose reader has already gone (``| head -1`` done before the first line)."""
+    read, write = os.pipe()
+    os.close(read)
+    return write
 
 
 def test_summarize_help_prints_usage_and_exits_0():
@@ -120,6 +136,55 @@ def test_ctrl_c_is_one_line_and_status_130():
     assert proc.returncode == 130, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == [cli.INTERRUPTED]
     assert "rerun the same command to resume" in cli.INTERRUPTED
+
+
+def test_a_closed_stdout_stops_the_printing_not_the_run(tmp_path):
+    """``main ... | head -1``: the run trains on and writes its results, prints nothing more and ends quietly
+    with status 141 (SIGPIPE's); a BrokenPipeError traceback from the next print stopped the run there."""
+    results, stdout = tmp_path / "results.json", _closed_pipe()
+    try:
+        proc = _main("reader_gone", stdout=stdout, env={**os.environ, "FAKE_RESULTS": str(results)}, timeout=120)
+    finally:
+        os.close(stdout)
+    assert (proc.returncode, proc.stderr) == (cli.READER_GONE_STATUS, "")
+    assert results.read_text() == "results"
+
+
+def test_a_printing_command_piped_to_head_ends_quietly_and_finishes(tmp_path):
+    """``reproduce --plan --output_json F | head -1``: no traceback, status 141, and F is still written (the
+    print came first and raised BrokenPipeError before it)."""
+    out, stdout = tmp_path / "plan.json", _closed_pipe()
+    try:
+        args = [sys.executable, "-m", "cvs_jax.reproduce", "--plan", "--output_json", str(out)]
+        proc = subprocess.run(args, cwd=REPO, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(stdout)
+    assert (proc.returncode, proc.stderr) == (cli.READER_GONE_STATUS, "")
+    assert json.loads(out.read_text())["gpu_hours"] > 0
+
+
+@pytest.mark.slow
+def test_a_real_run_piped_to_a_reader_that_left_trains_to_its_end(fashion_idx, tmp_path):
+    """``main ... | head`` with the real trainer: every session trains and results.json is written although
+    stdout's reader left before the first line; a rerun trains nothing and leaves results.json as it was."""
+    wd = tmp_path / "wd"
+    tiny = {"data.num_sessions": 2, "data.first_classes": 4, "data.classes_per_session": 2}
+    tiny |= {"data.samples_per_new_class": 40, "model.width": 4, "model.embed_dim": 8, "train.epochs": 1}
+    tiny |= {"train.batch_size": 16, "memory.budget": 30, "method": "cvs"}
+    args = [sys.executable, "-m", "cvs_jax.main", "--config", "configs/fashion_mnist_general.py", "--workdir", str(wd)]
+    args += [f"--config.data.manual_dir={fashion_idx(60, 10)}", f"--config.data.data_dir={tmp_path / 'tfds'}"]
+    args += [f"--config.{k}={v}" for k, v in tiny.items()]
+    stdout = _closed_pipe()
+    try:
+        proc = subprocess.run(args, cwd=REPO, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=600)
+    finally:
+        os.close(stdout)
+    assert (proc.returncode, proc.stderr) == (cli.READER_GONE_STATUS, "")
+    first = (wd / "results.json").read_text()
+    assert len(json.loads(first)["per_session"]) == 2
+    again = _run(args)
+    assert again.returncode == 0 and "session 1/2" not in again.stdout, again.stdout[-2000:]
+    assert (wd / "results.json").read_text() == first
 
 
 def test_unknown_config_variant_is_one_error_line():

@@ -295,6 +295,42 @@ def test_diverged_run_is_marked_and_the_comparison_goes_on(tmp_path, monkeypatch
         runner.run_comparison(c, str(tmp_path / "cmp2"), ["finetune"], [0])
 
 
+def test_a_comparison_whose_every_run_diverged_keeps_its_ar_columns(tmp_path, monkeypatch):
+    """Every run stopped by the NaN guard (``--config.train.lr=1e12``): the tables keep the config's AR@K columns
+    with "diverged" cells, as written and as ``--tabulate`` reads the diverged.json records back (the K came
+    from the first finished run only, and the AR@K columns vanished)."""
+
+    def diverging(config, workdir):
+        raise NonFiniteError(f"loss is NaN at session 1 step 3 of {workdir}")
+
+    monkeypatch.setattr(runner, "run", diverging)
+    c = tiny_config(str(tmp_path), tmp_path, sessions=2)
+    c.eval.ks = (1, 5)
+    wd = str(tmp_path / "cmp")
+    for tabulate in (False, True):
+        rows = runner.run_comparison(c, wd, ["finetune", "cvs"], [0, 1], tabulate=tabulate)
+        assert [(r["method"], r["seeds"], r["diverged"], r["AR@1"], r["AR@5"]) for r in rows] == [
+            ("finetune", 0, 2, None, None),
+            ("cvs", 0, 2, None, None),
+        ]
+        with open(os.path.join(wd, "comparison.md")) as f:
+            lines = f.read().splitlines()
+        header = next(line for line in lines if line.startswith("| method | memory |"))
+        assert header.startswith("| method | memory | AR@1 | AR@5 | mAP | BC | AC | AM | NFR |"), header
+        assert "| finetune | " + " | ".join(["diverged"] * 8) + " |" in lines
+        assert "| finetune | 0 | " + " | ".join(["diverged"] * 7) + " |" in lines  # the paired table to cvs
+        with open(os.path.join(wd, "comparison.csv")) as f:
+            assert {r["method"]: (r["AR@1"], r["AR@5"]) for r in csv.DictReader(f)} == {
+                "finetune": ("", ""),
+                "cvs": ("", ""),
+            }
+        with open(os.path.join(wd, "comparison.json")) as f:
+            assert list(json.load(f)["summary"][0]["average_recall"]) == ["1", "5"]
+        with open(os.path.join(wd, "comparison.html")) as f:
+            page = f.read()
+        assert "AR@5 (%)" in page and 'data-ar="cvs:1">diverged<' in page
+
+
 def test_split_seed_fixes_the_plan_while_seed_changes_the_initialisation(fashion_idx, tmp_path):
     manual = fashion_idx(60, 10)
     c = tiny_config(manual, tmp_path, sessions=2)

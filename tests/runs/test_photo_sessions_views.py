@@ -84,6 +84,21 @@ def test_info_rows_per_model_are_each_models_rows(run):
     assert sum(counts) == got["gallery_rows"]
 
 
+def test_info_on_a_run_stopped_mid_protocol_says_the_classes_learnt_so_far(run, run_copy):
+    """An update killed in session 2 (its protocol written, no session-2 checkpoint, no results.json): info
+    says the 3 classes of session 1 were learnt of the 5 planned, and marks dog and kiwi as planned only (the
+    header said "5 classes", the plan's count, as if the gallery held them)."""
+    shutil.rmtree(os.path.join(paths.sessions_dir(run_copy), "1"))
+    os.remove(paths.results_file(run_copy))
+    got = info.describe(run_copy)
+    assert (got["sessions_completed"], len(got["sessions"]), got["classes_learnt"], len(got["classes"])) == (1, 2, 3, 5)
+    text = info.format_info(got)
+    assert "1 of 2 session(s) completed, 3 classes learnt so far, of 5 planned, gallery" in text
+    planned = {line.split()[0] for line in text.splitlines() if line.endswith("(planned: not learnt yet)")}
+    assert planned == {"dog", "kiwi"}
+    assert "2 of 2 session(s) completed, 5 classes, gallery" in info.format_info(info.describe(run["workdir"]))
+
+
 def test_new_images_and_trained_on_are_named_apart(run, capsys):
     wd = run["workdir"]
     per, protocol = _results(wd)["per_session"], _protocol(wd)
@@ -114,12 +129,17 @@ def test_summaries_agree_in_results_info_and_page(run):
     nfr = compatibility.mean_flips(res["negative_flip_rate"])
     text = info.format_info(info.describe(wd))
     ac, am = compatibility.average_compatibility(matrix), compatibility.average_multimodel_accuracy(matrix)
-    assert f"BC {bc:+.2f} points" in text and f"AC {ac:.2f}" in text and f"AM {100 * am:.1f} %" in text
+    assert f"BC {bc:+.2f} points" in text and f"AC {100 * ac:.1f} %" in text and f"AM {100 * am:.1f} %" in text
     assert f"NFR {100 * nfr:.1f} %" in text
     assert "the diagonal can differ from it" in text  # the matrix's queries are not a session's R@1 queries
-    page = run_page.render(wd)
+    page = run_page.render(wd)  # AC in % as in the text and compare's tables (it was a share here and there)
     summaries = dict(re.findall(r'data-summary="(\w+)">([^<]*)<', page))
-    assert summaries == {"BC": f"{bc:+.2f}", "AC": f"{ac:.2f}", "AM": f"{100 * am:.2f}", "NFR": f"{100 * nfr:.2f}"}
+    assert summaries == {
+        "BC": f"{bc:+.2f}",
+        "AC": f"{100 * ac:.2f}",
+        "AM": f"{100 * am:.2f}",
+        "NFR": f"{100 * nfr:.2f}",
+    }
     assert "the diagonal can differ from it" in page
     # an older results.json held BC as a fraction under compatibility_mean_drop: read in points
     assert compatibility.bc_points({"compatibility_mean_drop": -0.3408}) == pytest.approx(-34.08)

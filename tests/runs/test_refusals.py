@@ -115,6 +115,37 @@ def test_the_batch_check_counts_what_each_method_trains_on(config, method, batch
             data_checks.check_plan(config, get_method(config), proto)
 
 
+def test_compare_checks_every_runs_plan_before_the_first_trains(config, tmp_path, monkeypatch):
+    """``--methods cvs,finetune`` with a batch only cvs's memory fills in session 2: refused before cvs trains
+    (cvs trained all its sessions, then finetune was refused).  Entries that can train are not refused, and
+    each distinct session plan (one per seed, one with a fixed split) is built once for all the entries."""
+    from cvs_jax.engine import data_checks
+
+    ran, built = [], []
+
+    def fake_run(c, workdir):
+        ran.append(c.method)
+        raise NonFiniteError("stop here")  # recorded as diverged: no training needed
+
+    def counting_build(c):
+        built.append(c.seed if c.split_seed is None else ("split", c.split_seed))
+        return build_protocol(c)
+
+    build_protocol = data_checks.build_protocol
+    monkeypatch.setattr(runner, "run", fake_run)
+    monkeypatch.setattr(data_checks, "build_protocol", counting_build)
+    config.train.batch_size = 120
+    with pytest.raises(ConfigError, match=r"^session 2 has 90 training images, fewer than train.batch_size=120;"):
+        runner.run_comparison(config, str(tmp_path / "refused"), ["cvs", "finetune"], [0])
+    assert ran == [] and not (tmp_path / "refused").exists()
+    built.clear()
+    runner.run_comparison(config, str(tmp_path / "cmp"), ["cvs", "joint", "rainbow"], [0, 1])
+    assert ran == ["cvs", "joint", "rainbow"] * 2 and built == [0, 1]
+    built.clear()
+    runner.run_comparison(config, str(tmp_path / "fixed"), ["cvs", "joint"], [0, 1], split_seed=3)
+    assert built == [("split", 3)]
+
+
 def test_main_and_compare_refuse_each_others_workdir(config, tmp_path):
     """``main --workdir`` of a comparison trained a run among its seed folders (and ``compare`` on a run's
     workdir put its seeds inside the run); each is one error now, and the folder is left as it was."""
