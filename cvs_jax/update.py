@@ -116,7 +116,25 @@ def run_config(workdir: str) -> ml_collections.ConfigDict:
         raise ConfigError(
             f"{workdir} holds no cvs_jax run (config.json is missing); start one with python -m cvs_jax.main."
         )
-    return recorded.continued_config(workdir)
+    config = recorded.continued_config(workdir)
+    _check_folders_found(workdir, config)
+    return config
+
+
+def _check_folders_found(workdir: str, config: ml_collections.ConfigDict) -> None:
+    """Each folder the run learnt from is where it recorded it or was prepared into a record store of
+    ``data.data_dir`` (found by that path): a run moved to another machine needs one or the other, and
+    ``update`` takes no other folder for them (unlike ``main``'s ``--config.data.manual_dir``)."""
+    d = config.data
+    if d.name != "image_folder":
+        return
+    for field, folder in [("data.manual_dir", d.manual_dir)] + [("data.updates", u) for u in d.updates]:
+        path = os.path.expanduser(folder)
+        if not os.path.exists(path) and sources.indexed_store(d.data_dir, path, sources.builder_options(d)) is None:
+            raise DataError(
+                f"{workdir} learnt from {folder} ({field}), which is gone, and data.data_dir={d.data_dir!r} holds "
+                f"no record store of it; put the folder back at that path (or bring the run's data_dir), then rerun."
+            )
 
 
 def completed_sessions(workdir: str) -> int:

@@ -13,7 +13,6 @@ trains on: the readers' ``stored.stored_config`` with the loss weights completed
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from typing import Callable, Iterator
 
@@ -47,8 +46,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
     path = paths.config_file(workdir)
     current = config.to_dict()
     if os.path.exists(path):
-        with open(path) as f:
-            on_disk = json.load(f)
+        on_disk = stored.recorded(workdir)  # a moved run's own folders where they are now
         a, b = stored.comparable(on_disk), stored.comparable(current)
         # a field added since the run was recorded takes the value that run used (ADDED_KEYS) or its one
         # default, as stored.stored_config reads it: a run recorded by an earlier version resumes

@@ -96,8 +96,17 @@ def over_defaults(stored: dict, where: str, term_weights: dict | None = None) ->
     return ml_collections.ConfigDict(merged)
 
 
+def recorded(workdir: str) -> dict:
+    """The run's ``config.json`` as a dict, its ``data.updates`` where they lie now (``paths.here``: the
+    run's own from-added folders follow the run when it is moved or copied)."""
+    with open(paths.config_file(workdir)) as f:
+        out = json.load(f)
+    data = out.get("data")
+    if isinstance(data, dict) and data.get("updates"):
+        data["updates"] = [paths.here(workdir, u) for u in data["updates"]]
+    return out
+
+
 def stored_config(workdir: str, term_weights: dict | None = None) -> ml_collections.ConfigDict:
-    """The run's ``config.json`` laid over today's defaults (``over_defaults``)."""
-    path = paths.config_file(workdir)
-    with open(path) as f:
-        return over_defaults(json.load(f), path, term_weights)
+    """The run's ``config.json`` (``recorded``) laid over today's defaults (``over_defaults``)."""
+    return over_defaults(recorded(workdir), paths.config_file(workdir), term_weights)

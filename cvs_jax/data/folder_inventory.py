@@ -63,12 +63,13 @@ from fractions import Fraction
 import numpy as np
 
 from cvs_jax.errors import DataError
+from cvs_jax.rundir import paths
 
 __all__ = ["FOLDER_RECORD", "IMAGE_EXTENSIONS", "MANIFEST_NAME", "Entry", "Inventory", "scan"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")  # compared case-insensitively
 MANIFEST_NAME = "manifest.csv"
-FOLDER_RECORD = "rows.json"  # a from_added folder's record of its rows (retrieval/added_session.py): skipped
+FOLDER_RECORD = paths.FROM_ADDED_RECORD  # a from_added folder's record of its rows (added_session.py): skipped
 MANIFEST_COLUMNS = ("path", "label", "split", "session")
 SPLITS = ("train", "test")
 

@@ -34,7 +34,7 @@ from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.retrieval import additions
 from cvs_jax.rundir import paths
 
-FOLDER = "from_added"
+FOLDER = paths.FROM_ADDED
 ROWS_FILE = folder_inventory.FOLDER_RECORD  # beside the class folders; the inventory skips it
 MIN_PER_CLASS = 2  # a class with one image has nothing left to train on once its test query is drawn
 
@@ -194,13 +194,20 @@ def make_folder(workdir: str, session: int, used: list[int], rows: list[tuple[st
     latin-1 ``café.jpg`` added with ``search --add``) is kept with U+FFFD for its odd bytes, as the folder's
     inventory takes UTF-8 names only.  On any failure the folders it
     made are removed."""
+    files = [(name, source if os.path.isabs(source) else os.path.join(workdir, source)) for name, source in rows]
+    gone = [path for _, path in files if not os.path.isfile(path)]
+    if gone:  # before anything is made: nothing in the workdir changes
+        raise DataError(
+            f"{len(gone)} added image(s) are no longer where they were added, e.g. {gone[0]}: search --add keeps an "
+            f"image's path, not its file; put the images back there (a run moved to another machine needs the "
+            f"folders its adds came from), then run update --from_added again."
+        )
     folder = folder_of(workdir, session)
     if os.path.exists(folder):
         shutil.rmtree(folder)  # left by a request refused or killed before its session was recorded
     made = folder if os.path.isdir(os.path.dirname(folder)) else os.path.dirname(folder)
     try:
-        for name, source in rows:
-            path = source if os.path.isabs(source) else os.path.join(workdir, source)
+        for name, path in files:
             base = os.fsencode(os.path.basename(path)).decode("utf-8", "replace")  # a latin-1 name, as UTF-8
             target = _free_name(os.path.join(folder, name, base))
             os.makedirs(os.path.dirname(target), exist_ok=True)

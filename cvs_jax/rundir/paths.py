@@ -17,6 +17,8 @@
       checkpoints/served.json        the sessions a server last served (model, gallery, pin), for its restart
                                      (``serve/state.py``)
       uploads/<sha256>.<ext>         images added through ``python -m cvs_jax.serve`` (their rows' sources)
+      from_added/session-<S>/        the folder session S learnt from added rows, with ``rows.json``
+                                     (``retrieval/added_session.py``; in ``data.updates``: see ``here``)
       profile/                       a jax.profiler trace of ``--config.profile_steps=a:b`` (``engine/profiling.py``)
       previous-<time>/               a run moved aside by ``--config.overwrite=True``
 
@@ -46,6 +48,8 @@ QUERY_MAPS = os.path.join(CHECKPOINTS, "query_maps")
 ADDITIONS_LOCK = os.path.join(CHECKPOINTS, "additions.lock")
 SERVED = os.path.join(CHECKPOINTS, "served.json")
 UPLOADS = "uploads"
+FROM_ADDED = "from_added"
+FROM_ADDED_RECORD = "rows.json"  # a from_added folder's record of the added rows it used
 PROFILE = "profile"
 # Checkpoint folders whose numbered step directories make a workdir hold a run.
 CHECKPOINT_DIRS = (SESSIONS, PROGRESS)
@@ -82,3 +86,25 @@ def session_dir(workdir: str, s: int) -> str:
 def query_map_file(workdir: str, s: int) -> str:
     """The query map fitted after session ``s`` (0-based, s >= 1): model s's space to model s - 1's."""
     return os.path.join(workdir, QUERY_MAPS, f"{s}.npz")
+
+
+def here(workdir: str, folder: str) -> str:
+    """``folder`` (one of the run's ``data.updates``) where it lies now.  ``config.json`` records a
+    from-added folder by its absolute path, ``<old workdir>/from_added/session-<S>``; a run moved or
+    copied elsewhere (``mv``, ``cp -r``, rsync, another mount) holds it as ``<workdir>/from_added/session-<S>``.
+    It is taken from there when that folder has a ``rows.json`` and the recorded one is gone or has the
+    same ``rows.json`` (a folder is never rewritten once its session trains): a copy then counts its own
+    sessions' rows, not the original's.  Any other folder (a user's, outside the run) is as recorded."""
+    parent, name = os.path.split(os.path.normpath(folder))
+    if os.path.basename(parent) != FROM_ADDED or not name.startswith("session-"):
+        return folder
+    mine = os.path.join(os.path.abspath(workdir), FROM_ADDED, name)
+    if mine == os.path.normpath(folder) or not os.path.isfile(os.path.join(mine, FROM_ADDED_RECORD)):
+        return folder
+    try:
+        with open(os.path.join(folder, FROM_ADDED_RECORD), "rb") as f:
+            recorded = f.read()
+    except OSError:  # the recorded folder is gone (the run moved) or unreadable
+        return mine
+    with open(os.path.join(mine, FROM_ADDED_RECORD), "rb") as f:
+        return mine if f.read() == recorded else folder  # else another run's folder, given to update --data
