@@ -571,14 +571,19 @@ def test_a_killed_session_resumes_to_the_uninterrupted_result(run_copy, tmp_path
     shutil.copytree(run_copy, twin)
     assert update.update_from_added(twin) == 0  # uninterrupted
     cmd = [sys.executable, "-m", "cvs_jax.update", "--workdir", run_copy, "--from_added"]
-    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     progress = paths.progress_dir(run_copy)
-    while child.poll() is None and not (os.path.isdir(progress) and any(n.isdigit() for n in os.listdir(progress))):
+    kept = set(os.listdir(progress)) if os.path.isdir(progress) else set()  # session 1's last checkpoints
+    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while child.poll() is None and not (
+        os.path.isdir(progress) and any(n.isdigit() and n not in kept for n in os.listdir(progress))
+    ):
         time.sleep(0.01)
-    child.kill()  # kill -9 once a mid-session checkpoint is on disk
+    child.kill()  # kill -9 once a checkpoint of the new session is on disk (not one session 1 left)
     child.wait()
     with open(paths.results_file(run_copy)) as f:
         assert len(json.load(f)["per_session"]) == 1  # killed mid-session, not after it
+    folder = added_session.folder_of(run_copy, 2)
+    assert list(added_session.run_config(run_copy).data.updates)[-1] == folder  # so the rerun is a resume
     before = _added_bytes(run_copy)
     assert update.update_from_added(run_copy) == 0  # resumes the same folder, same rows
     assert _added_bytes(run_copy) == before
