@@ -1,4 +1,4 @@
-"""Train and evaluate one continual-visual-search method over the sessions of a config.
+r"""Train and evaluate one continual-visual-search method over the sessions of a config.
 
     python -m cvs_jax.main --config configs/<name>.py[:<variant>] --workdir DIR [--config.<field>=<value> ...]
 
