@@ -47,3 +47,54 @@ def run_copy(run_to_copy, tmp_path):
     wd = str(tmp_path / "run")
     shutil.copytree(run_to_copy, wd)
     return wd
+
+
+# The heaviest test files, heaviest first: seconds of setup + call + teardown in one suite run (`--durations=0`,
+# d6f7dad, on a shared host; docs/testing.md). `--dist loadfile` hands whole files to the two workers in queue
+# order, so these go first and the light files fill in at the end: the workers then finish within seconds of
+# each other. xdist's own order (files with the most tests first) put these last, and the worker that drew
+# the walkthrough (120 s) ran about 180 s after the other had finished. A new file that takes over ~20 s
+# belongs in this list; a listed file that is renamed or removed stops the run (`pytest_configure`).
+HEAVIEST_FIRST = (
+    "runs/test_resume.py",  # 170
+    "runs/test_config_smoke.py",  # 137
+    "runs/test_readme_walkthrough.py",  # 120
+    "runs/test_population.py",  # 116
+    "runs/test_serve_live.py",  # 106
+    "runs/test_methods_kill.py",  # 104
+    "runs/test_methods_rerun.py",  # 96
+    "runs/test_multidevice.py",  # 62
+    "serve/test_from_added.py",  # 61
+    "runs/test_feature_cache.py",  # 55
+    "serve/test_serve_api.py",  # 55
+    "runs/test_image_folder.py",  # 49
+    "runs/test_end_to_end.py",  # 44
+    "runs/test_compare.py",  # 40
+    "runs/test_query_map_runs.py",  # 37
+    "runs/test_new_methods_on_photos.py",  # 35
+    "serve/test_serve_indexes.py",  # 34
+    "serve/test_serve_safety.py",  # 33
+    "runs/test_compatible_methods_runs.py",  # 29
+    "data/test_sources.py",  # 28
+    "runs/test_stored_rows_run.py",  # 27
+    "engine/test_input_pipeline.py",  # 24
+    "runs/test_steps_per_call.py",  # 22
+    "runs/test_image_folder_hardened.py",  # 20
+)
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def pytest_configure(config):
+    """Keep the collection order below for xdist's scheduler (its default reorders files by test count)."""
+    missing = [f for f in HEAVIEST_FIRST if not os.path.isfile(os.path.join(TESTS, f))]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py HEAVIEST_FIRST lists missing files {missing}: update the list")
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """The heaviest files first (``HEAVIEST_FIRST``), then the rest in collection order; within a file the
+    tests keep their order. Every xdist worker sorts the same way, so their collections stay equal."""
+    rank = {os.path.join(TESTS, f): i for i, f in enumerate(HEAVIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(str(item.path), len(rank)))
