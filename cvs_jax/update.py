@@ -116,7 +116,15 @@ def run_config(workdir: str) -> ml_collections.ConfigDict:
         raise ConfigError(
             f"{workdir} holds no cvs_jax run (config.json is missing); start one with python -m cvs_jax.main."
         )
-    config = recorded.continued_config(workdir)
+    return recorded.continued_config(workdir)
+
+
+def writable_config(workdir: str) -> ml_collections.ConfigDict:
+    """``run_config`` for a new or resumed session: refuses a run a live ``main``/``update`` holds (say so,
+    not "finish it first"; its folder, just recorded, may not be prepared yet), then a run whose folders
+    are gone (``_check_folders_found``)."""
+    config = run_config(workdir)
+    workdir_lib.check_not_busy(workdir)
     _check_folders_found(workdir, config)
     return config
 
@@ -174,8 +182,7 @@ def plan_update(workdir: str, data: str, overrides: dict | None = None) -> ml_co
     """The run's config with ``data`` appended to ``data.updates`` (or as it is, when ``data`` is the
     newest update and its session is unfinished: a resume) and ``overrides`` (``UPDATE_FIELDS``)
     applied; refuses duplicates and unfinished runs."""
-    config = run_config(workdir)
-    workdir_lib.check_not_busy(workdir)  # a live main/update there: say so, not "finish it first"
+    config = writable_config(workdir)
     overrides = dict(overrides or {})
     recipe = {f: overrides.pop(f) for f in SESSION_FIELDS if overrides.get(f) is not None}
     _check_recipe(recipe)
@@ -335,8 +342,7 @@ def from_added_folder(workdir: str) -> tuple[str, bool, str]:
     """``(folder, made, what it holds)``: the folder of the next session made from the added rows
     (``retrieval.added_session``), or the folder of an unfinished ``--from_added`` session to resume
     (``made`` False)."""
-    config = run_config(workdir)
-    workdir_lib.check_not_busy(workdir)
+    config = writable_config(workdir)
     updates = list(config.data.updates)
     done = completed_sessions(workdir)
     if (

@@ -93,9 +93,9 @@ def test_update_on_a_run_whose_first_folder_and_stores_are_gone_names_the_folder
     with pytest.raises(
         DataError, match=f"learnt from {gone} \\(data.manual_dir\\), which is gone.*put the folder back"
     ):
-        update.run_config(wd)
+        update.writable_config(wd)
     os.makedirs(gone)
-    assert update.run_config(wd).data.manual_dir == gone
+    assert update.writable_config(wd).data.manual_dir == gone
 
 
 def _results(wd) -> list[dict]:
