@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
 
-from cvs_jax.models.resnet import _torch_linear_init
+from cvs_jax.models.resnet import _torch_linear_init, kaiming_normal_fan_out
 
 # (expand ratio, kernel, stride, repeats, output channels) of EfficientNet-B0's seven stages
 B0_STAGES = ((1, 3, 1, 1, 16), (6, 3, 2, 2, 24), (6, 5, 2, 2, 40), (6, 3, 2, 3, 80), (6, 5, 1, 3, 112))
@@ -95,7 +95,7 @@ class DepthwiseConv(nn.Module):
     def __call__(self, x):
         k, s = self.kernel, self.stride
         _, h, w, c = x.shape
-        init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+        init = kaiming_normal_fan_out
         kernel = self.param("kernel", init, (k, k, 1, c), jnp.float32).astype(self.dtype)
         oh, ow = -(-h // s), -(-w // s)
         ph, pw = max((oh - 1) * s + k - h, 0), max((ow - 1) * s + k - w, 0)

@@ -24,6 +24,7 @@ that an old head can be applied to a new embedding without re-tracing the net.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Sequence
 
 import flax.linen as nn
@@ -40,8 +41,31 @@ ARCHITECTURES = {
     "tiny": dict(stage_sizes=(1, 1, 1)),
 }
 
-# PyTorch's kaiming_normal_(mode='fan_out', nonlinearity='relu').
-_conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+
+def unit_normal(key, shape, dtype=jnp.float32):
+    """``jax.random.normal`` behind an optimization barrier: a scaled draw then has the same bits whether
+    initialisation runs op by op or inside one ``jax.jit`` (there XLA would fold the draw's own sqrt(2)
+    into the scale and change the last bit of some weights)."""
+    return jax.lax.optimization_barrier(jax.random.normal(key, shape, dtype))
+
+
+def kaiming_normal_fan_out(key, shape, dtype=jnp.float32):
+    """PyTorch's kaiming_normal_(mode='fan_out', nonlinearity='relu'): the bits of Flax's
+    ``variance_scaling(2.0, "fan_out", "normal")`` (same draw, same fan, same scale), jit or not."""
+    fan_out = shape[-1] * (math.prod(shape) / shape[-2] / shape[-1])
+    return unit_normal(key, shape, dtype) * jnp.sqrt(jnp.array(2.0 / fan_out, dtype=dtype))
+
+
+def normal_init(stddev: float):
+    """The bits of Flax's ``initializers.normal(stddev)``, jit or not."""
+
+    def init(key, shape, dtype=jnp.float32):
+        return unit_normal(key, shape, dtype) * jnp.array(stddev, dtype)
+
+    return init
+
+
+_conv_init = kaiming_normal_fan_out
 
 
 def _torch_linear_init(fan_in: int):

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
 
-from cvs_jax.models.resnet import _torch_linear_init
+from cvs_jax.models.resnet import _torch_linear_init, normal_init
 
 HEAD_DIM = 64
 
@@ -183,7 +183,7 @@ class VisionTransformer(nn.Module):
         )(x.astype(self.dtype))
         b, gh, gw, _ = x.shape
         x = x.reshape(b, gh * gw, s.width).astype(jnp.float32)
-        init = nn.initializers.normal(0.02)
+        init = normal_init(0.02)
         prefix = [jnp.broadcast_to(self.param("cls_token", init, (1, 1, s.width)), (b, 1, s.width))]
         if s.registers:
             prefix.append(

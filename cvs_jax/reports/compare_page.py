@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cvs_jax.reports import html
-from cvs_jax.reports.html import plt
+from cvs_jax.reports import html, plots
 from cvs_jax.reports.tables import BC, REFERENCE
 
 
@@ -68,7 +67,7 @@ def _points(c: dict):
     """AR@1 per seed (dots) and its mean (bar) per method; beside it, each method's paired difference
     to the reference with its 95 % interval."""
     summary = [e for e in c["summary"] if e["average_recall"]]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, max(3.0, 0.9 + 0.42 * len(summary))))
+    fig, (a1, a2) = plots.pyplot().subplots(1, 2, figsize=(11, max(3.0, 0.9 + 0.42 * len(summary))))
     for y, e in enumerate(summary):
         ar = e["average_recall"]["1"]
         vals = list(ar["per_seed"].values())
@@ -97,7 +96,7 @@ def _sessions(c: dict):
     summary = [e for e in c["summary"] if e.get("recall1_per_session")]
     if not summary:
         return None
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    fig, ax = plots.pyplot().subplots(figsize=(7.5, 3.6))
     for e in summary:
         r = e["recall1_per_session"]
         ax.plot(np.arange(1, len(r) + 1), r, marker="o", label=e["method"])

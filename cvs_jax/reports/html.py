@@ -13,12 +13,10 @@ import io
 import os
 from typing import Sequence
 
-import matplotlib
+import numpy as np
+from PIL import Image
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from PIL import Image  # noqa: E402
+from cvs_jax.reports import plots
 
 THUMB = 112  # thumbnail side in pixels: every thumbnail of a page has this size
 
@@ -113,7 +111,7 @@ def figure_uri(fig, dpi: int = 100) -> str:
     """A matplotlib figure as a PNG data URI (the figure is closed)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
-    plt.close(fig)
+    plots.pyplot().close(fig)
     return _uri(buf.getvalue(), "image/png")
 
 

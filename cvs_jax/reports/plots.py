@@ -8,11 +8,21 @@
 
 from __future__ import annotations
 
-import matplotlib
+import functools
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
+
+
+@functools.cache
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend, imported at the first picture: it costs ~0.4 s, which
+    the commands that draw nothing (``search`` without ``--html``, ``info``, ``export``) do not pay."""
+    import matplotlib  # pylint: disable=g-import-not-at-top
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+    return plt
 
 
 def recall_per_session(
@@ -20,7 +30,7 @@ def recall_per_session(
 ) -> None:
     """One line per result: ``per_session[i][key]["1"]`` against ``per_session[i]["session"]`` (a benchmark's
     days use the same picture with ``xlabel="day"``)."""
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     for r in results:
         sessions = [s["session"] for s in r["per_session"]]  # numbered from 1 (results.json)
         ax.plot(
@@ -37,12 +47,12 @@ def recall_per_session(
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    pyplot().close(fig)
 
 
 def class_distribution(counts: np.ndarray, path: str, title: str) -> None:
     """``counts[s, c]``: training images of (protocol) class c in session s."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 1]})
+    fig, (ax1, ax2) = pyplot().subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 1]})
     im = ax1.imshow(counts, aspect="auto", interpolation="nearest", cmap="viridis")
     ax1.set_xlabel("class (protocol order)")
     ax1.set_ylabel("session")
@@ -65,12 +75,12 @@ def class_distribution(counts: np.ndarray, path: str, title: str) -> None:
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    pyplot().close(fig)
 
 
 def compatibility(matrix: np.ndarray, path: str, title: str) -> None:
     n = matrix.shape[0]
-    fig, ax = plt.subplots(figsize=(max(5.5, 2.5 + 0.6 * n), max(4.5, 1.5 + 0.6 * n)))
+    fig, ax = pyplot().subplots(figsize=(max(5.5, 2.5 + 0.6 * n), max(4.5, 1.5 + 0.6 * n)))
     im = ax.imshow(100 * matrix, vmin=0, vmax=100, cmap="magma")
     for i in range(n):
         for j in range(n):
@@ -92,7 +102,7 @@ def compatibility(matrix: np.ndarray, path: str, title: str) -> None:
     fig.colorbar(im, ax=ax, label="recall@1 (%)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    pyplot().close(fig)
 
 
 LOG_RANGE = 1e3  # a loss plot whose values span more than this is drawn on a log axis
@@ -112,7 +122,7 @@ def training_curves(epochs: list[dict]):
     and the validation recall@1; dashed lines where a session starts."""
     x = np.arange(1, len(epochs) + 1)
     terms = sorted({k for r in epochs for k in r if k.startswith("L_")})
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.4))
+    fig, (a1, a2) = pyplot().subplots(1, 2, figsize=(11, 3.4))
     lines = {"loss": [r["loss"] for r in epochs], **{t: [r.get(t, np.nan) for r in epochs] for t in terms}}
     a1.plot(x, lines["loss"], marker=".", label="loss", color="black")
     for t in terms:

@@ -15,11 +15,9 @@ import os
 from typing import Callable
 
 import numpy as np
-from matplotlib.patches import Rectangle
 
 from cvs_jax.config.stored import stored_config
 from cvs_jax.reports import html, plots
-from cvs_jax.reports.html import plt
 from cvs_jax.retrieval import compatibility, run_rows, topk
 from cvs_jax.rundir import paths
 from cvs_jax.rundir.checkpoint import Reader as _Reader
@@ -110,7 +108,7 @@ def _recall_section(results: dict | None) -> str:
     ar = results.get("average_recall") or {}
     mean_ap = f'<span data-map="AR">{html.pct(results.get("average_map"))}</span>'
     rows.append(["AR"] + [f'<span data-ar="{k}">{html.pct(ar.get(k))}</span>' for k in ks] + [mean_ap, "", ""])
-    fig, ax = plt.subplots(figsize=(5.2, 3.2))
+    fig, ax = plots.pyplot().subplots(figsize=(5.2, 3.2))
     x = [r["session"] for r in per]
     for k in ks:
         ax.plot(x, [100 * r["recall"][k] for r in per], marker="o", label=f"R@{k}")
@@ -144,7 +142,7 @@ def heatmap(matrix, lost: set[tuple[int, int]]):
     m = np.asarray([[np.nan if v is None else 100 * v for v in row] for row in matrix], np.float64)
     n = m.shape[0]
     side = max(3.6, 1.4 + 0.75 * n)
-    fig, ax = plt.subplots(figsize=(side + 1.2, side))
+    fig, ax = plots.pyplot().subplots(figsize=(side + 1.2, side))
     im = ax.imshow(m, vmin=0, vmax=100, cmap="viridis")
     for i in range(n):
         for j in range(n):
@@ -153,6 +151,8 @@ def heatmap(matrix, lost: set[tuple[int, int]]):
                     j, i, f"{m[i, j]:.1f}", ha="center", va="center", fontsize=10 if n <= 8 else 7,
                     color="black" if m[i, j] > 55 else "white", fontweight="bold" if (i, j) in lost else "normal",
                 )  # fmt: skip
+    from matplotlib.patches import Rectangle  # pylint: disable=g-import-not-at-top  # loaded with pyplot
+
     for i, j in lost:
         ax.add_patch(Rectangle((j - 0.47, i - 0.47), 0.94, 0.94, fill=False, edgecolor="#ff3b30", linewidth=2.5))
     ax.set_xticks(range(n), [str(j + 1) for j in range(n)])

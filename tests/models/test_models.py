@@ -68,3 +68,31 @@ def test_schedule_matches_official_values():
         assert epoch_lr("official", e, 0.03, 256) == pytest.approx(lr, abs=2e-6), e
     assert epoch_lr("cosine", 0, 0.03, 10) == pytest.approx(0.03)
     assert epoch_lr("cosine", 5, 0.03, 10) == pytest.approx((0.03 + 0.0003) / 2)
+
+
+def test_one_jit_initialisation_has_the_bits_of_flax_op_by_op(monkeypatch):
+    """``init_variables`` draws network and head in one ``jax.jit`` (~70 fewer compiles per process); a run's
+    initial weights, hence its results, must keep the bits of Flax's stock initializers run op by op.
+    Without ``resnet.unit_normal``'s barrier XLA regroups ``normal * scale`` and conv kernels move by 1 ulp."""
+    import flax.linen as nn
+
+    from cvs_jax.config import fashion_mnist_general
+    from cvs_jax.methods.registry import get_head
+    from cvs_jax.models import networks, resnet
+
+    config = fashion_mnist_general.get_config()  # the tests' tiny model: width 4, embedding 8
+    config.model.width, config.model.embed_dim = 4, 8
+    model, head = networks.from_config(config), get_head(config)
+    k_net, k_head = jax.random.split(jax.random.key(3))
+    got = networks.init_variables(model, config, (28, 28, 1), 10, k_net, k_head, head=head)
+    monkeypatch.setattr(resnet, "_conv_init", nn.initializers.variance_scaling(2.0, "fan_out", "normal"))
+    net = model.init(k_net, jnp.zeros((1, 28, 28, 1)), train=False)  # op by op, Flax's own initializer
+    want = {"params": {"net": net["params"], **head.init(k_head, 10, 8)}, "batch_stats": net["batch_stats"]}
+    got_leaves, want_leaves = jax.tree_util.tree_leaves_with_path(got), jax.tree_util.tree_leaves_with_path(want)
+    assert [p for p, _ in got_leaves] == [p for p, _ in want_leaves]
+    differing = [
+        jax.tree_util.keystr(p)
+        for (p, a), (_, b) in zip(got_leaves, want_leaves)
+        if np.asarray(a).tobytes() != np.asarray(b).tobytes()
+    ]
+    assert not differing

@@ -1,0 +1,37 @@
+"""Start-up cost: the commands that read a run (``search``, ``info``, ``export``, the server) do not import
+matplotlib or tensorflow_datasets (~0.4 s each per process) just by being imported; they load them when
+they draw a picture or read a dataset's sources."""
+
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+HEAVY = ("matplotlib", "tensorflow_datasets")
+COMMANDS = ("cvs_jax.search", "cvs_jax.info", "cvs_jax.export", "cvs_jax.serve.__main__", "cvs_jax.serve.app")
+
+_PROBE = f"""
+import importlib, json, sys
+loaded = {{}}
+for name in {COMMANDS!r}:
+    importlib.import_module(name)
+    loaded[name] = sorted(m for m in {HEAVY!r} if m in sys.modules)
+print(json.dumps(loaded), flush=True)
+from cvs_jax.reports import plots
+plt = plots.pyplot()
+import matplotlib
+print(json.dumps({{"backend": matplotlib.get_backend().lower(), "same": plt is plots.pyplot()}}))
+"""
+
+
+def test_reading_commands_import_neither_matplotlib_nor_tfds_until_used():
+    out = subprocess.run([sys.executable, "-c", _PROBE], cwd=REPO, capture_output=True, text=True, timeout=300)
+    lines = out.stdout.splitlines()
+    assert lines, out.stderr
+    assert json.loads(lines[0]) == {name: [] for name in COMMANDS}
+    assert out.returncode == 0, out.stderr
+    report = json.loads(lines[1])
+    # the first picture loads pyplot once, on the file-only Agg backend (no display needed)
+    assert report["backend"] == "agg" and report["same"]
