@@ -52,7 +52,7 @@ def format_info(info: dict) -> str:
     width = max([len(x["class_name"]) for x in c] + [5])
     for x in c:
         first = x["first_session"] or "-"
-        later = " (planned: not learnt yet)" if (x["first_session"] or 0) > done else ""
+        later = "" if run_info.learnt(x, done) else " (planned: not learnt yet)"
         lines.append(f"  {x['class_name']:<{width}}  {x['gallery_rows']:>6}  {first}{later}")
     lines += ["", "sessions:"]
     for s in info["sessions"]:

@@ -79,10 +79,18 @@ def _class_names(workdir: str) -> list[str]:
         return list(json.load(f)["class_names"])
 
 
-def labelled_pending(workdir: str, updates: list[str], embed_dim: int) -> int:
+def labelled_pending(workdir: str, updates: list[str], embed_dim: int, at_least: int = 0) -> int:
     """``--learn_after``'s count: the labelled added images the next session would learn from (``pending``'s
     ``rows``; 0 when it refuses).  Deferred lone images and forced rows the run holds do not count, so
-    adds that leave only those pending do not start (and see refused) a session each."""
+    adds that leave only those pending do not start (and see refused) a session each.  ``at_least``: the
+    count the caller compares with; while the labelled rows not yet used (a bound read from the added rows
+    alone) are fewer, the bound is returned, so that not every labelled add reads the run's stores."""
+    added = additions.read(workdir, embed_dim)
+    done = used_rows(workdir, updates)
+    labels, names = added.gallery.labels, added.names
+    bound = sum(1 for r in range(len(added)) if r not in done and (labels[r] >= 0 or names[r]))
+    if bound < at_least:
+        return bound
     try:
         return len(pending(workdir, updates, embed_dim).rows)
     except DataError:

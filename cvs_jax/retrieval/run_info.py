@@ -47,6 +47,12 @@ def term_summary(metrics_path: str) -> dict[int, dict[str, dict]]:
     return out
 
 
+def learnt(entry: dict, sessions_completed: int) -> bool:
+    """Whether a class of ``describe_run``'s ``classes`` is learnt: it first arrived in a completed session, or
+    only added rows carry it (no session of first arrival); else the plan holds it for a later session."""
+    return (entry["first_session"] or 0) <= sessions_completed
+
+
 def describe_run(run: run_reader.Run) -> dict:
     """``describe`` of a run already read (a server's, with the rows added since)."""
     workdir = run.workdir
@@ -100,7 +106,7 @@ def describe_run(run: run_reader.Run) -> dict:
         "setup": run.protocol.get("setup"),
         "sessions_completed": run.gallery_session + 1,
         # the classes of the completed sessions (and those only added rows carry); "classes" lists the plan's
-        "classes_learnt": sum((x["first_session"] or 0) <= run.gallery_session + 1 for x in classes),
+        "classes_learnt": sum(learnt(x, run.gallery_session + 1) for x in classes),
         "gallery_rows": len(rows),
         "added_rows": len(run.added),
         "classes": classes,

@@ -127,11 +127,12 @@ class SessionJob:
         """``--learn_after N``: starts the session once it would learn from N labelled images
         (``added_session.labelled_pending``: lone images of a class wait, uncounted) and none trains;
         whether it started (a refusal waits for more adds)."""
-        if self._child is not None and self._child.poll() is None:
-            return False
+        if self.learn_after is None or (self._child is not None and self._child.poll() is None):
+            return False  # (the app calls this with learn_after set)
         config = added_session.run_config(self.workdir)
-        pending = added_session.labelled_pending(self.workdir, list(config.data.updates), int(config.model.embed_dim))
-        if self.learn_after is None or pending < self.learn_after:  # the app calls this with it set
+        updates, dim = list(config.data.updates), int(config.model.embed_dim)
+        pending = added_session.labelled_pending(self.workdir, updates, dim, at_least=self.learn_after)
+        if pending < self.learn_after:
             return False
         try:
             self.start(wait_s=0)  # the add is answered now; a refusal shows in GET /sessions/current
