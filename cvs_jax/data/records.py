@@ -251,3 +251,12 @@ class StoreSplit:
     def iter_decoded(self, chunk: int = 1024) -> Iterator[np.ndarray]:
         for start in range(0, len(self), chunk):
             yield self.read(np.arange(start, min(len(self), start + chunk)))
+
+
+def read_source_names(store: str, split: str = "train") -> list[str] | None:
+    """The sources of a store's split, read from its ``<split>.sources.txt`` (no images touched)."""
+    path = os.path.join(store, f"{split}.sources.txt")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()

@@ -18,8 +18,7 @@ from PIL import Image
 
 from cvs_jax.data import records, sources
 from cvs_jax.data.builders import fashion_mnist_local, tiny_imagenet
-from cvs_jax.data.builders.fashion_mnist_local import FashionMnistLocal
-from cvs_jax.data.builders.tiny_imagenet import TinyImagenetZip
+from cvs_jax.data.builders.tfds_builders import FashionMnistLocal, TinyImagenetZip
 from cvs_jax.errors import DataError
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
