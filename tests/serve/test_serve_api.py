@@ -297,7 +297,7 @@ def test_requests_already_received_are_batched_even_after_a_run_of_lone_queries(
 def test_reading_a_photo_run_never_imports_tfds(photo_runs, tmp_path):
     """search (and --html, --add), info, export and the server's start-up, /search, thumbnails and /add on a
     photo run, in a fresh process: none imports tensorflow_datasets or TensorFlow (they found the run's
-    stores through the TFDS builders, ~0.1-0.4 s and ~100 MB per process, before the builders' file half)."""
+    stores through the TFDS builders before the builders' file half: 0.1-0.35 s of CPU, ~10 MB per process)."""
     wd = str(tmp_path / "run")
     shutil.copytree(photo_runs[0], wd)
     query = sorted(glob.glob(os.path.join(os.path.dirname(photo_runs[0]), "s1", "test", "*", "*")))[0]

@@ -10,6 +10,6 @@ are, what they hold, the record store they go to; `cvs_jax.data.stores.SOURCES`
 lists them) and imports no tensorflow_datasets; `tfds_builders.py` is their TFDS
 half (`BUILDERS`), imported only to prepare a store.  This package re-exports
 nothing, so `search`, `info`, `export` and the server, which find a run's stores
-through the file halves, never import tensorflow_datasets (0.07-0.27 s of CPU and ~10 MB
-of peak memory per command, measured in notes).
+through the file halves, never import tensorflow_datasets (0.1-0.35 s of CPU and ~10 MB of
+peak memory per process: docs/testing.md).
 """
