@@ -3,7 +3,8 @@ TFDS DatasetInfo and the generators that ``sources`` runs to prepare a record st
 
 Only preparing a store needs this module (``main``, ``update``): the commands that read a trained run find
 and read its stores through the file halves alone, without importing tensorflow_datasets (0.1-0.35 s of
-CPU and ~10 MB of peak memory per process: docs/testing.md).  `BUILDERS` is the one registry of these classes, by name.
+CPU and ~10 MB of peak memory per process: docs/testing.md).  `BUILDERS` is the one registry of these
+classes, by name.
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ def stored_features():
     """The TFDS features of every fine-grained builder (its DatasetInfo; the record store keeps the
     images encoded, ``records.py``): a STORED_SIZE square uint8 image, a class label (names set by the
     builder) and the record's position `id`."""
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
     size = resize.stored_size()
     return tfds.features.FeaturesDict(
         {
