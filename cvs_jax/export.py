@@ -18,8 +18,12 @@ Writes, from the run's newest completed session (as ``search`` reads it):
   model into the space of the rows model j made (``model_session`` in rows.csv); score those rows with it;
 * with ``--format stablehlo``, ``embed.stablehlo`` and ``weights.safetensors``: the embedding function
   (preprocessing included) and its weights, run with jax alone (``retrieval.stablehlo_export`` says how);
-* ``config.json``: the run's config; ``export.json``: format version, image shape, embedding
-  width, model session, row count and class names.
+* ``config.json``: the run's config as the run is read now (``config.stored.recorded``): the folders of a
+  run moved or copied since it trained (``mv``, ``cp -r``) named where they are now, its own
+  ``from_added/session-<S>`` folders under its new place, as ``rows.csv``'s paths are, not where the run's
+  ``config.json`` recorded them before the move (folders that may be gone, or another copy's); otherwise
+  the same bytes as the run's; ``export.json``: format version, image shape, embedding width, model
+  session, row count and class names.
 
 ``load(DIR).embed(images)`` (Python) embeds image files or uint8 arrays as ``search`` embeds its
 queries (``run_reader.prepare`` + ``run_reader.Network``: the preprocessing and eval network of the
@@ -34,7 +38,6 @@ import csv
 import dataclasses
 import json
 import os
-import shutil
 from typing import Any, Iterable, cast
 
 import flax.serialization
@@ -44,9 +47,10 @@ import numpy as np
 from absl import flags
 
 from cvs_jax import cli
+from cvs_jax.config import stored
 from cvs_jax.errors import UserError
 from cvs_jax.retrieval import query_maps, run_reader, stablehlo_export
-from cvs_jax.rundir import paths
+from cvs_jax.rundir import workdir as workdir_lib
 
 FORMAT_VERSION = 1
 FILES = ("embeddings.npy", "rows.csv", "model.msgpack", "config.json", "export.json")
@@ -94,7 +98,8 @@ def export(workdir: str, out: str, *, overwrite: bool = False, fmt: str = "flax"
             )
     with open(os.path.join(out, "model.msgpack"), "wb") as f:
         f.write(flax.serialization.to_bytes(jax.device_get(run.variables)))
-    shutil.copyfile(paths.config_file(workdir), os.path.join(out, "config.json"))
+    # the run as it is read now (a moved run's folders where they are), in the run's own format
+    workdir_lib.write_config(os.path.join(out, "config.json"), stored.recorded(workdir))
     if run.query_maps:  # per model session j: the chain from the newest model's space to j's
         chains = query_maps.map_chains(run.query_maps, run.session, sorted(set(rows.model.tolist())))
         with open(os.path.join(out, QUERY_MAPS), "wb") as f:

@@ -53,7 +53,7 @@ from absl import flags
 from cvs_jax import cli
 from cvs_jax.config import recipe as session_recipe
 from cvs_jax.config import recorded
-from cvs_jax.data import parts, records, sources
+from cvs_jax.data import records, sources, stores
 from cvs_jax.engine import determinism, runner
 from cvs_jax.errors import ConfigError, DataError, UserError
 from cvs_jax.retrieval import added_session, gate, run_reader
@@ -138,7 +138,7 @@ def _check_folders_found(workdir: str, config: ml_collections.ConfigDict) -> Non
         return
     for field, folder in [("data.manual_dir", d.manual_dir)] + [("data.updates", u) for u in d.updates]:
         path = os.path.expanduser(folder)
-        if not os.path.exists(path) and sources.indexed_store(d.data_dir, path, sources.builder_options(d)) is None:
+        if not os.path.exists(path) and stores.indexed_store(d.data_dir, path, stores.builder_options(d)) is None:
             raise DataError(
                 f"{workdir} learnt from {folder} ({field}), which is gone, and data.data_dir={d.data_dir!r} holds "
                 f"no record store of it; put the folder back at that path (or bring the run's data_dir), then rerun."
@@ -153,16 +153,16 @@ def completed_sessions(workdir: str) -> int:
         return len(json.load(f).get("per_session", []))
 
 
-def _digests(stores, folders=None) -> dict[bytes, str]:
+def _digests(dirs, folders=None) -> dict[bytes, str]:
     """SHA-256 of every stored image's source bytes -> its source, over the given record stores (paths
     shown under ``folders``, the folders the run was given, one per store: stores are shared by content)."""
     out = {}
-    for store, folder in zip(stores, folders or [None] * len(stores)):
+    for store, folder in zip(dirs, folders or [None] * len(dirs)):
         info = records.read_info(store)
         assert info is not None  # the run's stores are complete (prepared before it trained)
         for split in ("train", "test"):
             rows = records.StoreSplit(store, split, info)
-            for digest, name in zip(rows.digests(), sources.shown_sources(store, rows.sources(), folder)):
+            for digest, name in zip(rows.digests(), stores.shown_sources(store, rows.sources(), folder)):
                 out.setdefault(digest.tobytes(), name)
     return out
 
@@ -225,18 +225,18 @@ def plan_update(workdir: str, data: str, overrides: dict | None = None) -> ml_co
             f"{workdir} has completed {done} of its {expected} sessions; finish it first (rerun its last command: "
             f"python -m cvs_jax.main or python -m cvs_jax.update), then add {data}."
         )
-    stores = sources.store_dirs(config.data)
-    if stores is None or any(records.read_info(s) is None for s in stores):
-        parts.load_run_dataset(config.data)  # raises the message naming the missing folder (or prepares it)
-        stores = sources.store_dirs(config.data)
-    known = _digests(stores, [d.manual_dir] + updates)
+    dirs = stores.store_dirs(config.data)
+    if dirs is None or any(records.read_info(s) is None for s in dirs):
+        sources.load_run_dataset(config.data)  # raises the message naming the missing folder (or prepares it)
+        dirs = stores.store_dirs(config.data)
+    known = _digests(dirs, [d.manual_dir] + updates)
     new = sources.load_dataset(
         "image_folder",
         data_dir=d.data_dir,
         manual_dir=data,
         on_corrupt=d.on_corrupt,
         memory_limit_mb=0.0,  # only its digests are read here
-        options=sources.builder_options(d),
+        options=stores.builder_options(d),
     )
     dup = [(name, known[digest]) for digest, name in _digests(new.stores, [data]).items() if digest in known]
     if dup:
@@ -317,7 +317,7 @@ def _sessions_before(config: ml_collections.ConfigDict) -> int:
     c = ml_collections.ConfigDict(config.to_dict())
     c.data.updates = []
     c.data.in_memory_limit_mb = 0.0  # only the sessions are read: no image is decoded
-    ds = parts.load_run_dataset(c.data)
+    ds = sources.load_run_dataset(c.data)
     return 1 if ds.train_sessions is None or not len(ds.train_sessions) else int(np.max(ds.train_sessions)) + 1
 
 

@@ -1,4 +1,5 @@
-"""The dataset of a live run: the first image folder plus one folder per ``update``, as one dataset.
+"""The dataset of a live run: the first image folder plus one folder per ``update``, as one dataset
+(``sources.load_run_dataset`` loads the parts).
 
 Each part keeps its own record store; nothing is copied.  Rows are numbered part after part (the
 first part's train rows, then the first update's, ...), so the rows of earlier sessions keep their
@@ -11,11 +12,9 @@ session after them, and its test images are queries from that session on.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from cvs_jax.data.sources import ImageDataset, load_dataset
+from cvs_jax.data.dataset import ImageDataset
 from cvs_jax.errors import DataError
 
 
@@ -75,18 +74,3 @@ def concat(datasets: list[ImageDataset]) -> ImageDataset:
         train_sessions=sessions,
         test_sessions=np.concatenate([test_first] + test_added),
     )
-
-
-def load_run_dataset(data_config) -> ImageDataset:
-    """``config.data``'s dataset, with the folders of ``data.updates`` appended when there are any."""
-    d = data_config
-    kwargs: dict[str, Any] = dict(
-        data_dir=d.data_dir,
-        on_corrupt=d.on_corrupt,
-        memory_limit_mb=d.in_memory_limit_mb,
-        options={k: d[k] for k in ("stored_size", "test_fraction", "test_seed")},
-    )
-    first = load_dataset(d.name, manual_dir=d.manual_dir, **kwargs)
-    if not d.updates:
-        return first
-    return concat([first] + [load_dataset("image_folder", manual_dir=u, **kwargs) for u in d.updates])

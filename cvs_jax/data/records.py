@@ -13,7 +13,7 @@ A store is a folder ``<data_dir>/cvs_records/<name>`` (``/`` in a config name be
 A record is a one-line JSON header (``label``, ``source``), a newline, then the encoded image.
 Encoding: the source JPEG's bytes when they decode to exactly the stored image (same size, RGB:
 Tiny-ImageNet's 64x64 files, photos already at the stored size), else one re-encode in the
-builder's ``LocalBuilder.STORE_ENCODING``: ``png`` (lossless: Fashion-MNIST, and Tiny-ImageNet's
+builder's ``LocalSource.STORE_ENCODING``: ``png`` (lossless: Fashion-MNIST, and Tiny-ImageNet's
 few grey/CMYK files, so its pixels are the source's exactly) or ``jpeg`` (photos resized to the
 stored size: quality 95 without chroma subsampling).
 
@@ -251,3 +251,12 @@ class StoreSplit:
     def iter_decoded(self, chunk: int = 1024) -> Iterator[np.ndarray]:
         for start in range(0, len(self), chunk):
             yield self.read(np.arange(start, min(len(self), start + chunk)))
+
+
+def read_source_names(store: str, split: str = "train") -> list[str] | None:
+    """The sources of a store's split, read from its ``<split>.sources.txt`` (no images touched)."""
+    path = os.path.join(store, f"{split}.sources.txt")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()

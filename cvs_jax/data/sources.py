@@ -3,7 +3,7 @@
 `load_dataset(name, data_dir=..., manual_dir=...)` returns an `ImageDataset` (train + test splits
 whose ``read(idx)`` gives uint8 images, int32 labels, class names).
 
-* Our offline builders (`BUILDERS`: `fashion_mnist_local`, `tiny_imagenet_zip` with configs `full`
+* Our offline builders (`stores.SOURCES`: `fashion_mnist_local`, `tiny_imagenet_zip` with configs `full`
   / `mini` / `custom`, `stanford_dogs_256`, `inat_m`, `product_m`) are prepared once from the files
   in `manual_dir` into a record store in `data_dir` (`records.py`: ArrayRecord files of encoded
   images, written one image at a time).  A split whose decoded images fit `data.in_memory_limit_mb`
@@ -15,159 +15,44 @@ whose ``read(idx)`` gives uint8 images, int32 labels, class names).
   PIL, no TensorFlow needed. Preparing standard datasets needs TensorFlow and internet, so it is
   not done here: prepare them elsewhere with
   `tfds build NAME --data_dir=DIR --file_format=array_record`.
+
+Finding a run's stores is ``stores.py``'s (no TFDS); tensorflow_datasets is imported here only to prepare
+a store (``_prepare``, the builders' TFDS half) or to read a standard TFDS dataset (``_load_tfds``), so
+reading a run whose stores are prepared (thumbnails of ``search``, the report) never loads it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import glob
-import hashlib
-import json
 import logging
 import os
 import shutil
 import tempfile
 import time
 import types
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
-import tensorflow_datasets as tfds
-from tensorflow_datasets.core import registered as tfds_registered  # tfds.core.registered, which pyright cannot see
 
-from cvs_jax.data import records
+from cvs_jax.data import parts, records, stores
 from cvs_jax.data.builders import image_folder
-from cvs_jax.data.builders._common import LocalBuilder, SourceInfo, features_of
-from cvs_jax.data.builders.fashion_mnist_local import FashionMnistLocal
-from cvs_jax.data.builders.image_folder import ImageFolder
-from cvs_jax.data.builders.inat_m import InatM
-from cvs_jax.data.builders.product10k import ProductM
-from cvs_jax.data.builders.stanford_dogs import StanfordDogs256
-from cvs_jax.data.builders.tiny_imagenet import TinyImagenetZip
+from cvs_jax.data.dataset import ImageDataset, Rows, Split
 from cvs_jax.errors import ConfigError, DataError, DatasetNotFoundError, SourceMismatchError
 
 __all__ = [
-    "BUILDERS",
     "DatasetNotFoundError",
     "ImageDataset",
+    "Rows",
     "SourceMismatchError",
     "Split",
     "load_dataset",
+    "load_run_dataset",
 ]
-
-# The one registry of our offline builders: name -> builder class.
-BUILDERS: dict[str, type[LocalBuilder]] = {
-    cls.name: cls for cls in (FashionMnistLocal, TinyImagenetZip, StanfordDogs256, InatM, ProductM, ImageFolder)
-}
 
 _CHUNK = 8192  # Records per `__getitems__` call.
 _WARNED: set = set()  # stores whose warnings were printed by this process
 
 _log = logging.getLogger(__name__)  # the package's one logging path (cli.quiet_logging sets its level)
-
-
-@dataclasses.dataclass(frozen=True)
-class Split:
-    """A split decoded into host memory (``store``: the records it was decoded from, if any)."""
-
-    images: np.ndarray  # uint8 [N, H, W, C]
-    labels: np.ndarray  # int32 [N], original dataset labels
-    store: records.StoreSplit | None = None
-
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
-
-    @property
-    def image_shape(self) -> tuple[int, ...]:
-        return tuple(int(d) for d in self.images.shape[1:])
-
-    def read(self, idx: np.ndarray) -> np.ndarray:
-        return self.images[np.asarray(idx, np.int64)]
-
-
-class Rows(Protocol):
-    """What a dataset's split offers: ``Split`` (in memory), ``records.StoreSplit`` (read on demand), or
-    ``parts.ConcatSplit`` (several folders read as one)."""
-
-    @property
-    def labels(self) -> np.ndarray: ...
-
-    @property
-    def image_shape(self) -> tuple[int, ...]: ...
-
-    def __len__(self) -> int: ...
-
-    def read(self, idx: np.ndarray) -> np.ndarray: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class ImageDataset:
-    name: str
-    train: Rows
-    test: Rows
-    class_names: tuple[str, ...]
-    stores: tuple[str, ...] = ()  # the record stores' folders, in row order (none for standard TFDS data)
-    train_sessions: np.ndarray | None = None  # 0-based session of each train row, when the data gives it
-    test_sessions: np.ndarray | None = None  # session from which each test row is a query (-1: from the start)
-
-    @property
-    def store(self) -> str | None:
-        return self.stores[0] if len(self.stores) == 1 else None
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    @property
-    def image_shape(self) -> tuple[int, int, int]:
-        return self.train.image_shape  # type: ignore[return-value]
-
-    def source_names(self, split: str = "train") -> list[str] | None:
-        """Each row's source (a file path, or ``file#index`` for packed files); None when unknown."""
-        names = [read_source_names(s, split) for s in self.stores]
-        known = [n for n in names if n is not None]
-        return None if not names or len(known) < len(names) else [x for n in known for x in n]
-
-
-def read_source_names(store: str, split: str = "train") -> list[str] | None:
-    """The sources of a store's split, read from its ``<split>.sources.txt`` (no images touched)."""
-    path = os.path.join(store, f"{split}.sources.txt")
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return f.read().splitlines()
-
-
-def source_names(data_config, split: str = "train") -> list[str] | None:
-    """The sources of a run's dataset rows (``config.data``), without loading the dataset: what
-    ``search`` and ``export`` show for gallery rows.  None for standard TFDS datasets."""
-    stores = store_dirs(data_config)
-    names = [] if stores is None else [read_source_names(s, split) for s in stores]
-    known = [n for n in names if n is not None]
-    if stores is None or len(known) < len(names):
-        return None
-    given = [data_config.manual_dir] + list(data_config.updates)
-    return [x for store, n, m in zip(stores, known, given) for x in shown_sources(store, n, m)]
-
-
-def store_dirs(data_config) -> list[str] | None:
-    """The record stores of a run's dataset (its folder, then each ``data.updates`` folder), found
-    from their sources without reading any image; None for standard TFDS datasets or when a source is
-    gone."""
-    name = data_config.name
-    if name.split("/", 1)[0].split(":", 1)[0] not in BUILDERS:
-        return None
-    data_dir, options = os.path.expanduser(data_config.data_dir), builder_options(data_config)
-    parts = [(name, data_config.manual_dir)] + [("image_folder", u) for u in data_config.updates]
-    try:
-        return [_resolve_local(part_name, data_dir, manual_dir, options).directory for part_name, manual_dir in parts]
-    except DataError:
-        return None
-
-
-def builder_options(data_config) -> dict:
-    """The ``config.data`` fields a builder's preparation depends on (``image_folder``'s)."""
-    return {k: data_config[k] for k in ("stored_size", "test_fraction", "test_seed")}
 
 
 class CorruptImagesError(DataError):
@@ -187,7 +72,7 @@ def load_dataset(
     images would take more than ``memory_limit_mb``, as ``records.StoreSplit``s read on demand.
 
     Args:
-      name: a key of `BUILDERS` (optionally `name/config`), or a standard TFDS
+      name: a key of `stores.SOURCES` (optionally `name/config`), or a standard TFDS
         dataset name (optionally `name/config:version`).
       data_dir: TFDS data dir: where our builders are prepared (once) and where
         standard datasets are looked up.
@@ -206,9 +91,8 @@ def load_dataset(
     if on_corrupt not in ("refuse", "skip"):
         raise ConfigError(f"data.on_corrupt={on_corrupt!r}: use 'refuse' or 'skip'.")
     data_dir = os.path.expanduser(data_dir)
-    base = name.split("/", 1)[0].split(":", 1)[0]
     start = time.perf_counter()
-    if base in BUILDERS:
+    if stores.is_ours(name):
         dataset = _load_local(
             name,
             data_dir=data_dir,
@@ -231,6 +115,21 @@ def load_dataset(
     return dataset
 
 
+def load_run_dataset(data_config) -> ImageDataset:
+    """``config.data``'s dataset, with the folders of ``data.updates`` appended when there are any."""
+    d = data_config
+    kwargs: dict[str, Any] = dict(
+        data_dir=d.data_dir,
+        on_corrupt=d.on_corrupt,
+        memory_limit_mb=d.in_memory_limit_mb,
+        options=stores.builder_options(d),
+    )
+    first = load_dataset(d.name, manual_dir=d.manual_dir, **kwargs)
+    if not d.updates:
+        return first
+    return parts.concat([first] + [load_dataset("image_folder", manual_dir=u, **kwargs) for u in d.updates])
+
+
 # --------------------------------------------------------------------------
 # Our offline builders.
 
@@ -244,7 +143,7 @@ def _load_local(
     memory_limit_mb: float | None = None,
     options: dict | None = None,
 ) -> ImageDataset:
-    local = _resolve_local(name, data_dir, manual_dir, options or {})
+    local = stores.resolve(name, data_dir, manual_dir, options or {})
     full_name, directory, source = local.full_name, local.directory, local.source
     info = records.read_info(directory)
     if info is not None and info.get("format_version") != records.FORMAT_VERSION:
@@ -358,129 +257,11 @@ def _decode_all(split: records.StoreSplit) -> np.ndarray:
     return images
 
 
-@dataclasses.dataclass(frozen=True)
-class _Local:
-    """One of our builders resolved for a run: its class (with the run's options), config, names,
-    manual dir, the source found there (None: absent) and the store's folder."""
+def _prepare(local: stores.Local, data_dir: str) -> None:
+    """Runs the builder's generators into a record store: one image in memory at a time (the builders'
+    TFDS half, imported here: only preparing a store needs tensorflow_datasets)."""
+    from cvs_jax.data.builders import tfds_builders  # pylint: disable=g-import-not-at-top
 
-    cls: type[LocalBuilder]
-    config: str | None
-    full_name: str
-    manual_dir: str
-    source: SourceInfo | None
-    missing: DataError | None
-    directory: str
-
-
-def _resolve_local(name: str, data_dir: str, manual_dir: str | None, options: dict) -> _Local:
-    """The cheap look at the source files (headers / zip directory / folder listing only) that names
-    the config and the store; raises the builder's "not found" error when neither source nor store
-    is there."""
-    base, _, config = name.partition("/")
-    config = config or None
-    cls = BUILDERS[base].with_options(**options)
-    manual_dir = os.path.expanduser(
-        manual_dir or cls.DEFAULT_MANUAL_DIR or os.path.join(data_dir, "downloads", "manual")
-    )
-    try:
-        source = cls.inspect_source(data_dir if cls.SOURCE_IN_DATA_DIR else manual_dir, config)
-        missing = None
-    except DatasetNotFoundError as e:
-        source, missing = None, e
-    if cls.BUILDER_CONFIGS and config is None:
-        if source is not None:
-            config = source.config_name
-        else:  # No source: reuse the single prepared config, if any.
-            prepared = [
-                c.name
-                for c in cls.BUILDER_CONFIGS
-                if records.read_info(records.store_dir(data_dir, f"{base}/{c.name}")) is not None
-            ]
-            if len(prepared) != 1:
-                assert missing is not None  # set with source None
-                raise missing
-            config = prepared[0]
-    full_name = f"{base}/{config}" if config else base
-    if source is None and cls.store_name(full_name, None) != full_name:
-        # a store named by its source: found through the index of the stores prepared from this folder
-        directory = indexed_store(data_dir, manual_dir, options)
-        if directory is None:
-            assert missing is not None  # set with source None
-            raise missing
-    else:
-        directory = records.store_dir(data_dir, cls.store_name(full_name, source))
-    if source is None and records.read_info(directory) is None:
-        assert missing is not None  # set with source None
-        raise missing
-    if source is not None and cls.store_name(full_name, None) != full_name:
-        _index_store(data_dir, manual_dir, options, directory)
-    return _Local(cls, config, full_name, manual_dir, source, missing, directory)
-
-
-# --------------------------------------------------------------------------
-# Which store a folder was prepared into: a run stays readable after its folder moves.
-
-
-def _index_path(data_dir: str, manual_dir: str, options: dict) -> str:
-    key = json.dumps({"source": os.path.abspath(manual_dir), "options": options}, sort_keys=True, default=str)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-    return os.path.join(os.path.expanduser(data_dir), "cvs_records", "by_source", f"{digest}.json")
-
-
-def _index_store(data_dir: str, manual_dir: str, options: dict, directory: str) -> None:
-    """Records that ``manual_dir`` (with ``options``) is stored in ``directory`` (a store named by
-    its source's contents); written when it changes, atomically."""
-    path = _index_path(data_dir, manual_dir, options)
-    entry = {"source": os.path.abspath(manual_dir), "store": os.path.basename(directory)}
-    try:
-        with open(path) as f:
-            if json.load(f) == entry:
-                return
-    except (OSError, ValueError):
-        pass
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(entry, f)
-        os.replace(tmp, path)
-    except OSError:  # a read-only data_dir: the run then needs its folder where it was
-        pass
-
-
-def indexed_store(data_dir: str, manual_dir: str, options: dict) -> str | None:
-    """The store ``manual_dir`` was last prepared into (``<data_dir>/cvs_records/by_source/``), when
-    that store is still there; None otherwise."""
-    try:
-        with open(_index_path(data_dir, manual_dir, options)) as f:
-            directory = records.store_dir(data_dir, json.load(f)["store"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return directory if records.read_info(directory) is not None else None
-
-
-def source_root(manual_dir: str) -> str:
-    """The folder a source's files are named relative to (a manifest's folder for a CSV)."""
-    path = os.path.abspath(os.path.expanduser(manual_dir))
-    return os.path.dirname(path) if path.lower().endswith(".csv") else path
-
-
-def shown_sources(store: str, names: list[str], manual_dir: str | None) -> list[str]:
-    """``names`` (a store's recorded source paths) under the folder the run was given: stores are shared
-    by content, so a store prepared from another folder with the same files names that folder's paths."""
-    info = records.read_info(store) or {}
-    root = info.get("metadata", {}).get("root")
-    if not root or manual_dir is None:
-        return names
-    given = source_root(manual_dir)
-    if given == root:
-        return names
-    prefix = root.rstrip(os.sep) + os.sep
-    return [given + os.sep + n[len(prefix) :] if n.startswith(prefix) else n for n in names]
-
-
-def _prepare(local: _Local, data_dir: str) -> None:
-    """Runs the builder's generators into a record store: one image in memory at a time."""
     cls, config, full_name, source, directory = local.cls, local.config, local.full_name, local.source, local.directory
     assert source is not None  # load_dataset prepares only from a source it found
     old = os.path.join(data_dir, *full_name.split("/"))
@@ -495,7 +276,7 @@ def _prepare(local: _Local, data_dir: str) -> None:
     kwargs = {"config": config} if config else {}
     # the builder object only runs its generators: its own TFDS folder stays empty, so keep it apart
     scratch = tempfile.TemporaryDirectory(prefix="cvs-builder-")
-    builder = cls(data_dir=scratch.name, **kwargs)
+    builder = tfds_builders.builder(cls.name, local.options)(data_dir=scratch.name, **kwargs)
     if cls.SOURCE_IN_DATA_DIR:
         builder.source_dir = data_dir  # type: ignore[attr-defined]  # where the TFDS source dataset is
     generators = builder._split_generators(types.SimpleNamespace(manual_dir=local.manual_dir))  # pylint: disable=protected-access
@@ -519,7 +300,7 @@ def _prepare(local: _Local, data_dir: str) -> None:
                 del metadata[key]
         return {
             "name": full_name,
-            "class_names": list(features_of(builder.info)["label"].names),
+            "class_names": list(tfds_builders.features_of(builder.info)["label"].names),
             "source_fingerprint": source.normalized_fingerprint(),
             "source_description": source.description,
             **{f"skipped_{split}": metadata.pop(f"skipped_{split}", []) for split in generators},
@@ -537,11 +318,16 @@ def _prepare(local: _Local, data_dir: str) -> None:
 
 
 def _load_tfds(name: str, *, data_dir: str) -> ImageDataset:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  # a standard TFDS dataset
+    from tensorflow_datasets.core import registered as tfds_registered  # pylint: disable=g-import-not-at-top
+
+    from cvs_jax.data.builders.tfds_builders import features_of  # pylint: disable=g-import-not-at-top
+
     try:
         builder = tfds.builder(name, data_dir=data_dir)
     except tfds_registered.DatasetNotFoundError as e:
         raise DatasetNotFoundError(
-            f"{name}: not one of our offline datasets ({', '.join(BUILDERS)}) nor a known TFDS dataset."
+            f"{name}: not one of our offline datasets ({', '.join(stores.SOURCES)}) nor a known TFDS dataset."
         ) from e
     split_names = list(builder.info.splits)
     test_split = "test"
@@ -563,7 +349,7 @@ def _load_tfds(name: str, *, data_dir: str) -> ImageDataset:
                 f" with `tfds build {name} --data_dir=DIR"
                 " --file_format=array_record`, copy DIR here and set"
                 " --config.data.data_dir=DIR; or use an offline dataset"
-                f" ({', '.join(BUILDERS)})."
+                f" ({', '.join(stores.SOURCES)})."
             ) from e
         if isinstance(e, NotImplementedError):
             raise DatasetNotFoundError(
@@ -621,35 +407,3 @@ def _read_generic_split(source: Any) -> Split:  # a TFDS data source: len() and 
         if perm is not None:
             images, labels = images[perm], labels[perm]
     return Split(images=images, labels=labels)
-
-
-def store_digests(config, only: set[str] | None = None) -> dict[str, str]:
-    """SHA-256 (hex) -> source of every image of the run's record stores (none for standard TFDS data);
-    ``only``: of those digests alone (the few images a session from adds checks, without a dict of every
-    stored image)."""
-    wanted = None if only is None else np.array([bytes.fromhex(d) for d in only if d], dtype="V32")
-
-    stores = store_dirs(config.data)
-    if stores is None:
-        return {}
-    folders = [config.data.manual_dir] + list(config.data.updates)
-    out: dict[str, str] = {}
-    for store, folder in zip(stores, folders):
-        info = records.read_info(store)
-        assert info is not None  # the run's stores are complete (prepared before it trained)
-        for split in ("train", "test"):
-            if not os.path.exists(os.path.join(store, f"{split}.sha256.npy")):
-                continue
-            rows = records.StoreSplit(store, split, info)
-            digests = rows.digests()
-            if wanted is not None:
-                hits = np.flatnonzero(np.isin(np.ascontiguousarray(digests).view("V32").ravel(), wanted))
-                if not len(hits):
-                    continue
-                names = shown_sources(store, rows.sources(), folder)
-                for i in hits:
-                    out.setdefault(digests[i].tobytes().hex(), names[i])
-                continue
-            for digest, name in zip(digests, shown_sources(store, rows.sources(), folder)):
-                out.setdefault(digest.tobytes().hex(), name)
-    return out

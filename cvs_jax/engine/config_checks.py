@@ -237,7 +237,7 @@ def _check_image_folders(config: ml_collections.ConfigDict, uses_memory: bool) -
     prepared into a record store of ``data.data_dir`` (a run stays usable after its folder moved); with
     sessions from the data (``data.split=user``) and a replay method, ``memory.budget`` covers the
     classes the folders hold (their listing only: no image is read)."""
-    from cvs_jax.data import folder_inventory, sources, user_sessions  # pylint: disable=g-import-not-at-top
+    from cvs_jax.data import folder_inventory, stores, user_sessions  # pylint: disable=g-import-not-at-top
 
     d = config.data
     folders = [("data.manual_dir", d.manual_dir)] + [("data.updates", u) for u in d.updates]
@@ -253,7 +253,7 @@ def _check_image_folders(config: ml_collections.ConfigDict, uses_memory: bool) -
                 except DataError:  # what is wrong with the folder is reported when it is read
                     listed = False
             continue
-        if sources.indexed_store(d.data_dir, path, sources.builder_options(d)) is None:
+        if stores.indexed_store(d.data_dir, path, stores.builder_options(d)) is None:
             raise ConfigError(
                 f"{field}: {folder!r} does not exist, and no record store in data.data_dir={d.data_dir!r} was "
                 "prepared from it; pass a folder of class folders (<class>/<image>) or a CSV manifest "

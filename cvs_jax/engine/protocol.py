@@ -9,7 +9,8 @@ from typing import cast
 
 import numpy as np
 
-from cvs_jax.data import sources, splits
+from cvs_jax.data import splits
+from cvs_jax.data.dataset import ImageDataset
 from cvs_jax.methods.base import Method
 
 
@@ -26,7 +27,7 @@ def first_per_label(idx: np.ndarray, labels: np.ndarray, n: int) -> np.ndarray:
 class Protocol:
     """The data of a run: images, protocol labels and the session plan."""
 
-    dataset: sources.ImageDataset
+    dataset: ImageDataset
     plan: splits.SessionPlan
     train_labels: np.ndarray  # protocol labels of the train split (-1: class not used)
     test_labels: np.ndarray

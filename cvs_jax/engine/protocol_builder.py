@@ -18,7 +18,7 @@ from cvs_jax.errors import ConfigError, SplitError
 def build_protocol(config: ml_collections.ConfigDict) -> Protocol:
     """The run's dataset (read or prepared, ``data.parts``) and its session plan, by ``data.split``."""
     d = config.data
-    dataset = parts.load_run_dataset(d)
+    dataset = sources.load_run_dataset(d)
     if d.split == "user":  # the sessions the data gives (image_folder manifest; updates append one each)
         sessions = dataset.train_sessions
         plan = user_sessions.plan_from_sessions(

@@ -29,7 +29,7 @@ import shutil
 from typing import NamedTuple
 
 from cvs_jax.config import stored
-from cvs_jax.data import folder_inventory
+from cvs_jax.data import folder_inventory, stores
 from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.retrieval import additions
 from cvs_jax.rundir import paths
@@ -160,9 +160,7 @@ def leave_out(workdir: str, added: additions.Added, labelled: list[int]) -> tupl
     session under the same class holds, is left out.  ``update`` refuses a folder holding an image the run
     holds, and an added row cannot be taken out: such a row blocked every later session.  It stays an added
     row, searchable as before."""
-    from cvs_jax.data import sources  # pylint: disable=g-import-not-at-top  # tensorflow_datasets
-
-    stored = sources.store_digests(run_config(workdir), only={added.digests[r] for r in labelled})
+    stored = stores.store_digests(run_config(workdir), only={added.digests[r] for r in labelled})
     seen: dict[tuple[int, str], str] = {}
     kept, out = [], []
     for r in labelled:

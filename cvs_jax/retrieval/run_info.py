@@ -9,6 +9,7 @@ import os
 import numpy as np
 
 from cvs_jax.config import recipe
+from cvs_jax.data import stores
 from cvs_jax.errors import UserError
 from cvs_jax.retrieval import compatibility, run_reader, run_rows
 from cvs_jax.rundir import paths
@@ -16,10 +17,8 @@ from cvs_jax.rundir import paths
 
 def _stores(run: run_reader.Run) -> list[str] | None:
     """The record stores the run's images are read from (None: standard TFDS data, or a store is gone)."""
-    from cvs_jax.data import sources  # pylint: disable=g-import-not-at-top  # tensorflow_datasets
-
     try:
-        return sources.store_dirs(run.config.data)
+        return stores.store_dirs(run.config.data)
     except (UserError, OSError):
         return None
 

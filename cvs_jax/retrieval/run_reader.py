@@ -25,6 +25,7 @@ from PIL import Image
 from cvs_jax import distributed
 from cvs_jax.augment import transforms as augment
 from cvs_jax.config import stored
+from cvs_jax.data import stores
 from cvs_jax.data.builders import resize
 from cvs_jax.data.builders.resize import image_errors
 from cvs_jax.errors import SearchError, UserError
@@ -140,14 +141,9 @@ def check_is_run(workdir: str) -> None:
 
 def train_source_names(config: ml_collections.ConfigDict) -> list[str] | None:
     """Each train-split row's source (a file path, or e.g. ``file.gz#123`` for packed sources) when the
-    data layer can tell (``sources.source_names``, where present and the data is reachable), else None."""
-    from cvs_jax.data import sources  # tensorflow_datasets: imported only when a hit is shown
-
-    names = getattr(sources, "source_names", None)
-    if names is None:
-        return None
+    data layer can tell (``stores.source_names``, where present and the data is reachable), else None."""
     try:
-        return names(config.data, "train")
+        return stores.source_names(config.data, "train")
     except (UserError, OSError):  # the dataset is not on this machine: the rows keep their train index
         return None
 
@@ -387,9 +383,7 @@ class Run:
     def duplicates(self, paths: list[str]) -> list[tuple[str, str]]:
         """(path, where its bytes already are) for each file whose content (SHA-256) is already in the run:
         a row of its data (train or test), an earlier ``--add``, or an earlier file of ``paths``."""
-        from cvs_jax.data import sources  # tensorflow_datasets: imported only for --add
-
-        stored_rows = sources.store_digests(self.config)
+        stored_rows = stores.store_digests(self.config)
         return duplicates_of([(p, file_digest(p)) for p in paths], self._added, stored_rows)
 
     def add(self, images: np.ndarray, paths: list[str], label: str | None) -> None:
@@ -497,7 +491,7 @@ def duplicates_of(
     named: list[tuple[str, str]], added: additions.Added, stores_known: dict[str, str]
 ) -> list[tuple[str, str]]:
     """(name, where its bytes already are) for each (name, SHA-256 hex) whose content is already in the
-    run: a row of its data (``stores_known``: ``sources.store_digests``), an added row, or an earlier name."""
+    run: a row of its data (``stores_known``: ``stores.store_digests``), an added row, or an earlier name."""
     known = dict(zip(added.digests, added.sources))
     known.pop("", None)
     out = []

@@ -73,11 +73,11 @@ def arrival_sessions(parts: list[tuple[int, np.ndarray]], gallery: Gallery) -> n
 def train_split(config: ml_collections.ConfigDict):
     """The run's train split, read on demand (``records.StoreSplit`` per part, nothing decoded ahead),
     or None when its data is not on this machine: what thumbnails of gallery rows are read from."""
-    from cvs_jax.data import parts  # tensorflow_datasets: imported only when images are shown
+    from cvs_jax.data import sources  # the loader: imported only when images are shown
 
     c = ml_collections.ConfigDict(config.to_dict())
     c.data.in_memory_limit_mb = 0.0
     try:
-        return parts.load_run_dataset(c.data).train
+        return sources.load_run_dataset(c.data).train
     except (UserError, OSError):
         return None

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from cvs_jax.data import chunks
+from cvs_jax.data import chunks, stores
 from cvs_jax.errors import IndexBackendError, SearchError, not_writable
 from cvs_jax.index import registry as index_registry
 from cvs_jax.retrieval import additions, gate, query_maps, run_reader, topk
@@ -529,10 +529,9 @@ class Served:
     # --- adding rows ---------------------------------------------------------------------------------
 
     def _store_digests(self, run: run_reader.Run) -> dict[str, str]:
-        from cvs_jax.data import sources  # tensorflow_datasets: imported at the first add
 
         if self._stores is None or self._stores[0] != run.session:
-            self._stores = (run.session, sources.store_digests(run.config))
+            self._stores = (run.session, stores.store_digests(run.config))
         return self._stores[1]
 
     def add(

@@ -15,8 +15,7 @@ from PIL import Image
 
 from cvs_jax.data import records, sources
 from cvs_jax.data.builders import _tfds_source, inat_m, product10k, resize
-from cvs_jax.data.builders.product10k import ProductM
-from cvs_jax.data.builders.stanford_dogs import StanfordDogs256
+from cvs_jax.data.builders.tfds_builders import ProductM, StanfordDogs256
 from cvs_jax.errors import DataError
 from cvs_jax.testing import tiny_data
 

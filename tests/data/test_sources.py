@@ -16,10 +16,9 @@ import pytest
 import tensorflow_datasets as tfds
 from PIL import Image
 
-from cvs_jax.data import records, sources
-from cvs_jax.data.builders import fashion_mnist_local, tiny_imagenet
-from cvs_jax.data.builders.fashion_mnist_local import FashionMnistLocal
-from cvs_jax.data.builders.tiny_imagenet import TinyImagenetZip
+from cvs_jax.data import records, sources, stores
+from cvs_jax.data.builders import fashion_mnist_local, tfds_builders, tiny_imagenet
+from cvs_jax.data.builders.tfds_builders import FashionMnistLocal, TinyImagenetZip
 from cvs_jax.errors import DataError
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -421,3 +420,15 @@ def test_tiny_imagenet_corrupt_images_refused_or_skipped(tmp_path):
     ds = sources.load_dataset("tiny_imagenet_zip", on_corrupt="skip", **kwargs)
     assert len(ds.train) == len(_WNIDS) * len(_TRAIN_INDICES) - 1  # the broken one is left out, counted
     assert np.bincount(ds.train.labels)[0] == len(_TRAIN_INDICES) - 1
+
+
+def test_each_builder_is_its_datasets_file_half_plus_tfds():
+    """The TFDS half of each dataset (``tfds_builders.BUILDERS``, which prepares its store) subclasses its file
+    half (``stores.SOURCES``, which finds the store without TFDS), by the same name and configs."""
+    assert tfds_builders.BUILDERS.keys() == stores.SOURCES.keys()
+    for name, builder in tfds_builders.BUILDERS.items():
+        assert issubclass(builder, stores.SOURCES[name]) and builder.name == name
+        assert tuple(c.name for c in builder.BUILDER_CONFIGS) == builder.CONFIG_NAMES
+    with_options = tfds_builders.builder("image_folder", {"stored_size": 48, "test_fraction": 0.5, "test_seed": 3})
+    assert issubclass(with_options, tfds_builders.ImageFolder) and with_options.name == "image_folder"
+    assert (with_options.STORED_SIZE, with_options.TEST_FRACTION, with_options.SEED) == (48, 0.5, 3)

@@ -4,6 +4,7 @@
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -18,7 +19,10 @@ from PIL import Image
 from cvs_jax import export, search
 from cvs_jax.data import sources
 from cvs_jax.engine import runner
-from cvs_jax.retrieval import run_reader, stablehlo_export
+from cvs_jax.retrieval import added_session, run_reader, stablehlo_export
+from cvs_jax.rundir import paths
+from cvs_jax.rundir import workdir as workdir_lib
+from cvs_jax.testing import reading_probe
 from cvs_jax.testing.tiny_data import tiny_config
 
 # The "Export to an ANN index" snippet of docs/your-images.md, run verbatim by test_faiss_answers_as_search
@@ -240,3 +244,39 @@ def test_stablehlo_runs_without_cvs_jax(exported_run, tmp_path):
     assert json.load(open(os.path.join(out, "export.json")))["stablehlo"]["files"] == list(stablehlo_export.FILES)
     # the search command's own query embeddings: files prepared at the stored shape, then the same vectors
     np.testing.assert_allclose(got[:3], export.load(out).embed(images[:3]), atol=1e-5, rtol=0)
+
+
+def test_the_config_of_a_moved_run_names_its_folders_where_they_are(exported_run, tmp_path):
+    """An export's config.json is the run's config as the run reads it: the same bytes for a run in place; for a
+    run moved after ``update --from_added`` (hand-made here: a from-added folder recorded under the old
+    workdir), that folder under the new one, as ``rows.csv`` names its rows, not the old place."""
+    wd, out, _ = exported_run
+    with open(paths.config_file(wd), "rb") as a, open(os.path.join(out, "config.json"), "rb") as b:
+        assert a.read() == b.read()
+    old, new = str(tmp_path / "W"), str(tmp_path / "disk" / "W")
+    shutil.copytree(wd, old)
+    with open(paths.config_file(old)) as f:
+        config = json.load(f)
+    config["data"]["updates"] = [added_session.folder_of(old, 4)]  # as update --from_added records it
+    workdir_lib.write_config(paths.config_file(old), config)
+    os.makedirs(added_session.folder_of(old, 4))
+    with open(os.path.join(added_session.folder_of(old, 4), added_session.ROWS_FILE), "w") as f:
+        json.dump({"first": 0, "end": 2, "rows": [[0, 2]]}, f)
+    shutil.move(old, new)
+    assert _cli(["--workdir", new, "--out", str(tmp_path / "export")]) == 0
+    with open(tmp_path / "export" / "config.json") as f:
+        exported = json.load(f)
+    assert exported["data"]["updates"] == [added_session.folder_of(new, 4)]  # before: the old, gone, place
+    assert {k: v for k, v in exported.items() if k != "data"} == {k: v for k, v in config.items() if k != "data"}
+
+
+def test_reading_a_fashion_run_never_imports_tfds(exported_run, tmp_path):
+    """The reading commands on a Fashion-MNIST run (``reading_probe``; tests/serve has the photo run's)."""
+    wd = str(tmp_path / "run")
+    shutil.copytree(exported_run[0], wd)
+    images = []
+    for i in range(3):
+        images.append(str(tmp_path / f"q{i}.png"))
+        Image.fromarray(np.random.default_rng(50 + i).integers(0, 256, (28, 28), dtype=np.uint8)).save(images[-1])
+    loaded = reading_probe.heavy_modules_by_step(wd, images[0], (images[1], images[2]), str(tmp_path / "out"))
+    assert loaded == {step: [] for step in reading_probe.STEPS}

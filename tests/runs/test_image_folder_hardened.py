@@ -18,7 +18,7 @@ from PIL import Image
 
 from cvs_jax import cli, export, info, search, update
 from cvs_jax.config import recorded
-from cvs_jax.data import sources, user_sessions
+from cvs_jax.data import sources, stores, user_sessions
 from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.retrieval import run_reader
@@ -204,10 +204,10 @@ def test_paths_shown_are_the_folder_the_run_was_given(trained, tmp_path):
     copy = shutil.copytree(trained[1], tmp_path / "copy")  # the same files: the same record store
     c = folder_config(trained[3], str(copy))
     ds = sources.load_dataset(
-        "image_folder", data_dir=c.data.data_dir, manual_dir=str(copy), options=sources.builder_options(c.data)
+        "image_folder", data_dir=c.data.data_dir, manual_dir=str(copy), options=stores.builder_options(c.data)
     )
-    assert ds.stores == tuple(sources.store_dirs(folder_config(trained[3], trained[1]).data))  # shared
-    names = sources.source_names(c.data, "train")
+    assert ds.stores == tuple(stores.store_dirs(folder_config(trained[3], trained[1]).data))  # shared
+    names = stores.source_names(c.data, "train")
     assert names and all(n.startswith(str(copy) + os.sep) for n in names)
 
 

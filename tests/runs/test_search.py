@@ -11,7 +11,7 @@ from absl import flags
 from PIL import Image
 
 from cvs_jax import search
-from cvs_jax.data import sources
+from cvs_jax.data import sources, stores
 from cvs_jax.data.builders import resize
 from cvs_jax.engine import runner
 from cvs_jax.retrieval import run_reader, run_rows
@@ -116,7 +116,7 @@ def test_hits_show_source_class_and_sessions(finished_run, train_images, tmp_pat
     path = str(tmp_path / "q.png")
     Image.fromarray(train_images[src][..., 0]).save(path)
     names = [f"/data/train/{i:05d}.png" for i in range(len(train_images))]
-    monkeypatch.setattr(sources, "source_names", lambda data, split: names if split == "train" else None, raising=False)
+    monkeypatch.setattr(stores, "source_names", lambda data, split: names if split == "train" else None)
     assert _cli(["--workdir", wd, "--images", path, "--k", "4", "--json"]) == 0
     (answer,) = json.loads(capsys.readouterr().out)
     assert answer["query"] == path and answer["model_session"] == run.session + 1
@@ -131,14 +131,10 @@ def test_hits_show_source_class_and_sessions(finished_run, train_images, tmp_pat
         assert h["class_name"] == run.protocol["class_names"][h["label"]] and h["label"] == run.gallery.labels[j]
         # finetune keeps every part: a row arrives with the session whose model embedded it
         assert h["arrival_session"] == h["model_session"] == run.gallery.sessions[j] + 1
-    # before the data layer names sources (or when it cannot): the train-split index
-    for fallback in (lambda data, split: None, None):
-        if fallback is None:
-            monkeypatch.delattr(sources, "source_names", raising=False)
-        else:
-            monkeypatch.setattr(sources, "source_names", fallback, raising=False)
-        top = run_reader.Run(wd).search(run_reader.load_images([path], run.image_shape), k=1)[0][0]
-        assert top["source"] == f"train[{int(run.gallery.source_ids[top['row']])}]"
+    # when the data layer cannot name the sources (a store gone): the train-split index
+    monkeypatch.setattr(stores, "source_names", lambda data, split: None)
+    top = run_reader.Run(wd).search(run_reader.load_images([path], run.image_shape), k=1)[0][0]
+    assert top["source"] == f"train[{int(run.gallery.source_ids[top['row']])}]"
 
 
 def test_arrival_session_is_the_first_part_holding_the_image():

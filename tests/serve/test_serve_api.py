@@ -22,6 +22,7 @@ from cvs_jax.rundir import paths
 from cvs_jax.serve.app import Limits, create_app
 from cvs_jax.serve.batcher import LONE
 from cvs_jax.serve.state import Query, Served
+from cvs_jax.testing import reading_probe
 from cvs_jax.testing.image_folders import new_photo
 
 
@@ -291,3 +292,15 @@ def test_requests_already_received_are_batched_even_after_a_run_of_lone_queries(
 
     asyncio.run(go())
     assert max(served.batcher.batch_sizes[-12:]) > 1, served.batcher.batch_sizes[-12:]
+
+
+def test_reading_a_photo_run_never_imports_tfds(photo_runs, tmp_path):
+    """search (and --html, --add), info, export and the server's start-up, /search, thumbnails and /add on a
+    photo run, in a fresh process: none imports tensorflow_datasets or TensorFlow (they found the run's
+    stores through the TFDS builders before the builders' file half: 0.1-0.35 s of CPU, ~10 MB per process)."""
+    wd = str(tmp_path / "run")
+    shutil.copytree(photo_runs[0], wd)
+    query = sorted(glob.glob(os.path.join(os.path.dirname(photo_runs[0]), "s1", "test", "*", "*")))[0]
+    new = (new_photo(tmp_path / "new1.png", "ant", seed=41), new_photo(tmp_path / "new2.png", "bee", seed=42))
+    loaded = reading_probe.heavy_modules_by_step(wd, query, new, str(tmp_path / "out"))
+    assert loaded == {step: [] for step in reading_probe.STEPS}

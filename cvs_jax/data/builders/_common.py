@@ -1,4 +1,11 @@
-"""Pieces shared by the offline TFDS builders (no TensorFlow needed)."""
+"""The file half of our offline builders, shared by all of them: no TensorFlow, no tensorflow_datasets.
+
+``LocalSource`` is what a builder knows about its files: where they are, which config and content they hold
+(``inspect_source``) and the record store they are prepared into (``store_name``).  The commands that only
+read a run (``search``, ``info``, ``export``, the server) find its stores through it; the TFDS half
+(``tfds_builders``: DatasetInfo and the generators that prepare a store) subclasses it, for ``main`` and
+``update``.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +13,7 @@ import dataclasses
 import hashlib
 import json
 import zipfile
-from typing import Any, ClassVar, cast
-
-import tensorflow_datasets as tfds
+from typing import Any, ClassVar
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,42 +82,36 @@ class ZipOrFolder:
             self._zip = None
 
 
-def features_of(info: tfds.core.DatasetInfo) -> Any:
-    """``info.features``, our builders' FeaturesDict ("image", "label", ...): tfds types it as an optional
-    FeatureConnector without item access, so each ``info.features["label"]`` read was a type error."""
-    return info.features
+class LocalSource:
+    """One of our datasets as files on this machine (subclasses: one per builder, in its module).
 
-
-def metadata_of(info: tfds.core.DatasetInfo) -> dict[str, Any]:
-    """``info.metadata``, the MetadataDict every builder here declares in ``_info`` (tfds types it optional)."""
-    return cast(dict[str, Any], info.metadata)
-
-
-class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    """Base of the builders that read local files given as a manual dir.
-
-    Subclasses define `DEFAULT_MANUAL_DIR`, `MANUAL_FILES_HINT` and
-    `inspect_source`; the prepared data always keeps the original file order
-    (`disable_shuffling=True`) and has an int64 `id` feature = position in that
-    order.
+    Subclasses set ``name`` and implement ``inspect_source``; the record store's data always keeps the
+    source's file order, and its builder (``tfds_builders``) adds the TFDS half.
     """
 
-    DEFAULT_MANUAL_DIR: ClassVar[str | None] = None
+    name: ClassVar[str]
+    DEFAULT_MANUAL_DIR: ClassVar[str | None] = None  # None: <data_dir>/downloads/manual
     # Short description of the expected files, used in error messages.
     MANUAL_FILES_HINT: ClassVar[str] = ""
-    # True for builders derived from a standard TFDS dataset prepared in the
-    # data_dir (stanford_dogs_256, inat_m): `inspect_source` is then given the
-    # data_dir instead of a manual dir.
+    # True for builders derived from a standard TFDS dataset prepared in the data_dir (stanford_dogs_256,
+    # inat_m): `inspect_source` is then given the data_dir instead of a manual dir.
     SOURCE_IN_DATA_DIR: ClassVar[bool] = False
     # How the record store encodes the images (``records.py``): "jpeg" for photos (the source bytes
     # when they are already the stored image), "png" (lossless) for small or grey images.
     STORE_ENCODING: ClassVar[str] = "jpeg"
+    # The builder's configs (tiny_imagenet_zip: full / mini / custom); none for most.
+    CONFIG_NAMES: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
-    def with_options(cls, **options) -> type["LocalBuilder"]:
+    def with_options(cls, **options) -> type["LocalSource"]:
         """The builder with the run's data options (``image_folder`` reads its size and test split)."""
         del options
         return cls
+
+    @classmethod
+    def _subclass(cls, values: dict[str, Any]) -> Any:
+        """``cls`` with class attributes ``values`` (``with_options``); the TFDS half adds its keywords."""
+        return type(cls.__name__, (cls,), values)
 
     @classmethod
     def store_name(cls, full_name: str, source: SourceInfo | None) -> str:
@@ -124,17 +123,3 @@ class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     def inspect_source(cls, manual_dir: str, config_name: str | None = None) -> SourceInfo:
         """Checks `manual_dir` quickly; raises DatasetNotFoundError if unusable."""
         raise NotImplementedError
-
-    def _resolve_manual_dir(self, dl_manager) -> str:
-        """The manual dir passed to download_and_prepare, else the default one."""
-        try:
-            return str(dl_manager.manual_dir)
-        except AssertionError:  # Not given / missing / empty.
-            if self.DEFAULT_MANUAL_DIR is None:
-                raise
-            return self.DEFAULT_MANUAL_DIR
-
-    def _record_source(self, source: SourceInfo) -> None:
-        """Stores the source identity in the dataset metadata (metadata.json)."""
-        metadata_of(self.info)["source_fingerprint"] = source.normalized_fingerprint()
-        metadata_of(self.info)["source_description"] = source.description

@@ -1,4 +1,4 @@
-"""Builders derived from a standard TFDS dataset prepared in `data_dir`.
+"""Reading the standard TFDS dataset that a derived builder is made from, prepared in `data_dir`.
 
 `stanford_dogs_256` and `inat_m` re-store (a subset of) a standard TFDS
 dataset as fixed 256x256 uint8 arrays. The source must already be prepared in
@@ -12,21 +12,21 @@ needed and a label-only pass does not decode any image. Source records are
 ordered by their key, not by their position: TFDS shuffles records when it
 prepares a dataset, the key order does not depend on that.
 
-`open_split` is the one place that reads the source; tests may replace it.
+`open_split` is the one place that reads the source; tests may replace it.  ``DerivedSource`` is the
+file half of these builders (their TFDS half: ``tfds_builders.TfdsDerivedBuilder``); tensorflow_datasets is
+imported only when a source is read (``describe_source``, ``open_split``), so this module is imported by
+the commands that read a run without loading it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence, cast
 
 import numpy as np
-import tensorflow_datasets as tfds
-from tensorflow_datasets.core import file_adapters  # tfds.core.file_adapters, which pyright cannot see
 
 from cvs_jax.data.builders import resize
-from cvs_jax.data.builders._common import LocalBuilder, SourceInfo, features_of, metadata_of
+from cvs_jax.data.builders._common import LocalSource, SourceInfo
 from cvs_jax.errors import DatasetNotFoundError
 
 _INDEX_CHUNK = 256  # Records per read in the label pass (bounds memory).
@@ -72,6 +72,9 @@ def describe_source(source_name: str, data_dir: str, splits: Sequence[str], deri
     Raises:
       DatasetNotFoundError: not prepared, not in array_record, or a split missing.
     """
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  # the source is a TFDS dataset
+    from tensorflow_datasets.core import file_adapters  # pylint: disable=g-import-not-at-top  # not seen by pyright
+
     builder = tfds.builder(source_name, data_dir=data_dir)
     if not builder.is_prepared():
         raise DatasetNotFoundError(
@@ -97,7 +100,7 @@ def describe_source(source_name: str, data_dir: str, splits: Sequence[str], deri
         name=source_name,
         version=str(builder.version),
         data_dir=str(builder.data_dir),
-        class_names=tuple(features_of(builder.info)["label"].names),
+        class_names=tuple(cast(Any, builder.info.features)["label"].names),  # tfds types features as optional
         num_examples={s: int(builder.info.splits[s].num_examples) for s in splits},
     )
 
@@ -119,6 +122,7 @@ class SourceSplit:
 
 def open_split(source_name: str, split: str, data_dir: str, key_feature: str) -> SourceSplit:
     """Reads the keys and labels of one split (one pass, images not decoded)."""
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
 
     builder = tfds.builder(source_name, data_dir=data_dir)
@@ -157,13 +161,13 @@ class Plan:
     records: dict[str, list[tuple[int, int]]]
 
 
-class TfdsDerivedBuilder(LocalBuilder, skip_registration=True):
-    """Base of builders that re-store a standard TFDS dataset from `data_dir`.
+class DerivedSource(LocalSource):
+    """A dataset re-stored from a standard TFDS dataset in `data_dir` (SOURCE_IN_DATA_DIR).
 
-    `inspect_source` takes the data_dir (SOURCE_IN_DATA_DIR): the source is a
-    prepared TFDS dataset there, not files in a manual dir. The fingerprint
-    holds the source's name, version and split sizes, the stored image size and
-    the selection parameters, so a copy prepared otherwise is never reused.
+    The source is a prepared TFDS dataset, so inspecting it reads its dataset_info.json through
+    tensorflow_datasets (``describe_source``, which imports it then). The fingerprint holds the source's name,
+    version and split sizes, the stored image size and the selection parameters, so a copy prepared
+    otherwise is never reused.
     """
 
     SOURCE_IN_DATA_DIR = True
@@ -172,8 +176,6 @@ class TfdsDerivedBuilder(LocalBuilder, skip_registration=True):
     SOURCE_SPLITS: ClassVar[dict[str, str]]
     # Source feature with a stable string id of each record.
     KEY_FEATURE: ClassVar[str]
-    DESCRIPTION: ClassVar[str]
-    HOMEPAGE: ClassVar[str]
 
     @classmethod
     def selection_params(cls) -> dict[str, Any]:
@@ -189,7 +191,7 @@ class TfdsDerivedBuilder(LocalBuilder, skip_registration=True):
         return describe_source(cls.SOURCE_NAME, data_dir, list(cls.SOURCE_SPLITS.values()), cls.name)
 
     @classmethod
-    def _source_info(cls, source: SourceDescription, size: int) -> SourceInfo:
+    def source_info(cls, source: SourceDescription, size: int) -> SourceInfo:
         return SourceInfo(
             config_name=None,
             fingerprint={
@@ -205,60 +207,4 @@ class TfdsDerivedBuilder(LocalBuilder, skip_registration=True):
     @classmethod
     def inspect_source(cls, manual_dir: str, config_name: str | None = None) -> SourceInfo:
         """`manual_dir` is the data_dir here (see SOURCE_IN_DATA_DIR)."""
-        return cls._source_info(cls.describe(manual_dir), resize.stored_size())
-
-    def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
-            builder=self,
-            description=self.DESCRIPTION,
-            features=resize.stored_features(),  # label names set at preparation
-            supervised_keys=("image", "label"),
-            disable_shuffling=True,
-            homepage=self.HOMEPAGE,
-            metadata=tfds.core.MetadataDict(),
-        )
-
-    def _split_generators(self, dl_manager):
-        del dl_manager  # The source is in data_dir.
-        data_dir = getattr(self, "source_dir", None) or os.fspath(self.data_dir_root)  # set by sources._prepare
-        size = int(features_of(self.info)["image"].shape[0])
-        source = self.describe(data_dir)
-        self._record_source(self._source_info(source, size))
-        splits = {
-            ours: open_split(self.SOURCE_NAME, theirs, data_dir, self.KEY_FEATURE)
-            for ours, theirs in self.SOURCE_SPLITS.items()
-        }
-        plan = self.plan(source, splits)
-        features_of(self.info)["label"].names = list(plan.class_names)
-        metadata_of(self.info)["source_classes"] = list(plan.source_classes)
-        return {
-            split: self._generate_examples(splits[split], records, size, split)
-            for split, records in plan.records.items()
-        }
-
-    def _generate_examples(self, source: SourceSplit, records, size: int, split: str):
-        """Yields the planned records in order; `id` = position among the stored.
-
-        the store's `<split>.sources.txt` line `id` is the source key of record `id`;
-        undecodable images go to `metadata['skipped_<split>']`.
-        """
-        skipped = metadata_of(self.info).setdefault(f"skipped_{split}", [])
-        items = resize.decode_blocks(
-            records,
-            lambda block: source.read_encoded([p for p, _ in block]),
-            size,
-            skipped,
-            describe=lambda item: source.keys[item[0]],
-        )
-        for i, ((position, label), image, data, passthrough) in enumerate(items):
-            yield (
-                i,
-                {
-                    "image": image,
-                    "label": label,
-                    "id": i,
-                    "source": str(source.keys[position]),
-                    "source_bytes": data,
-                    "passthrough": passthrough,
-                },
-            )
+        return cls.source_info(cls.describe(manual_dir), resize.stored_size())

@@ -1,4 +1,5 @@
-"""Fashion-MNIST from local IDX files, as a TFDS builder that needs no TensorFlow.
+"""Fashion-MNIST from local IDX files: the files (this module, no TFDS) and their TFDS builder
+(``tfds_builders.FashionMnistLocal``), which needs no TensorFlow.
 
 TFDS's own `fashion_mnist` builder only accepts downloads whose checksums it
 knows; the Debian package `dataset-fashion-mnist` recompressed the files, so
@@ -12,9 +13,8 @@ import os
 import struct
 
 import numpy as np
-import tensorflow_datasets as tfds
 
-from cvs_jax.data.builders._common import LocalBuilder, SourceInfo
+from cvs_jax.data.builders._common import LocalSource, SourceInfo
 from cvs_jax.errors import DataError, DatasetNotFoundError
 
 DEFAULT_MANUAL_DIR = "/usr/share/datasets/fashion-mnist"
@@ -110,50 +110,15 @@ def read_idx(path: str) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
-class FashionMnistLocal(LocalBuilder):
+class FashionMnistLocalSource(LocalSource):
     """Fashion-MNIST (60k train / 10k test, 28x28 grey) from local IDX files."""
 
     name = "fashion_mnist_local"
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release: IDX files read directly."}
     DEFAULT_MANUAL_DIR = DEFAULT_MANUAL_DIR
     STORE_ENCODING = "png"  # lossless: the 28x28 grey pixels exactly
     MANUAL_FILES_HINT = (
         "train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz"
     )
-    MANUAL_DOWNLOAD_INSTRUCTIONS = f"""
-  The manual dir must hold the four Fashion-MNIST IDX files (gzipped or not):
-  {MANUAL_FILES_HINT}.
-  Either `apt-get install dataset-fashion-mnist` (puts them in
-  {DEFAULT_MANUAL_DIR}, the default manual dir of this builder), or download
-  them from https://github.com/zalandoresearch/fashion-mnist into a folder and
-  pass it as the manual dir.
-  """
-
-    def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
-            builder=self,
-            description=(
-                "Fashion-MNIST read from local IDX files; records are in file"
-                " order and `id` is the position in the original file."
-            ),
-            features=tfds.features.FeaturesDict(
-                {
-                    # BYTES: stored as the raw 784 bytes (compact, fast to decode).
-                    "image": tfds.features.Tensor(
-                        shape=(28, 28, 1),
-                        dtype=np.uint8,
-                        encoding=tfds.features.Encoding.BYTES,
-                    ),
-                    "label": tfds.features.ClassLabel(names=CLASS_NAMES),
-                    "id": tfds.features.Scalar(dtype=np.int64),
-                }
-            ),
-            supervised_keys=("image", "label"),
-            disable_shuffling=True,
-            homepage="https://github.com/zalandoresearch/fashion-mnist",
-            metadata=tfds.core.MetadataDict(),
-        )
 
     @classmethod
     def inspect_source(cls, manual_dir: str, config_name: str | None = None) -> SourceInfo:
@@ -176,27 +141,3 @@ class FashionMnistLocal(LocalBuilder):
             fingerprint={"num_examples": counts},
             description=f"IDX files in {manual_dir}",
         )
-
-    def _split_generators(self, dl_manager):
-        manual_dir = self._resolve_manual_dir(dl_manager)
-        source = self.inspect_source(manual_dir)
-        self._record_source(source)
-        files = find_idx_files(manual_dir)
-        return {
-            split: self._generate_examples(files[images_base], files[labels_base])
-            for split, (images_base, labels_base) in IDX_FILES.items()
-        }
-
-    def _generate_examples(self, images_path: str, labels_path: str):
-        images = read_idx(images_path)
-        labels = read_idx(labels_path)
-        if images.dtype != np.uint8 or labels.dtype != np.uint8:
-            raise DataError(
-                f"{images_path}, {labels_path}: expected uint8 IDX data, got {images.dtype} and {labels.dtype}."
-            )
-        if labels.size and int(labels.max()) >= len(CLASS_NAMES):
-            raise DataError(f"{labels_path}: label {labels.max()} out of range.")
-        images = images[..., None]
-        name = os.path.basename(images_path)
-        for i in range(images.shape[0]):
-            yield i, {"image": images[i], "label": int(labels[i]), "id": i, "source": f"{name}#{i}"}

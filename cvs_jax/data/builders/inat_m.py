@@ -38,9 +38,8 @@ the ~105k chosen + validation images a second time.
 from __future__ import annotations
 
 import numpy as np
-import tensorflow_datasets as tfds
 
-from cvs_jax.data.builders._tfds_source import Plan, SourceDescription, SourceSplit, TfdsDerivedBuilder
+from cvs_jax.data.builders._tfds_source import DerivedSource, Plan, SourceDescription, SourceSplit
 from cvs_jax.errors import DataError
 
 SOURCE_NAME = "i_naturalist2017"
@@ -99,21 +98,14 @@ def select(
     )
 
 
-class InatM(TfdsDerivedBuilder):
-    """iNat-M: 200 iNat-2017 classes x 527 train images, their validation as test."""
+class InatMSource(DerivedSource):
+    """iNat-M: 200 iNat-2017 classes x 527 train images, their validation as test (the TFDS half:
+    ``tfds_builders.InatM``)."""
 
     name = "inat_m"
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
     SOURCE_NAME = SOURCE_NAME
     SOURCE_SPLITS = {"train": "train", "test": "validation"}
     KEY_FEATURE = "id"
-    HOMEPAGE = "https://github.com/visipedia/inat_comp/tree/master/2017"
-    DESCRIPTION = (
-        "iNat-M (CVS, CVPR 2022): 200 seeded-random classes of iNaturalist 2017"
-        " with >= 527 train images, 527 seeded-random train images each, all"
-        " their validation images as test; 256x256 images."
-    )
 
     @classmethod
     def selection_params(cls):

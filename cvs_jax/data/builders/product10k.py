@@ -41,10 +41,9 @@ import io
 import os
 
 import numpy as np
-import tensorflow_datasets as tfds
 
 from cvs_jax.data.builders import resize
-from cvs_jax.data.builders._common import LocalBuilder, SourceInfo, ZipOrFolder, features_of, metadata_of
+from cvs_jax.data.builders._common import LocalSource, SourceInfo, ZipOrFolder
 from cvs_jax.errors import DataError, DatasetNotFoundError
 
 # Read at preparation time (tests patch them).
@@ -174,80 +173,21 @@ def split(rows, *, min_images_per_class: int, test_percent: int, seed: int) -> S
     return Split(source_classes=tuple(kept), train=tuple(train), test=tuple(test))
 
 
-def _fingerprint(index: CsvIndex, size: int) -> dict:
+def fingerprint(index: CsvIndex, size: int) -> dict:
     return {"csv_sha256": index.sha256, "num_images": len(index.rows), "stored_size": size, **selection_params()}
 
 
-class ProductM(LocalBuilder):
+class ProductMSource(LocalSource):
     """Product-M: Product-10K train classes with >= 20 images, seeded 80/20 split."""
 
     name = "product_m"
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
     DEFAULT_MANUAL_DIR = None  # TFDS default: <data_dir>/downloads/manual.
     MANUAL_FILES_HINT = "train.csv and train/ (or train.zip) of Product-10K"
-    MANUAL_DOWNLOAD_INSTRUCTIONS = """
-  Put the official Product-10K training files (https://products-10k.github.io/)
-  in the manual dir: train.csv and either the train/ image folder or train.zip.
-  """
 
     @classmethod
     def inspect_source(cls, manual_dir: str, config_name: str | None = None) -> SourceInfo:
         index, images = open_source(manual_dir)
         images.close()
         return SourceInfo(
-            config_name=None, fingerprint=_fingerprint(index, resize.stored_size()), description=images.description
+            config_name=None, fingerprint=fingerprint(index, resize.stored_size()), description=images.description
         )
-
-    def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
-            builder=self,
-            description=(
-                "Product-M (CVS, CVPR 2022): Product-10K training classes with >="
-                " 20 images, split per class (seeded) into 80% train / 20% test;"
-                " 256x256 images; records ordered by (label, file name)."
-            ),
-            features=resize.stored_features(),  # label names set at preparation
-            supervised_keys=("image", "label"),
-            disable_shuffling=True,
-            homepage="https://products-10k.github.io/",
-            metadata=tfds.core.MetadataDict(),
-        )
-
-    def _split_generators(self, dl_manager):
-        manual_dir = self._resolve_manual_dir(dl_manager)
-        index, images = open_source(manual_dir)
-        size = int(features_of(self.info)["image"].shape[0])
-        self._record_source(
-            SourceInfo(config_name=None, fingerprint=_fingerprint(index, size), description=images.description)
-        )
-        plan = split(index.rows, **selection_params())
-        features_of(self.info)["label"].names = [str(c) for c in plan.source_classes]
-        metadata_of(self.info)["source_classes"] = list(plan.source_classes)
-        return {
-            "train": self._generate_examples(images, plan.train, size, "train"),
-            "test": self._generate_examples(images, plan.test, size, "test"),
-        }
-
-    def _generate_examples(self, images: ImageFiles, records, size: int, split_name: str):
-        """Yields records in order; `id` = position among the stored ones."""
-        skipped = metadata_of(self.info).setdefault(f"skipped_{split_name}", [])
-        items = resize.decode_blocks(
-            records,
-            lambda block: [images.read(name) for name, _ in block],
-            size,
-            skipped,
-            describe=lambda item: item[0],
-        )
-        for i, ((name, label), image, data, passthrough) in enumerate(items):
-            yield (
-                i,
-                {
-                    "image": image,
-                    "label": label,
-                    "id": i,
-                    "source": name,
-                    "source_bytes": data,
-                    "passthrough": passthrough,
-                },
-            )

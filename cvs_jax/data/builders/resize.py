@@ -124,22 +124,6 @@ def to_stored(pil_image, shape, exif: bool = True) -> np.ndarray:
     return np.asarray(img, dtype=np.uint8).reshape(size, size, channels)
 
 
-def stored_features():
-    """The TFDS features of every fine-grained builder (its DatasetInfo; the record store keeps the
-    images encoded, ``records.py``): a STORED_SIZE square uint8 image, a class label (names set by the
-    builder) and the record's position `id`."""
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
-    size = stored_size()
-    return tfds.features.FeaturesDict(
-        {
-            "image": tfds.features.Tensor(shape=(size, size, 3), dtype=np.uint8, encoding=tfds.features.Encoding.BYTES),
-            "label": tfds.features.ClassLabel(),
-            "id": tfds.features.Scalar(dtype=np.int64),
-        }
-    )
-
-
 Item = TypeVar("Item")
 
 BLOCK = 256  # Images per block: bounds the memory of encoded bytes in flight.

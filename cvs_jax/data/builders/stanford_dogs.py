@@ -16,28 +16,19 @@ line `id` of the store's `<split>.sources.txt` is the file name.
 
 from __future__ import annotations
 
-import tensorflow_datasets as tfds
-
-from cvs_jax.data.builders._tfds_source import Plan, SourceDescription, SourceSplit, TfdsDerivedBuilder
+from cvs_jax.data.builders._tfds_source import DerivedSource, Plan, SourceDescription, SourceSplit
 
 SOURCE_NAME = "stanford_dogs"
 
 
-class StanfordDogs256(TfdsDerivedBuilder):
-    """All of TFDS's stanford_dogs, stored as 256x256 uint8 arrays."""
+class StanfordDogs256Source(DerivedSource):
+    """All of TFDS's stanford_dogs, stored as 256x256 uint8 arrays (the TFDS half:
+    ``tfds_builders.StanfordDogs256``)."""
 
     name = "stanford_dogs_256"
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
     SOURCE_NAME = SOURCE_NAME
     SOURCE_SPLITS = {"train": "train", "test": "test"}
     KEY_FEATURE = "image/filename"
-    HOMEPAGE = "http://vision.stanford.edu/aditya86/ImageNetDogs/main.html"
-    DESCRIPTION = (
-        "Stanford Dogs (TFDS stanford_dogs, official train/test lists), images"
-        " resized to shorter side 256 and centre-cropped to 256x256; records"
-        " sorted by source file name, `id` = position."
-    )
 
     @classmethod
     def plan(cls, source: SourceDescription, splits: dict[str, SourceSplit]) -> Plan:

@@ -1,4 +1,5 @@
-"""Tiny-ImageNet from the official zip (read in place), as a TFDS builder.
+"""Tiny-ImageNet from the official zip (read in place): its files (this module, no TFDS) and their TFDS
+builder (``tfds_builders.TinyImagenetZip``).
 
 Needs no TensorFlow: JPEGs are decoded with PIL and stored as uint8 tensors.
 Layout read (inside a zip or an extracted folder; the top-level folder name is
@@ -34,17 +35,8 @@ import re
 import zipfile
 
 import numpy as np
-import tensorflow_datasets as tfds
 
-from cvs_jax.data.builders._common import (
-    LocalBuilder,
-    SourceInfo,
-    ZipOrFolder,
-    features_of,
-    metadata_of,
-    sha256_lines,
-)
-from cvs_jax.data.builders.resize import image_errors, read_ahead
+from cvs_jax.data.builders._common import LocalSource, SourceInfo, ZipOrFolder, sha256_lines
 from cvs_jax.errors import DataError, DatasetNotFoundError
 
 IMAGE_SHAPE = (64, 64, 3)
@@ -246,65 +238,14 @@ def decode_image_keeping_source(data: bytes, name: str = "") -> tuple[np.ndarray
     return array, passthrough
 
 
-class TinyImagenetZip(LocalBuilder):
+class TinyImagenetZipSource(LocalSource):
     """Tiny-ImageNet (200 classes, 64x64 RGB) from the official zip layout."""
 
     name = "tiny_imagenet_zip"
     STORE_ENCODING = "png"  # the few non-RGB files (grey, CMYK) re-encoded losslessly
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release: zip read in place with PIL."}
-    BUILDER_CONFIGS = [
-        tfds.core.BuilderConfig(
-            name="full",
-            description="Official tiny-imagenet-200.zip: 500 train images per"
-            " class (100,000) + the 10,000 val images as test.",
-        ),
-        tfds.core.BuilderConfig(
-            name="mini",
-            description="tiny-imagenet-200-mini.zip: train images 0..99 of each"
-            " class (20,000) + the 10,000 val images as test.",
-        ),
-        tfds.core.BuilderConfig(
-            name="custom",
-            description="Any other copy in the official layout (e.g. a small test fixture).",
-        ),
-    ]
-    DEFAULT_CONFIG_NAME = "full"
+    CONFIG_NAMES = tuple(CONFIG_TRAIN_PER_CLASS)  # full / mini / custom: see the builder's configs
     DEFAULT_MANUAL_DIR = None  # TFDS default: <data_dir>/downloads/manual.
     MANUAL_FILES_HINT = "tiny-imagenet-200.zip (or an extracted tiny-imagenet-200/)"
-    MANUAL_DOWNLOAD_INSTRUCTIONS = """
-  Put the official Tiny-ImageNet zip, tiny-imagenet-200.zip
-  (http://cs231n.stanford.edu/tiny-imagenet-200.zip), or a subset of it in the
-  same layout such as tiny-imagenet-200-mini.zip, or the extracted
-  tiny-imagenet-200/ folder, in the manual dir. The zip is read in place (not
-  extracted). The config (full / mini / custom) must match the copy found.
-  """
-
-    def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
-            builder=self,
-            description=(
-                "Tiny-ImageNet read from the official zip layout; labels follow the"
-                " sorted-wnid convention; `test` is the official val split;"
-                " records are in file order and `id` is the position in it."
-            ),
-            features=tfds.features.FeaturesDict(
-                {
-                    "image": tfds.features.Tensor(
-                        shape=IMAGE_SHAPE,
-                        dtype=np.uint8,
-                        encoding=tfds.features.Encoding.BYTES,
-                    ),
-                    # Names (from words.txt) are set when the source is read.
-                    "label": tfds.features.ClassLabel(),
-                    "id": tfds.features.Scalar(dtype=np.int64),
-                }
-            ),
-            supervised_keys=("image", "label"),
-            disable_shuffling=True,
-            homepage="http://cs231n.stanford.edu/",
-            metadata=tfds.core.MetadataDict(),
-        )
 
     @classmethod
     def select_source(cls, manual_dir: str, config_name: str | None = None) -> tuple[TinySource, TinyIndex]:
@@ -346,66 +287,3 @@ class TinyImagenetZip(LocalBuilder):
             )
         finally:
             source.close()
-
-    def _split_generators(self, dl_manager):
-        manual_dir = self._resolve_manual_dir(dl_manager)
-        assert self.builder_config is not None  # one of BUILDER_CONFIGS (tfds types it optional)
-        source, index = self.select_source(manual_dir, self.builder_config.name)
-        features_of(self.info)["label"].names = list(index.class_names)
-        self._record_source(
-            SourceInfo(
-                config_name=index.config_name,
-                fingerprint=source_fingerprint(source, index),
-                description=repr(source),
-            )
-        )
-        metadata_of(self.info)["wnids"] = list(index.wnids)
-        return {
-            "train": self._generate_examples(source, index.train, "train"),
-            "test": self._generate_examples(source, index.test, "test"),
-        }
-
-    def _generate_examples(self, source: TinySource, items, split: str = ""):
-        """Yields examples in order; undecodable images are skipped and recorded.
-
-        Reading + JPEG decoding of the next block runs in a background thread
-        while TFDS serializes and writes the current one (a pipeline; more
-        decoding threads do not help: per-image work is mostly under the GIL).
-        The names of skipped files go to ``info.metadata['skipped_<split>']``;
-        ``load_dataset(..., on_corrupt='refuse')`` refuses a dataset that has any.
-        """
-        block = 1024
-        skipped = metadata_of(self.info).setdefault(f"skipped_{split}", [])
-
-        errors = image_errors()
-
-        def load(chunk):
-            out = []
-            for rel, _ in chunk:
-                try:
-                    data = source.read(rel)
-                    out.append((*decode_image_keeping_source(data, rel), data))
-                except errors as e:  # PIL's errors for broken files and decompression bombs
-                    out.append(None)
-                    skipped.append(f"{rel}: {type(e).__name__}")
-            return out
-
-        chunks = [items[s : s + block] for s in range(0, len(items), block)]
-        i = 0
-        for chunk, images in read_ahead(chunks, load):
-            for decoded, (rel, label) in zip(images, chunk):
-                if decoded is None:
-                    continue
-                image, passthrough, data = decoded
-                yield (
-                    i,
-                    {
-                        "image": image,
-                        "label": label,
-                        "id": i,
-                        "source": rel,
-                        "source_bytes": data,
-                        "passthrough": passthrough,
-                    },
-                )
-                i += 1
