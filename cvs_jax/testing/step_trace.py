@@ -60,13 +60,10 @@ def _recorder(original, steps: dict, keep_state: bool):
             met = jax.tree.map(lambda x: np.reshape(x[i] if pop else x, (-1,)), out)
             if not driver.stacked:  # one unstacked step: the steps axis of a call of one
                 b = jax.tree.map(lambda x: x[None], b)
-            key = driver.keys[i] if pop else driver.key  # type: ignore[attr-defined]
-            inputs = dict(
-                lr=float(lr),
-                key=digest(jax.random.key_data(key)),
-                consts=digest(driver.member(driver.consts, i)),  # type: ignore[attr-defined]
-                frozen="" if driver.frozen is None else digest(driver.member(driver.frozen, i)),  # type: ignore[attr-defined]
-            )
+            key = driver.keys[i] if pop else driver.key
+            key = digest(jax.random.key_data(key))
+            consts = digest(driver.member(driver.consts, i))
+            frozen = "" if driver.frozen is None else digest(driver.member(driver.frozen, i))
             run = steps.setdefault((int(member.ctx.config.seed), member.view.s), [])
             for j in range(n):
                 state = flat({"p": ts_i.params, "b": ts_i.batch_stats}) if keep_state and j == 0 else None
@@ -78,7 +75,10 @@ def _recorder(original, steps: dict, keep_state: bool):
                         state=state,
                         loss=float(met["loss"][j]),
                         grad_norm=float(met["grad_norm"][j]),
-                        **inputs,
+                        lr=float(lr),
+                        key=key,
+                        consts=consts,
+                        frozen=frozen,
                     )
                 )
         return new_ts, metrics
