@@ -7,9 +7,10 @@ member keeps its own replay memory, gallery, best-validation model selection and
 writes a complete ordinary run directory, ``<workdir>/member<m>/`` by default (its config.json is the
 member's: ``population=1``, its seed, the shared ``split_seed``), so ``search``, ``summarize`` and the
 reports read it as any run; ``<workdir>/population.json`` lists the members, their seeds and folders.
-A member's results equal those of a plain run with its config up to the float differences of the
-batched program, which a stable training regime keeps small; a near-tie query can still flip, and
-chaotic training amplifies them (tests/runs/test_population.py says how far, and what it asserts).
+A member is fed exactly what a plain run with its config is, step by step; its results equal that
+run's up to the float differences of the batched program, which a stable training regime keeps small; a
+near-tie query can still flip, and chaotic training amplifies them (in float64 they vanish:
+docs/many-devices.md has the measurement, tests/runs/test_population.py what it asserts).
 
 Per session the phases run per member as in ``runner.run_sessions`` (carry-over, session view and
 constants, test, append-and-save); training is one loop (``train_loop.run_loop``, shared with plain runs)
