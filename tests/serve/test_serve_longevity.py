@@ -1,18 +1,22 @@
 """What a server running for weeks must not do per request (``benchmarks/serve_soak.py`` measures it).
 
 Each read of the added rows restores the whole store, and orbax/tensorstore kept about 330 kB per read
-at 100,000 rows: a server reading it on every ``/add`` (and again for ``--learn_after``'s count) grew
-from 570 MiB to 2.4 GiB in 25 minutes of adds.  The server appends to the rows it last wrote while no
-other writer has written since; another writer's step is read, so its rows are kept.
+at 100,000 rows (and ~170 kB per save through a writer opened for it): a server reading it on every
+``/add`` (and again for ``--learn_after``'s count) grew from 570 MiB to 2.4 GiB in 25 minutes of adds.
+The server appends to the rows it last wrote, with the writer that wrote them, while no other writer
+has written since; another writer's step is read, so its rows are kept.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 from fastapi.testclient import TestClient
 
 from cvs_jax.retrieval import additions
 from cvs_jax.retrieval.run_reader import ADDED_BASE, Run, load_images
+from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.serve.app import create_app
 from cvs_jax.serve.state import Served
@@ -63,6 +67,8 @@ def test_adds_append_to_what_the_server_wrote_and_keep_another_writers_rows(run_
     assert [s.rsplit("/", 1)[-1] for s in stored.sources][3] == photos["bee"][0].rsplit("/", 1)[-1]
     assert stored.names == ["ant"] * 3 + ["bee"] * 3 and len(stored.digests) == 6
     assert len(set(stored.digests)) == 6
+    steps = [n for n in os.listdir(paths.additions_dir(run_copy)) if n.isdigit()]
+    assert len(steps) == 2  # the writer kept open still keeps the newest 2 steps only
     mine = served.added_now()  # what the server holds is what a reader reads back
     assert mine is not None and mine.step == stored.step and mine.sources == stored.sources
     np.testing.assert_array_equal(mine.gallery.embeddings, stored.gallery.embeddings)
