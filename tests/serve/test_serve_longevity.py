@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+import jax
 import numpy as np
 from fastapi.testclient import TestClient
 
@@ -73,3 +74,20 @@ def test_adds_append_to_what_the_server_wrote_and_keep_another_writers_rows(run_
     assert mine is not None and mine.step == stored.step and mine.sources == stored.sources
     np.testing.assert_array_equal(mine.gallery.embeddings, stored.gallery.embeddings)
     np.testing.assert_array_equal(mine.gallery.labels, stored.gallery.labels)
+
+
+def test_a_second_model_of_the_same_network_traces_nothing(run_copy):
+    """A switch to a new session's model (same network, new weights) reuses the compiled embed function:
+    a new one per model was traced and compiled for every batch bucket at each switch."""
+    traced = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, _, **kw: traced.append(name) if name == "/jax/core/compile/jaxpr_trace_duration" else None
+    )
+    first, second = Run(run_copy), Run(run_copy)
+    images = np.zeros((3, *first.image_shape), np.uint8)
+    first.embed(images)
+    before = len(traced)
+    second.variables["params"] = jax.tree.map(lambda x: x * 2, second.variables["params"])  # other weights
+    got = second.embed(images)
+    assert len(traced) == before
+    assert not np.allclose(got, first.embed(images))  # its own weights, not the first model's
