@@ -26,6 +26,10 @@ search: latency; every failed request.  Then, with the grown gallery:
 
 writes ``serve_soak.json`` (every sample and request) and ``serve_soak.png`` (RSS, fds, disk, latency
 against gallery rows) in ``--out``; ``--plot JSON`` redraws the figure from a written JSON.
+
+    python benchmarks/serve_soak.py --built RUN --store_cost 100000,1000000 --out DIR
+
+times, in this process, what one add costs the additions store at those sizes (``store_cost.json``).
 """
 
 from __future__ import annotations
@@ -246,7 +250,9 @@ def restart(workdir: str, port: int, log, flags: list[str]) -> tuple[subprocess.
     return server, {"seconds_to_healthz": round(up, 2), "gallery_rows": rows, **proc_stats(server.pid)}
 
 
-def kill_under_load(workdir: str, port: int, log, flags: list[str], server, seconds: float) -> dict:
+def kill_under_load(
+    workdir: str, port: int, log, flags: list[str], server, seconds: float
+) -> tuple[subprocess.Popen, dict]:
     """Two adders and a searcher; ``kill -9`` after ``seconds``; restart; every acknowledged row is there."""
     url = f"http://127.0.0.1:{port}"
     rec, stop = Recorder(), threading.Event()
@@ -352,6 +358,54 @@ def _pct(x: np.ndarray, q: float) -> float | None:
     return round(float(np.percentile(x, q)) * 1000, 2) if len(x) else None
 
 
+def store_cost(built: str, sizes: list[int], root: str) -> list[dict]:
+    """What one add of 16 rows costs the additions store at each size, in this process: the store read back
+    (``read_for_append``), the step written (``append``: every added row again, fsync'd), the bytes of one
+    step on disk, and ``labelled_pending``'s bound (a read of the store, then a pass over its rows)."""
+    out = []
+    for n in sizes:
+        workdir = os.path.join(root, f"store_{n}")
+        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.copytree(built, workdir)
+        dim = _dim(workdir)
+        seed_rows(workdir, n, dim)
+        writer = additions.writer(workdir)
+        try:
+            t = time.perf_counter()
+            current = additions.read_for_append(writer, dim)
+            read_s = time.perf_counter() - t
+            t = time.perf_counter()
+            stored = additions.append(
+                writer,
+                current,
+                np.zeros((16, dim), np.float32),
+                np.full(16, -1, np.int32),
+                [""] * 16,
+                [f"uploads/x{i}.png" for i in range(16)],
+                [f"{i:064x}".replace("0", "f", 1) for i in range(16)],
+                0,
+            )
+            append_s = time.perf_counter() - t
+        finally:
+            writer.close()
+        t = time.perf_counter()
+        added_session.labelled_pending(workdir, [], dim, at_least=10**12)
+        bound_s = time.perf_counter() - t
+        step_bytes = tree_bytes(os.path.join(workdir, "checkpoints", "additions", str(stored.step)))
+        out.append(
+            {
+                "rows": n,
+                "read_s": round(read_s, 3),
+                "append_s": round(append_s, 3),
+                "step_bytes": step_bytes,
+                "pending_bound_s": round(bound_s, 3),
+            }
+        )
+        print(json.dumps(out[-1]), flush=True)
+        shutil.rmtree(workdir)
+    return out
+
+
 def plot(result: dict, path: str) -> None:
     """RSS, fds and threads, disk, and add/search latency against gallery rows, over time."""
     import matplotlib
@@ -384,7 +438,7 @@ def plot(result: dict, path: str) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--out", default="soak")
     p.add_argument("--built", help="a finished photo run to copy (else a tiny one is built)")
     p.add_argument("--minutes", type=float, default=25)
@@ -396,7 +450,17 @@ def main() -> None:
     p.add_argument("--sample_s", type=float, default=20)
     p.add_argument("--kill_after_s", type=float, default=20)
     p.add_argument("--plot", help="only redraw the figure of this serve_soak.json")
+    p.add_argument("--store_cost", help="only time one add's store read and write at these sizes (100000,1000000)")
     args = p.parse_args()
+    if args.store_cost:
+        if not args.built:
+            p.error("--store_cost needs --built (a finished run to copy)")
+        sizes = [int(x) for x in args.store_cost.split(",")]
+        result = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        result["store_cost"] = store_cost(args.built, sizes, args.out)
+        with open(os.path.join(args.out, "store_cost.json"), "w") as f:
+            json.dump(result, f)
+        return
     if args.plot:
         with open(args.plot) as f:
             plot(json.load(f), os.path.join(os.path.dirname(args.plot), "serve_soak.png"))

@@ -80,9 +80,12 @@ def test_a_second_model_of_the_same_network_traces_nothing(run_copy):
     """A switch to a new session's model (same network, new weights) reuses the compiled embed function:
     a new one per model was traced and compiled for every batch bucket at each switch."""
     traced = []
-    jax.monitoring.register_event_duration_secs_listener(
-        lambda name, _, **kw: traced.append(name) if name == "/jax/core/compile/jaxpr_trace_duration" else None
-    )
+
+    def listen(event: str, duration_secs: float, **kwargs) -> None:
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            traced.append(duration_secs)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
     first, second = Run(run_copy), Run(run_copy)
     images = np.zeros((3, *first.image_shape), np.uint8)
     first.embed(images)
