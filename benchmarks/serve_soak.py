@@ -309,12 +309,18 @@ def pending_cost(workdir: str, n: int, repeats: int = 3) -> dict:
         )
     finally:
         writer.close()
-    out: dict = {"rows": len(additions.read(workdir, dim))}
-    for name, at_least in (("bound_only", 10**12), ("full", n)):
+    stored = additions.read(workdir, dim)
+    out: dict = {"rows": len(stored)}
+    for name, at_least, given in (
+        ("bound_only", 10**12, None),
+        ("full", n, None),
+        ("bound_only_given_rows", 10**12, stored),  # the server passes the rows it holds (no store read)
+        ("full_given_rows", n, stored),
+    ):
         times = []
         for _ in range(repeats):
             t = time.perf_counter()
-            count = added_session.labelled_pending(workdir, updates, dim, at_least=at_least)
+            count = added_session.labelled_pending(workdir, updates, dim, at_least=at_least, added=given)
             times.append(time.perf_counter() - t)
         out[name] = {"seconds_median": round(float(np.median(times)), 4), "count": count}
     return out

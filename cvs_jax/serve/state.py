@@ -429,7 +429,8 @@ class Served:
             with self._switching:
                 self._take(newest)
         step = additions.newest_step(self.workdir)
-        if step is not None and step != self._added_step:
+        written = self._written  # a step this server wrote is taken in by its add (not read back here)
+        if step is not None and step != self._added_step and (written is None or step != written.step):
             added = additions.read(self.workdir, self.dim)
             prepare = getattr(self.index, "prepare", None)
             if prepare is not None:

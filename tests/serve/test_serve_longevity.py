@@ -53,6 +53,9 @@ def test_adds_append_to_what_the_server_wrote_and_keep_another_writers_rows(run_
         for path in photos["ant"][1:3]:
             add(path, "ant")
         assert (reads[0], appends[0]) == (0, 0)  # the old server restored the store 2 times per labelled add
+        served._added_step = None  # the watcher polls between an add's write and its rows taken in
+        served.poll()
+        assert reads[0] == 0  # a step this server wrote is not read back
 
         with workdir_lib.hold_additions(run_copy):  # search --add, another process's writer
             Run(run_copy, for_add=True).add(
