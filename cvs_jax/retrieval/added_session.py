@@ -79,20 +79,23 @@ def _class_names(workdir: str) -> list[str]:
         return list(json.load(f)["class_names"])
 
 
-def labelled_pending(workdir: str, updates: list[str], embed_dim: int, at_least: int = 0) -> int:
+def labelled_pending(
+    workdir: str, updates: list[str], embed_dim: int, at_least: int = 0, added: additions.Added | None = None
+) -> int:
     """``--learn_after``'s count: the labelled added images the next session would learn from (``pending``'s
     ``rows``; 0 when it refuses).  Deferred lone images and forced rows the run holds do not count, so
     adds that leave only those pending do not start (and see refused) a session each.  ``at_least``: the
     count the caller compares with; while the labelled rows not yet used (a bound read from the added rows
-    alone) are fewer, the bound is returned, so that not every labelled add reads the run's stores."""
-    added = additions.read(workdir, embed_dim)
+    alone) are fewer, the bound is returned, so that not every labelled add reads the run's stores.
+    ``added``: the added rows as stored now (a server's copy, labels as stored), else read."""
+    added = additions.read(workdir, embed_dim) if added is None else added
     done = used_rows(workdir, updates)
     labels, names = added.gallery.labels, added.names
     bound = sum(1 for r in range(len(added)) if r not in done and (labels[r] >= 0 or names[r]))
     if bound < at_least:
         return bound
     try:
-        return len(pending(workdir, updates, embed_dim).rows)
+        return len(pending(workdir, updates, embed_dim, added).rows)
     except DataError:
         return 0
 
@@ -110,11 +113,12 @@ class Pending(NamedTuple):
     deferred: list[tuple[str, str]]
 
 
-def pending(workdir: str, updates: list[str], embed_dim: int) -> Pending:
+def pending(workdir: str, updates: list[str], embed_dim: int, added: additions.Added | None = None) -> Pending:
     """The added rows not yet used and what the next session makes of them.  A class with fewer than
     ``MIN_PER_CLASS`` images is deferred; refuses (``DataError``) when none is labelled, none is left once
-    ``leave_out`` has taken out images the run holds, or every class left has one image."""
-    added = additions.read(workdir, embed_dim)
+    ``leave_out`` has taken out images the run holds, or every class left has one image.  ``added``: the
+    added rows as stored now (labels as stored), else read."""
+    added = additions.read(workdir, embed_dim) if added is None else added
     done = used_rows(workdir, updates)
     waiting = [r for r in range(len(added)) if r not in done]
     if not waiting:

@@ -33,9 +33,18 @@ class Embedder:
     ``rows_run`` counts the rows (padding included) passed through the network."""
 
     def __init__(
-        self, model, pipeline: augment.Views, chunk: int, dtype: str, mesh, embed_dim: int, bucketed: bool = True
+        self,
+        model,
+        pipeline: augment.Views,
+        chunk: int,
+        dtype: str,
+        mesh,
+        embed_dim: int,
+        bucketed: bool = True,
+        fn=None,
     ):
-        self._fn = make_embed_fn(model, pipeline)
+        """``fn``: ``make_embed_fn(model, pipeline)`` made before (its compiles shared), else made here."""
+        self._fn = make_embed_fn(model, pipeline) if fn is None else fn
         self._chunk = chunk
         self._dtype = dtype
         self._mesh = mesh

@@ -290,7 +290,7 @@ async def add(request: Request):
         )
     out = await run_in_threadpool(ctx.served.add, got, label, _bool(fields.get("force")))
     if ctx.sessions.learn_after is not None and out.get("label", -1) >= 0:
-        out["session_started"] = await run_in_threadpool(ctx.sessions.after_add)
+        out["session_started"] = await run_in_threadpool(ctx.sessions.after_add, ctx.served.added_now())
     return out
 
 

@@ -30,7 +30,7 @@ import threading
 import time
 
 from cvs_jax.errors import UserError, WorkdirBusyError
-from cvs_jax.retrieval import added_session
+from cvs_jax.retrieval import added_session, additions
 from cvs_jax.rundir import workdir as workdir_lib
 
 log = logging.getLogger("cvs_jax.serve")
@@ -123,15 +123,16 @@ class SessionJob:
             time.sleep(0.1)
         return None  # still planning: watched from GET /sessions/current
 
-    def after_add(self) -> bool:
+    def after_add(self, added: additions.Added | None = None) -> bool:
         """``--learn_after N``: starts the session once it would learn from N labelled images
         (``added_session.labelled_pending``: lone images of a class wait, uncounted) and none trains;
-        whether it started (a refusal waits for more adds)."""
+        whether it started (a refusal waits for more adds).  ``added``: the added rows as stored now (the
+        server's copy, ``Served.added_now``), else read from the run."""
         if self.learn_after is None or (self._child is not None and self._child.poll() is None):
             return False  # (the app calls this with learn_after set)
         config = added_session.run_config(self.workdir)
         updates, dim = list(config.data.updates), int(config.model.embed_dim)
-        pending = added_session.labelled_pending(self.workdir, updates, dim, at_least=self.learn_after)
+        pending = added_session.labelled_pending(self.workdir, updates, dim, at_least=self.learn_after, added=added)
         if pending < self.learn_after:
             return False
         try:

@@ -1,0 +1,99 @@
+"""What a server running for weeks must not do per request (``benchmarks/serve_soak.py`` measures it).
+
+Each read of the added rows restores the whole store, and orbax/tensorstore kept about 330 kB per read
+at 100,000 rows (and ~170 kB per save through a writer opened for it): a server reading it on every
+``/add`` (and again for ``--learn_after``'s count) grew from 570 MiB to 2.4 GiB in 25 minutes of adds.
+The server appends to the rows it last wrote, with the writer that wrote them, while no other writer
+has written since; another writer's step is read, so its rows are kept.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+from fastapi.testclient import TestClient
+
+from cvs_jax.retrieval import additions
+from cvs_jax.retrieval.run_reader import ADDED_BASE, Run, load_images
+from cvs_jax.rundir import paths
+from cvs_jax.rundir import workdir as workdir_lib
+from cvs_jax.serve.app import create_app
+from cvs_jax.serve.state import Served
+from cvs_jax.testing.image_folders import new_photos
+
+
+def _counting(monkeypatch, name: str) -> list[int]:
+    calls = [0]
+    real = getattr(additions, name)
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(additions, name, counted)
+    return calls
+
+
+def test_adds_append_to_what_the_server_wrote_and_keep_another_writers_rows(run_copy, tmp_path, monkeypatch):
+    photos = new_photos(tmp_path / "photos", {"ant": 4, "bee": 3})
+    served = Served(run_copy, poll_s=0)
+    client = TestClient(create_app(served, learn_after=100))  # labelled adds count what is pending
+
+    def add(path, label):
+        with open(path, "rb") as f:
+            r = client.post("/add", params={"label": label}, files=[("file", (path, f.read()))])
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    try:
+        add(photos["ant"][0], "ant")  # the first add reads what is stored
+        reads, appends = _counting(monkeypatch, "read"), _counting(monkeypatch, "read_for_append")
+        for path in photos["ant"][1:3]:
+            add(path, "ant")
+        assert (reads[0], appends[0]) == (0, 0)  # the old server restored the store 2 times per labelled add
+        served._added_step = None  # the watcher polls between an add's write and its rows taken in
+        served.poll()
+        assert reads[0] == 0  # a step this server wrote is not read back
+
+        with workdir_lib.hold_additions(run_copy):  # search --add, another process's writer
+            Run(run_copy, for_add=True).add(
+                load_images([photos["bee"][0]], served.run.image_shape), [photos["bee"][0]], "bee"
+            )
+        before = appends[0]
+        got = add(photos["bee"][1], "bee")  # its step is read: its row is kept, the new one after it
+        assert appends[0] == before + 1 and got["ids"] == [ADDED_BASE + 4]
+        add(photos["bee"][2], "bee")
+    finally:
+        served.close()
+    stored = additions.read(run_copy, served.dim)
+    assert [s.rsplit("/", 1)[-1] for s in stored.sources][3] == photos["bee"][0].rsplit("/", 1)[-1]
+    assert stored.names == ["ant"] * 3 + ["bee"] * 3 and len(stored.digests) == 6
+    assert len(set(stored.digests)) == 6
+    steps = [n for n in os.listdir(paths.additions_dir(run_copy)) if n.isdigit()]
+    assert len(steps) == 2  # the writer kept open still keeps the newest 2 steps only
+    mine = served.added_now()  # what the server holds is what a reader reads back
+    assert mine is not None and mine.step == stored.step and mine.sources == stored.sources
+    np.testing.assert_array_equal(mine.gallery.embeddings, stored.gallery.embeddings)
+    np.testing.assert_array_equal(mine.gallery.labels, stored.gallery.labels)
+
+
+def test_a_second_model_of_the_same_network_traces_nothing(run_copy):
+    """A switch to a new session's model (same network, new weights) reuses the compiled embed function:
+    a new one per model was traced and compiled for every batch bucket at each switch."""
+    traced = []
+
+    def listen(event: str, duration_secs: float, **kwargs) -> None:
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            traced.append(duration_secs)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    first, second = Run(run_copy), Run(run_copy)
+    images = np.zeros((3, *first.image_shape), np.uint8)
+    first.embed(images)
+    before = len(traced)
+    second.variables["params"] = jax.tree.map(lambda x: x * 2, second.variables["params"])  # other weights
+    got = second.embed(images)
+    assert len(traced) == before
+    assert not np.allclose(got, first.embed(images))  # its own weights, not the first model's
