@@ -12,7 +12,6 @@ from __future__ import annotations
 import difflib
 import functools
 import hashlib
-import json
 import os
 import re
 from typing import Any, Iterable, Sequence
@@ -34,7 +33,7 @@ from cvs_jax.models.frozen_trunk import FrozenTrunk
 from cvs_jax.retrieval import additions, query_maps, topk
 from cvs_jax.retrieval.embedder import Embedder
 from cvs_jax.retrieval.run_rows import PartLog, Rows, arrival_sessions, train_split
-from cvs_jax.rundir import paths
+from cvs_jax.rundir import paths, run_files
 from cvs_jax.rundir.checkpoint import Reader as _Reader
 from cvs_jax.rundir.gallery import Gallery, RowConcat
 
@@ -170,8 +169,7 @@ class Run:
         self.workdir = workdir
         check_is_run(workdir)
         self.config = stored.stored_config(workdir)
-        with open(paths.protocol_file(workdir)) as f:
-            self.protocol = json.load(f)
+        self.protocol = run_files.read_json(paths.protocol_file(workdir), fields=run_files.PROTOCOL_FIELDS)
         c = self.config
         sessions_dir = paths.sessions_dir(workdir)
         sessions = _Reader(sessions_dir, max_to_keep=None) if os.path.isdir(sessions_dir) else None
