@@ -6,14 +6,15 @@ answer.  Hand-made run folders: nothing here trains."""
 import json
 import os
 
+import numpy as np
 import pytest
 from absl import flags
 
 from cvs_jax import info, summarize
 from cvs_jax.config import image_folder_general
 from cvs_jax.config.stored import stored_config
-from cvs_jax.errors import ConfigError, UserError
-from cvs_jax.retrieval import added_session, run_info
+from cvs_jax.errors import ConfigError, UnreadableCheckpointError, UserError
+from cvs_jax.retrieval import added_session, additions, run_info
 from cvs_jax.rundir import paths, run_files
 from cvs_jax.rundir.run_log import RunLog
 
@@ -199,3 +200,36 @@ def test_a_resumed_log_drops_the_line_a_crash_cut_short(tmp_path):
         log.close()
     with open(path) as f:
         assert [json.loads(line) for line in f] == records[:2]
+
+
+def _damage_biggest_file(folder: str) -> None:
+    files = [os.path.join(r, n) for r, _, names in os.walk(folder) for n in names]
+    biggest = max(files, key=os.path.getsize)
+    os.truncate(biggest, os.path.getsize(biggest) // 2)
+
+
+def test_an_add_to_damaged_added_rows_stops_and_keeps_them(tmp_path):
+    """Each additions step holds every added row.  ``search --add`` (and the server's /add) fell back to the
+    previous step when the newest was damaged, moved the newest aside and appended to the previous one: the
+    rows added last were gone from the run, and the add said it succeeded.  Now it stops, moving nothing."""
+    wd = _run(tmp_path)
+    writer = additions.writer(wd)
+    try:
+        added = additions.read_for_append(writer, 4)
+        for i, name in enumerate(["ant", "bee"]):
+            emb = np.full((2, 4), i, np.float32)
+            sources = [f"/photos/{name}-{j}.png" for j in range(2)]
+            added = additions.append(writer, added, emb, np.zeros(2, np.int32), [name] * 2, sources, ["", ""], 0)
+    finally:
+        writer.close()
+    directory = paths.additions_dir(wd)
+    _damage_biggest_file(os.path.join(directory, "1"))
+    before = _files(wd)
+    writer = additions.writer(wd)
+    try:
+        with pytest.raises(UnreadableCheckpointError, match=r"additions/1 cannot be read .*Nothing was added") as e:
+            additions.read_for_append(writer, 4)
+    finally:
+        writer.close()
+    assert f"{os.path.join(directory, '0')} holds the rows added before them" in str(e.value)
+    assert _files(wd) == before  # nothing moved aside, nothing written
