@@ -14,8 +14,10 @@ from cvs_jax import info, summarize
 from cvs_jax.config import image_folder_general
 from cvs_jax.config.stored import stored_config
 from cvs_jax.errors import ConfigError, UnreadableCheckpointError, UserError
-from cvs_jax.retrieval import added_session, additions, run_info
+from cvs_jax.retrieval import added_session, additions, run_info, run_reader
 from cvs_jax.rundir import paths, run_files
+from cvs_jax.rundir import workdir as workdir_lib
+from cvs_jax.rundir.checkpoint import Checkpoints
 from cvs_jax.rundir.run_log import RunLog
 
 PROTOCOL = {"dataset": "image_folder", "setup": "user", "image_shape": [16, 16, 3], "class_names": ["ant", "bee"]}
@@ -233,3 +235,24 @@ def test_an_add_to_damaged_added_rows_stops_and_keeps_them(tmp_path):
         writer.close()
     assert f"{os.path.join(directory, '0')} holds the rows added before them" in str(e.value)
     assert _files(wd) == before  # nothing moved aside, nothing written
+
+
+def test_a_run_whose_newest_session_folder_was_deleted_is_refused_not_read_as_an_older_run(tmp_path):
+    """With ``checkpoints/sessions/<newest>`` deleted, search, info, export and search --add read the run as it
+    was a session earlier (its model, its smaller gallery) while results.json and info reported the newest:
+    answers of a run the user no longer has, without a word."""
+    wd = _run(tmp_path)
+    with open(paths.results_file(wd), "w") as f:
+        json.dump({**RESULTS, "per_session": [{"session": 1}, {"session": 2}]}, f)
+    with pytest.raises(UserError, match="holds no session checkpoint, while .* records 2 completed"):
+        run_reader.Run(wd)  # was "no completed session yet; wait for the first session to finish"
+    sessions = Checkpoints(paths.sessions_dir(wd), max_to_keep=None)
+    try:
+        sessions.save(0, {"variables": {"w": np.zeros(2, np.float32)}}, {"per_session": []})
+    finally:
+        sessions.close()
+    with pytest.raises(UserError, match=rf"{paths.session_dir(wd, 1)} is missing: .* records 2 completed session"):
+        run_reader.Run(wd)
+    run_reader.check_sessions_kept(wd, [0, 1])  # the folders results.json counts are there
+    with workdir_lib.hold(wd):  # a training run retrains a session it set aside: read the older one meanwhile
+        run_reader.check_sessions_kept(wd, [0])
