@@ -11,7 +11,7 @@ import pytest
 from absl import flags
 
 from cvs_jax import info, summarize
-from cvs_jax.config import image_folder_general
+from cvs_jax.config import image_folder_general, recorded
 from cvs_jax.config.stored import stored_config
 from cvs_jax.errors import ConfigError, UnreadableCheckpointError, UserError
 from cvs_jax.retrieval import added_session, additions, run_info, run_reader
@@ -256,3 +256,25 @@ def test_a_run_whose_newest_session_folder_was_deleted_is_refused_not_read_as_an
     run_reader.check_sessions_kept(wd, [0, 1])  # the folders results.json counts are there
     with workdir_lib.hold(wd):  # a training run retrains a session it set aside: read the older one meanwhile
         run_reader.check_sessions_kept(wd, [0])
+
+
+def test_main_on_a_run_whose_config_was_deleted_is_refused_not_resumed_with_its_own(tmp_path, capsys):
+    """``main`` recorded its own config and resumed the checkpoints with it, whatever config trained them.
+    protocol.json (written after config.json) tells a deleted config.json from a compare entry's copied
+    session 1, which comes without both and takes the entry's config."""
+    wd = _run(tmp_path)
+    os.makedirs(paths.session_dir(wd, 0))  # a checkpoint's folder
+    os.remove(paths.config_file(wd))
+    config = image_folder_general.get_config("cpu")
+    before = _files(wd)
+    with pytest.raises(ConfigError, match="no config.json .*Restore config.json from a copy of the run"):
+        recorded.prepare(config, wd)
+    assert _files(wd) == before
+    config.overwrite = True
+    recorded.prepare(config, wd)  # moved into previous-<time>/, as a run of another config is
+    assert [n for n in os.listdir(wd) if n.startswith("previous-")] and os.path.exists(paths.config_file(wd))
+    assert "(no config.json)" in capsys.readouterr().out
+    shared = str(tmp_path / "entry")
+    os.makedirs(paths.session_dir(shared, 0))  # compare's share_first_session: no config.json, no protocol.json
+    recorded.prepare(image_folder_general.get_config("cpu"), shared)
+    assert os.path.exists(paths.config_file(shared)) and capsys.readouterr().out == ""
