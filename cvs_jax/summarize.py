@@ -12,14 +12,13 @@ For tables over seeds with confidence intervals use ``python -m cvs_jax.compare`
 
 from __future__ import annotations
 
-import json
 import os
 
 from absl import flags
 
 from cvs_jax import cli
 from cvs_jax.errors import UserError
-from cvs_jax.rundir import paths
+from cvs_jax.rundir import paths, run_files
 
 
 def summary_table(results: list[dict]) -> str:
@@ -52,8 +51,7 @@ def summarize(workdirs: list[str]) -> str:
             )
         if not os.path.exists(path):
             raise UserError(f"{path} does not exist; run the experiment first (python -m cvs_jax.main --workdir {d}).")
-        with open(path) as f:
-            results.append(json.load(f))
+        results.append(run_files.read_json(path, fields=("dataset", "setup", "per_session")))
     return f"{results[0]['dataset']} / {results[0]['setup']} (recall in %)\n{summary_table(results)}"
 
 

@@ -40,7 +40,6 @@ is accepted with one ``warning:`` line naming it: its queries seldom find it unt
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Sequence
@@ -57,7 +56,7 @@ from cvs_jax.data import records, sources, stores
 from cvs_jax.engine import determinism, runner
 from cvs_jax.errors import ConfigError, DataError, UserError
 from cvs_jax.retrieval import added_session, gate, run_reader
-from cvs_jax.rundir import paths
+from cvs_jax.rundir import paths, run_files
 from cvs_jax.rundir import workdir as workdir_lib
 
 
@@ -145,14 +144,6 @@ def _check_folders_found(workdir: str, config: ml_collections.ConfigDict) -> Non
             )
 
 
-def completed_sessions(workdir: str) -> int:
-    path = paths.results_file(workdir)
-    if not os.path.exists(path):
-        return 0
-    with open(path) as f:
-        return len(json.load(f).get("per_session", []))
-
-
 def _digests(dirs, folders=None) -> dict[bytes, str]:
     """SHA-256 of every stored image's source bytes -> its source, over the given record stores (paths
     shown under ``folders``, the folders the run was given, one per store: stores are shared by content)."""
@@ -208,7 +199,7 @@ def plan_update(workdir: str, data: str, overrides: dict | None = None) -> ml_co
         )
     if data not in updates:
         _check_folder(data)
-    done = completed_sessions(workdir)
+    done = added_session.completed_sessions(workdir)
     if data in updates:
         if data == updates[-1] and done < _sessions_before(config) + len(updates):
             _check_resumed_recipe(config, done, recipe)
@@ -260,8 +251,7 @@ def _check_class_names(workdir: str, data: str, names: Sequence[str]) -> None:
     """Refuses a new class folder whose name differs from a known class's only in case or spaces (``Lemon/``
     for the run's ``lemon``), as ``search --add`` and ``/add`` refuse such a label: it became a second
     class, and a query of one counted the other's hits as wrong."""
-    with open(paths.protocol_file(workdir)) as f:
-        known = list(json.load(f)["class_names"])
+    known = list(run_files.read_json(paths.protocol_file(workdir), fields=("class_names",))["class_names"])
     for name in names:
         twin = run_reader.twin_class(name, known)
         if twin is not None:
@@ -275,8 +265,7 @@ def _check_class_names(workdir: str, data: str, names: Sequence[str]) -> None:
 def _warn_few_photos(workdir: str, data: str, new) -> None:
     """One warning line per class that first arrives with fewer than ``FEW_PHOTOS`` train photos: it enters
     the classifier and the gallery nearly empty, so its queries seldom find it (the session's R@1 drops)."""
-    with open(paths.protocol_file(workdir)) as f:
-        known = set(json.load(f)["class_names"])
+    known = set(run_files.read_json(paths.protocol_file(workdir), fields=("class_names",))["class_names"])
     counts = np.bincount(np.asarray(new.train.labels, np.int64), minlength=len(new.class_names))
     for name, n in zip(new.class_names, counts):
         if name not in known and n < FEW_PHOTOS:
@@ -344,7 +333,7 @@ def from_added_folder(workdir: str) -> tuple[str, bool, str]:
     (``made`` False)."""
     config = writable_config(workdir)
     updates = list(config.data.updates)
-    done = completed_sessions(workdir)
+    done = added_session.completed_sessions(workdir)
     if (
         updates
         and added_session.is_added_folder(workdir, updates[-1])

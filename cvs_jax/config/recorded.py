@@ -6,7 +6,7 @@ the config.  The first run writes ``config.json``.  A later run with a different
 fields that do not change results, ``stored.OPERATIONAL``) is refused once the workdir holds a checkpoint,
 unless ``overwrite=True``, which moves the existing run into ``previous-<time>/``: saved checkpoints
 and galleries are never deleted.  A workdir without any checkpoint (a start that failed, e.g. on a
-data check) takes the new config.  ``continued_config(workdir)`` is the stored config ``update``
+data check) takes the new config; a run whose ``config.json`` was deleted is refused (``prepare``).  ``continued_config(workdir)`` is the stored config ``update``
 trains on: the readers' ``stored.stored_config`` with the loss weights completed from today's methods.
 """
 
@@ -84,6 +84,17 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
             )
         else:
             print(f"moved the previous run in {workdir} to {workdir_lib.move_aside(workdir)}")
+    elif workdir_lib.has_checkpoint(workdir) and os.path.exists(paths.protocol_file(workdir)):
+        # protocol.json is written after config.json: with it and checkpoints, config.json was deleted (a
+        # compare entry's copied session 1 comes without either file)
+        if not config.overwrite:
+            raise ConfigError(
+                f"workdir {workdir} holds a run's checkpoints and protocol.json but no config.json (deleted?): the "
+                "config they were trained with is unknown, so they are not resumed with this one. Restore "
+                "config.json from a copy of the run (or the config.json of a python -m cvs_jax.export of it), or "
+                f"pass --config.overwrite=True to move that run into {workdir}/previous-<time>/."
+            )
+        print(f"moved the previous run in {workdir} (no config.json) to {workdir_lib.move_aside(workdir)}")
     workdir_lib.write_config(path, current)
 
 

@@ -16,7 +16,7 @@ import ml_collections
 
 from cvs_jax.config import defaults
 from cvs_jax.errors import ConfigError
-from cvs_jax.rundir import paths
+from cvs_jax.rundir import paths, run_files
 
 # Fields that may change between a run and its resumption.
 OPERATIONAL = (
@@ -67,13 +67,34 @@ def _with_added_keys(config_dict: dict) -> dict:
     return out
 
 
-def _lay_over(defaults_dict: dict, stored: dict, prefix: str, unknown: list[str]) -> dict:
+_KINDS = ((bool, "true or false"), (int, "an integer"), (float, "a number"), (str, "a string"))
+
+
+def _misfit(default, value) -> str | None:
+    """What a field whose default is ``default`` takes, when the recorded ``value`` is not of that kind (a
+    config.json edited by hand); None when it fits.  A field that may be null takes anything."""
+    if default is None or value is None:
+        return None
+    if isinstance(default, dict):
+        return None if isinstance(value, dict) else "a section of fields"
+    if isinstance(default, (list, tuple)):
+        return None if isinstance(value, list) else "a list"
+    for kind, name in _KINDS:
+        if isinstance(default, kind):
+            fits = isinstance(value, (int, float) if kind is float else kind)
+            return None if fits and (kind is bool or not isinstance(value, bool)) else name
+    return None
+
+
+def _lay_over(defaults_dict: dict, stored: dict, prefix: str, unknown: list[str], misfits: list[str]) -> dict:
     out = dict(defaults_dict)
     for key, value in stored.items():
         if key not in defaults_dict:
             unknown.append(prefix + key)
-        elif isinstance(value, dict) and isinstance(defaults_dict[key], dict):
-            out[key] = _lay_over(defaults_dict[key], value, f"{prefix}{key}.", unknown)
+        elif (want := _misfit(defaults_dict[key], value)) is not None:
+            misfits.append(f"{prefix}{key} = {json.dumps(value)[:40]} (it takes {want})")
+        elif isinstance(value, dict):
+            out[key] = _lay_over(defaults_dict[key], value, f"{prefix}{key}.", unknown, misfits)
         else:
             out[key] = value
     return out
@@ -87,11 +108,18 @@ def over_defaults(stored: dict, where: str, term_weights: dict | None = None) ->
     under = defaults.get_config().to_dict()
     under["loss_weights"] = stored.get("loss_weights", {}) if term_weights is None else term_weights
     unknown: list[str] = []
-    merged = _lay_over(under, stored, "", unknown)
+    misfits: list[str] = []
+    merged = _lay_over(under, stored, "", unknown, misfits)
     if unknown:
         raise ConfigError(
             f"{where} records field(s) this version of cvs_jax no longer has: {', '.join(sorted(unknown))}; "
-            "the run was made by another version: read it with that version, or start a new run."
+            "the run was made by another version: read it with that version, or start a new run (a field "
+            "added to config.json by hand: remove it)."
+        )
+    if misfits:
+        raise ConfigError(
+            f"{where} records {'; '.join(misfits)}: edited by hand? Put the value back as the run recorded it "
+            "(a copy of the run, or the config.json of a python -m cvs_jax.export of it, has it)."
         )
     return ml_collections.ConfigDict(merged)
 
@@ -99,8 +127,7 @@ def over_defaults(stored: dict, where: str, term_weights: dict | None = None) ->
 def recorded(workdir: str) -> dict:
     """The run's ``config.json`` as a dict, its ``data.updates`` where they lie now (``paths.here``: the
     run's own from-added folders follow the run when it is moved or copied)."""
-    with open(paths.config_file(workdir)) as f:
-        out = json.load(f)
+    out = run_files.read_json(paths.config_file(workdir))
     data = out.get("data")
     if isinstance(data, dict) and data.get("updates"):
         data["updates"] = [paths.here(workdir, u) for u in data["updates"]]

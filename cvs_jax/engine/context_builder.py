@@ -5,7 +5,6 @@ without what builds it."""
 from __future__ import annotations
 
 import functools
-import json
 import time
 from typing import Any
 
@@ -24,7 +23,7 @@ from cvs_jax.models import networks as models
 from cvs_jax.models import simplex_head
 from cvs_jax.models.frozen_trunk import FrozenTrunk
 from cvs_jax.retrieval.embedder import Embedder
-from cvs_jax.rundir import paths
+from cvs_jax.rundir import paths, run_files
 from cvs_jax.rundir.checkpoint import Checkpoints
 from cvs_jax.rundir.run_log import RunLog
 
@@ -78,8 +77,7 @@ def build_context(
     else:
         mesh, proto = share.mesh, share.proto
     if jax.process_index() == 0:
-        with open(paths.protocol_file(workdir), "w") as f:
-            json.dump(proto.description(), f, indent=1)
+        run_files.write_json(paths.protocol_file(workdir), proto.description(), indent=1)  # never half-written
     if share is None:
         model = models.from_config(config)
         frozen = models.train_blocks(config) is not None  # a frozen trunk: its leaves get no update

@@ -10,7 +10,6 @@ gallery images per session.  Everything is embedded: the page opens from disk an
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Callable
 
@@ -19,7 +18,7 @@ import numpy as np
 from cvs_jax.config.stored import stored_config
 from cvs_jax.reports import html, plots
 from cvs_jax.retrieval import compatibility, run_rows, topk
-from cvs_jax.rundir import paths
+from cvs_jax.rundir import paths, run_files
 from cvs_jax.rundir.checkpoint import Reader as _Reader
 from cvs_jax.rundir.gallery import Gallery
 
@@ -69,26 +68,6 @@ def partial_results(records: list[dict], ks) -> dict:
     per = [dict(r, session=r["session"] + 1) for r in records]
     ar = topk.average_recall([{k: r["recall"][str(k)] for k in ks} for r in records]) if records else {}
     return {"per_session": per, "average_recall": {str(k): v for k, v in ar.items()}}
-
-
-def _read_json(path: str):
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
-def _read_metrics(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except ValueError:  # a line being written as we read
-                continue
-    return out
 
 
 def _recall_section(results: dict | None) -> str:
@@ -301,11 +280,9 @@ def render(workdir: str, *, results: dict | None = None, stored=None, read_train
     """The page.  By default everything is read from the workdir (``results.json``, the gallery of the
     session checkpoints, the run's images); the engine passes what it holds instead (a run in
     progress: ``partial_results``)."""
-    protocol = _read_json(paths.protocol_file(workdir))
-    if protocol is None:
-        raise FileNotFoundError(f"{paths.protocol_file(workdir)} is missing")
+    protocol = run_files.read_json(paths.protocol_file(workdir), fields=run_files.PROTOCOL_FIELDS)
     if results is None:
-        results = _read_json(paths.results_file(workdir))
+        results = run_files.read_json(paths.results_file(workdir), fields=("per_session",), missing=None)
     if stored is None:
         stored = stored_rows(workdir)
     config = stored_config(workdir)
@@ -324,7 +301,7 @@ def render(workdir: str, *, results: dict | None = None, stored=None, read_train
             _recall_section(results),
             _compat_section(results),
             _sessions_section(protocol, stored, results),
-            _curves_section(_read_metrics(paths.metrics_file(workdir))),
+            _curves_section(run_files.read_metrics(paths.metrics_file(workdir))),
             _samples(rows, read_train, protocol["class_names"], last),
         ]
     )

@@ -32,7 +32,7 @@ from cvs_jax.config import stored
 from cvs_jax.data import folder_inventory, stores
 from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.retrieval import additions
-from cvs_jax.rundir import paths
+from cvs_jax.rundir import paths, run_files
 
 FOLDER = paths.FROM_ADDED
 ROWS_FILE = folder_inventory.FOLDER_RECORD  # beside the class folders; the inventory skips it
@@ -54,12 +54,12 @@ def used_rows(workdir: str, updates: list[str]) -> set[int]:
     written before classes were deferred, when a session used every row up to its end)."""
     used: set[int] = set()
     for folder in updates:
-        path = os.path.join(folder, ROWS_FILE)
-        if is_added_folder(workdir, folder) and os.path.exists(path):
-            with open(path) as f:
-                record = json.load(f)
-            for a, b in record.get("rows", [[record["first"], record["end"]]]):
-                used.update(range(int(a), int(b)))
+        if is_added_folder(workdir, folder):  # its rows.json is written before the folder is recorded
+            record = run_files.read_json(os.path.join(folder, ROWS_FILE), fields=("first", "end"))
+            try:
+                used.update(r for a, b in record.get("rows", [[record["first"], record["end"]]]) for r in range(a, b))
+            except (TypeError, ValueError):
+                raise run_files.damaged(os.path.join(folder, ROWS_FILE), "holds rows that are not ranges") from None
     return used
 
 
@@ -75,8 +75,7 @@ def _ranges(rows: list[int]) -> list[list[int]]:
 
 
 def _class_names(workdir: str) -> list[str]:
-    with open(paths.protocol_file(workdir)) as f:
-        return list(json.load(f)["class_names"])
+    return list(run_files.read_json(paths.protocol_file(workdir), fields=("class_names",))["class_names"])
 
 
 def labelled_pending(
@@ -254,8 +253,5 @@ def run_config(workdir: str):
 
 def completed_sessions(workdir: str) -> int:
     """Sessions the run has completed (``results.json``'s per-session records)."""
-    try:
-        with open(paths.results_file(workdir)) as f:
-            return len(json.load(f).get("per_session", []))
-    except FileNotFoundError:
-        return 0
+    empty = {"per_session": []}
+    return len(run_files.read_json(paths.results_file(workdir), fields=("per_session",), missing=empty)["per_session"])

@@ -25,6 +25,7 @@ import os
 
 import numpy as np
 
+from cvs_jax.errors import UnreadableCheckpointError
 from cvs_jax.rundir import paths
 from cvs_jax.rundir.checkpoint import Checkpoints, Reader
 from cvs_jax.rundir.gallery import Gallery, GalleryPart
@@ -114,8 +115,23 @@ def writer(workdir: str) -> Checkpoints:
 
 
 def read_for_append(checkpoints: Checkpoints, embed_dim: int) -> Added:
-    """The newest readable step (a damaged one is moved aside, as every writer's restore does)."""
-    return _from_stored(checkpoints.restore_latest({"rows": None}), embed_dim)
+    """The newest step, to append to.  A damaged one stops the add (``UnreadableCheckpointError``: nothing
+    moved, nothing added), unlike a training run's restore, which falls back to the previous checkpoint and
+    trains again: each step holds every added row, so appending to the previous one dropped the rows of the
+    newest adds for good (no run can make them again)."""
+    steps = checkpoints.steps()
+    if not steps:
+        return _from_stored(None, embed_dim)
+    try:
+        return _from_stored((steps[-1], checkpoints.restore(steps[-1], {"rows": None})), embed_dim)
+    except UnreadableCheckpointError as e:
+        if len(steps) < 2:
+            raise
+        previous = os.path.join(checkpoints.directory, str(steps[-2]))
+        raise UnreadableCheckpointError(
+            f"{e} Nothing was added. To go on without the rows added last, move that folder out of "
+            f"{checkpoints.directory}: {previous} holds the rows added before them."
+        ) from e
 
 
 def append(

@@ -3,7 +3,6 @@ the classes, the sessions, the compatibility matrix, AR@K and the record stores 
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -12,7 +11,7 @@ from cvs_jax.config import recipe
 from cvs_jax.data import stores
 from cvs_jax.errors import UserError
 from cvs_jax.retrieval import compatibility, run_reader, run_rows
-from cvs_jax.rundir import paths
+from cvs_jax.rundir import paths, run_files
 
 
 def _stores(run: run_reader.Run) -> list[str] | None:
@@ -27,11 +26,7 @@ def term_summary(metrics_path: str) -> dict[int, dict[str, dict]]:
     """Per session (1-based): each logged loss term's mean over the session's epochs, its epochs and those
     where it was exactly 0 (a term 0 in every epoch, e.g. LCE's L_bound with a saturated clamp, did nothing)."""
     out: dict[int, dict[str, dict]] = {}
-    if not os.path.exists(metrics_path):
-        return out
-    with open(metrics_path) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    for r in records:
+    for r in run_files.read_metrics(metrics_path):
         if "epoch" not in r or "session" not in r:
             continue
         for k, v in r.items():
@@ -55,11 +50,7 @@ def learnt(entry: dict, sessions_completed: int) -> bool:
 def describe_run(run: run_reader.Run) -> dict:
     """``describe`` of a run already read (a server's, with the rows added since)."""
     workdir = run.workdir
-    results = {}
-    path = paths.results_file(workdir)
-    if os.path.exists(path):
-        with open(path) as f:
-            results = json.load(f)
+    results = run_files.read_json(paths.results_file(workdir), fields=("per_session",), missing={})
     rows, names = run.rows, run.class_names
     classes = []
     for label, name in enumerate(names):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import difflib
 import functools
 import hashlib
-import json
 import os
 import re
 from typing import Any, Iterable, Sequence
@@ -34,7 +33,8 @@ from cvs_jax.models.frozen_trunk import FrozenTrunk
 from cvs_jax.retrieval import additions, query_maps, topk
 from cvs_jax.retrieval.embedder import Embedder, make_embed_fn
 from cvs_jax.retrieval.run_rows import PartLog, Rows, arrival_sessions, train_split
-from cvs_jax.rundir import paths
+from cvs_jax.rundir import paths, run_files
+from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.rundir.checkpoint import Reader as _Reader
 from cvs_jax.rundir.gallery import Gallery, RowConcat
 
@@ -155,6 +155,30 @@ def check_is_run(workdir: str) -> None:
             )
 
 
+def check_sessions_kept(workdir: str, steps: list[int]) -> None:
+    """Refuses a run whose ``results.json`` records more completed sessions than its session checkpoints
+    hold, when no process is training it (a training run that set a damaged checkpoint aside trains that
+    session again): the newest session's folder was deleted, and the run read without it is an older one,
+    answering with an older model and a smaller gallery as if it were this run."""
+    try:
+        recorded = len(
+            run_files.read_json(paths.results_file(workdir), fields=("per_session",), missing={}).get("per_session", [])
+        )
+    except UserError:  # a damaged results.json: what is searched does not depend on it
+        return
+    kept = steps[-1] + 1 if steps else 0
+    if recorded > kept and workdir_lib.holder(workdir) is None:
+        raise SearchError(
+            f"{paths.session_dir(workdir, kept)} is missing: {paths.results_file(workdir)} records {recorded} "
+            f"completed session(s), the session checkpoints end at session {kept}. Restore "
+            f"{paths.sessions_dir(workdir)} from a copy of the run (read without it, the run would answer as the "
+            f"older run it was after session {kept})."
+            if kept
+            else f"{paths.sessions_dir(workdir)} holds no session checkpoint, while {paths.results_file(workdir)} "
+            f"records {recorded} completed session(s); restore it from a copy of the run."
+        )
+
+
 def train_source_names(config: ml_collections.ConfigDict) -> list[str] | None:
     """Each train-split row's source (a file path, or e.g. ``file.gz#123`` for packed sources) when the
     data layer can tell (``stores.source_names``, where present and the data is reachable), else None."""
@@ -186,11 +210,11 @@ class Run:
         self.workdir = workdir
         check_is_run(workdir)
         self.config = stored.stored_config(workdir)
-        with open(paths.protocol_file(workdir)) as f:
-            self.protocol = json.load(f)
+        self.protocol = run_files.read_json(paths.protocol_file(workdir), fields=run_files.PROTOCOL_FIELDS)
         c = self.config
         sessions_dir = paths.sessions_dir(workdir)
         sessions = _Reader(sessions_dir, max_to_keep=None) if os.path.isdir(sessions_dir) else None
+        check_sessions_kept(workdir, sessions.steps() if sessions is not None else [])
         if sessions is None or not sessions.steps():
             raise SearchError(f"{workdir} has no completed session yet; wait for the first session to finish.")
         # the newest session's model, as stored (no template: the head may have grown since the

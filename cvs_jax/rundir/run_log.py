@@ -15,7 +15,7 @@ import time
 
 import jax
 
-from cvs_jax.rundir import paths
+from cvs_jax.rundir import paths, run_files
 
 _WRITERS = itertools.count()  # TensorBoard writers opened by this process
 
@@ -60,11 +60,12 @@ class RunLog:
         events flushed later), so nothing to drop here means nothing to hide there."""
         if not self._main or not os.path.exists(self._path):
             return
-        with open(self._path) as f:
-            records = [json.loads(line) for line in f if line.strip()]
+        records = run_files.read_metrics(self._path)  # a line cut short by the crash is dropped
         limit = (session, step)
-        kept = [r for r in records if (r["session"], r["step"]) <= limit]
-        if len(kept) != len(records):
+        kept = [r for r in records if (r.get("session", 0), r.get("step", 0)) <= limit]
+        with open(self._path, "rb") as f:
+            lines = sum(1 for line in f if line.strip())
+        if len(kept) != lines:
             tmp = self._path + ".tmp"
             with open(tmp, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in kept)

@@ -211,13 +211,20 @@ def test_added_rows_keep_the_session_of_their_model(run_copy, tmp_path):
     wd = run_copy
     sessions = os.path.join(wd, "checkpoints", "sessions")
     last = run_reader.Run(wd).session
-    shutil.move(os.path.join(sessions, str(last)), tmp_path / "held")  # the run before its last session
+    shutil.move(os.path.join(sessions, str(last)), tmp_path / "held")  # the run before its last session:
+    results = os.path.join(wd, "results.json")  # its results.json records the sessions before it only
+    shutil.copy(results, tmp_path / "results-held.json")
+    with open(results) as f:
+        before = json.load(f)
+    with open(results, "w") as f:
+        json.dump({**before, "per_session": before["per_session"][:last]}, f)
     paths = []
     for i in range(3):
         paths.append(str(tmp_path / f"a{i}.png"))
         Image.fromarray(np.random.default_rng(i).integers(0, 256, (30, 28), dtype=np.uint8)).save(paths[-1])
     assert search.search_or_add(wd, paths[:2], add=True) == 0
     shutil.move(tmp_path / "held", os.path.join(sessions, str(last)))  # the last session completes
+    shutil.move(tmp_path / "results-held.json", results)
     assert search.search_or_add(wd, paths[2:], add=True, label="0") == 0
     run = run_reader.Run(wd)
     n = len(run.gallery)
