@@ -559,9 +559,9 @@ class Served:
             emb, session = self.batcher.call(lambda: (self.run.embed(images), self.run.session)).result()
             with workdir_lib.hold_additions(self.workdir, wait_s=wait_s):
                 writer, current = self._writer_and_rows()
-                if current is not self._written or len(current) != len(run.stored_added):
-                    self._refuse_duplicates(named, current, run, force)  # rows the check above lacked
                 try:
+                    if current is not self._written or len(current) != len(run.stored_added):
+                        self._refuse_duplicates(named, current, run, force)  # rows the check above lacked
                     sources = [uploads_lib.save(self.workdir, u) for u in uploads]
                     stored = additions.append(
                         writer,
@@ -575,7 +575,7 @@ class Served:
                     )
                 except BaseException as e:
                     self._writer, self._written = None, None  # the next add opens and reads the store afresh
-                    writer.close()
+                    writer.close()  # also a fresh writer whose rows held a duplicate (a 409)
                     refusal = not_writable(e) if isinstance(e, OSError) else None
                     if refusal is None:
                         raise

@@ -97,3 +97,43 @@ def test_a_second_model_of_the_same_network_traces_nothing(run_copy):
     got = second.embed(images)
     assert len(traced) == before
     assert not np.allclose(got, first.embed(images))  # its own weights, not the first model's
+
+
+def test_a_duplicate_refused_after_another_writers_add_closes_the_writer_it_opened(run_copy, tmp_path, monkeypatch):
+    """Another writer's step makes the next /add open a writer and read the store; when those rows hold the
+    upload's bytes the add is refused (409), and that writer is closed, not left open beside the next."""
+    photos = new_photos(tmp_path / "photos", {"bee": 2})
+    served = Served(run_copy, poll_s=0)  # no watcher: the other writer's row is first seen under the lock
+    client = TestClient(create_app(served))
+    opened = []  # [writer, closed] per writer opened
+    real = additions.writer
+
+    def tracked(workdir):
+        w = real(workdir)
+        entry, close = [w, False], w.close
+
+        def closing():
+            entry[1] = True
+            close()
+
+        opened.append(entry)
+        w.close = closing
+        return w
+
+    monkeypatch.setattr(additions, "writer", tracked)
+    try:
+        with workdir_lib.hold_additions(run_copy):  # search --add, another process's writer
+            Run(run_copy, for_add=True).add(
+                load_images([photos["bee"][0]], served.run.image_shape), [photos["bee"][0]], "bee"
+            )
+        opened.clear()
+        with open(photos["bee"][0], "rb") as f:
+            r = client.post("/add", params={"label": "bee"}, files=[("file", ("again.png", f.read()))])
+        assert r.status_code == 409, r.text
+        assert len(opened) == 1 and opened[0][1]  # the old server left it open
+        with open(photos["bee"][1], "rb") as f:  # the next add opens its own and succeeds
+            r = client.post("/add", params={"label": "bee"}, files=[("file", ("new.png", f.read()))])
+        assert r.status_code == 200, r.text
+    finally:
+        served.close()
+    assert [o[1] for o in opened] == [True, True]  # close() closed the kept one
