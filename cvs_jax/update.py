@@ -201,9 +201,12 @@ def plan_update(workdir: str, data: str, overrides: dict | None = None) -> ml_co
         _check_folder(data)
     done = added_session.completed_sessions(workdir)
     if data in updates:
-        if data == updates[-1] and done < _sessions_before(config) + len(updates):
-            _check_resumed_recipe(config, done, recipe)
-            print(f"resuming the update with {data} (session {done + 1})")
+        session = _sessions_before(config) + len(updates) - 1  # the update's session (0-based)
+        if data == updates[-1] and done <= session:
+            # counted from the plan, not results.json's records (a deleted results.json counts none; it is
+            # written anew as the run resumes), as the update's session is always the run's last
+            _check_resumed_recipe(config, session, recipe)
+            print(f"resuming the update with {data} (session {session + 1})")
             return config
         raise DataError(
             f"{data} was already added to {workdir} (update {updates.index(data) + 1}: session "

@@ -77,15 +77,21 @@ def test_update_trains_a_term_the_run_did_not_record_with_its_declared_weight(ru
     assert weights[DROPPED] == registry.get_method(c).loss_terms[DROPPED] == c.loss_weights[DROPPED]
 
 
-def test_an_interrupted_update_resumes_with_the_recipe_it_started_with(run, tmp_path):
+@pytest.mark.parametrize("results_json", ["session 1 recorded", "deleted"])
+def test_an_interrupted_update_resumes_with_the_recipe_it_started_with(run, tmp_path, results_json):
+    """The update's session is counted from the plan: with results.json deleted (it is written anew as the run
+    resumes) the old code counted no completed session and checked the recipe of session 1."""
     workdir, _, _ = run
     copy = str(tmp_path / "run")
     shutil.copytree(workdir, copy)
-    with open(os.path.join(copy, "results.json")) as f:
-        results = json.load(f)
-    results["per_session"] = results["per_session"][:1]  # as after a kill during session 2
-    with open(os.path.join(copy, "results.json"), "w") as f:
-        json.dump(results, f)
+    if results_json == "deleted":
+        os.remove(os.path.join(copy, "results.json"))
+    else:
+        with open(os.path.join(copy, "results.json")) as f:
+            results = json.load(f)
+        results["per_session"] = results["per_session"][:1]  # as after a kill during session 2
+        with open(os.path.join(copy, "results.json"), "w") as f:
+            json.dump(results, f)
     with open(os.path.join(copy, "config.json")) as f:
         second = json.load(f)["data"]["updates"][-1]
     with pytest.raises(ConfigError, match=r"session 2 was started with train.lr=0.004.*--config.train.lr=0.004"):
