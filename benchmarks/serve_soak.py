@@ -144,6 +144,23 @@ class Recorder:
             self.errors.append({"t": self.now(), "route": route, "error": what[:300]})
 
 
+def timed(rec: Recorder, route: str, stop: threading.Event, send):
+    """(the 200 answer's body, its seconds), or None for a failed request (recorded; after a transport error
+    it waits 0.5 s, a server restarting, unless asked to stop)."""
+    t = time.perf_counter()
+    try:
+        r = send()
+    except httpx.TransportError as e:
+        rec.error(route, repr(e))
+        stop.wait(0.5)
+        return None
+    dt = time.perf_counter() - t
+    if r.status_code != 200:
+        rec.error(route, f"{r.status_code} {r.text}")
+        return None
+    return r.json(), dt
+
+
 def adder(url: str, rec: Recorder, stop: threading.Event, batch: int, label_every: int, seed: int) -> None:
     rng, i = np.random.default_rng(seed), 0
     client = httpx.Client(timeout=120)
@@ -151,19 +168,9 @@ def adder(url: str, rec: Recorder, stop: threading.Event, batch: int, label_ever
         label = CLASSES[(i // label_every) % len(CLASSES)] if i % label_every == 0 else None
         files = [("file", (f"{seed}-{i}-{j}.png", _png(label, rng), "image/png")) for j in range(batch)]
         params = {"label": label} if label else {}
-        t = time.perf_counter()
-        try:
-            r = client.post(f"{url}/add", files=files, params=params)
-        except httpx.TransportError as e:
-            rec.error("/add", repr(e))
-            if stop.wait(0.5):
-                break
-            continue
-        dt = time.perf_counter() - t
-        if r.status_code != 200:
-            rec.error("/add", f"{r.status_code} {r.text}")
-        else:
-            body = r.json()
+        got = timed(rec, "/add", stop, lambda: client.post(f"{url}/add", files=files, params=params))
+        if got is not None:
+            body, dt = got
             with rec.lock:
                 rec.acked += body["ids"]
                 rec.adds.append(
@@ -185,21 +192,16 @@ def searcher(url: str, rec: Recorder, stop: threading.Event, seed: int) -> None:
     queries = [_png(CLASSES[i % 3], rng) for i in range(16)]
     client, i = httpx.Client(timeout=120), 0
     while not stop.is_set():
-        t = time.perf_counter()
-        try:
-            body = queries[i % len(queries)]
-            r = client.post(f"{url}/search?k=5", content=body, headers={"content-type": "image/png"})
-        except httpx.TransportError as e:
-            rec.error("/search", repr(e))
-            if stop.wait(0.5):
-                break
-            continue
-        dt = time.perf_counter() - t
-        if r.status_code != 200:
-            rec.error("/search", f"{r.status_code} {r.text}")
-        else:
+        query = queries[i % len(queries)]
+        got = timed(
+            rec,
+            "/search",
+            stop,
+            lambda: client.post(f"{url}/search?k=5", content=query, headers={"content-type": "image/png"}),
+        )
+        if got is not None:
             with rec.lock:
-                rec.searches.append([rec.now(), round(dt, 5), r.json()["gallery_rows"]])
+                rec.searches.append([rec.now(), round(got[1], 5), got[0]["gallery_rows"]])
         i += 1
     client.close()
 

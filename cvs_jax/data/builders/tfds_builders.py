@@ -10,7 +10,7 @@ classes, by name.
 from __future__ import annotations
 
 import os
-from typing import Any, cast
+from typing import Any, Sequence, cast
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -37,18 +37,24 @@ def metadata_of(info: tfds.core.DatasetInfo) -> dict[str, Any]:
     return cast(dict[str, Any], info.metadata)
 
 
-def stored_features():
-    """The TFDS features of every fine-grained builder (its DatasetInfo; the record store keeps the
-    images encoded, ``records.py``): a STORED_SIZE square uint8 image, a class label (names set by the
-    builder) and the record's position `id`."""
-    size = resize.stored_size()
+def image_features(shape: tuple[int, ...], class_names: Sequence[str] | None = None):
+    """The TFDS features of every image builder here (its DatasetInfo): a uint8 image of ``shape`` kept as
+    its raw bytes (BYTES: compact, fast to decode), a class label (``class_names``, else set by the builder
+    when it reads its source) and the record's position ``id``."""
     return tfds.features.FeaturesDict(
         {
-            "image": tfds.features.Tensor(shape=(size, size, 3), dtype=np.uint8, encoding=tfds.features.Encoding.BYTES),
-            "label": tfds.features.ClassLabel(),
+            "image": tfds.features.Tensor(shape=shape, dtype=np.uint8, encoding=tfds.features.Encoding.BYTES),
+            "label": tfds.features.ClassLabel(names=class_names),
             "id": tfds.features.Scalar(dtype=np.int64),
         }
     )
+
+
+def stored_features():
+    """The features of every fine-grained builder (the record store keeps the images encoded,
+    ``records.py``): a STORED_SIZE square image (``image_features``), label names set by the builder."""
+    size = resize.stored_size()
+    return image_features((size, size, 3))
 
 
 class LocalBuilder(LocalSource, tfds.core.GeneratorBasedBuilder, skip_registration=True):
@@ -101,18 +107,7 @@ class FashionMnistLocal(FashionMnistLocalSource, LocalBuilder):
                 "Fashion-MNIST read from local IDX files; records are in file"
                 " order and `id` is the position in the original file."
             ),
-            features=tfds.features.FeaturesDict(
-                {
-                    # BYTES: stored as the raw 784 bytes (compact, fast to decode).
-                    "image": tfds.features.Tensor(
-                        shape=(28, 28, 1),
-                        dtype=np.uint8,
-                        encoding=tfds.features.Encoding.BYTES,
-                    ),
-                    "label": tfds.features.ClassLabel(names=CLASS_NAMES),
-                    "id": tfds.features.Scalar(dtype=np.int64),
-                }
-            ),
+            features=image_features((28, 28, 1), CLASS_NAMES),  # the raw 784 bytes per image
             supervised_keys=("image", "label"),
             disable_shuffling=True,
             homepage="https://github.com/zalandoresearch/fashion-mnist",
@@ -184,18 +179,7 @@ class TinyImagenetZip(TinyImagenetZipSource, LocalBuilder):
                 " sorted-wnid convention; `test` is the official val split;"
                 " records are in file order and `id` is the position in it."
             ),
-            features=tfds.features.FeaturesDict(
-                {
-                    "image": tfds.features.Tensor(
-                        shape=tiny_imagenet.IMAGE_SHAPE,
-                        dtype=np.uint8,
-                        encoding=tfds.features.Encoding.BYTES,
-                    ),
-                    # Names (from words.txt) are set when the source is read.
-                    "label": tfds.features.ClassLabel(),
-                    "id": tfds.features.Scalar(dtype=np.int64),
-                }
-            ),
+            features=image_features(tiny_imagenet.IMAGE_SHAPE),  # names (words.txt) set when the source is read
             supervised_keys=("image", "label"),
             disable_shuffling=True,
             homepage="http://cs231n.stanford.edu/",
