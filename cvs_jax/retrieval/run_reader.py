@@ -249,6 +249,12 @@ class Run:
         return self._added
 
     @property
+    def added_as_stored(self) -> additions.Added:
+        """``stored_added`` with the labels as stored (not resolved by name): what a later read or append
+        goes on from (``additions.read``'s ``held``)."""
+        return self._added_as_stored
+
+    @property
     def ids(self) -> np.ndarray:
         """Each row's id, int64, which never changes for the life of the run: a session row's place in the
         session gallery (which only appends), ``ADDED_BASE`` + an added row's place among the added rows.
@@ -416,6 +422,7 @@ class Run:
     def use_added(self, added: additions.Added) -> None:
         """Rows added since this run was read (a server's ``/add``, or a newer step on disk), labelled by
         name against this run's protocol (``additions.resolve``)."""
+        self._added_as_stored = added
         self._added = additions.resolve(added, self.protocol["class_names"])
         self._class_list = additions.class_list(self._added, self.protocol["class_names"])
         self.__dict__.pop("rows", None)

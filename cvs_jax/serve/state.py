@@ -431,7 +431,7 @@ class Served:
         step = additions.newest_step(self.workdir)
         written = self._written  # a step this server wrote is taken in by its add (not read back here)
         if step is not None and step != self._added_step and (written is None or step != written.step):
-            added = additions.read(self.workdir, self.dim)
+            added = additions.read(self.workdir, self.dim, held=self.run.added_as_stored)  # the new segments
             prepare = getattr(self.index, "prepare", None)
             if prepare is not None:
                 prepare([len(added) - self._in_added])
@@ -606,8 +606,8 @@ class Served:
     def _writer_and_rows(self) -> tuple[Any, additions.Added]:
         """The additions' writer and the rows to append to (the caller holds the additions' lock): the ones
         this server last wrote, with the writer that wrote them, while no other writer has written since;
-        else a fresh writer and the rows read (other writers' rows too).  A writer opened and closed per add
-        kept ~170 kB per save inside orbax at 100,000 rows; one kept open keeps nothing."""
+        else a fresh writer and those rows with the segments other writers wrote since.  A writer opened and
+        closed per add kept ~170 kB per save inside orbax at 100,000 rows; one kept open keeps nothing."""
         current = self.added_now()
         if current is not None and self._writer is not None:
             return self._writer, current
@@ -615,8 +615,9 @@ class Served:
             self._writer.close()
             self._writer = None
         writer = additions.writer(self.workdir)
-        try:
-            return writer, additions.read_for_append(writer, self.dim)
+        try:  # the rows it holds are stored (rows are only appended): only the other writers' segments are read
+            held = max((a for a in (self._written, self.run.added_as_stored) if a is not None), key=len)
+            return writer, additions.read_for_append(writer, self.dim, held=held)
         except BaseException:
             writer.close()
             raise
