@@ -225,29 +225,29 @@ def _slice_parts(parts, start: int, stop: int, *, coalesce: bool = True) -> list
 
 
 class _Unread(Exception):
-    """A segment the chain names that is gone (``cause`` None) or cannot be read."""
+    """A segment of ``chain`` that is gone (``cause`` None), damaged, or not the rows the chain says."""
 
-    def __init__(self, segment: Segment, why: str, cause: Exception | None = None):
+    def __init__(self, chain: tuple[Segment, ...], segment: Segment, why: str, cause: Exception | None = None):
         super().__init__(why)
-        self.segment, self.why, self.cause = segment, why, cause
+        self.chain, self.segment, self.why, self.cause = chain, segment, why, cause
 
 
-def _gap(workdir: str, chain: tuple[Segment, ...], e: _Unread) -> UnreadableCheckpointError:
-    """The one message for a segment of the chain that is gone, damaged or not the rows the chain says."""
+def _gap(workdir: str, e: _Unread) -> UnreadableCheckpointError:
+    """The one message for such a segment: its folder, its rows, what to do."""
     seg = e.segment
     folder = os.path.join(paths.additions_dir(workdir), str(seg.step))
     then = (
-        f" To go on without the {chain[-1].end - seg.first} rows added last (rows {seg.first} on), delete "
-        f"{paths.additions_chain(workdir)}: the chain is then rebuilt from the other segments."
-        if seg == chain[-1]
+        f" To go on without the {seg.count} rows added last (rows {seg.first} on), move that folder out of "
+        f"{paths.additions_dir(workdir)} and delete {paths.additions_chain(workdir)}: the chain is then rebuilt "
+        "from the other segments."
+        if seg == e.chain[-1]
         else ""
     )
     if e.cause is not None:  # Checkpoints.restore's message names the folder and says what to do
         return UnreadableCheckpointError(f"{e.cause} It holds the added rows {seg.first} to {seg.end - 1}.{then}")
     return UnreadableCheckpointError(
-        f"the added rows {seg.first} to {seg.end - 1} cannot be read: {folder} {e.why}, and "
-        f"{paths.additions_chain(workdir)} names it. Nothing was changed; restore that folder from a backup "
-        f"(added rows are never made again).{then}"
+        f"the added rows {seg.first} to {seg.end - 1} cannot be read: {folder} {e.why}. Nothing was changed; "
+        f"restore that folder from a backup (added rows are never made again).{then}"
     )
 
 
@@ -262,14 +262,14 @@ def _from_chain(workdir: str, checkpoints: Checkpoints, chain, embed_dim: int, h
         if seg.end <= keep:
             continue
         if not os.path.isdir(os.path.join(checkpoints.directory, str(seg.step))):
-            raise _Unread(seg, "is gone")
+            raise _Unread(chain, seg, "is gone")
         try:
             seg_parts, meta = _restore(checkpoints, seg.step)
         except UnreadableCheckpointError as e:
-            raise _Unread(seg, "is damaged", e) from e
+            raise _Unread(chain, seg, "is damaged", e) from e
         if _span(meta) != (seg.first, seg.count):
             a, n = _span(meta)
-            raise _Unread(seg, f"holds rows {a} to {a + n - 1}, not these")
+            raise _Unread(chain, seg, f"holds rows {a} to {a + n - 1}, not these")
         skip = max(keep - seg.first, 0)
         parts += _slice_parts(seg_parts, skip, seg.count, coalesce=False)
         n = len(meta["sources"])
@@ -334,16 +334,14 @@ def _without_chain(workdir: str, checkpoints: Checkpoints, embed_dim: int) -> Ad
 def _read(workdir: str, checkpoints: Checkpoints, embed_dim: int, held: Added | None) -> Added:
     for _ in range(_RETRIES):
         chain = _load_chain(workdir)
-        if chain is None:
-            return _without_chain(workdir, checkpoints, embed_dim)
-        if not chain:
-            return _empty(embed_dim)
         try:
-            return _from_chain(workdir, checkpoints, chain, embed_dim, held)
+            if chain is None:
+                return _without_chain(workdir, checkpoints, embed_dim)
+            return _from_chain(workdir, checkpoints, chain, embed_dim, held) if chain else _empty(embed_dim)
         except _Unread as e:
-            if _load_chain(workdir) != chain:
+            if chain is not None and _load_chain(workdir) != chain:
                 continue  # a merge replaced the chain (and removed that segment) while it was read
-            raise _gap(workdir, chain, e) from e.cause
+            raise _gap(workdir, e) from e.cause
     raise CheckpointError(
         f"the added rows of {checkpoints.directory} changed {_RETRIES} times while they were read; try again."
     )
