@@ -376,7 +376,7 @@ class Served:
         ):
             return
         if len(old.stored_added) > len(new.stored_added):  # rows added while the new run was read
-            new.use_added(old.stored_added)
+            new.use_added(old.added_as_stored)
         if index is not None:
             self.index, self._in_gallery, self._in_added = index
         elif not _extends(old.gallery, new.gallery):  # joint, and no index made beside serving
