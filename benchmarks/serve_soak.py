@@ -447,6 +447,40 @@ def store_cost(built: str, sizes: list[int], root: str, adds: int = 100) -> list
     return out
 
 
+def worst_add(built: str, n: int, root: str) -> dict:
+    """The add that merges a whole store of ``n`` rows: adds of ``n/2``, ``n/4 - 8`` and ``n/4 - 8`` rows (so
+    the newest segments reach the first one's rows with the next add), then one add of 16 rows, timed with its
+    bytes written (with the store before segments, every add writes every row: this add too)."""
+    workdir = os.path.join(root, f"worst_{n}")
+    shutil.rmtree(workdir, ignore_errors=True)
+    shutil.copytree(built, workdir)
+    dim = _dim(workdir)
+    writer = additions.writer(workdir)
+    rng = np.random.default_rng(3)
+    try:
+        current = additions.read_for_append(writer, dim)
+        for k, m in enumerate((n // 2, n // 4 - 8, n // 4 - 8, 16)):
+            b0, t = _written_bytes(), time.perf_counter()
+            current = additions.append(
+                writer,
+                current,
+                rng.normal(size=(m, dim)).astype(np.float32),
+                np.full(m, -1, np.int32),
+                [""] * m,
+                [f"uploads/w{k}-{i}.png" for i in range(m)],
+                [f"{k:032x}{i:032x}".replace("0", "e", 1) for i in range(m)],
+                0,
+            )
+            seconds, written = time.perf_counter() - t, _written_bytes() - b0
+    finally:
+        writer.close()
+    out = {"rows": len(current), "merging_add_s": round(seconds, 3), "merging_add_bytes_written": written}
+    out["segments_after"] = len(getattr(current, "segments", ())) or 1
+    print(json.dumps(out), flush=True)
+    shutil.rmtree(workdir)
+    return out
+
+
 def plot(result: dict, path: str) -> None:
     """RSS, fds and threads, disk, and add/search latency against gallery rows, over time."""
     import matplotlib
@@ -500,6 +534,7 @@ def main() -> None:
         sizes = [int(x) for x in args.store_cost.split(",")]
         result = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         result["store_cost"] = store_cost(args.built, sizes, args.out, args.store_adds)
+        result["merging_add"] = [worst_add(args.built, n, args.out) for n in sizes]
         with open(os.path.join(args.out, "store_cost.json"), "w") as f:
             json.dump(result, f)
         return
