@@ -232,22 +232,27 @@ class _Unread(Exception):
         self.chain, self.segment, self.why, self.cause = chain, segment, why, cause
 
 
+def _rows_text(first: int, count: int) -> str:
+    return f"row {first}" if count == 1 else f"rows {first} to {first + count - 1}"
+
+
 def _gap(workdir: str, e: _Unread) -> UnreadableCheckpointError:
     """The one message for such a segment: its folder, its rows, what to do."""
     seg = e.segment
     folder = os.path.join(paths.additions_dir(workdir), str(seg.step))
-    then = (
-        f" To go on without the {seg.count} rows added last (rows {seg.first} on), move that folder out of "
-        f"{paths.additions_dir(workdir)} and delete {paths.additions_chain(workdir)}: the chain is then rebuilt "
-        "from the other segments."
-        if seg == e.chain[-1]
-        else ""
-    )
+    rows = _rows_text(seg.first, seg.count)
+    then = ""
+    if seg == e.chain[-1]:  # the newest: the rows before it can go on alone
+        move = "" if e.why == "is gone" else f"move that folder out of {paths.additions_dir(workdir)} and "
+        then = (
+            f" To go on without the added {rows} (added last), {move}delete {paths.additions_chain(workdir)}: "
+            "the chain is then rebuilt from the other segments."
+        )
     if e.cause is not None:  # Checkpoints.restore's message names the folder and says what to do
-        return UnreadableCheckpointError(f"{e.cause} It holds the added rows {seg.first} to {seg.end - 1}.{then}")
+        return UnreadableCheckpointError(f"{e.cause} It holds the added {rows}.{then}")
     return UnreadableCheckpointError(
-        f"the added rows {seg.first} to {seg.end - 1} cannot be read: {folder} {e.why}. Nothing was changed; "
-        f"restore that folder from a backup (added rows are never made again).{then}"
+        f"the added {rows} cannot be read: {folder} {e.why}. Nothing was changed; restore that folder from a "
+        f"backup (added rows are never made again).{then}"
     )
 
 

@@ -175,7 +175,8 @@ def test_a_segment_gone_from_the_chain_is_refused_naming_it(wd):
         before = _files(wd)
         with pytest.raises(UnreadableCheckpointError) as e:
             additions.read(wd, DIM)
-        assert f"the added rows {first} to {first + count - 1} cannot be read: {folder} is gone" in str(e.value)
+        rows = f"row {first}" if count == 1 else f"rows {first} to {first + count - 1}"
+        assert f"the added {rows} cannot be read: {folder} is gone" in str(e.value)
         assert "restore that folder from a backup" in str(e.value)
         store = additions.writer(wd)
         try:
@@ -203,7 +204,7 @@ def test_a_damaged_newest_segment_stops_the_add_and_says_how_to_go_on(wd):
     finally:
         store.close()
     assert f"checkpoint {folder} cannot be read" in str(e.value) and "Nothing was added" in str(e.value)
-    assert f"the {count} rows added last (rows {first} on), move that folder out of " in str(e.value)
+    assert f"the added rows {first} to {first + count - 1} (added last), move that folder out of " in str(e.value)
     assert _files(wd) == before
     os.rename(folder, folder + ".damaged")  # the way on it names: the rows before the damaged segment
     os.remove(paths.additions_chain(wd))
