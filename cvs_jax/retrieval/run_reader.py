@@ -203,10 +203,18 @@ def file_digest(path: str) -> str:
 class Run:
     """The newest model and the full gallery of a finished (or partly finished) run."""
 
-    def __init__(self, workdir: str, *, for_add: bool = False, model_session: int | None = None):
+    def __init__(
+        self,
+        workdir: str,
+        *,
+        for_add: bool = False,
+        model_session: int | None = None,
+        added: additions.Added | None = None,
+    ):
         """``for_add``: the caller holds the workdir's lock and may write the additions; ``model_session``
         (0-based): embed queries with that completed session's model instead of the newest (a server's
-        pin, or a model the gate kept); the gallery is the newest session's either way."""
+        pin, or a model the gate kept); the gallery is the newest session's either way.  ``added``: added
+        rows as stored that the caller holds (a server's, at a switch): only the segments after them are read."""
         self.workdir = workdir
         check_is_run(workdir)
         self.config = stored.stored_config(workdir)
@@ -237,7 +245,7 @@ class Run:
         if self._additions is not None:  # for_add
             self.use_added(additions.read_for_append(self._additions, c.model.embed_dim))
         else:
-            self.use_added(additions.read(workdir, c.model.embed_dim))
+            self.use_added(additions.read(workdir, c.model.embed_dim, held=added))
 
     @property
     def added(self) -> Gallery:

@@ -450,7 +450,7 @@ class Served:
             self.gate_counts[verdict["decision"]] += 1
             log.warning("%s", gate.line(verdict))
             model = None if verdict["decision"] == "switched" else self.run.session
-        self._install(run_reader.Run(self.workdir, model_session=model))
+        self._install(run_reader.Run(self.workdir, model_session=model, added=self.run.added_as_stored))
 
     def _install(self, new: run_reader.Run) -> None:
         """Everything slow beside serving (the model's first runs, a bigger index's compiles, or a whole new
@@ -509,7 +509,7 @@ class Served:
                     model = None if verdict["decision"] == "switched" else self.run.session  # pending: stay
             else:
                 model = session
-            self._install(run_reader.Run(self.workdir, model_session=model))
+            self._install(run_reader.Run(self.workdir, model_session=model, added=self.run.added_as_stored))
             self._record()  # the pin (or its end) also when the served model stays
             run = self.run
         newer = int(np.sum(run.rows.model > run.session))
