@@ -29,7 +29,8 @@ against gallery rows) in ``--out``; ``--plot JSON`` redraws the figure from a wr
 
     python benchmarks/serve_soak.py --built RUN --store_cost 100000,1000000 --out DIR
 
-times, in this process, what one add costs the additions store at those sizes (``store_cost.json``).
+times, in this process, what adds of 16 rows cost the additions store at those sizes (``store_cost.json``):
+seconds and bytes written per add (p50/p99/max over ``--store_adds``), and the whole store's read.
 """
 
 from __future__ import annotations
@@ -366,51 +367,117 @@ def _pct(x: np.ndarray, q: float) -> float | None:
     return round(float(np.percentile(x, q)) * 1000, 2) if len(x) else None
 
 
-def store_cost(built: str, sizes: list[int], root: str) -> list[dict]:
-    """What one add of 16 rows costs the additions store at each size, in this process: the store read back
-    (``read_for_append``), the step written (``append``: every added row again, fsync'd), the bytes of one
-    step on disk, and ``labelled_pending``'s bound (a read of the store, then a pass over its rows)."""
+def _written_bytes() -> int:
+    """Bytes this process has written through system calls so far (``wchar`` of ``/proc/self/io``)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+
+
+def _stats(x: list[float]) -> dict:
+    a = np.asarray(x, np.float64)
+    return {
+        "p50": round(float(np.percentile(a, 50)), 4),
+        "p99": round(float(np.percentile(a, 99)), 4),
+        "max": round(float(a.max()), 4),
+    }
+
+
+def store_cost(built: str, sizes: list[int], root: str, adds: int = 100) -> list[dict]:
+    """What adds of 16 rows cost the additions store at each size, in this process: ``adds`` of them in a row
+    on the seeded store (each one's seconds and bytes written, p50/p99/max: the adds that merge segments
+    included), the bytes of the newest step, the whole store read back (what a restart reads) and
+    ``labelled_pending``'s bound (a read of the store, then a pass over its rows).  Seeding's own appends (200,000
+    rows each, with their merges) are timed too.  Runs with the store of any version (``PYTHONPATH``)."""
     out = []
     for n in sizes:
         workdir = os.path.join(root, f"store_{n}")
         shutil.rmtree(workdir, ignore_errors=True)
         shutil.copytree(built, workdir)
         dim = _dim(workdir)
+        t = time.perf_counter()
         seed_rows(workdir, n, dim)
+        seed_s = time.perf_counter() - t
         writer = additions.writer(workdir)
+        seconds, written = [], []
         try:
             t = time.perf_counter()
             current = additions.read_for_append(writer, dim)
             read_s = time.perf_counter() - t
-            t = time.perf_counter()
-            stored = additions.append(
-                writer,
-                current,
-                np.zeros((16, dim), np.float32),
-                np.full(16, -1, np.int32),
-                [""] * 16,
-                [f"uploads/x{i}.png" for i in range(16)],
-                [f"{i:064x}".replace("0", "f", 1) for i in range(16)],
-                0,
-            )
-            append_s = time.perf_counter() - t
+            for k in range(adds):
+                b0, t = _written_bytes(), time.perf_counter()
+                current = additions.append(
+                    writer,
+                    current,
+                    np.zeros((16, dim), np.float32),
+                    np.full(16, -1, np.int32),
+                    [""] * 16,
+                    [f"uploads/x{k}-{i}.png" for i in range(16)],
+                    [f"{k:032x}{i:032x}".replace("0", "f", 1) for i in range(16)],
+                    0,
+                )
+                seconds.append(time.perf_counter() - t)
+                written.append(_written_bytes() - b0)
         finally:
             writer.close()
         t = time.perf_counter()
+        whole = additions.read(workdir, dim)
+        whole_s = time.perf_counter() - t
+        assert len(whole) == n + 16 * adds
+        t = time.perf_counter()
         added_session.labelled_pending(workdir, [], dim, at_least=10**12)
         bound_s = time.perf_counter() - t
-        step_bytes = tree_bytes(os.path.join(workdir, "checkpoints", "additions", str(stored.step)))
+        step_bytes = tree_bytes(os.path.join(workdir, "checkpoints", "additions", str(current.step)))
         out.append(
             {
                 "rows": n,
-                "read_s": round(read_s, 3),
-                "append_s": round(append_s, 3),
-                "step_bytes": step_bytes,
+                "seed_s": round(seed_s, 2),
+                "adds": adds,
+                "read_for_append_s": round(read_s, 3),
+                "add_s": _stats(seconds),
+                "add_bytes_written": _stats(written),
+                "mean_bytes_written_per_add": int(np.mean(written)),
+                "newest_step_bytes": step_bytes,
+                "segments": len(getattr(whole, "segments", ())) or 1,
+                "read_whole_store_s": round(whole_s, 3),
                 "pending_bound_s": round(bound_s, 3),
             }
         )
         print(json.dumps(out[-1]), flush=True)
         shutil.rmtree(workdir)
+    return out
+
+
+def worst_add(built: str, n: int, root: str) -> dict:
+    """The add that merges a whole store of ``n`` rows: adds of ``n/2``, ``n/4 - 8`` and ``n/4 - 8`` rows (so
+    the newest segments reach the first one's rows with the next add), then one add of 16 rows, timed with its
+    bytes written (with the store before segments, every add writes every row: this add too)."""
+    workdir = os.path.join(root, f"worst_{n}")
+    shutil.rmtree(workdir, ignore_errors=True)
+    shutil.copytree(built, workdir)
+    dim = _dim(workdir)
+    writer = additions.writer(workdir)
+    rng = np.random.default_rng(3)
+    try:
+        current = additions.read_for_append(writer, dim)
+        for k, m in enumerate((n // 2, n // 4 - 8, n // 4 - 8, 16)):
+            b0, t = _written_bytes(), time.perf_counter()
+            current = additions.append(
+                writer,
+                current,
+                rng.normal(size=(m, dim)).astype(np.float32),
+                np.full(m, -1, np.int32),
+                [""] * m,
+                [f"uploads/w{k}-{i}.png" for i in range(m)],
+                [f"{k:032x}{i:032x}".replace("0", "e", 1) for i in range(m)],
+                0,
+            )
+            seconds, written = time.perf_counter() - t, _written_bytes() - b0
+    finally:
+        writer.close()
+    out = {"rows": len(current), "merging_add_s": round(seconds, 3), "merging_add_bytes_written": written}
+    out["segments_after"] = len(getattr(current, "segments", ())) or 1
+    print(json.dumps(out), flush=True)
+    shutil.rmtree(workdir)
     return out
 
 
@@ -457,6 +524,7 @@ def main() -> None:
     p.add_argument("--searchers", type=int, default=2)
     p.add_argument("--sample_s", type=float, default=20)
     p.add_argument("--kill_after_s", type=float, default=20)
+    p.add_argument("--store_adds", type=int, default=100, help="--store_cost: adds of 16 rows timed at each size")
     p.add_argument("--plot", help="only redraw the figure of this serve_soak.json")
     p.add_argument("--store_cost", help="only time one add's store read and write at these sizes (100000,1000000)")
     args = p.parse_args()
@@ -465,7 +533,8 @@ def main() -> None:
             p.error("--store_cost needs --built (a finished run to copy)")
         sizes = [int(x) for x in args.store_cost.split(",")]
         result = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-        result["store_cost"] = store_cost(args.built, sizes, args.out)
+        result["store_cost"] = store_cost(args.built, sizes, args.out, args.store_adds)
+        result["merging_add"] = [worst_add(args.built, n, args.out) for n in sizes]
         with open(os.path.join(args.out, "store_cost.json"), "w") as f:
             json.dump(result, f)
         return

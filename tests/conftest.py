@@ -71,6 +71,7 @@ HEAVIEST_FIRST = (
     "runs/test_end_to_end.py",  # 44
     "runs/test_compare.py",  # 40
     "runs/test_query_map_runs.py",  # 37
+    "retrieval/test_additions_store.py",  # 36-48 on 2026-12-07 at load 8-10 (four killed adder processes)
     "runs/test_new_methods_on_photos.py",  # 35
     "serve/test_serve_indexes.py",  # 34
     "serve/test_serve_safety.py",  # 33

@@ -203,10 +203,18 @@ def file_digest(path: str) -> str:
 class Run:
     """The newest model and the full gallery of a finished (or partly finished) run."""
 
-    def __init__(self, workdir: str, *, for_add: bool = False, model_session: int | None = None):
+    def __init__(
+        self,
+        workdir: str,
+        *,
+        for_add: bool = False,
+        model_session: int | None = None,
+        added: additions.Added | None = None,
+    ):
         """``for_add``: the caller holds the workdir's lock and may write the additions; ``model_session``
         (0-based): embed queries with that completed session's model instead of the newest (a server's
-        pin, or a model the gate kept); the gallery is the newest session's either way."""
+        pin, or a model the gate kept); the gallery is the newest session's either way.  ``added``: added
+        rows as stored that the caller holds (a server's, at a switch): only the segments after them are read."""
         self.workdir = workdir
         check_is_run(workdir)
         self.config = stored.stored_config(workdir)
@@ -237,7 +245,7 @@ class Run:
         if self._additions is not None:  # for_add
             self.use_added(additions.read_for_append(self._additions, c.model.embed_dim))
         else:
-            self.use_added(additions.read(workdir, c.model.embed_dim))
+            self.use_added(additions.read(workdir, c.model.embed_dim, held=added))
 
     @property
     def added(self) -> Gallery:
@@ -247,6 +255,12 @@ class Run:
     def stored_added(self) -> additions.Added:
         """The added rows as read (or as last handed to ``use_added``): what a server keeps in step."""
         return self._added
+
+    @property
+    def added_as_stored(self) -> additions.Added:
+        """``stored_added`` with the labels as stored (not resolved by name): what a later read or append
+        goes on from (``additions.read``'s ``held``)."""
+        return self._added_as_stored
 
     @property
     def ids(self) -> np.ndarray:
@@ -416,6 +430,7 @@ class Run:
     def use_added(self, added: additions.Added) -> None:
         """Rows added since this run was read (a server's ``/add``, or a newer step on disk), labelled by
         name against this run's protocol (``additions.resolve``)."""
+        self._added_as_stored = added
         self._added = additions.resolve(added, self.protocol["class_names"])
         self._class_list = additions.class_list(self._added, self.protocol["class_names"])
         self.__dict__.pop("rows", None)

@@ -26,6 +26,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import time
 from typing import Any, Callable, Container
 
@@ -272,6 +273,17 @@ class Checkpoints:
         members wrote before a kill, so that all of them write it again from their common step)."""
         self._mgr.wait_until_finished()
         self._mgr.delete(step)
+
+    def remove(self, steps) -> None:
+        """Removes the folders of ``steps``, also ones that another process wrote (orbax's ``delete`` knows
+        only the steps this manager listed), then lists the folder again."""
+        self._mgr.wait_until_finished()
+        for step in steps:
+            try:
+                shutil.rmtree(os.path.join(self._dir, str(step)))
+            except FileNotFoundError:
+                pass
+        self._mgr.reload()
 
     def stored_shape(self, step: int, item: str, path: str) -> tuple[int, ...] | None:
         """The shape stored at ``path`` ("a/b") of ``item`` in checkpoint ``step`` (its metadata only;

@@ -4,7 +4,10 @@ When the variable is set, the process kills itself with SIGKILL (like ``kill -9`
 no clean-up) at the n-th time it passes the named point.  Points: ``step`` (after a
 training step), ``validation`` (between embedding the gallery and the queries),
 ``progress_write`` / ``session_write`` (while orbax writes a mid-session or
-session-end checkpoint, i.e. with a partial temporary directory on disk).
+session-end checkpoint, i.e. with a partial temporary directory on disk); in the added rows' store
+(``retrieval/additions.py``): ``additions_segment`` (an add's segment durable, the chain not yet
+naming it), ``additions_merge`` (while a merged segment is written), ``additions_merged`` (the chain
+names the merged segment, the ones it covers not yet removed).
 Unset, every call is a no-op.
 
 A kill first lets the asynchronous checkpoint saves already in flight finish (``settle_before_kill``):

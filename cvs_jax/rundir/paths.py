@@ -12,7 +12,9 @@
       checkpoints/progress/<step>/   rolling mid-session checkpoints (``engine/train_loop.py``)
       checkpoints/query_maps/<s>.npz the query map of model s to model s - 1 (``retrieval.query_map``;
                                      written before session s's checkpoint, ``retrieval/query_maps.py``)
-      checkpoints/additions/         rows added by ``python -m cvs_jax.search --add`` (or ``serve``'s /add)
+      checkpoints/additions/<n>/     rows added by ``python -m cvs_jax.search --add`` (or ``serve``'s /add): one
+                                     segment per add or merge (``retrieval/additions.py``)
+      checkpoints/additions.json     the chain: which segments hold the added rows, and how many there are
       checkpoints/additions.lock     the lock of whoever writes the additions (``workdir.hold_additions``)
       checkpoints/served.json        the sessions a server last served (model, gallery, pin), for its restart
                                      (``serve/state.py``)
@@ -46,6 +48,7 @@ PROGRESS = os.path.join(CHECKPOINTS, "progress")
 ADDITIONS = os.path.join(CHECKPOINTS, "additions")
 QUERY_MAPS = os.path.join(CHECKPOINTS, "query_maps")
 ADDITIONS_LOCK = os.path.join(CHECKPOINTS, "additions.lock")
+ADDITIONS_CHAIN = os.path.join(CHECKPOINTS, "additions.json")
 SERVED = os.path.join(CHECKPOINTS, "served.json")
 UPLOADS = "uploads"
 FROM_ADDED = "from_added"
@@ -72,6 +75,9 @@ population_file = _under_workdir(POPULATION, doc="A population's population.json
 sessions_dir = _under_workdir(SESSIONS, doc="Session checkpoints: ``<s>/`` after session s (0-based).")
 progress_dir = _under_workdir(PROGRESS, doc="Rolling mid-session checkpoints, numbered by run step.")
 additions_dir = _under_workdir(ADDITIONS, doc="Rows added by ``python -m cvs_jax.search --add``.")
+additions_chain = _under_workdir(
+    ADDITIONS_CHAIN, doc="The added rows' chain: the segments of ``additions/`` that hold them, in row order."
+)
 additions_lock = _under_workdir(ADDITIONS_LOCK, doc="The lock of the additions' writer (not the run's lock).")
 served_file = _under_workdir(SERVED, doc="The model, gallery and pinned sessions a server last served (its restart).")
 uploads_dir = _under_workdir(UPLOADS, doc="Images added through the server, named by their SHA-256.")

@@ -30,6 +30,10 @@ _FIXES = {
         "anew from the session checkpoints"
     ),
     paths.PROTOCOL: f"{_BACKUP}; it is the session plan and class names the run was trained with",
+    os.path.basename(paths.ADDITIONS_CHAIN): (
+        "delete it: each segment of checkpoints/additions records its rows, and the chain is rebuilt from them "
+        "at the next read (a segment folder deleted as well, such as the newest, can then no longer be told missing)"
+    ),
     paths.FROM_ADDED_RECORD: (
         f"{_BACKUP}; it records which added rows that session learnt (update --from_added must not learn them twice)"
     ),

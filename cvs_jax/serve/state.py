@@ -376,7 +376,7 @@ class Served:
         ):
             return
         if len(old.stored_added) > len(new.stored_added):  # rows added while the new run was read
-            new.use_added(old.stored_added)
+            new.use_added(old.added_as_stored)
         if index is not None:
             self.index, self._in_gallery, self._in_added = index
         elif not _extends(old.gallery, new.gallery):  # joint, and no index made beside serving
@@ -431,7 +431,7 @@ class Served:
         step = additions.newest_step(self.workdir)
         written = self._written  # a step this server wrote is taken in by its add (not read back here)
         if step is not None and step != self._added_step and (written is None or step != written.step):
-            added = additions.read(self.workdir, self.dim)
+            added = additions.read(self.workdir, self.dim, held=self.run.added_as_stored)  # the new segments
             prepare = getattr(self.index, "prepare", None)
             if prepare is not None:
                 prepare([len(added) - self._in_added])
@@ -450,7 +450,7 @@ class Served:
             self.gate_counts[verdict["decision"]] += 1
             log.warning("%s", gate.line(verdict))
             model = None if verdict["decision"] == "switched" else self.run.session
-        self._install(run_reader.Run(self.workdir, model_session=model))
+        self._install(run_reader.Run(self.workdir, model_session=model, added=self.run.added_as_stored))
 
     def _install(self, new: run_reader.Run) -> None:
         """Everything slow beside serving (the model's first runs, a bigger index's compiles, or a whole new
@@ -509,7 +509,7 @@ class Served:
                     model = None if verdict["decision"] == "switched" else self.run.session  # pending: stay
             else:
                 model = session
-            self._install(run_reader.Run(self.workdir, model_session=model))
+            self._install(run_reader.Run(self.workdir, model_session=model, added=self.run.added_as_stored))
             self._record()  # the pin (or its end) also when the served model stays
             run = self.run
         newer = int(np.sum(run.rows.model > run.session))
@@ -606,8 +606,8 @@ class Served:
     def _writer_and_rows(self) -> tuple[Any, additions.Added]:
         """The additions' writer and the rows to append to (the caller holds the additions' lock): the ones
         this server last wrote, with the writer that wrote them, while no other writer has written since;
-        else a fresh writer and the rows read (other writers' rows too).  A writer opened and closed per add
-        kept ~170 kB per save inside orbax at 100,000 rows; one kept open keeps nothing."""
+        else a fresh writer and those rows with the segments other writers wrote since.  A writer opened and
+        closed per add kept ~170 kB per save inside orbax at 100,000 rows; one kept open keeps nothing."""
         current = self.added_now()
         if current is not None and self._writer is not None:
             return self._writer, current
@@ -615,8 +615,9 @@ class Served:
             self._writer.close()
             self._writer = None
         writer = additions.writer(self.workdir)
-        try:
-            return writer, additions.read_for_append(writer, self.dim)
+        try:  # the rows it holds are stored (rows are only appended): only the other writers' segments are read
+            held = max((a for a in (self._written, self.run.added_as_stored) if a is not None), key=len)
+            return writer, additions.read_for_append(writer, self.dim, held=held)
         except BaseException:
             writer.close()
             raise

@@ -19,6 +19,7 @@ from cvs_jax.rundir import paths, run_files
 from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.rundir.checkpoint import Checkpoints
 from cvs_jax.rundir.run_log import RunLog
+from cvs_jax.testing import added_rows
 
 PROTOCOL = {"dataset": "image_folder", "setup": "user", "image_shape": [16, 16, 3], "class_names": ["ant", "bee"]}
 PROTOCOL["sessions"] = [{"train": 40, "val": 4, "num_outputs": 2, "new_classes": [0, 1]}]
@@ -211,19 +212,12 @@ def _damage_biggest_file(folder: str) -> None:
 
 
 def test_an_add_to_damaged_added_rows_stops_and_keeps_them(tmp_path):
-    """Each additions step holds every added row.  ``search --add`` (and the server's /add) fell back to the
-    previous step when the newest was damaged, moved the newest aside and appended to the previous one: the
-    rows added last were gone from the run, and the add said it succeeded.  Now it stops, moving nothing."""
+    """In the layout before segments each additions step held every added row.  ``search --add`` (and the
+    server's /add) fell back to the previous step when the newest was damaged, moved the newest aside and
+    appended to the previous one: the rows added last were gone from the run, and the add said it succeeded.
+    Now it stops, moving nothing (a damaged segment: ``tests/retrieval/test_additions_store.py``)."""
     wd = _run(tmp_path)
-    writer = additions.writer(wd)
-    try:
-        added = additions.read_for_append(writer, 4)
-        for i, name in enumerate(["ant", "bee"]):
-            emb = np.full((2, 4), i, np.float32)
-            sources = [f"/photos/{name}-{j}.png" for j in range(2)]
-            added = additions.append(writer, added, emb, np.zeros(2, np.int32), [name] * 2, sources, ["", ""], 0)
-    finally:
-        writer.close()
+    added_rows.legacy_append(wd, 4, [2, 2], [0, 0])
     directory = paths.additions_dir(wd)
     _damage_biggest_file(os.path.join(directory, "1"))
     before = _files(wd)
