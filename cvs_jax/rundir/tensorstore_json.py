@@ -6,7 +6,7 @@ least); ``PyDict_SetItem`` does not steal references, so each key and each value
 answer keeps one reference that nothing owns, and none of them is ever freed (100,000 calls of a zarr
 spec's ``to_json()`` kept 700,000 objects, 296 MiB). orbax calls ``ts.Spec.to_json()`` (an array's
 metadata) and ``ts.KvStore.Spec.to_json()`` (its read spec) for every array it reads, so each model a
-server switched to kept what reading it had converted: 1.3 MiB and ~1,075 objects per switch on a
+server switched to kept what reading it had converted: 1.3 MiB and ~2,150 objects per switch on a
 two-session tiny photo run (``benchmarks/switch_memory.py``), more with every session's gallery part.
 
 ``install()`` wraps those two methods to give back that one reference per key and value, and only where
