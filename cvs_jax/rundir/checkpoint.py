@@ -36,7 +36,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from cvs_jax.errors import CheckpointError, UnreadableCheckpointError
-from cvs_jax.rundir import faults
+from cvs_jax.rundir import faults, tensorstore_json
+
+tensorstore_json.install()  # orbax reads every array through tensorstore's leaking to_json(): see there
 
 _EMPTY = "__empty__"
 _META = "meta"
