@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import logging
 import os
 import re
 import time
@@ -36,7 +37,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint._src import asyncio_utils
 
-from cvs_jax.errors import CheckpointError, UnreadableCheckpointError
+from cvs_jax.errors import CheckpointError, NotWritableError, UnreadableCheckpointError, not_writable
 from cvs_jax.rundir import faults
 
 _EMPTY = "__empty__"
@@ -200,6 +201,45 @@ def _drain_failed_operations() -> None:
 _drain_failed_operations()
 
 
+# orbax's ERROR logs (with tracebacks) of a failure in its background threads, which it also raises to whoever
+# waits for the operation (``Checkpoints.save``, ``close``: one ``error:`` line)
+_RAISED_TO_THE_WAITER = (
+    "_SignalingThread.run() raised an exception",
+    "Handler Commit operations or the Commit callback in background save thread",
+    "Save Finalize thread (save_finalize) failed",
+)
+
+
+class _RaisedToTheWaiter(logging.Filter):
+    """Drops orbax's logs of an exception in its background threads (``_RAISED_TO_THE_WAITER``): orbax keeps
+    that exception and raises it to the waiter, here ``Checkpoints``, which reports it in one line.  A full disk
+    printed about 200 lines of them above the ``error:`` line of ``search --add``, 400 above ``update``'s."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 -- a record whose arguments do not fit its format: kept as it is
+            return True
+        return not any(marker in message for marker in _RAISED_TO_THE_WAITER)
+
+
+logging.getLogger("absl").addFilter(_RaisedToTheWaiter())
+
+
+def write_refusal(exc: BaseException, path: str) -> NotWritableError | None:
+    """A write the file system refused somewhere in ``exc``'s chain (an ``OSError``, or tensorstore's error
+    carrying ``os_error_code``) as ``errors.not_writable``'s one line naming ``path``; None for anything else."""
+    for e in _chain(exc):
+        code = e.errno if isinstance(e, OSError) else None
+        m = re.search(r"os_error_code='?(\d+)", str(e))
+        code = code if code is not None else (int(m.group(1)) if m else None)
+        if code is not None:
+            refusal = not_writable(OSError(code, os.strerror(code)), path)
+            if refusal is not None:
+                return refusal
+    return None
+
+
 def _key_name(k) -> str:
     for attr in ("key", "name", "idx"):  # DictKey / FlattenedIndexKey, GetAttrKey, SequenceKey
         if hasattr(k, attr):
@@ -307,16 +347,27 @@ class Checkpoints:
         return sorted(self._mgr.all_steps())
 
     def save(self, step: int, trees: dict[str, Any], meta: dict) -> None:
-        self._mgr.wait_until_finished()  # one save at a time: the previous one is on disk before the next starts
-        # orbax refuses empty containers; an empty dict is stored as a marker and restored as {}.
-        args: dict[str, Any] = {  # the trees, and the JSON meta below
-            k: ocp.args.StandardSave(jax.device_get(v) if v else {_EMPTY: np.zeros((1,), np.int8)})
-            for k, v in trees.items()
-        }
-        args[_META] = ocp.args.JsonSave(meta)
-        self._mgr.save(step, args=ocp.args.Composite(**args), force=True)
-        if not self._asynchronous:
-            self._mgr.wait_until_finished()
+        """Writes checkpoint ``step``; a write the file system refuses (a full disk, read-only, no permission),
+        now or in the asynchronous save before it, is ``errors.NotWritableError`` naming the folder (tensorstore
+        reports a full disk as ``ValueError("RESOURCE_EXHAUSTED: ... [os_error_code='28']")``: a traceback
+        before).  The step is then not taken: orbax's temporary folder is never read as a checkpoint and is
+        removed by the next writer, which resumes from the previous step."""
+        try:
+            self._mgr.wait_until_finished()  # one save at a time: the previous one is on disk before the next
+            # orbax refuses empty containers; an empty dict is stored as a marker and restored as {}.
+            args: dict[str, Any] = {  # the trees, and the JSON meta below
+                k: ocp.args.StandardSave(jax.device_get(v) if v else {_EMPTY: np.zeros((1,), np.int8)})
+                for k, v in trees.items()
+            }
+            args[_META] = ocp.args.JsonSave(meta)
+            self._mgr.save(step, args=ocp.args.Composite(**args), force=True)
+            if not self._asynchronous:
+                self._mgr.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 -- orbax/tensorstore raise many types; a refused write is told apart
+            refusal = write_refusal(e, self._dir)
+            if refusal is None:
+                raise
+            raise refusal from e
 
     def delete(self, step: int) -> None:
         """Removes checkpoint ``step`` (a population drops the newer progress step that only some of its
@@ -446,8 +497,15 @@ class Checkpoints:
         return None
 
     def close(self) -> None:
-        self._mgr.wait_until_finished()  # an asynchronous save in flight is on disk before the run ends
-        self._mgr.close()
+        try:
+            self._mgr.wait_until_finished()  # an asynchronous save in flight is on disk before the run ends
+        except Exception as e:  # noqa: BLE001 -- that save's refused write (a full disk), as ``save`` says it
+            refusal = write_refusal(e, self._dir)
+            if refusal is None:
+                raise
+            raise refusal from e
+        finally:
+            self._mgr.close()
 
 
 class Reader(Checkpoints):

@@ -230,9 +230,16 @@ def _lock(workdir: str, name: str = LOCK_NAME, wait_s: float = 0.0) -> int:
             if error is not None:
                 raise error from None
             raise
-    os.ftruncate(fd, 0)
-    os.write(fd, json.dumps(_holder()).encode())
-    os.fsync(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps(_holder()).encode())
+        os.fsync(fd)
+    except OSError as e:  # a full disk: one line naming the file before any work (was "cannot write a file")
+        os.close(fd)
+        refusal = not_writable(e, os.path.join(workdir, name))
+        if refusal is None:
+            raise
+        raise refusal from None
     return fd
 
 
