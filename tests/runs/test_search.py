@@ -336,4 +336,5 @@ def test_info_describes_a_run_whose_newest_weights_are_damaged_and_search_and_ex
     assert _command(export, "--workdir", run_copy, "--out", str(tmp_path / "exported")) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: checkpoint {newest} cannot be read"), err
+    assert not os.path.exists(tmp_path / "exported")  # refused before writing (no half export to --out)
     assert file_tree.checksums(run_copy) == before  # nothing moved aside or written
