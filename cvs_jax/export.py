@@ -76,6 +76,7 @@ def export(workdir: str, out: str, *, overwrite: bool = False, fmt: str = "flax"
             f"--out {out} exists and is not an empty folder; pass another --out, or --overwrite to replace it."
         )
     run = run_reader.Run(workdir)
+    variables = run.variables  # read before anything is written: unreadable weights leave --out as it was
     rows = run.rows
     os.makedirs(out, exist_ok=True)
     info_path = os.path.join(out, "export.json")
@@ -97,7 +98,7 @@ def export(workdir: str, out: str, *, overwrite: bool = False, fmt: str = "flax"
                 [j, d["id"], d["source"], d["label"], d["class_name"], d["arrival_session"], d["model_session"]]
             )
     with open(os.path.join(out, "model.msgpack"), "wb") as f:
-        f.write(flax.serialization.to_bytes(jax.device_get(run.variables)))
+        f.write(flax.serialization.to_bytes(jax.device_get(variables)))
     # the run as it is read now (a moved run's folders where they are), in the run's own format
     workdir_lib.write_config(os.path.join(out, "config.json"), stored.recorded(workdir))
     if run.query_maps:  # per model session j: the chain from the newest model's space to j's

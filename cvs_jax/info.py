@@ -3,7 +3,9 @@
 Example: ``python -m cvs_jax.info --workdir workdirs/demo`` (``--json`` for a script to read).
 
 Reads the workdir only (``config.json``, ``protocol.json``, ``results.json`` and the gallery of the
-newest completed session, as ``search`` reads it; no dataset, no photo folder):
+newest completed session, as ``search`` reads it; no dataset, no photo folder).  The newest model's weights are
+not needed: when they cannot be read (damaged files), ``info`` still answers and says so in one ``warning:`` line
+(``model_problem`` in ``--json``), while ``search``, ``export`` and ``serve`` refuse the run.  It shows:
 
 * the classes, with their gallery rows and the session each first arrived in (a run stopped mid-protocol:
   the classes learnt so far, of those its plan holds);
@@ -46,6 +48,14 @@ def format_info(info: dict) -> str:
         f"{info['workdir']}: {info['method']} on {info['dataset']} ({info['setup']}), "
         f"{done} of {len(info['sessions'])} session(s) completed, {_classes(info)}, "
         f"gallery {info['gallery_rows']} rows ({info['added_rows']} added with search --add)",
+    ]
+    if info["model_problem"]:
+        lines.append(
+            f"warning: the model of session {done} cannot be read, so python -m cvs_jax.search, export and serve "
+            f"refuse this run until it is restored (the gallery and the results below are read without it): "
+            f"{info['model_problem']}"
+        )
+    lines += [
         "",
         "classes (gallery rows, session of first arrival):",
     ]

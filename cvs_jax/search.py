@@ -47,7 +47,7 @@ from typing import Any
 from absl import flags
 
 from cvs_jax import cli
-from cvs_jax.errors import SearchError, UserError
+from cvs_jax.errors import NotWritableError, SearchError, UserError
 from cvs_jax.reports import html as html_lib
 from cvs_jax.reports import search_page
 from cvs_jax.retrieval.run_reader import Run, check_is_run, load_each, load_images
@@ -221,7 +221,10 @@ def search_or_add(
                         f"{dup[0][1]}; each would be a second gallery row of one image. Leave them out, or pass "
                         f"--force to add them anyway."
                     )
-                run.add(images, paths, label)
+                try:
+                    run.add(images, paths, label)
+                except NotWritableError as e:  # a full disk: the step is not taken, the previous one holds the rows
+                    raise NotWritableError(f"{e} Nothing was added; the rows added before are kept.", e.cause) from e
             if label is None:
                 print(
                     f"note: the {len(paths)} added rows are unlabelled (label -1, class ?); pass --label CLASS to "

@@ -120,10 +120,11 @@ def run_config(workdir: str) -> ml_collections.ConfigDict:
 
 def writable_config(workdir: str) -> ml_collections.ConfigDict:
     """``run_config`` for a new or resumed session: refuses a run a live ``main``/``update`` holds (say so,
-    not "finish it first"; its folder, just recorded, may not be prepared yet), then a run whose folders
-    are gone (``_check_folders_found``)."""
+    not "finish it first"; its folder, just recorded, may not be prepared yet), a run it cannot write into
+    (a read-only copy), then a run whose folders are gone (``_check_folders_found``)."""
     config = run_config(workdir)
     workdir_lib.check_not_busy(workdir)
+    workdir_lib.check_writable(workdir)  # before the new images are prepared
     _check_folders_found(workdir, config)
     return config
 

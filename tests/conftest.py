@@ -67,6 +67,7 @@ HEAVIEST_FIRST = (
     "serve/test_from_added.py",  # 61
     "runs/test_feature_cache.py",  # 55
     "serve/test_serve_api.py",  # 55
+    "runs/test_full_disk.py",  # 64 (alone, at load ~10: a full-suite figure is likely lower)
     "runs/test_image_folder.py",  # 49
     "runs/test_end_to_end.py",  # 44
     "runs/test_compare.py",  # 40
@@ -75,6 +76,7 @@ HEAVIEST_FIRST = (
     "runs/test_new_methods_on_photos.py",  # 35
     "serve/test_serve_indexes.py",  # 34
     "serve/test_serve_safety.py",  # 33
+    "runs/test_read_only_runs.py",  # 33 (alone, at load ~10)
     "runs/test_compatible_methods_runs.py",  # 29
     "data/test_sources.py",  # 28
     "runs/test_stored_rows_run.py",  # 27

@@ -6,7 +6,8 @@ the config.  The first run writes ``config.json``.  A later run with a different
 fields that do not change results, ``stored.OPERATIONAL``) is refused once the workdir holds a checkpoint,
 unless ``overwrite=True``, which moves the existing run into ``previous-<time>/``: saved checkpoints
 and galleries are never deleted.  A workdir without any checkpoint (a start that failed, e.g. on a
-data check) takes the new config; a run whose ``config.json`` was deleted is refused (``prepare``).  ``continued_config(workdir)`` is the stored config ``update``
+data check) takes the new config; a run whose ``config.json`` was deleted is refused (``prepare``), told
+from ``compare``'s copy of session 1 into an entry by its mark (``paths.SHARED_SESSION``).  ``continued_config(workdir)`` is the stored config ``update``
 trains on: the readers' ``stored.stored_config`` with the loss weights completed from today's methods.
 """
 
@@ -84,18 +85,19 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
             )
         else:
             print(f"moved the previous run in {workdir} to {workdir_lib.move_aside(workdir)}")
-    elif workdir_lib.has_checkpoint(workdir) and os.path.exists(paths.protocol_file(workdir)):
-        # protocol.json is written after config.json: with it and checkpoints, config.json was deleted (a
-        # compare entry's copied session 1 comes without either file)
+    elif workdir_lib.has_checkpoint(workdir) and not os.path.exists(paths.shared_session_file(workdir)):
+        # checkpoints without config.json: it was deleted, unless compare copied session 1 here (its mark)
         if not config.overwrite:
             raise ConfigError(
-                f"workdir {workdir} holds a run's checkpoints and protocol.json but no config.json (deleted?): the "
-                "config they were trained with is unknown, so they are not resumed with this one. Restore "
-                "config.json from a copy of the run (or the config.json of a python -m cvs_jax.export of it), or "
-                f"pass --config.overwrite=True to move that run into {workdir}/previous-<time>/."
+                f"workdir {workdir} holds a run's checkpoints but no config.json (deleted?): the config they were "
+                "trained with is unknown, so they are not resumed with this one. Restore config.json from a copy "
+                "of the run (or the config.json of a python -m cvs_jax.export of it), or pass "
+                f"--config.overwrite=True to move that run into {workdir}/previous-<time>/."
             )
         print(f"moved the previous run in {workdir} (no config.json) to {workdir_lib.move_aside(workdir)}")
     workdir_lib.write_config(path, current)
+    with contextlib.suppress(FileNotFoundError):  # config.json now says what trains on compare's session 1
+        os.remove(paths.shared_session_file(workdir))
 
 
 @contextlib.contextmanager

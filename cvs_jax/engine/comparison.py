@@ -31,16 +31,20 @@ from cvs_jax.reports.tables import (
     write_csv,
 )
 from cvs_jax.retrieval import compatibility, query_maps
-from cvs_jax.rundir import paths
+from cvs_jax.rundir import paths, run_files
 
 
 def share_first_session(source: str, target: str) -> None:
-    """Copies the session-1 checkpoint and its metrics so ``target`` resumes at session 2."""
+    """Copies the session-1 checkpoint and its metrics so ``target`` resumes at session 2.  ``target`` then
+    holds a checkpoint without config.json or protocol.json (the entry's run writes them): ``paths.SHARED_SESSION``
+    marks it, written before the checkpoint appears, so that ``config.recorded.prepare`` tells it from a run
+    whose config.json was deleted (refused)."""
     src = paths.session_dir(source, 0)
     dst = paths.session_dir(target, 0)
     if os.path.exists(dst) or not os.path.exists(src):
         return
     os.makedirs(os.path.dirname(dst), exist_ok=True)
+    run_files.write_json(paths.shared_session_file(target), {"session": 1, "copied_from": os.path.abspath(source)})
     shutil.copytree(src, dst + ".copying")
     os.rename(dst + ".copying", dst)  # atomic: a half copy is never taken for a checkpoint
     with open(paths.metrics_file(source)) as f:

@@ -112,6 +112,8 @@ def describe_run(run: run_reader.Run) -> dict:
         "compatibility_ac_ties_pass": compatibility.average_compatibility(
             results.get("compatibility_recall1") or [], ties="pass"
         ),
+        # why the model's weights cannot be read (search, export and serve refuse the run), None when they can
+        "model_problem": run.model_problem(),
         "query_map": run.config.retrieval.query_map,
         "query_map_sessions": sorted(s + 1 for s in run.query_maps),
     }

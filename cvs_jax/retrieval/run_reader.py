@@ -27,7 +27,7 @@ from cvs_jax.config import stored
 from cvs_jax.data import stores
 from cvs_jax.data.builders import resize
 from cvs_jax.data.builders.resize import image_errors
-from cvs_jax.errors import SearchError, UserError
+from cvs_jax.errors import CheckpointError, SearchError, UserError
 from cvs_jax.models import networks as models
 from cvs_jax.models.frozen_trunk import FrozenTrunk
 from cvs_jax.retrieval import additions, query_maps, topk
@@ -235,7 +235,7 @@ class Run:
             )
         self.gallery_session = steps[-1]  # the newest completed session: its gallery is searched
         self.session = steps[-1] if model_session is None else model_session  # the model's session
-        self._stored = sessions.restore(self.session, {"variables": None})
+        self._sessions = sessions
         log = PartLog(sessions)
         self.gallery = Gallery.restore(log, self.gallery_session, c.model.embed_dim)
         self._arrival = arrival_sessions(log.parts, self.gallery)
@@ -301,6 +301,23 @@ class Run:
     @property
     def image_shape(self) -> tuple[int, int, int]:
         return tuple(self.protocol["image_shape"])
+
+    @functools.cached_property
+    def _stored(self) -> dict:
+        """The model's session checkpoint (its weights and meta), read when first needed: ``info`` needs only
+        the gallery and the results, and describes a run whose newest weights are damaged (``model_problem``)."""
+        return self._sessions.restore(self.session, {"variables": None})
+
+    def model_problem(self) -> str | None:
+        """Why the model's weights cannot be read (the checkpoint's one-line refusal), None when they can
+        (or were read already: a server's model)."""
+        if "network" in self.__dict__:
+            return None
+        try:
+            _ = self._stored
+        except CheckpointError as e:
+            return str(e)
+        return None
 
     @functools.cached_property
     def network(self) -> Network:

@@ -18,6 +18,9 @@
       checkpoints/additions.lock     the lock of whoever writes the additions (``workdir.hold_additions``)
       checkpoints/served.json        the sessions a server last served (model, gallery, pin), for its restart
                                      (``serve/state.py``)
+      checkpoints/shared_session.json  ``compare`` copied session 1 here from another entry (which one), so the
+                                     entry starts without config.json (``engine/comparison.py``; removed once
+                                     config.json is written, ``config/recorded.py``)
       uploads/<sha256>.<ext>         images added through ``python -m cvs_jax.serve`` (their rows' sources)
       from_added/session-<S>/        the folder session S learnt from added rows, with ``rows.json``
                                      (``retrieval/added_session.py``; in ``data.updates``: see ``here``)
@@ -50,6 +53,7 @@ QUERY_MAPS = os.path.join(CHECKPOINTS, "query_maps")
 ADDITIONS_LOCK = os.path.join(CHECKPOINTS, "additions.lock")
 ADDITIONS_CHAIN = os.path.join(CHECKPOINTS, "additions.json")
 SERVED = os.path.join(CHECKPOINTS, "served.json")
+SHARED_SESSION = os.path.join(CHECKPOINTS, "shared_session.json")
 UPLOADS = "uploads"
 FROM_ADDED = "from_added"
 FROM_ADDED_RECORD = "rows.json"  # a from_added folder's record of the added rows it used
@@ -80,6 +84,9 @@ additions_chain = _under_workdir(
 )
 additions_lock = _under_workdir(ADDITIONS_LOCK, doc="The lock of the additions' writer (not the run's lock).")
 served_file = _under_workdir(SERVED, doc="The model, gallery and pinned sessions a server last served (its restart).")
+shared_session_file = _under_workdir(
+    SHARED_SESSION, doc="compare's mark of a session 1 copied from another entry (an entry without config.json yet)."
+)
 uploads_dir = _under_workdir(UPLOADS, doc="Images added through the server, named by their SHA-256.")
 profile_dir = _under_workdir(PROFILE, doc="The jax.profiler trace of ``--config.profile_steps``.")
 

@@ -8,16 +8,32 @@ Only process 0 prints and writes, so multi-host runs stay readable.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import time
+from typing import Iterator
 
 import jax
 
+from cvs_jax.errors import not_writable
 from cvs_jax.rundir import paths, run_files
 
 _WRITERS = itertools.count()  # TensorBoard writers opened by this process
+
+
+@contextlib.contextmanager
+def _naming(path: str) -> Iterator[None]:
+    """A write the file system refuses (a full disk) as one line naming ``path``: a failed append or
+    TensorBoard's flush names no file ("cannot write a file")."""
+    try:
+        yield
+    except OSError as e:
+        refusal = not_writable(e, path)
+        if refusal is None:
+            raise
+        raise refusal from e
 
 
 class RunLog:
@@ -42,15 +58,17 @@ class RunLog:
         if not self._main or self._tb is None:  # the writer exists on the main process only
             return
         record["time"] = round(time.time(), 3)
-        with open(self._path, "a") as f:
+        with _naming(self._path), open(self._path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        for k, v in record.items():
-            if k not in ("session", "epoch", "step", "time") and isinstance(v, (int, float)):
-                self._tb.add_scalar(k, v, global_step)
+        with _naming(self._tb_dir):
+            for k, v in record.items():
+                if k not in ("session", "epoch", "step", "time") and isinstance(v, (int, float)):
+                    self._tb.add_scalar(k, v, global_step)
 
     def close(self) -> None:
         if self._tb is not None:
-            self._tb.close()
+            with _naming(self._tb_dir):
+                self._tb.close()
 
     def truncate(self, *, session: int, step: int, global_step: int | None = None) -> None:
         """Drops records written after (session, step) by a run that crashed, so a resumed

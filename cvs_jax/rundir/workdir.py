@@ -33,7 +33,7 @@ from typing import Callable, Iterator
 import jax
 import numpy as np
 
-from cvs_jax.errors import ConfigError, UserError, WorkdirBusyError, not_writable
+from cvs_jax.errors import ConfigError, NotWritableError, UserError, WorkdirBusyError, not_writable
 from cvs_jax.rundir import paths
 
 LOCK_NAME = paths.LOCK
@@ -119,6 +119,35 @@ def _make_folder(workdir: str) -> None:
         raise refusal from None
 
 
+_NOT_WRITABLE = {  # errno -> (cause, fix)
+    errno.EROFS: ("it is on a read-only file system", "mount it read-write"),
+    errno.EACCES: ("this user may not write into it", "give this user write access to it"),
+}
+
+
+def check_writable(workdir: str) -> None:
+    """Refuses a run folder this process cannot write into (a read-only mount, a run of another user), in one
+    line naming it, before a command that adds to it or trains it does anything: ``update`` prepared the new
+    images' record store and ``search --add`` read the run first, then stopped on the lock file.  A folder
+    not made yet is the lock's to create (``_make_folder`` refuses its own way).  Readers never call this:
+    ``search``, ``info``, ``export`` and ``serve``'s searches work on a read-only run."""
+    if not os.path.isdir(workdir):
+        return
+    if os.statvfs(workdir).f_flag & os.ST_RDONLY:
+        code = errno.EROFS
+    elif not os.access(workdir, os.W_OK | os.X_OK):
+        code = errno.EACCES
+    else:
+        return
+    cause, fix = _NOT_WRITABLE[code]
+    raise NotWritableError(
+        f"{workdir} is not writable ({cause}): adding to a run or training it writes into it, while search, "
+        f"info, export and serve's searches read it as it is. Copy the run to a writable folder (cp -r) or "
+        f"{fix}, then rerun.",
+        cause,
+    )
+
+
 def _missing_folders(workdir: str) -> list[str]:
     """The folders ``_make_folder`` would create, deepest first (what a refused start removes again)."""
     out, path = [], os.path.abspath(workdir)
@@ -178,6 +207,7 @@ def _lock(workdir: str, name: str = LOCK_NAME, wait_s: float = 0.0) -> int:
     """Takes ``<workdir>/<name>`` (waiting at most ``wait_s``); returns its descriptor, or raises
     ``WorkdirBusyError``."""
     _make_folder(os.path.dirname(os.path.join(workdir, name)))
+    check_writable(workdir)
     try:
         fd = os.open(os.path.join(workdir, name), os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:  # a read-only workdir: one line before anything else is tried (was a traceback)
@@ -200,9 +230,16 @@ def _lock(workdir: str, name: str = LOCK_NAME, wait_s: float = 0.0) -> int:
             if error is not None:
                 raise error from None
             raise
-    os.ftruncate(fd, 0)
-    os.write(fd, json.dumps(_holder()).encode())
-    os.fsync(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps(_holder()).encode())
+        os.fsync(fd)
+    except OSError as e:  # a full disk: one line naming the file before any work (was "cannot write a file")
+        os.close(fd)
+        refusal = not_writable(e, os.path.join(workdir, name))
+        if refusal is None:
+            raise
+        raise refusal from None
     return fd
 
 

@@ -279,9 +279,21 @@ def _check_write(request: Request, ctx: Ctx) -> None:
         raise _Refused(*refusal)
 
 
+def _check_run_writable(ctx: Ctx) -> None:
+    """``/add`` and ``POST /sessions`` write into the run: on a run served read-only, one 403 (not a 503 per
+    try: the run stays read-only for this server), naming no server path."""
+    if ctx.served.read_only is not None:
+        raise _Refused(
+            403,
+            f"this server serves a read-only run ({ctx.served.read_only}): adding rows and training sessions are "
+            "off, searching works. To add, its operator serves a writable copy of the run.",
+        )
+
+
 async def add(request: Request):
     ctx = _ctx(request)
     _check_write(request, ctx)
+    _check_run_writable(ctx)
     got, fields = await read_uploads(request, ctx)
     label = fields.get("label")
     if label == "":  # label=$UNSET in a script: rows silently unlabelled, never learnt (search --add refuses it)
@@ -312,6 +324,7 @@ async def start_session(request: Request):
     """``POST /sessions``: the next session from the labelled adds, in a child process (``serve/sessions.py``)."""
     ctx = _ctx(request)
     _check_write(request, ctx)
+    _check_run_writable(ctx)
     return await run_in_threadpool(ctx.sessions.start)
 
 

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from cvs_jax.data import chunks, stores
-from cvs_jax.errors import IndexBackendError, SearchError, not_writable
+from cvs_jax.errors import IndexBackendError, NotWritableError, SearchError, not_writable
 from cvs_jax.index import registry as index_registry
 from cvs_jax.retrieval import additions, gate, query_maps, run_reader, topk
 from cvs_jax.retrieval.run_reader import ADDED_BASE
@@ -45,6 +45,18 @@ from cvs_jax.serve.batcher import Batcher
 
 WARM_K = 5  # the default k: its top-K is compiled for every batch bucket at the start
 log = logging.getLogger("cvs_jax.serve")
+
+
+def _read_only(workdir: str) -> str | None:
+    """Why this server cannot write into ``workdir`` (a read-only mount, another user's run), found at start,
+    or None.  Such a run is served read-only: searches, pages and pins work; ``/add`` and ``POST /sessions``
+    answer 403 (a refusal retrying cannot cure), while a disk that refuses a write later (full) answers 503."""
+    try:
+        workdir_lib.check_writable(workdir)
+    except NotWritableError as e:
+        log.warning("%s Serving it read-only: /add and POST /sessions answer 403.", e)
+        return e.cause
+    return None
 
 
 class Duplicate(SearchError):
@@ -128,6 +140,7 @@ class Served:
         self.gate: dict | None = None  # the last verdict (``/info``)
         self.gate_counts: Counter = Counter()
         self._pin: int | None = None  # the pinned session (0-based), None: follow the newest through the gate
+        self.read_only = _read_only(workdir)  # why this server may not write the run (then /add is off), or None
         self.run = self._first_run()  # restores a recorded pin
         self.run.preload()
         self._record()

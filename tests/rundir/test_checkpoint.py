@@ -367,6 +367,12 @@ def test_unrecognised_errors_stop_and_move_nothing(saved, monkeypatch):
         ValueError('DATA_LOSS: Error decoding local file "/x/manifest.ocdbt": Error decoding manifest'),
         ValueError('NOT_FOUND: Error opening "zarr" driver: Metadata at "a/.zarray" does not exist'),
         ValueError("Error decoding b-tree node: ZSTD_decompressStream() failed: Data corruption detected"),
+        # bytes written over an array's chunk (was "not recognised as damaged files": a run stopped instead of
+        # falling back, and search told the user to move the folder aside by hand)
+        ValueError(
+            'FAILED_PRECONDITION: Error reading "params.net.kernel/0.0.0.0" in OCDBT database at local file '
+            '"/x/sessions/0/variables/": ZSTD_decompressStream() failed: Unknown frame descriptor; at byte 0'
+        ),
         KeyError("Item \"meta\" was not found in the checkpoint. Available items: ['variables']"),
         _wrapped(FileNotFoundError(errno.ENOENT, "No such file or directory")),
     ],

@@ -5,17 +5,21 @@ answer.  Hand-made run folders: nothing here trains."""
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from absl import flags
+from orbax.checkpoint._src import asyncio_utils
 
 from cvs_jax import info, summarize
 from cvs_jax.config import image_folder_general, recorded
 from cvs_jax.config.stored import stored_config
+from cvs_jax.engine import comparison
 from cvs_jax.errors import ConfigError, UnreadableCheckpointError, UserError
 from cvs_jax.retrieval import added_session, additions, run_info, run_reader
-from cvs_jax.rundir import paths, run_files
+from cvs_jax.rundir import checkpoint, paths, run_files
 from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.rundir.checkpoint import Checkpoints
 from cvs_jax.rundir.run_log import RunLog
@@ -23,6 +27,7 @@ from cvs_jax.testing import added_rows
 
 PROTOCOL = {"dataset": "image_folder", "setup": "user", "image_shape": [16, 16, 3], "class_names": ["ant", "bee"]}
 PROTOCOL["sessions"] = [{"train": 40, "val": 4, "num_outputs": 2, "new_classes": [0, 1]}]
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = {"method": "cvs", "dataset": "image_folder", "setup": "user", "per_session": [], "average_recall": {}}
 
 
@@ -252,13 +257,16 @@ def test_a_run_whose_newest_session_folder_was_deleted_is_refused_not_read_as_an
         run_reader.check_sessions_kept(wd, [0])
 
 
-def test_main_on_a_run_whose_config_was_deleted_is_refused_not_resumed_with_its_own(tmp_path, capsys):
-    """``main`` recorded its own config and resumed the checkpoints with it, whatever config trained them.
-    protocol.json (written after config.json) tells a deleted config.json from a compare entry's copied
-    session 1, which comes without both and takes the entry's config."""
+@pytest.mark.parametrize("deleted", [(paths.CONFIG,), (paths.CONFIG, paths.PROTOCOL)])
+def test_main_on_a_run_whose_config_was_deleted_is_refused_not_resumed_with_its_own(tmp_path, capsys, deleted):
+    """``main`` recorded its own config and resumed the checkpoints with it, whatever config trained them; with
+    protocol.json deleted too it still did, as that was how a compare entry's copied session 1 looked (no
+    config.json, no protocol.json).  ``compare`` now marks the copy (``paths.SHARED_SESSION``), which takes the
+    entry's config."""
     wd = _run(tmp_path)
     os.makedirs(paths.session_dir(wd, 0))  # a checkpoint's folder
-    os.remove(paths.config_file(wd))
+    for name in deleted:
+        os.remove(os.path.join(wd, name))
     config = image_folder_general.get_config("cpu")
     before = _files(wd)
     with pytest.raises(ConfigError, match="no config.json .*Restore config.json from a copy of the run"):
@@ -268,7 +276,65 @@ def test_main_on_a_run_whose_config_was_deleted_is_refused_not_resumed_with_its_
     recorded.prepare(config, wd)  # moved into previous-<time>/, as a run of another config is
     assert [n for n in os.listdir(wd) if n.startswith("previous-")] and os.path.exists(paths.config_file(wd))
     assert "(no config.json)" in capsys.readouterr().out
-    shared = str(tmp_path / "entry")
-    os.makedirs(paths.session_dir(shared, 0))  # compare's share_first_session: no config.json, no protocol.json
-    recorded.prepare(image_folder_general.get_config("cpu"), shared)
-    assert os.path.exists(paths.config_file(shared)) and capsys.readouterr().out == ""
+
+
+def test_compare_s_copy_of_session_one_takes_the_entry_s_config(tmp_path, capsys):
+    """The one state of a workdir with checkpoints and no config.json that is not a deletion: ``compare`` copied
+    session 1 from an earlier entry; the entry's run records its config there and resumes at session 2."""
+    source = _run(tmp_path)
+    os.makedirs(paths.session_dir(source, 0))
+    with open(paths.metrics_file(source), "w") as f:
+        f.write(json.dumps({"session": 1, "epoch": 1}) + "\n" + json.dumps({"session": 2, "epoch": 1}) + "\n")
+    entry = str(tmp_path / "entry")
+    comparison.share_first_session(source, entry)
+    assert workdir_lib.has_checkpoint(entry) and not os.path.exists(paths.config_file(entry))
+    config = image_folder_general.get_config("cpu")
+    recorded.prepare(config, entry)
+    with open(paths.config_file(entry)) as f:
+        assert json.load(f) == json.loads(json.dumps(config.to_dict()))
+    assert capsys.readouterr().out == "" and not os.path.exists(paths.shared_session_file(entry))
+    os.remove(paths.config_file(entry))  # its config.json deleted later: refused like any other run's
+    with pytest.raises(ConfigError, match="no config.json"):
+        recorded.prepare(config, entry)
+
+
+_LATE_READS = """
+import asyncio, gc, sys, threading, time
+import tensorstore as ts
+from orbax.checkpoint._src import asyncio_utils
+from cvs_jax.rundir import checkpoint  # what every command that reads a checkpoint imports
+
+slow, damaged_too = ts.Promise.new(), ts.Promise.new()
+
+async def damaged():
+    await asyncio.sleep(0.05)
+    raise ValueError("DATA_LOSS: the first damaged array")
+
+async def read(future):
+    return await future
+
+async def restore():  # as orbax reads a checkpoint's arrays: all at once, tensorstore reads in flight
+    await asyncio.gather(damaged(), read(slow[1]), read(damaged_too[1]))
+
+threading.Timer(0.3, lambda: slow[0].set_result(1)).start()
+threading.Timer(0.4, lambda: damaged_too[0].set_exception(ValueError("DATA_LOSS: a second damaged array"))).start()
+try:
+    asyncio_utils.run_sync(restore())
+except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+time.sleep(0.8)  # the reads still in flight complete meanwhile
+gc.collect()
+"""
+
+
+def test_a_failed_restore_prints_its_error_and_nothing_after_it():
+    """orbax reads a checkpoint's arrays all at once on an event loop of its own and closed that loop at the
+    first failed read: the reads still in flight then completed into the closed loop and Python printed a
+    "RuntimeError: Event loop is closed" traceback for each after the command's ``error:`` line (intermittent on
+    a real damaged checkpoint; here the reads in flight are tensorstore futures completed on time)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", _LATE_READS], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout == "", done
+    assert done.stderr.splitlines() == ["error: DATA_LOSS: the first damaged array"], done.stderr
+    # the runner orbax calls is ours (an orbax that renamed it would bring the tracebacks back)
+    assert asyncio_utils._run_sync_via_new_loop is checkpoint._run_on_a_new_loop_draining_a_failure

@@ -10,13 +10,14 @@ import pytest
 from absl import flags
 from PIL import Image
 
-from cvs_jax import search
+from cvs_jax import export, info, search
 from cvs_jax.data import sources, stores
 from cvs_jax.data.builders import resize
 from cvs_jax.engine import runner
 from cvs_jax.retrieval import run_reader, run_rows
 from cvs_jax.rundir import workdir as workdir_lib
 from cvs_jax.rundir.gallery import Gallery, GalleryPart
+from cvs_jax.testing import file_tree
 from cvs_jax.testing.tiny_data import fake_class_image, tiny_config
 
 
@@ -47,6 +48,13 @@ def _cli(args: list[str]) -> int:
     fv = flags.FlagValues()
     search.define_flags(fv)
     return search.main(fv(["search", *args]), fv)
+
+
+def _command(module, *args: str) -> int:
+    """``python -m cvs_jax.<module> ARGS`` as it runs (fresh flags, then ``main``)."""
+    fv = flags.FlagValues()
+    module.define_flags(fv)
+    return module.main(fv([module.__name__, *args]), fv)
 
 
 def _own_row_first(hits: list[dict], row: int) -> bool:
@@ -294,3 +302,39 @@ def test_errors_are_one_line(tmp_path, capsys):
     assert not os.path.exists(tmp_path / "nope")  # --add did not create the folder for its lock
     assert search.search_or_add(str(tmp_path), []) == 2
     assert capsys.readouterr().err.startswith("error: no images given")
+
+
+def test_info_describes_a_run_whose_newest_weights_are_damaged_and_search_and_export_refuse_it(
+    run_copy, train_images, tmp_path, capsys
+):
+    """``info`` needs the gallery and the results, not the model: it refused the whole run (exit 2) when the
+    newest session's weights were damaged.  Now it answers, with the gallery and recall of the intact run and
+    one warning naming the unreadable checkpoint; search and export, which embed with that model, refuse."""
+    assert _command(info, "--workdir", run_copy, "--json") == 0
+    intact = json.loads(capsys.readouterr().out)
+    assert intact.get("model_problem") is None
+    newest = os.path.join(run_copy, "checkpoints", "sessions", str(intact["sessions_completed"] - 1))
+    data = [os.path.join(r, n) for r, _, ns in os.walk(os.path.join(newest, "variables")) for n in ns]
+    biggest = max((p for p in data if os.sep + "d" + os.sep in p), key=os.path.getsize)
+    with open(biggest, "r+b") as f:
+        f.write(b"\xcd" * 4096)  # bytes written over the weights' array data
+    before = file_tree.checksums(run_copy)
+    assert _command(info, "--workdir", run_copy, "--json") == 0
+    described = json.loads(capsys.readouterr().out)
+    assert described["model_problem"].startswith(f"checkpoint {newest} cannot be read")
+    assert {k: v for k, v in described.items() if k != "model_problem"} == {
+        k: v for k, v in intact.items() if k != "model_problem"
+    }
+    assert _command(info, "--workdir", run_copy) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[1].startswith(f"warning: the model of session {intact['sessions_completed']} cannot be read")
+    query = str(tmp_path / "q.png")
+    Image.fromarray(train_images[0][..., 0]).save(query)
+    assert _cli(["--workdir", run_copy, "--images", query]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: checkpoint {newest} cannot be read"), err
+    assert _command(export, "--workdir", run_copy, "--out", str(tmp_path / "exported")) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: checkpoint {newest} cannot be read"), err
+    assert not os.path.exists(tmp_path / "exported")  # refused before writing (no half export to --out)
+    assert file_tree.checksums(run_copy) == before  # nothing moved aside or written
