@@ -227,7 +227,9 @@ def _parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) -
     problem to fix: one ``error:`` line, exit status 2."""
     fv = flags.FLAGS if flag_values is None else flag_values
     try:
-        return fv(argv)
+        args = fv(argv)
+        _check_config_file(fv)
+        return args
     except UserError as e:
         sys.exit(report(e))
     except flags.Error as e:
@@ -242,6 +244,23 @@ def _parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) -
         text = str(e.args[0] if e.args else e).replace("\\n", " ").replace("\\", "").replace("'", "")
         text = " ".join(text.split())
         sys.exit(report(UserError(f"unknown config field among {', '.join(overrides)}: {text} (see --helpfull)")))
+
+
+def _check_config_file(fv: flags.FlagValues) -> None:
+    """ml_collections loads ``--config PATH`` during the parse but keeps a failure for the config's first use
+    (an object whose every attribute raises): a path that cannot be read (a relative one from another folder)
+    passed the parse and was an ``OSError`` traceback once the command ran."""
+    if "config" not in fv:
+        return
+    error = getattr(fv["config"].value, "_error", None)  # ml_collections' _ErrorConfig holds the failure
+    if isinstance(error, OSError):
+        path = str(getattr(fv["config"], "config_filename", "the config"))
+        file = path.split(":", 1)[0]  # without its :variants
+        why = "no such file" if not os.path.exists(file) else "it cannot be read as a config file"
+        raise UserError(
+            f"--config {path}: {why} (looked from {os.getcwd()}); give the path of a configs/<name>.py file "
+            "from this folder, or an absolute one."
+        )
 
 
 def flag_error(error: Exception, flag_values: flags.FlagValues | None = None) -> UserError:

@@ -206,6 +206,28 @@ def test_unknown_config_variant_is_one_error_line():
     assert "cpu, cpu_pretrained" in proc.stderr
 
 
+@pytest.mark.parametrize("command", ["cvs_jax.main", "cvs_jax.compare"])
+def test_a_config_path_that_is_not_there_is_one_error_line(tmp_path, command):
+    """A relative ``--config`` given from another folder: ml_collections keeps the failed load for the
+    config's first use, which was an OSError traceback (exit 1) once the command ran; nothing is made."""
+    wd = tmp_path / "wd"
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run(
+        [sys.executable, "-m", command, "--config", "configs/fashion_mnist_general.py:smoke", "--workdir", str(wd)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"error: --config configs/fashion_mnist_general.py:smoke: no such file (looked from {tmp_path}); give the "
+        "path of a configs/<name>.py file from this folder, or an absolute one."
+    ]
+    assert not wd.exists()
+
+
 def test_workdir_that_is_a_file_is_one_error_line_and_the_file_is_kept(tmp_path):
     """A mistyped --workdir naming a file: one line and exit 2 (it was a FileExistsError traceback in
     ``compare``), and the file is left as it was."""
