@@ -1,6 +1,2 @@
-import os
-
-if os.environ.get("CVS_JAX_COMPILE_LOG"):  # the test suite's compile log, off by default (docs/testing.md)
-    from cvs_jax.testing import compile_log
-
-    compile_log.install()
+# Records each XLA compile when CVS_JAX_COMPILE_LOG is set (the suite's compile log, docs/testing.md); else nothing.
+from cvs_jax.testing import compile_log as _compile_log  # noqa: F401

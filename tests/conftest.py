@@ -13,8 +13,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")  # jax r
 
 import pytest
 
-if os.environ.get("CVS_JAX_COMPILE_LOG"):  # per-test XLA compiles, off by default (docs/testing.md)
-    import cvs_jax.testing.compile_log  # noqa: F401  (cvs_jax/__init__.py installs it)
+import cvs_jax  # noqa: F401,E402  with CVS_JAX_COMPILE_LOG set, records this process's XLA compiles (docs/testing.md)
 
 
 @pytest.fixture(scope="session")

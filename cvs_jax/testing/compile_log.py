@@ -8,7 +8,7 @@ function's name, whether the persistent cache served it, its wall seconds and th
 over it. A line is written when its compile ends, so a process killed with ``kill -9`` keeps what it
 compiled before. ``summarize(DIR)`` (or ``python -m cvs_jax.testing.compile_log DIR``) sums the lines per
 test, per test file and per function, and ``tests/conftest.py`` writes ``DIR/summary.json`` and prints the
-table at the end of the run. Off (no variable), nothing here is imported.
+table at the end of the run. Off (no variable), importing this module registers nothing.
 
 The events are jax.monitoring's: the backend compile's start (a scalar event carrying its start time) and
 end (a duration event, ``/jax/core/compile/backend_compile_duration``, which covers a persistent-cache
@@ -154,5 +154,7 @@ def table(summary: dict, rows: int = 25) -> str:
     return "\n".join(out)
 
 
-if __name__ == "__main__":
+if __name__ != "__main__":
+    install()  # on import: cvs_jax/__init__.py imports this module, so every process that imports cvs_jax
+else:
     print(table(summarize(sys.argv[1]), rows=int(sys.argv[2]) if len(sys.argv) > 2 else 25))
