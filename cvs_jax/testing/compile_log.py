@@ -6,7 +6,7 @@ per XLA compile to ``DIR/<pid>.jsonl``: the test that was running (``CVS_JAX_COM
 ``tests/conftest.py`` sets before each test so that processes started in it inherit it), the jitted
 function's name, whether the persistent cache served it, its wall seconds and the process's CPU seconds
 over it. A line is written when its compile ends, so a process killed with ``kill -9`` keeps what it
-compiled before. ``summarize(DIR)`` (or ``python -m cvs_jax.testing.compile_log DIR``) sums the lines per
+compiled before. ``summarize(DIR)`` (or ``python scripts/compile_log.py DIR``) sums the lines per
 test, per test file and per function, and ``tests/conftest.py`` writes ``DIR/summary.json`` and prints the
 table at the end of the run. Off (no variable), importing this module registers nothing.
 
@@ -154,7 +154,4 @@ def table(summary: dict, rows: int = 25) -> str:
     return "\n".join(out)
 
 
-if __name__ != "__main__":
-    install()  # on import: cvs_jax/__init__.py imports this module, so every process that imports cvs_jax
-else:
-    print(table(summarize(sys.argv[1]), rows=int(sys.argv[2]) if len(sys.argv) > 2 else 25))
+install()  # on import: cvs_jax/__init__.py imports this module, so in every process that imports cvs_jax
