@@ -13,6 +13,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")  # jax r
 
 import pytest
 
+import cvs_jax  # noqa: F401,E402  with CVS_JAX_COMPILE_LOG set, records this process's XLA compiles (docs/testing.md)
+
 
 @pytest.fixture(scope="session")
 def fashion_idx(tmp_path_factory):
@@ -101,3 +103,30 @@ def pytest_collection_modifyitems(config, items):
     tests keep their order. Every xdist worker sorts the same way, so their collections stay equal."""
     rank = {os.path.join(TESTS, f): i for i, f in enumerate(HEAVIEST_FIRST)}
     items.sort(key=lambda item: rank.get(str(item.path), len(rank)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``CVS_JAX_COMPILE_LOG`` set: name the running test for the compile log of this process and of every
+    process the test starts (they inherit the variable); a module fixture's compiles count to its first test."""
+    if os.environ.get("CVS_JAX_COMPILE_LOG"):
+        os.environ["CVS_JAX_COMPILE_TEST"] = item.nodeid
+    yield
+
+
+def pytest_sessionfinish(session):
+    """With ``CVS_JAX_COMPILE_LOG`` set, the controller (not an xdist worker) sums every process's compile log
+    into ``summary.json`` there and prints the top of it (``cvs_jax.testing.compile_log``)."""
+    folder = os.environ.get("CVS_JAX_COMPILE_LOG")
+    if not folder or hasattr(session.config, "workerinput") or not os.path.isdir(folder):
+        return
+    import json
+
+    from cvs_jax.testing import compile_log
+
+    summary = compile_log.summarize(folder)
+    with open(os.path.join(folder, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("\n" + compile_log.table(summary, rows=15) + f"\n(all of it: {folder}/summary.json)")

@@ -13,12 +13,14 @@ from cvs_jax.models.networks import build_model, grow_head, init_head
     "layout,shape", [("cifar", (2, 28, 28, 1)), ("imagenet", (2, 64, 64, 3)), ("cifar", (2, 32, 32, 3))]
 )
 def test_tiny_resnet_embeds(layout, shape):
+    """Shapes only, so traced by ``jax.eval_shape`` (the same code, nothing compiled): run op by op it compiled
+    ~170 single-operation programs, 23 s of CPU on a cold XLA cache (docs/testing.md)."""
     model = build_model("tiny", width=8, layout=layout, embed_dim=16)
     x = jnp.ones(shape)
-    variables = model.init(jax.random.key(0), x, train=False)
-    emb = model.apply(variables, x, train=False)
+    variables = jax.eval_shape(lambda: model.init(jax.random.key(0), x, train=False))
+    emb = jax.eval_shape(lambda v: model.apply(v, x, train=False), variables)
     assert emb.shape == (2, 16)
-    emb_train, updates = model.apply(variables, x, train=True, mutable=["batch_stats"])
+    emb_train, updates = jax.eval_shape(lambda v: model.apply(v, x, train=True, mutable=["batch_stats"]), variables)
     assert emb_train.shape == (2, 16) and "batch_stats" in updates
 
 
