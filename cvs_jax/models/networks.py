@@ -1,7 +1,6 @@
 """Model zoo: ResNet, ViT and EfficientNet-Lite embedding networks and the growing cosine head."""
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -130,21 +129,30 @@ def frozen_mask(model, params) -> dict:
     return jax.tree_util.tree_map_with_path(label, params)
 
 
-# XLA's backend optimisation level 1, not its default: the program is mostly threefry hashes (one per weight
-# array), which LLVM's default pipeline takes ~1.3 s of CPU each to compile: ResNet-18 width 4's program took
-# 27 s of CPU to compile, 5 s at level 1, ResNet-50 27 -> 10 s, EfficientNet-Lite0 18 -> 11 s, ViT-S 8 -> 6 s,
+# On the CPU, XLA's backend optimisation level 1, not its default: the program is mostly threefry hashes (one per
+# weight array), which LLVM's default pipeline takes ~1.3 s of CPU each to compile: ResNet-18 width 4's program
+# took 27 s of CPU to compile, 5 s at level 1, ResNet-50 27 -> 10 s, EfficientNet-Lite0 18 -> 11 s, ViT-S 8 -> 6 s,
 # with the same bits (float multiply-adds are still contracted at level 1; at level 0 they are not, and some
-# weights move by 1 ulp). It runs once per run, so its speed does not matter (docs/testing.md).
+# weights move by 1 ulp). It runs once per run, so its speed does not matter (docs/testing.md). Other backends
+# keep XLA's default: the bits at level 1 were checked on the CPU only.
 INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4), compiler_options=INIT_COMPILER_OPTIONS)
+def _draw(model, head, image_shape: tuple, num_classes: int, embed_dim: int, init_key, head_key):
+    net = model.init(init_key, jnp.zeros((1,) + image_shape, jnp.float32), train=False)
+    return net, head.init(head_key, num_classes, embed_dim)
+
+
+_DRAW_ON_CPU = jax.jit(_draw, static_argnums=(0, 1, 2, 3, 4), compiler_options=INIT_COMPILER_OPTIONS)
+_DRAW_ELSEWHERE = jax.jit(_draw, static_argnums=(0, 1, 2, 3, 4))
+
+
 def _fresh(model, head, image_shape: tuple, num_classes: int, embed_dim: int, init_key, head_key):
     """Network and head drawn in one compiled program, kept per (model, head, shapes) for the process (a
     comparison initialises many runs): op by op, initialisation cost ~70 small ``jit`` compiles per
     process (0.6-2 s). The bits are the same (``resnet.unit_normal``; ``INIT_COMPILER_OPTIONS``)."""
-    net = model.init(init_key, jnp.zeros((1,) + image_shape, jnp.float32), train=False)
-    return net, head.init(head_key, num_classes, embed_dim)
+    draw = _DRAW_ON_CPU if jax.default_backend() == "cpu" else _DRAW_ELSEWHERE
+    return draw(model, head, image_shape, num_classes, embed_dim, init_key, head_key)
 
 
 def init_variables(model, config, image_shape, num_classes: int, init_key, head_key, head=None) -> dict:
