@@ -134,9 +134,9 @@ def test_a_class_folder_named_as_a_known_class_in_another_case_is_refused(run_co
 def test_stored_updates_must_be_a_prefix(trained, tmp_path):
     c = folder_config(tmp_path, trained[1])
     wd = str(tmp_path / "wd")
-    os.makedirs(os.path.join(wd, "checkpoints", "sessions", "1"))  # a run that trained
     c.data.updates = ["/photos/a"]
-    recorded.prepare(c, wd)
+    recorded.prepare(c, wd)  # config.json first, as a run writes it before any checkpoint
+    os.makedirs(os.path.join(wd, "checkpoints", "sessions", "1"))  # a run that trained
     c.data.updates = ["/photos/a", "/photos/b"]  # update adds a folder: fine
     recorded.prepare(c, wd)
     c.data.updates = ["/photos/c", "/photos/b", "/photos/d"]  # an earlier folder replaced: refused
