@@ -98,3 +98,12 @@ def new_photos(folder, counts: dict[str, int], seed: int = 100) -> dict[str, lis
         ]
         seed += 1000
     return out
+
+
+def uploads(paths) -> list[tuple[str, tuple[str, bytes]]]:
+    """``paths`` as the multipart ``file`` fields of a ``/search`` or ``/add`` request (TestClient's ``files``)."""
+    out = []
+    for p in paths:
+        with open(p, "rb") as f:
+            out.append(("file", (os.path.basename(p), f.read())))
+    return out

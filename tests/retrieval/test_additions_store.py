@@ -18,7 +18,7 @@ import pytest
 from cvs_jax.errors import UnreadableCheckpointError
 from cvs_jax.retrieval import additions
 from cvs_jax.rundir import paths, run_files
-from cvs_jax.testing import added_rows
+from cvs_jax.testing import added_rows, file_tree
 from cvs_jax.testing.methods_runs import REPO
 
 DIM = 4
@@ -43,13 +43,7 @@ def _steps(wd: str) -> list[int]:
     return sorted(int(n) for n in os.listdir(paths.additions_dir(wd)) if n.isdigit())
 
 
-def _files(wd: str) -> dict[str, bytes]:
-    out = {}
-    for root, _, names in os.walk(wd):
-        for name in names:
-            with open(os.path.join(root, name), "rb") as f:
-                out[os.path.relpath(os.path.join(root, name), wd)] = f.read()
-    return out
+_files = file_tree.checksums  # every file by content: what a refused add must leave
 
 
 def _chain(wd: str) -> list[list[int]]:

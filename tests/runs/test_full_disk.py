@@ -71,12 +71,7 @@ def test_search_add_on_a_full_disk_adds_nothing_and_the_store_takes_it_once_spac
     assert _added(wd) == photos["ant"] + photos["gnu"]
 
 
-def _files(paths):
-    out = []
-    for p in paths:
-        with open(p, "rb") as f:
-            out.append(("file", (os.path.basename(p), f.read())))
-    return out
+_files = image_folders.uploads
 
 
 def test_a_server_s_add_on_a_full_disk_is_a_503_and_it_keeps_searching(trained, small_disk):

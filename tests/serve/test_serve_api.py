@@ -22,7 +22,7 @@ from cvs_jax.rundir import paths
 from cvs_jax.serve.app import Limits, create_app
 from cvs_jax.serve.batcher import LONE
 from cvs_jax.serve.state import Query, Served
-from cvs_jax.testing import reading_probe
+from cvs_jax.testing import image_folders, reading_probe
 from cvs_jax.testing.image_folders import new_photo
 
 
@@ -31,12 +31,7 @@ def _client(wd, **kwargs):
     return served, TestClient(create_app(served, **kwargs))
 
 
-def _files(paths):
-    out = []
-    for p in paths:
-        with open(p, "rb") as f:
-            out.append(("file", (os.path.basename(p), f.read())))
-    return out
+_files = image_folders.uploads
 
 
 def _post(client, paths, route="/search", headers=None, **params):
