@@ -8,8 +8,18 @@ subprocess without it compiled its whole program anew (the README walkthrough's 
 import os
 
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ.get("CVS_JAX_TEST_CACHE", "/tmp/cvs_jax_xla_cache"))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+# every program, however quick its compile: at the old 0.5 s threshold the suite's 559 compiles of `search`
+# (0.27 s each) were never cached and every process compiled its own; a tiny warm `cvs_jax.main` 16.7 -> 14.2 s
+# of CPU (docs/testing.md)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")  # jax reads these when imported
+# XLA's backend optimisation level 0 in every test process and the processes tests start (cvs_jax/testing/xla_env.py
+# says why; set before cvs_jax and jax are imported); pure os.environ code, as importing cvs_jax imports jax
+if os.environ.get("CVS_JAX_TEST_XLA_LEVEL", "0") != "default" and "--xla_backend_optimization_level" not in (
+    os.environ.get("XLA_FLAGS", "")
+):
+    _level = os.environ.get("CVS_JAX_TEST_XLA_LEVEL", "0")
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level={_level}".strip()
 
 import pytest
 

@@ -10,6 +10,8 @@ import sys
 
 import numpy as np
 
+from cvs_jax.testing import xla_env
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = """
 import json, jax, numpy as np
@@ -37,7 +39,11 @@ print(json.dumps(out))
 
 
 def test_short_chunks_pad_to_a_multiple_of_the_devices():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    env = {
+        **os.environ,
+        "XLA_FLAGS": xla_env.with_flags("--xla_force_host_platform_device_count=4"),
+        "JAX_PLATFORMS": "cpu",
+    }
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
     )

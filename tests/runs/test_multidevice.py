@@ -22,6 +22,8 @@ import time
 import numpy as np
 import pytest
 
+from cvs_jax.testing import xla_env
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CACHE = os.environ.get("CVS_JAX_TEST_CACHE", "/tmp/cvs_jax_xla_cache")
 
@@ -174,7 +176,7 @@ def _multiproc_worker(workdir: str) -> None:
 def _worker_env(n_devices: int, **extra: str) -> dict:
     env = dict(
         os.environ,
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={n_devices}",
+        XLA_FLAGS=xla_env.with_flags(f"--xla_force_host_platform_device_count={n_devices}"),
         PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
         JAX_PLATFORMS="cpu",
     )

@@ -16,6 +16,8 @@ import time
 import numpy as np
 import pytest
 
+from cvs_jax.testing import xla_env
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.slow
 ROWS_ATOL = 2e-3  # a per-process BatchNorm or a wrong batch split moves unit rows by 1e-2 or more
@@ -48,7 +50,11 @@ def _free_port() -> int:
 
 
 def _env(devices: int, **extra: str) -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS=xla_env.with_flags(f"--xla_force_host_platform_device_count={devices}"),
+    )
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("CVS_JAX_MULTIHOST", None)
     env.update(extra)
