@@ -23,7 +23,6 @@ query the gallery and ``python -m cvs_jax.export --workdir W --out DIR`` for an 
 
 from __future__ import annotations
 
-import tensorflow_datasets as tfds
 from absl import flags
 from ml_collections import config_flags
 
@@ -45,7 +44,6 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments: {argv[1:]}; pass --config and --workdir only.")
     cli.quiet_logging()
-    tfds.disable_progress_bar()  # one-off dataset preparation; our own progress lines follow
     determinism.apply(flag_values.config.deterministic)  # before the first JAX computation
     runner.run(flag_values.config, flag_values.workdir)
     return 0

@@ -46,7 +46,6 @@ from collections.abc import Sequence
 
 import ml_collections
 import numpy as np
-import tensorflow_datasets as tfds
 from absl import flags
 
 from cvs_jax import cli
@@ -392,7 +391,6 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments: {argv[1:]}; pass --workdir and --data (or --from_added).")
     cli.quiet_logging()
-    tfds.disable_progress_bar()
     overrides = {f: flag_values[f"config.{f}"].value for f in UPDATE_FIELDS if flag_values[f"config.{f}"].present}
     if flag_values.from_added:
         return update_from_added(flag_values.workdir, overrides)

@@ -1,4 +1,5 @@
-"""Start-up cost: the commands that read a run (``search``, ``info``, ``export``, the server) do not import
+"""Start-up cost: the commands that read a run (``search``, ``info``, ``export``, the server) and those that
+train (``main``, ``update``, ``compare``) do not import
 matplotlib or tensorflow_datasets (~0.4 s each per process) just by being imported; they load matplotlib
 when they draw a picture.  Run for real, they never load tensorflow_datasets: ``testing/reading_probe.py``,
 checked on a photo run (tests/serve/test_serve_api.py) and a Fashion-MNIST run (tests/runs/test_export.py)."""
@@ -11,7 +12,12 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HEAVY = ("matplotlib", "tensorflow_datasets")
-COMMANDS = ("cvs_jax.search", "cvs_jax.info", "cvs_jax.export", "cvs_jax.serve.__main__", "cvs_jax.serve.app")
+# and the commands that train: a rerun, a resumed run or an update on a prepared store reads it without TFDS
+# (0.8 s of CPU a process; TFDS comes with `data/builders/tfds_builders.py` when a dataset is prepared)
+COMMANDS = (
+    *("cvs_jax.search", "cvs_jax.info", "cvs_jax.export", "cvs_jax.serve.__main__", "cvs_jax.serve.app"),
+    *("cvs_jax.main", "cvs_jax.update", "cvs_jax.compare"),
+)
 
 _PROBE = f"""
 import importlib, json, sys

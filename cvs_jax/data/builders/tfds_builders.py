@@ -25,6 +25,10 @@ from cvs_jax.data.builders.stanford_dogs import StanfordDogs256Source
 from cvs_jax.data.builders.tiny_imagenet import TinyImagenetZipSource
 from cvs_jax.errors import DataError
 
+# TFDS is imported here only, where a dataset is prepared or read through TFDS (main, update and the server import it
+# when they need it: 0.8 s of CPU otherwise); its progress bars off, as our own progress lines follow
+tfds.disable_progress_bar()
+
 
 def features_of(info: tfds.core.DatasetInfo) -> Any:
     """``info.features``, our builders' FeaturesDict ("image", "label", ...): tfds types it as an optional
