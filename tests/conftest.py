@@ -74,7 +74,6 @@ HEAVIEST_FIRST = (
     "runs/test_population.py",  # 116
     "runs/test_serve_live.py",  # 106
     "runs/test_methods_kill.py",  # 104
-    "runs/test_methods_rerun.py",  # 96
     "runs/test_multidevice.py",  # 62
     "serve/test_from_added.py",  # 61
     "runs/test_feature_cache.py",  # 55

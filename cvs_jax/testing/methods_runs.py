@@ -85,6 +85,12 @@ def outcome(workdir):
     return results, metrics
 
 
+def checkpoint_files(root) -> list[str]:
+    """Every file under a ``checkpoints`` folder below ``root``: a rerun that writes, moves or removes none leaves
+    this list as it was."""
+    return sorted(os.path.join(d, f) for d, _, files in os.walk(root) for f in files if "checkpoints" in d)
+
+
 def moved_aside(root):
     """Every directory under root that a restore moved aside."""
     return [os.path.join(d, n) for d, dirs, _ in os.walk(root) for n in dirs if n.startswith("unreadable-")]

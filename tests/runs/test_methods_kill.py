@@ -1,5 +1,5 @@
-"""``kill -9`` in the middle of session 2 and a rerun give the uninterrupted results, for the methods
-with extra state: lwf (trainable old-head copy in the training state),
+"""``kill -9`` in the middle of session 2 and a rerun give the uninterrupted results, and a rerun of the finished
+run changes nothing, for the methods with extra state: lwf (trainable old-head copy in the training state),
 ewc (importance and anchor), rainbow (uncertainty memory, half-memory batches).  Also: a second
 process on a live workdir is refused, naming the holder; the rerun after ``kill -9`` is not."""
 
@@ -46,6 +46,14 @@ def test_kill_in_session_two_and_rerun_matches_uninterrupted(reference, method):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed session 2 at step" in resumed.stdout  # from the mid-session checkpoint, not from scratch
     assert mr.moved_aside(workdir) == []
+    assert mr.outcome(workdir) == mr.outcome(os.path.join(ref_dir, "seed0", method))
+    # the finished run, run again, changes nothing (a finished lwf run's rerun once moved its good session
+    # checkpoint aside as "unreadable" and trained session 2 again; every method: tests/runs/test_methods_rerun.py)
+    files = mr.checkpoint_files(workdir)
+    again = mr.run(cmd)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "cannot be read" not in again.stdout + again.stderr and "== session" not in again.stdout
+    assert mr.moved_aside(workdir) == [] and mr.checkpoint_files(workdir) == files
     assert mr.outcome(workdir) == mr.outcome(os.path.join(ref_dir, "seed0", method))
 
 

@@ -2,6 +2,10 @@
 
 (The rerun of a finished ``lwf`` run once moved its good session checkpoint aside as
 "unreadable" and trained session 2 again.)
+
+Marked ``slow`` (a 14-method ``compare``: 160-200 s of the default suite's test time on a 2-core CPU host,
+2026-12-07): the default suite reruns the finished runs of the methods with extra state (lwf, ewc, rainbow) in
+``tests/runs/test_methods_kill.py`` and of cvs in ``tests/runs/test_resume.py``; ``pytest -m slow`` runs this.
 """
 
 import os
@@ -9,6 +13,8 @@ import os
 import pytest
 
 from cvs_jax.testing import methods_runs as mr
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -24,19 +30,15 @@ def compared(fashion_idx, tmp_path_factory):
     return cmd, workdir
 
 
-def listing(root):
-    return sorted(os.path.join(d, f) for d, _, files in os.walk(root) for f in files if "checkpoints" in d)
-
-
 def test_rerun_of_every_finished_method_changes_nothing(compared):
     cmd, workdir = compared
     before = {m: mr.outcome(os.path.join(workdir, "seed0", m)) for m in mr.ALL_METHODS}
-    files = listing(workdir)
+    files = mr.checkpoint_files(workdir)
     again = mr.run(cmd)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "cannot be read" not in again.stdout + again.stderr
     assert mr.moved_aside(workdir) == []
-    assert listing(workdir) == files  # no checkpoint written, moved or removed
+    assert mr.checkpoint_files(workdir) == files  # no checkpoint written, moved or removed
     assert "== session" not in again.stdout  # no finished session is trained again
     for m in mr.ALL_METHODS:
         assert mr.outcome(os.path.join(workdir, "seed0", m)) == before[m], m

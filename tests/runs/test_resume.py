@@ -69,6 +69,12 @@ def test_kill_and_rerun_matches_uninterrupted(data_dirs, reference, fault):
     for key in ("embeddings", "labels", "sessions", "source_ids"):
         np.testing.assert_array_equal(gallery[key], ref_gallery[key])
     assert len(np.unique(gallery["source_ids"])) == len(gallery["source_ids"])  # no row lost or duplicated
+    if fault == "step:14":  # resumed in session 2: the finished run, run again, changes nothing
+        files = mr.checkpoint_files(workdir)
+        again = mr.run(cmd)
+        assert again.returncode == 0 and "== session" not in again.stdout, again.stderr[-3000:]
+        assert mr.moved_aside(workdir) == [] and mr.checkpoint_files(workdir) == files
+        assert outcome(workdir)[:2] == (ref_results, ref_metrics)
 
 
 def test_kill_while_worker_processes_stream_matches_uninterrupted(data_dirs, reference):
