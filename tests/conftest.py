@@ -3,7 +3,9 @@
 Set through the environment, before jax is imported, so that every process a test starts (``main``,
 ``update``, ``compare``, multi-device and multi-host workers) reads and fills the same cache: a
 subprocess without it compiled its whole program anew (the README walkthrough's two updates took
-78 s each, mostly compiling what ``main`` had just compiled)."""
+78 s each, mostly compiling what ``main`` had just compiled). Every program is cached, however quick its
+compile, and test processes compile at XLA's backend optimisation level 0 (docs/testing.md, "The compiler
+level, the cache threshold, and a slower host")."""
 
 import os
 

@@ -116,6 +116,21 @@ def test_fashion_mnist_source_mismatch(tmp_path):
 
 
 @pytest.mark.skipif(not os.path.isdir(DEBIAN_FASHION_DIR), reason="apt-get install dataset-fashion-mnist")
+def test_real_fashion_mnist_files():
+    """The Debian package's four IDX files, found and read by the builder's reader: shapes, labels and pixels (one
+    second; the whole 70,000-image store is built by ``test_real_fashion_mnist``, ``slow``, and by the demo)."""
+    files = fashion_mnist_local.find_idx_files(DEBIAN_FASHION_DIR)
+    train, test = files["train-images-idx3-ubyte"], files["t10k-images-idx3-ubyte"]
+    assert fashion_mnist_local.read_idx_shape(train) == (60000, 28, 28)
+    assert fashion_mnist_local.read_idx_shape(test) == (10000, 28, 28)
+    for name, per_class in (("train-labels-idx1-ubyte", 6000), ("t10k-labels-idx1-ubyte", 1000)):
+        np.testing.assert_array_equal(np.bincount(fashion_mnist_local.read_idx(files[name])), [per_class] * 10)
+    images = fashion_mnist_local.read_idx(test)
+    assert images.dtype == np.uint8 and 0 < images.mean() < 255
+
+
+@pytest.mark.slow  # 35 s of the default suite on a 2-core host (2026-12-07): the files are read by the test above
+@pytest.mark.skipif(not os.path.isdir(DEBIAN_FASHION_DIR), reason="apt-get install dataset-fashion-mnist")
 def test_real_fashion_mnist(tmp_path):
     start = time.perf_counter()
     ds = sources.load_dataset("fashion_mnist_local", data_dir=str(tmp_path))
