@@ -70,6 +70,23 @@ def small_disk(at: str, size: str) -> Iterator[str]:
         _umount(at)
 
 
+@contextlib.contextmanager
+def or_skip(mount: contextlib.AbstractContextManager[str], what: str) -> Iterator[str]:
+    """``mount`` (``read_only_view(...)``, ``small_disk(...)``) entered for a test, or the test skipped in one line:
+    why these file systems cannot be made here (``unavailable``), or the sandbox's refusal of ``what``."""
+    import pytest  # pylint: disable=g-import-not-at-top  # a test helper; the package does not need pytest
+
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    with contextlib.ExitStack() as stack:
+        try:
+            at = stack.enter_context(mount)
+        except OSError as e:
+            pytest.skip(f"this sandbox forbids {what} ({e})")
+        yield at
+
+
 def fill(folder: str, leave: int = 0) -> str:
     """Fills the disk of ``folder`` up to ``leave`` bytes free with one file (returned: delete it to free the
     space); a disk with a few kB of slack reports a little more free than a file can take."""

@@ -3,11 +3,12 @@
 ``tests/conftest.py`` (the one place that sets them, before jax is imported) compiles every test process at XLA's
 backend optimisation level 0 (LLVM without its optimisation passes): on a cold XLA cache compiles were 37 % of the
 suite's test time (1,268 of 3,397 s, a 2-core CPU host, 2026-12-07, docs/testing.md), and level 0 takes a tiny two-
-session ``cvs_jax.main`` from 43.4 to 30.5 s of CPU with an empty cache, and leaves it at ~14 s with a full one (the
-programs are small: what they lose in speed, they lose in milliseconds). Tests compare runs with runs of the same
-suite, and with references at a tolerance, so the level changes no verdict; the one test that needs XLA's default
-code (the bits of Flax's own op-by-op initialisers) reruns itself without it (``default_compiler``); the one-jit
-initialisation, at level 1 elsewhere, follows the suite's level too (``models.networks.INIT_COMPILER_OPTIONS``). Set
+session ``cvs_jax.main`` from 43.4 to 30.5 s of CPU with an empty cache, and leaves it at ~14 s with a full one (its
+programs are small). Code that XLA emits itself runs slower: the EfficientNet-Lite0 tests take 29 s of CPU instead
+of 13 with a warm cache (fewer with a cold one). Tests compare runs with runs of the same suite, and with references
+at a tolerance, so the level changes no verdict; the one test that needs XLA's default code (the bits of Flax's own
+op-by-op initialisers) reruns itself without it (``default_compiler``); the one-jit initialisation, at level 1
+elsewhere, follows the suite's level too (``models.networks.INIT_COMPILER_OPTIONS``). Set
 ``CVS_JAX_TEST_XLA_LEVEL=default`` to run the suite with XLA's default level."""
 
 from __future__ import annotations

@@ -35,16 +35,10 @@ def trained(tmp_path_factory):
 @pytest.fixture
 def small_disk(trained, tmp_path):
     """A copy of the run on a 16 MB tmpfs of its own."""
-    reason = disks.unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-    try:
-        with disks.small_disk(str(tmp_path / "disk"), "16m") as disk:
-            wd = os.path.join(disk, "run")
-            shutil.copytree(trained[0], wd)
-            yield disk, wd
-    except OSError as e:
-        pytest.skip(f"this sandbox forbids a tmpfs mount ({e})")
+    with disks.or_skip(disks.small_disk(str(tmp_path / "disk"), "16m"), "a tmpfs mount") as disk:
+        wd = os.path.join(disk, "run")
+        shutil.copytree(trained[0], wd)
+        yield disk, wd
 
 
 def _added(wd) -> list[str]:

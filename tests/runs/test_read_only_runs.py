@@ -36,14 +36,8 @@ def trained(tmp_path_factory):
 @pytest.fixture
 def read_only(trained, tmp_path):
     """The run seen through a read-only mount."""
-    reason = disks.unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-    try:
-        with disks.read_only_view(trained[0], str(tmp_path / "ro")) as view:
-            yield view
-    except OSError as e:
-        pytest.skip(f"this sandbox forbids a read-only mount ({e})")
+    with disks.or_skip(disks.read_only_view(trained[0], str(tmp_path / "ro")), "a read-only mount") as view:
+        yield view
 
 
 def _query(trained) -> str:
