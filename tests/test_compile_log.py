@@ -35,7 +35,9 @@ def _run(tmp_path, test: str) -> str:
 
 def test_each_compile_is_recorded_under_its_test_and_a_cache_hit_is_told_apart(tmp_path):
     logged = {test: _run(tmp_path, test).count("Finished XLA compilation") for test in ("a.py::first", "a.py::second")}
-    lines = compile_log.read(str(tmp_path / "log"))
+    everything = compile_log.read(str(tmp_path / "log"))
+    lines = [line for line in everything if not line.get("exit")]
+    exits = [line for line in everything if line.get("exit")]
     for test, n in logged.items():
         assert n > 0 and sum(line["test"] == test for line in lines) == n
     ours = {line["test"]: line for line in lines if line["fun"] == "jit(doubled_sine)"}
@@ -51,6 +53,17 @@ def test_each_compile_is_recorded_under_its_test_and_a_cache_hit_is_told_apart(t
     (file_row,) = summary["files"]
     assert file_row["name"] == "a.py" and file_row["compiles"] + file_row["hits"] == len(lines)
     assert "jit(doubled_sine)" in compile_log.table(summary)
+
+    # each process's exit: its whole CPU, at least the compiles it logged, summed per test and per file
+    assert sorted(line["test"] for line in exits) == sorted(logged)
+    for line in exits:
+        assert (
+            line["cpu"] >= sum(x["cpu"] for x in lines if x["pid"] == line["pid"] and not x["hit"]) and line["cpu"] > 0
+        )
+    processes = {row["name"]: row for row in summary["subprocesses"]}
+    assert processes["a.py"]["processes"] == 2
+    assert processes["a.py"]["cpu_s"] == round(sum(line["cpu"] for line in exits), 2)
+    assert processes["a.py::first"]["processes"] == 1
 
 
 def test_a_torn_last_line_of_a_killed_process_is_skipped(tmp_path):

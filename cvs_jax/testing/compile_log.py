@@ -17,6 +17,7 @@ read too), and ``/jax/compilation_cache/cache_hits``, recorded inside that span 
 
 from __future__ import annotations
 
+import atexit
 import collections
 import json
 import os
@@ -73,6 +74,21 @@ def install() -> None:
         with lock:  # one write per line, O_APPEND: lines from concurrent threads never interleave
             os.write(fd, (json.dumps(line) + "\n").encode())
 
+    def on_exit() -> None:  # the process's whole CPU: compiles are part of it, tracing and running the rest
+        line = {
+            "exit": True,
+            "test": os.environ.get(TEST_VAR, ""),
+            "cpu": round(time.process_time(), 3),
+            "wall": round(time.monotonic() - wall0, 3),
+            "sub": sub,
+            "pid": os.getpid(),
+            "argv": argv,
+        }
+        with lock:
+            os.write(fd, (json.dumps(line) + "\n").encode())
+
+    wall0 = time.monotonic()
+    atexit.register(on_exit)
     monitoring.register_scalar_listener(on_start)
     monitoring.register_event_listener(on_hit)
     monitoring.register_event_duration_secs_listener(on_end)
@@ -114,8 +130,16 @@ def summarize(folder: str) -> dict:
     total, tests, functions = _totals(), collections.defaultdict(_totals), collections.defaultdict(_totals)
     files = collections.defaultdict(_totals)
     subprocess_compiles = collections.Counter()
+    processes = collections.defaultdict(lambda: {"processes": 0, "cpu_s": 0.0, "wall_s": 0.0})
     for line in read(folder):
         test = line["test"] or "(outside a test)"
+        if line.get("exit"):
+            if line["sub"]:
+                for group in (processes[test], processes[test.split("::")[0]]):
+                    group["processes"] += 1
+                    group["cpu_s"] += line["cpu"]
+                    group["wall_s"] += line["wall"]
+            continue
         for group in (total, tests[test], files[test.split("::")[0]], functions[line["fun"]]):
             _add(group, line)
         if not line["hit"] and line["sub"]:
@@ -135,6 +159,12 @@ def summarize(folder: str) -> dict:
         "files": ranked(files),
         "tests": ranked(tests),
         "functions": ranked(functions),
+        # processes the tests started (main, update, a server...) that exited: how many and their whole CPU,
+        # per test file and per test (a name with "::"), largest first
+        "subprocesses": sorted(
+            ({"name": name, **{k: round(v, 2) for k, v in p.items()}} for name, p in processes.items()),
+            key=lambda r: (-r["cpu_s"], r["name"]),
+        ),
     }
 
 
@@ -151,6 +181,11 @@ def table(summary: dict, rows: int = 25) -> str:
             out.append(
                 f"{r['compiles']:>8} {r['compile_cpu_s']:>8.1f} {r['compile_wall_s']:>8.1f} {r['hits']:>6}  {r['name']}"
             )
+    subs = summary.get("subprocesses", [])
+    if subs:
+        out.append(f"{'started':>8} {'cpu s':>8} {'wall s':>8}  processes the tests started (top {rows} by CPU s)")
+        for r in subs[:rows]:
+            out.append(f"{r['processes']:>8} {r['cpu_s']:>8.1f} {r['wall_s']:>8.1f}  {r['name']}")
     return "\n".join(out)
 
 
