@@ -204,7 +204,7 @@ def start_baseline(export_dir: str, port: int, log) -> subprocess.Popen:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
+            if serve_process.http().get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
                 return proc
         except httpx.TransportError:
             time.sleep(0.2)

@@ -37,12 +37,16 @@ def workdir(first_run, tmp_path):
 
 def _query(url: str, path: str, k: int = 5) -> httpx.Response:
     with open(path, "rb") as f:
-        return httpx.post(f"{url}/search", params={"k": k}, files=[("file", (path, f.read()))], timeout=120)
+        return serve_process.http().post(
+            f"{url}/search", params={"k": k}, files=[("file", (path, f.read()))], timeout=120
+        )
 
 
 def _add(url: str, path: str, label: str) -> httpx.Response:
     with open(path, "rb") as f:
-        return httpx.post(f"{url}/add", params={"label": label}, files=[("file", (path, f.read()))], timeout=120)
+        return serve_process.http().post(
+            f"{url}/add", params={"label": label}, files=[("file", (path, f.read()))], timeout=120
+        )
 
 
 def _photos(wd_parent: str) -> list[str]:

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -499,10 +498,10 @@ def test_a_session_outlives_a_killed_server_and_the_restarted_one_takes_it(run_c
     with open(tmp_path / "serve.log", "ab") as log:
         server = serve_process.start(run_copy, port, log, "--poll_s", "0.2")
         try:
-            r = httpx.post(f"{url}/sessions", timeout=300)
+            r = serve_process.http().post(f"{url}/sessions", timeout=300)
             assert r.status_code == 200, r.text
             pid = r.json()["pid"]
-            assert httpx.get(f"{url}/sessions/current").json()["state"] == "training"
+            assert serve_process.http().get(f"{url}/sessions/current").json()["state"] == "training"
         finally:
             server.send_signal(signal.SIGKILL)  # kill -9 of the server alone: the child has its own group
             server.wait(timeout=60)
@@ -516,11 +515,11 @@ def test_a_session_outlives_a_killed_server_and_the_restarted_one_takes_it(run_c
             assert f.read().strip().splitlines()[-1].startswith("gate: ")
         server = serve_process.start(run_copy, port, log, "--poll_s", "0.2")
         try:
-            info = httpx.get(f"{url}/info", timeout=60).json()
+            info = serve_process.http().get(f"{url}/info", timeout=60).json()
             verdict = gate.for_workdir(run_copy, 1, 0, gate.Thresholds())
             assert info["gate"] == json.loads(json.dumps(verdict))  # session 2 went through the gate at start
             assert info["model_session"] == (2 if verdict["decision"] == "switched" else 1)
-            assert httpx.get(f"{url}/healthz").json()["gallery_rows"] == len(Run(run_copy).rows)
+            assert serve_process.http().get(f"{url}/healthz").json()["gallery_rows"] == len(Run(run_copy).rows)
         finally:
             serve_process.stop(server)
 
