@@ -33,6 +33,10 @@ def _run(c: ml_collections.ConfigDict) -> None:
     c.deterministic = False  # True: bit-reproducible GPU runs (XLA deterministic ops; slower, see BENCHMARKS.md)
     # "a:b": a jax.profiler trace of global training steps a..b in <workdir>/profile (engine/profiling.py)
     c.profile_steps = ""
+    # False: the run writes no report.html and no PNG pictures (a sweep of many small runs: ~2.3 s of the ~13 s of
+    # CPU of a tiny two-session run on 2 cores); `python -m cvs_jax.report --workdir W` writes the page later.
+    # Changes no result, so a resumed run may set or drop it.
+    c.pictures = True
 
 
 def _data(c: ml_collections.ConfigDict) -> None:

@@ -31,6 +31,7 @@ OPERATIONAL = (
     "train.checkpoint_every_steps",
     "log_every_steps",
     "profile_steps",
+    "pictures",
     "distributed.multihost",
 )
 # Keys added after runs were recorded without them, with the value that reproduces what those runs did.

@@ -68,7 +68,7 @@ def _stored_rows(ctx: RunContext, state: RunState) -> tuple[int, Rows]:
 
 def write_report(ctx: RunContext, state: RunState, results: dict | None = None) -> None:
     """``report.html`` of the run so far (process 0); a failure is a warning, never the run's end."""
-    if jax.process_index() != 0 or state.completed == 0:
+    if jax.process_index() != 0 or state.completed == 0 or not ctx.config.pictures:
         return
     try:
         stored = _stored_rows(ctx, state)
@@ -84,7 +84,8 @@ def write_report(ctx: RunContext, state: RunState, results: dict | None = None) 
 
 
 def finish(ctx: RunContext, state: RunState) -> dict:
-    """Writes results.json and the pictures (process 0) and returns the results."""
+    """Writes results.json and (with ``config.pictures``) the pictures and the page (process 0) and returns
+    the results."""
     c, plan, ks = ctx.config, ctx.proto.plan, ctx.ks
     per_session = list(state.records)
     ar = topk.average_recall([{k: r["recall"][str(k)] for k in ks} for r in per_session])
@@ -131,6 +132,7 @@ def finish(ctx: RunContext, state: RunState) -> dict:
         with open(tmp, "w") as f:
             json.dump(results, f, indent=2)
         os.replace(tmp, paths.results_file(ctx.workdir))
+    if jax.process_index() == 0 and c.pictures:
         title = f"{c.data.name} / {plan.setup} / {ctx.method.name}"
         plots.recall_per_session([results], os.path.join(ctx.workdir, "recall_per_session.png"))
         plots.class_distribution(

@@ -42,6 +42,9 @@ def overrides(manual, tfds_dir):
         "--config.train.eval_batch_size=64",
         "--config.train.checkpoint_every_steps=3",
         "--config.memory.budget=20",
+        # these runs are compared by their results, metrics and checkpoints: no page or PNGs (~2.3 s of CPU a run;
+        # a run's pictures: tests/runs/test_report_pages.py)
+        "--config.pictures=False",
     ]
 
 

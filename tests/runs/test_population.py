@@ -56,6 +56,7 @@ def _config(manual, tmp_path, method="cvs", seed=0, epochs=2):
     c.train.lr = LR
     c.train.epochs = epochs
     c.seed = seed
+    c.pictures = False  # compared by results and metrics (the pictures: tests/runs/test_report_pages.py)
     return c
 
 

@@ -49,6 +49,8 @@ def reference(data_dirs):
     workdir = str(root / "reference")
     proc = mr.run(command(manual, tfds_dir, workdir))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # --config.pictures=False (methods_runs.overrides): neither the page nor a PNG
+    assert [f for f in os.listdir(workdir) if f.endswith((".html", ".png"))] == []
     return outcome(workdir)
 
 
