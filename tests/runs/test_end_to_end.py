@@ -76,9 +76,10 @@ def test_joint_reextracts_gallery(manual_dir, tmp_path):
 
 def test_resume_after_completed_session_reproduces_results(manual_dir, tmp_path):
     c = tiny_config(manual_dir, tmp_path, sessions=3)
+    c.pictures = False  # compared by results (a run's pictures: tests/runs/test_report_pages.py)
     full = runner.run(c, str(tmp_path / "full"))
     wd = str(tmp_path / "interrupted")
-    runner.run(c, wd)
+    shutil.copytree(str(tmp_path / "full"), wd)  # the same run, finished: what a second run would write
     # simulate a crash during the last session: its checkpoint and the results never got written
     shutil.rmtree(os.path.join(wd, "checkpoints", "sessions", "2"))
     shutil.rmtree(os.path.join(wd, "checkpoints", "progress"))
@@ -91,6 +92,7 @@ def test_resume_after_completed_session_reproduces_results(manual_dir, tmp_path)
 
 def test_cvs_logs_nonzero_loss_terms_from_session_two(manual_dir, tmp_path):
     c = tiny_config(manual_dir, tmp_path, method="cvs", sessions=3)
+    c.pictures = False  # read by its metrics
     wd = str(tmp_path / "cvs")
     res = runner.run(c, wd)
     assert len(res["per_session"]) == 3
