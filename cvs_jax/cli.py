@@ -297,6 +297,14 @@ def quiet_logging() -> None:
     above (orbax logs every file it writes at INFO), unless ``--verbosity``/``-v`` was passed: then the
     package's INFO lines as well."""
     verbose = "verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present
+    # absl's log() before app.run calls logging.basicConfig() (orbax logs through absl while it is imported), and
+    # app.run then adds absl's handler beside that one: every warning was printed twice, once as
+    # "WARNING:name:msg" and once in absl's format. Only absl's stays.
+    absl_handler = logging.get_absl_handler()
+    if absl_handler in std_logging.root.handlers:
+        for handler in list(std_logging.root.handlers):
+            if type(handler) is std_logging.StreamHandler:  # basicConfig's (absl's is its own class)
+                std_logging.root.removeHandler(handler)
     std_logging.getLogger("cvs_jax").setLevel(std_logging.INFO if verbose else std_logging.WARNING)
     if not verbose:
         logging.set_verbosity(logging.WARNING)

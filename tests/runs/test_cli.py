@@ -34,6 +34,8 @@ FAKE_MAIN = textwrap.dedent(
     def run(config, workdir):
         print("verbosity", logging.get_verbosity(), flush=True)
         if failure == "user":
+            import logging as std_logging
+            std_logging.getLogger("cvs_jax.retrieval.additions").warning("a warning of the package")
             raise errors.DataError("the dataset files are missing; put them in data.manual_dir")
         if failure == "interrupt":  # Ctrl-C: a real SIGINT to this process, a background thread still busy
             threading.Thread(target=time.sleep, args=(600,)).start()  # (as orbax's mid-save threads were)
@@ -116,6 +118,8 @@ def test_user_error_is_one_line_exit_2_and_logging_is_quiet():
     proc = _main("user")
     assert proc.returncode == 2
     assert "verbosity -1" in proc.stdout  # WARNING: orbax's per-file INFO lines stay out
+    # once: absl's handler, not also the basicConfig one absl's logging before app.run left (cli.quiet_logging)
+    assert proc.stderr.count("a warning of the package") == 1, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == ("error: the dataset files are missing; put them in data.manual_dir")
     assert "Traceback" not in proc.stderr
 
