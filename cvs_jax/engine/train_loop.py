@@ -406,8 +406,8 @@ class _Watch:
 
 @jax.jit
 def _watch_update(bad, blown, peak, reference, loss, grad, first_step):
-    """The guards after one call, in one program: a dozen small ops run one by one cost ~1 ms of dispatch
-    each per call (``_Watch.after_call``)."""
+    """The guards after one call, in one program: one dispatch per call where the dozen small ops run one by
+    one were a dozen (``_Watch.after_call``)."""
     idx = first_step + jnp.arange(loss.shape[-1], dtype=jnp.int32)
     new_bad = jnp.min(jnp.where(jnp.isfinite(loss), _NO_BAD_STEP, idx), axis=-1)
     grown = (loss > GROWTH_LIMIT * reference[0][..., None]) | (grad > GROWTH_LIMIT * reference[1][..., None])
