@@ -200,7 +200,24 @@ def run(main: Callable[[list[str]], int], define_flags: Callable[[], None]) -> N
     app.define_help_flags()
     for flag in (_HelpFlag(), _HelpshortFlag(), _HelpfullFlag()):
         flags.DEFINE_flag(flag)
-    app.run(_ending_at_once_when_interrupted(main), flags_parser=_parse_flags)
+    app.run(_ending_at_once_when_interrupted(_with_absl_handler_only(main)), flags_parser=_parse_flags)
+
+
+def _with_absl_handler_only(main: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
+    """``main`` with absl's log handler alone on the root logger. absl's ``log()`` before ``app.run`` calls
+    ``logging.basicConfig()`` (orbax logs through absl while it is imported) and ``app.run`` then adds absl's
+    handler beside that one: every warning was printed twice, once as ``WARNING:name:msg`` and once in absl's
+    format."""
+
+    @functools.wraps(main)
+    def wrapped(argv: list[str]) -> int:
+        if logging.get_absl_handler() in std_logging.root.handlers:
+            for handler in list(std_logging.root.handlers):
+                if type(handler) is std_logging.StreamHandler:  # basicConfig's (absl's is its own class)
+                    std_logging.root.removeHandler(handler)
+        return main(argv)
+
+    return wrapped
 
 
 def _ending_at_once_when_interrupted(main: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
@@ -297,14 +314,6 @@ def quiet_logging() -> None:
     above (orbax logs every file it writes at INFO), unless ``--verbosity``/``-v`` was passed: then the
     package's INFO lines as well."""
     verbose = "verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present
-    # absl's log() before app.run calls logging.basicConfig() (orbax logs through absl while it is imported), and
-    # app.run then adds absl's handler beside that one: every warning was printed twice, once as
-    # "WARNING:name:msg" and once in absl's format. Only absl's stays.
-    absl_handler = logging.get_absl_handler()
-    if absl_handler in std_logging.root.handlers:
-        for handler in list(std_logging.root.handlers):
-            if type(handler) is std_logging.StreamHandler:  # basicConfig's (absl's is its own class)
-                std_logging.root.removeHandler(handler)
     std_logging.getLogger("cvs_jax").setLevel(std_logging.INFO if verbose else std_logging.WARNING)
     if not verbose:
         logging.set_verbosity(logging.WARNING)

@@ -132,16 +132,16 @@ def finish(ctx: RunContext, state: RunState) -> dict:
         with open(tmp, "w") as f:
             json.dump(results, f, indent=2)
         os.replace(tmp, paths.results_file(ctx.workdir))
-    if jax.process_index() == 0 and c.pictures:
-        title = f"{c.data.name} / {plan.setup} / {ctx.method.name}"
-        plots.recall_per_session([results], os.path.join(ctx.workdir, "recall_per_session.png"))
-        plots.class_distribution(
-            ctx.proto.session_class_counts(ctx.method),
-            os.path.join(ctx.workdir, "class_distribution.png"),
-            f"{c.data.name} / {plan.setup}: training images per session",
-        )
-        plots.compatibility(compat, os.path.join(ctx.workdir, "compatibility.png"), title)
-        write_report(ctx, state, results)
+        if c.pictures:
+            title = f"{c.data.name} / {plan.setup} / {ctx.method.name}"
+            plots.recall_per_session([results], os.path.join(ctx.workdir, "recall_per_session.png"))
+            plots.class_distribution(
+                ctx.proto.session_class_counts(ctx.method),
+                os.path.join(ctx.workdir, "class_distribution.png"),
+                f"{c.data.name} / {plan.setup}: training images per session",
+            )
+            plots.compatibility(compat, os.path.join(ctx.workdir, "compatibility.png"), title)
+            write_report(ctx, state, results)
     ctx.log.print(
         f"\nresults ({ctx.method.name}, {c.data.name}, {plan.setup}; recall in %):\n" + results_table(per_session, ks)
     )

@@ -377,7 +377,7 @@ class _Watch:
         loss, grad = metrics["loss"], metrics["grad_norm"]
         if not driver.stacked:  # one step: the steps axis of a call of one
             loss, grad = loss[..., None], grad[..., None]
-        bad, blown, peak = _watch_update(self.bad, self.blown, self.peak, reference, loss, grad, jnp.int32(first_step))
+        bad, blown, peak = _watch_update(self.bad, self.blown, self.peak, reference, loss, grad, first_step)
         return _Watch(bad, blown, peak, reference)
 
     def check(self, driver: Driver, base_lr: float) -> None:
@@ -408,7 +408,7 @@ class _Watch:
 def _watch_update(bad, blown, peak, reference, loss, grad, first_step):
     """The guards after one call, in one program: one dispatch per call where the dozen small ops run one by
     one were a dozen (``_Watch.after_call``)."""
-    idx = first_step + jnp.arange(loss.shape[-1], dtype=jnp.int32)
+    idx = first_step + jnp.arange(loss.shape[-1], dtype=jnp.int32)  # first_step: a traced int, one program
     new_bad = jnp.min(jnp.where(jnp.isfinite(loss), _NO_BAD_STEP, idx), axis=-1)
     grown = (loss > GROWTH_LIMIT * reference[0][..., None]) | (grad > GROWTH_LIMIT * reference[1][..., None])
     new_blown = jnp.min(jnp.where(grown, idx, _NO_BAD_STEP), axis=-1)

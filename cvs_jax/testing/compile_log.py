@@ -71,6 +71,9 @@ def install() -> None:
             "argv": argv,
         }
         _local.cpu0 = None
+        write(line)
+
+    def write(line: dict) -> None:
         with lock:  # one write per line, O_APPEND: lines from concurrent threads never interleave
             os.write(fd, (json.dumps(line) + "\n").encode())
 
@@ -84,8 +87,7 @@ def install() -> None:
             "pid": os.getpid(),
             "argv": argv,
         }
-        with lock:
-            os.write(fd, (json.dumps(line) + "\n").encode())
+        write(line)
 
     wall0 = time.monotonic()
     atexit.register(on_exit)

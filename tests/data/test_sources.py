@@ -298,7 +298,10 @@ def test_tiny_imagenet_config_detection():
     assert index(100, n_val=50).config_name == "custom"
 
 
-def _real_subset_zip(path, labels=(0, 7, 199), per_class=4, val_per_class=3) -> dict:
+SUBSET_LABELS, SUBSET_PER_CLASS = (0, 7, 199), 4  # the real mini zip's classes and train images the subset keeps
+
+
+def _real_subset_zip(path, labels=SUBSET_LABELS, per_class=SUBSET_PER_CLASS, val_per_class=3) -> dict:
     """A zip of the real mini zip's files for a few of its classes (its own wnids.txt, its words.txt, the first
     train images and the val images of those classes with their annotation lines), laid out as the real one:
     what the reader meets in the real files, at a thousandth of the decoding. Returns {val_<n>: label}."""
@@ -333,16 +336,16 @@ def test_real_tiny_imagenet_files(tmp_path):
     manual.mkdir()
     val = _real_subset_zip(manual / "tiny-imagenet-200-mini.zip")
     ds = sources.load_dataset("tiny_imagenet_zip", data_dir=str(tmp_path / "tfds"), manual_dir=str(manual))
-    assert ds.name == "tiny_imagenet_zip/custom" and ds.num_classes == 3
+    assert ds.name == "tiny_imagenet_zip/custom" and ds.num_classes == len(SUBSET_LABELS)
     assert ds.class_names[0] == "goldfish, Carassius auratus"  # n01443537, label 0 of the 200
     top = "tiny-imagenet-200-mini/"
     with zipfile.ZipFile(MINI_ZIP) as zf:
         wnids = sorted(zf.read(top + "wnids.txt").decode().split())
-        train = [(wnids[label], i) for label in (0, 7, 199) for i in range(4)]
+        train = [(wnids[label], i) for label in SUBSET_LABELS for i in range(SUBSET_PER_CLASS)]
         for row, (wnid, i) in enumerate(train):
             with Image.open(io.BytesIO(zf.read(f"{top}train/{wnid}/images/{wnid}_{i}.JPEG"))) as img:
                 np.testing.assert_array_equal(ds.train.images[row], np.asarray(img.convert("RGB")))
-        np.testing.assert_array_equal(ds.train.labels, np.repeat(np.arange(3), 4))
+        np.testing.assert_array_equal(ds.train.labels, np.repeat(np.arange(len(SUBSET_LABELS)), SUBSET_PER_CLASS))
         order = sorted(val, key=lambda name: int(name[len("val_") : -len(".JPEG")]))  # numeric val_<n> order
         np.testing.assert_array_equal(ds.test.labels, [val[name] for name in order])
         for row, name in enumerate(order):

@@ -118,7 +118,7 @@ def test_user_error_is_one_line_exit_2_and_logging_is_quiet():
     proc = _main("user")
     assert proc.returncode == 2
     assert "verbosity -1" in proc.stdout  # WARNING: orbax's per-file INFO lines stay out
-    # once: absl's handler, not also the basicConfig one absl's logging before app.run left (cli.quiet_logging)
+    # once: absl's handler, not also the basicConfig one absl's logging before app.run left (cli.run)
     assert proc.stderr.count("a warning of the package") == 1, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == ("error: the dataset files are missing; put them in data.manual_dir")
     assert "Traceback" not in proc.stderr
