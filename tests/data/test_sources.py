@@ -8,6 +8,7 @@ import io
 import os
 import pathlib
 import struct
+import tempfile
 import time
 import zipfile
 from unittest import mock
@@ -506,3 +507,19 @@ def test_each_builder_is_its_datasets_file_half_plus_tfds():
     with_options = tfds_builders.builder("image_folder", {"stored_size": 48, "test_fraction": 0.5, "test_seed": 3})
     assert issubclass(with_options, tfds_builders.ImageFolder) and with_options.name == "image_folder"
     assert (with_options.STORED_SIZE, with_options.TEST_FRACTION, with_options.SEED) == (48, 0.5, 3)
+
+
+def test_making_a_builder_leaves_no_temporary_folder(tmp_path, monkeypatch):
+    """``_prepare`` makes each builder on an empty folder, where TFDS's DatasetInfo looked for precomputed info
+    on GCS through a temporary directory it never removed: one empty ``tmp*tfds`` in /tmp per prepared store
+    (``tfds_builders.LocalInfo`` skips the look)."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    for name, builder in tfds_builders.BUILDERS.items():
+        configs = builder.CONFIG_NAMES or (None,)
+        for config in configs:
+            kwargs = {"config": config} if config else {}
+            made = builder(data_dir=str(tmp_path / "data" / name / str(config)), **kwargs)
+            assert made.info.full_name.startswith(name)
+    assert sorted(os.listdir(temp)) == []
