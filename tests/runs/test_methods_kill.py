@@ -13,7 +13,7 @@ import pytest
 from cvs_jax.engine.comparison import share_first_session
 from cvs_jax.testing import methods_runs as mr
 
-KILLED = ["lwf", "ewc", "rainbow"]  # cvs: tests/runs/test_resume.py kills it at five points, session 2 included
+KILLED = ["lwf", "ewc", "rainbow"]  # cvs: tests/runs/test_resume.py kills it at six points, session 2 included
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,9 @@ def reference(data_dirs):
     return outcome(workdir)
 
 
-@pytest.mark.parametrize("fault", ["step:5", "validation:3", "progress_write:4", "session_write:1", "step:14"])
+# a kill after a session-1 step: the streamed run below (step 5) and the corrupt checkpoint's (step 10, resumed
+# from the checkpoint before the newest)
+@pytest.mark.parametrize("fault", ["validation:3", "progress_write:4", "session_write:1", "step:14"])
 def test_kill_and_rerun_matches_uninterrupted(data_dirs, reference, fault):
     manual, tfds_dir, root = data_dirs
     workdir = str(root / f"killed-{fault.replace(':', '-')}")
