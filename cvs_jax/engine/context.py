@@ -62,6 +62,15 @@ class RunContext:
             head=self.head,
         )
 
+    def variables_template(self) -> dict:
+        """``initial_variables()``'s shapes and dtypes, nothing drawn: what a session checkpoint is read into,
+        which replaces every value (a resumed, updated or finished run). Drawing them compiled or read the
+        draw's program and ran it for nothing: ~1 s of CPU of a 4 s rerun of a finished tiny run. A run with a
+        weight file draws for real: its frozen trunk comes from that file, not from the checkpoint."""
+        if self.config.model.pretrained is not None or self.trunk is not None:
+            return self.initial_variables()
+        return jax.eval_shape(self.initial_variables)
+
     def cached(self, name: str, factory: Callable[[], Any]) -> Any:
         """A compiled helper built on first use (e.g. Rainbow's perturbed predictions)."""
         if name not in self._cache:

@@ -26,10 +26,13 @@ from cvs_jax.rundir.gallery import Gallery, GalleryPart
 
 
 def _head_rows(variables: dict, rows: int) -> dict:
-    """The head's arrays cut or zero-padded to ``rows`` rows (rows beyond the classes seen are masked)."""
+    """The head's arrays cut or zero-padded to ``rows`` rows (rows beyond the classes seen are masked); of a
+    template of shapes (``RunContext.variables_template``), the shapes."""
     params = dict(variables["params"])
     for key in ROW_KEYS:
-        if key in params:
+        if isinstance(params.get(key), jax.ShapeDtypeStruct):
+            params[key] = jax.ShapeDtypeStruct((rows,) + params[key].shape[1:], params[key].dtype)
+        elif key in params:
             a = np.asarray(params[key])
             pad = np.zeros((max(rows - a.shape[0], 0),) + a.shape[1:], a.dtype)
             params[key] = np.concatenate([a[:rows], pad])

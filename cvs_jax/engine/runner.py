@@ -138,10 +138,12 @@ def run_sessions(ctxs: list[RunContext]) -> list[dict]:
 
 def resume(ctx: RunContext) -> RunState:
     """The state after the newest session checkpoint of ``ctx``'s run, or a fresh one."""
-    fresh = RunState.initial(ctx.initial_variables(), ctx.config.model.embed_dim)
-    state = RunState.restore(ctx.sessions, fresh, ctx.trunk)
-    if state is None:
-        return fresh
+    embed_dim = ctx.config.model.embed_dim
+    state = None
+    if ctx.sessions.steps():  # read into the variables' shapes: the checkpoint replaces every value
+        state = RunState.restore(ctx.sessions, RunState.initial(ctx.variables_template(), embed_dim), ctx.trunk)
+    if state is None:  # none yet, or each one unreadable (moved aside)
+        return RunState.initial(ctx.initial_variables(), embed_dim)
     state = state.replace(
         query_maps=query_maps.stored_maps(ctx.workdir, state.completed - 1, ctx.config.retrieval.query_map)
     )

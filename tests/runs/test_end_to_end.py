@@ -4,10 +4,12 @@ import json
 import os
 import shutil
 
+import jax
 import numpy as np
 import pytest
 
 from cvs_jax.engine import runner, train_loop
+from cvs_jax.models import networks
 from cvs_jax.rundir import paths
 from cvs_jax.rundir.checkpoint import Checkpoints
 from cvs_jax.testing.tiny_data import tiny_config
@@ -74,7 +76,9 @@ def test_joint_reextracts_gallery(manual_dir, tmp_path):
     assert res["per_session"][1]["trained_on_images"] > res["per_session"][0]["trained_on_images"]
 
 
-def test_resume_after_completed_session_reproduces_results(manual_dir, tmp_path):
+def test_resume_after_completed_session_reproduces_results(manual_dir, tmp_path, monkeypatch):
+    """Resumed after session 2's checkpoint: session 3 and the results are the uninterrupted run's, and no weight
+    is drawn for a model that the checkpoint replaces (the draw is traced for its shapes only)."""
     c = tiny_config(manual_dir, tmp_path, sessions=3)
     c.pictures = False  # compared by results (a run's pictures: tests/runs/test_report_pages.py)
     full = runner.run(c, str(tmp_path / "full"))
@@ -84,7 +88,17 @@ def test_resume_after_completed_session_reproduces_results(manual_dir, tmp_path)
     shutil.rmtree(os.path.join(wd, "checkpoints", "sessions", "2"))
     shutil.rmtree(os.path.join(wd, "checkpoints", "progress"))
     os.remove(os.path.join(wd, "results.json"))
+    draws = []
+
+    def init_variables(*args, **kwargs):
+        out = draw(*args, **kwargs)
+        draws.append(all(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(out)))
+        return out
+
+    draw = networks.init_variables
+    monkeypatch.setattr(networks, "init_variables", init_variables)
     resumed = runner.run(c, wd)
+    assert draws == [True]  # traced for the template's shapes, never run
     for r in resumed["per_session"] + full["per_session"]:
         r.pop("seconds")  # wall time is the only thing allowed to differ
     assert resumed == full
