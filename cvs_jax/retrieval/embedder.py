@@ -26,6 +26,20 @@ def make_embed_fn(model, pipeline: augment.Views):
     return embed
 
 
+_SHARED: dict[tuple[str, str], Any] = {}  # (network, eval transform) -> its jitted embed function
+
+
+def shared_embed_fn(model, pipeline):
+    """One jitted embed function per network architecture and eval transform in a process (their reprs name
+    every field), its weights an argument, so its compiles are shared: a server switching to each new session
+    built a new one, traced and compiled every batch bucket again, and XLA kept each compile's memory (20-40 MB
+    per switch measured on a tiny photo run, at 24 sessions); every run of a ``compare`` traced its own."""
+    key = (repr(model), repr(pipeline))
+    if key not in _SHARED:
+        _SHARED[key] = make_embed_fn(model, pipeline)
+    return _SHARED[key]
+
+
 class Embedder:
     """``embed(variables, images_u8) -> float32 [N, D]``: chunks of ``chunk`` rows, the last one padded
     only to its bucket (``bucketed=False``: to ``chunk``, as before buckets); one compile per chunk shape;
@@ -41,10 +55,8 @@ class Embedder:
         mesh,
         embed_dim: int,
         bucketed: bool = True,
-        fn=None,
     ):
-        """``fn``: ``make_embed_fn(model, pipeline)`` made before (its compiles shared), else made here."""
-        self._fn = make_embed_fn(model, pipeline) if fn is None else fn
+        self._fn = shared_embed_fn(model, pipeline)
         self._chunk = chunk
         self._dtype = dtype
         self._mesh = mesh

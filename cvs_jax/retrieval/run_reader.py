@@ -31,7 +31,7 @@ from cvs_jax.errors import CheckpointError, SearchError, UserError
 from cvs_jax.models import networks as models
 from cvs_jax.models.frozen_trunk import FrozenTrunk
 from cvs_jax.retrieval import additions, query_maps, topk
-from cvs_jax.retrieval.embedder import Embedder, make_embed_fn
+from cvs_jax.retrieval.embedder import Embedder
 from cvs_jax.retrieval.run_rows import PartLog, Rows, arrival_sessions, train_split
 from cvs_jax.rundir import paths, run_files
 from cvs_jax.rundir import workdir as workdir_lib
@@ -94,20 +94,6 @@ def load_images(paths: list[str], shape: tuple[int, int, int]) -> np.ndarray:
     return prepare(paths, shape)
 
 
-_EMBED_FNS: dict[tuple[str, str], Any] = {}  # (network, eval transform) -> its jitted embed function
-
-
-def _embed_fn(model, pipeline):
-    """One jitted embed function per network architecture and eval transform (their reprs name every
-    field), its weights an argument: a server switching to each new session built a new one, traced and
-    compiled every batch bucket again, and XLA kept each compile's memory (20-40 MB per switch measured on
-    a tiny photo run, at 24 sessions)."""
-    key = (repr(model), repr(pipeline))
-    if key not in _EMBED_FNS:
-        _EMBED_FNS[key] = make_embed_fn(model, pipeline)
-    return _EMBED_FNS[key]
-
-
 class Network:  # shared with cvs_jax.export, as Run and prepare are
     """The run's eval-mode embedding network, used the way the gallery rows were made.
 
@@ -129,7 +115,6 @@ class Network:  # shared with cvs_jax.export, as Run and prepare are
             config.model.dtype,
             distributed.data_mesh(jax.local_devices()[:1]),
             config.model.embed_dim,
-            fn=_embed_fn(model, pipeline),
         )
 
     @functools.cached_property

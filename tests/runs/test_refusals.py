@@ -222,13 +222,11 @@ def test_nan_embeddings_stop_the_run_with_a_clear_message(config, tmp_path, monk
     """Finite losses but NaN eval-mode embeddings (seen with bf16 on jax 0.12's CPU compiler)."""
     import jax.numpy as jnp
 
-    original = embedder.make_embed_fn
-
     def one_nan_row(model, pipeline):
-        fn = original(model, pipeline)
+        fn = embedder.make_embed_fn(model, pipeline)
         return lambda params, batch_stats, images: fn(params, batch_stats, images).at[0].set(jnp.nan)
 
-    monkeypatch.setattr(embedder, "make_embed_fn", one_nan_row)
+    monkeypatch.setattr(embedder, "shared_embed_fn", one_nan_row)
     wd = str(tmp_path / "wd")
     with pytest.raises(NonFiniteError, match=r"embeddings are NaN/inf \(model.dtype=float32\)"):
         runner.run(config, wd)
