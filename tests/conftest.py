@@ -63,39 +63,42 @@ def run_copy(run_to_copy, tmp_path):
     return wd
 
 
-# The heaviest test files, heaviest first: seconds of setup + call + teardown in one suite run (`--durations=0`,
-# d6f7dad, on a shared host; docs/testing.md). `--dist loadfile` hands whole files to the two workers in queue
-# order, so these go first and the light files fill in at the end: the workers then finish within seconds of
-# each other. xdist's own order (files with the most tests first) put these last, and the worker that drew
-# the walkthrough (120 s) ran about 180 s after the other had finished. A new file that takes over ~20 s
-# belongs in this list; a listed file that is renamed or removed stops the run (`pytest_configure`).
+# The heaviest test files, heaviest first: seconds of setup + call + teardown in one suite run (`--durations=0`, a
+# fresh clone of 90a1f07 with a warm XLA cache on this project's 2-core host; docs/testing.md). `--dist loadfile`
+# hands whole files to the two workers in queue order, so these go first and the light files fill in at the end:
+# the workers then finish within seconds of each other. xdist's own order (files with the most tests first) put
+# these last, and the worker that drew the walkthrough (120 s) ran about 180 s after the other had finished. A new
+# file that takes over ~15 s belongs in this list; a listed file that is renamed or removed stops the run
+# (`pytest_configure`).
 HEAVIEST_FIRST = (
-    "runs/test_resume.py",  # 170
-    "runs/test_config_smoke.py",  # 137
-    "runs/test_readme_walkthrough.py",  # 120
-    "runs/test_population.py",  # 116
-    "runs/test_serve_live.py",  # 106
-    "runs/test_methods_kill.py",  # 104
-    "runs/test_multidevice.py",  # 62
-    "serve/test_from_added.py",  # 61
-    "runs/test_feature_cache.py",  # 55
-    "serve/test_serve_api.py",  # 55
-    "runs/test_full_disk.py",  # 64 (alone, at load ~10: a full-suite figure is likely lower)
-    "runs/test_image_folder.py",  # 49
-    "runs/test_end_to_end.py",  # 44
-    "runs/test_compare.py",  # 40
-    "runs/test_query_map_runs.py",  # 37
-    "retrieval/test_additions_store.py",  # 36-48 on 2026-12-07 at load 8-10 (four killed adder processes)
-    "runs/test_new_methods_on_photos.py",  # 35
-    "serve/test_serve_indexes.py",  # 34
-    "serve/test_serve_safety.py",  # 33
-    "runs/test_read_only_runs.py",  # 33 (alone, at load ~10)
-    "runs/test_compatible_methods_runs.py",  # 29
-    "data/test_sources.py",  # 28
-    "runs/test_stored_rows_run.py",  # 27
-    "engine/test_input_pipeline.py",  # 24
-    "runs/test_steps_per_call.py",  # 22
-    "runs/test_image_folder_hardened.py",  # 20
+    "runs/test_resume.py",  # 109
+    "runs/test_readme_walkthrough.py",  # 97
+    "runs/test_methods_kill.py",  # 96
+    "runs/test_population.py",  # 89
+    "runs/test_config_smoke.py",  # 76
+    "runs/test_serve_live.py",  # 71
+    "runs/test_feature_cache.py",  # 53
+    "runs/test_compare.py",  # 53
+    "serve/test_from_added.py",  # 52
+    "runs/test_end_to_end.py",  # 46
+    "runs/test_image_folder.py",  # 40
+    "runs/test_query_map_runs.py",  # 36
+    "runs/test_multidevice.py",  # 36
+    "runs/test_full_disk.py",  # 35
+    "runs/test_compatible_methods_runs.py",  # 33
+    "runs/test_image_folder_hardened.py",  # 33
+    "runs/test_new_methods_on_photos.py",  # 29
+    "models/test_efficientnet.py",  # 27
+    "serve/test_serve_safety.py",  # 25
+    "runs/test_refusals.py",  # 24
+    "runs/test_stored_rows_run.py",  # 24
+    "runs/test_cli.py",  # 22
+    "runs/test_export.py",  # 21
+    "runs/test_photo_sessions_views.py",  # 19
+    "runs/test_rainbow_run.py",  # 19
+    "retrieval/test_additions_store.py",  # 18
+    "runs/test_report_pages.py",  # 15
+    "runs/test_steps_per_call.py",  # 15
 )
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
