@@ -67,7 +67,7 @@ class RunContext:
         which replaces every value (a resumed, updated or finished run). Drawing them compiled or read the
         draw's program and ran it for nothing: the rerun of a finished tiny run took 4.3 s of CPU with the draw,
         3.1-3.8 s without. A run with a weight file still draws: its frozen trunk is the file's."""
-        if self.config.model.pretrained is not None or self.trunk is not None:
+        if self.config.model.pretrained is not None:  # also every frozen trunk's run (``FrozenTrunk.of``)
             return self.initial_variables()
         return jax.eval_shape(self.initial_variables)
 
