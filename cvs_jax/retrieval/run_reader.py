@@ -126,6 +126,15 @@ class Network:  # shared with cvs_jax.export, as Run and prepare are
         """uint8 [N, H, W, C] of the stored shape -> raw float32 embeddings [N, D]."""
         return self._embedder(self._placed, np.asarray(images, np.uint8), placed=True)
 
+    @property
+    def rows_run(self) -> int:
+        """Rows passed through the network so far, padding included (``Embedder.rows_run``)."""
+        return self._embedder.rows_run
+
+    def compile(self, sizes: Iterable[int]) -> None:
+        """Compiles the network for calls of each of ``sizes`` images, without running it (``Embedder.compile``)."""
+        self._embedder.compile(self._placed, self.image_shape, sizes)
+
     def embed_images(self, images: Iterable[Any]) -> np.ndarray:
         """Image files, PIL images or uint8 arrays of any size (``prepare``) -> float32 [N, D]."""
         return self.embed(prepare(images, self.image_shape))
@@ -486,7 +495,7 @@ class Run:
         )
         hint = f"did you mean {names[[n.lower() for n in names].index(close[0].lower())]!r}? " if close else ""
         raise SearchError(
-            f"--label {text!r} is neither a class name nor a label; {hint}known classes: "
+            f"label {text!r} is neither a class name nor a label number of this run; {hint}known classes: "
             f"{', '.join(names[:10])}{', ...' if len(names) > 10 else ''}."
         )
 

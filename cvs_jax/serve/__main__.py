@@ -226,6 +226,12 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
 
     Image.MAX_IMAGE_PIXELS = fv.max_pixels  # Pillow's own guard, besides the header check of each upload
     make_index = index_factory(fv)
+    print(  # the start compiles the model for every batch size before it answers: say so, not nothing
+        f"loading {fv.workdir}: compiling its model for batches of 1 to {fv.max_batch} images before serving "
+        "(the first start on this machine compiles; later starts read the compile cache) ...",
+        file=sys.stderr,
+        flush=True,
+    )
     served = Served(
         fv.workdir,
         make_index=make_index,

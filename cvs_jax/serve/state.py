@@ -406,10 +406,9 @@ class Served:
     # --- watching the workdir -----------------------------------------------------------------------
 
     def _warm(self, run: run_reader.Run) -> None:
-        """Runs the model once per batch bucket a request can hit, so that no compile happens in a request
-        (a new session's model too, before the switch)."""
-        for n in warm_sizes(self._max_batch, int(run.config.train.eval_batch_size)):
-            run.embed(np.zeros((n, *run.image_shape), np.uint8))
+        """Compiles the model for every batch bucket a request can hit, so that no compile happens in a
+        request (a new session's model too, before the switch)."""
+        run.network.compile(warm_sizes(self._max_batch, int(run.config.train.eval_batch_size)))
 
     def _warm_ks(self, max_k: int) -> None:
         """Compiles, beside serving, the index's search of one query (a lone request, and every step of

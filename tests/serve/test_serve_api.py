@@ -196,6 +196,8 @@ def test_each_bad_request_gets_one_4xx_line_and_the_next_query_is_answered(photo
         assert "Traceback" not in body["error"]
         ok = _post(client, [good], k=2)
         assert ok.status_code == 200 and len(ok.json()["queries"][0]["hits"]) == 2
+    unknown = _post(client, [good], label="zebra").json()["error"]  # named as the request names it, not as a flag
+    assert unknown.startswith("label 'zebra' is neither") and "known classes: " in unknown
     assert sorted(os.listdir(os.path.join(run_copy, "checkpoints"))) == before  # refused adds wrote nothing
     assert not os.path.exists(paths.uploads_dir(run_copy))
     fresh = new_photo(tmp_path / "fresh.png", seed=77)

@@ -444,6 +444,30 @@ def test_the_benchmark_sends_the_runs_photos_not_its_plots(photo_runs, tmp_path,
     assert not any(os.path.abspath(p).startswith(os.path.abspath(wd)) for p in photos)
 
 
+def test_every_batch_bucket_is_compiled_at_start_without_running_the_model(photo_runs):
+    """The start compiles the model for each batch size a request can bring (1..``max_batch`` images) without
+    running it (a pretrained photo run's start spent 15 of 27 s embedding zeros): no request of any size then
+    lowers a program, and the network ran no row before the first request."""
+    served = Served(photo_runs[0], poll_s=0, max_batch=6)
+    client = TestClient(create_app(served))
+    compiled = []
+
+    def listener(event, duration, **kwargs):
+        if event == LOWERING:
+            compiled.append(event)
+
+    assert served.run.network.rows_run == 0
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        photos = _photos(photo_runs[0])
+        for n in range(1, 7):
+            assert client.post("/search", params={"k": 5}, files=_files(photos[:n])).status_code == 200
+        assert compiled == [] and served.run.network.rows_run > 0
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+        served.close()
+
+
 def test_new_k_buckets_and_labels_are_compiled_before_any_request(photo_runs):
     served = Served(photo_runs[0], poll_s=0, max_batch=1, max_k=8, warm_all=True)
     client = TestClient(create_app(served, limits=Limits(max_k=8)))
