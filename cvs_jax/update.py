@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import unicodedata
 from collections.abc import Sequence
 
 import ml_collections
@@ -257,6 +258,13 @@ def _check_class_names(workdir: str, data: str, names: Sequence[str]) -> None:
     known = list(run_files.read_json(paths.protocol_file(workdir), fields=("class_names",))["class_names"])
     for name in names:
         twin = run_reader.twin_class(name, known)
+        if twin is not None and run_reader.same_name(name, known) == twin:
+            form = "nfc" if unicodedata.is_normalized("NFC", twin) else "nfd"
+            raise DataError(
+                f"class folder {name!r} of {data} is the run's class {twin!r} with its accents encoded another "
+                f"way (Unicode NFC and NFD: macOS wrote names decomposed), so it would become a second class; "
+                f"rename it to the run's form: convmv -f utf8 -t utf8 --{form} -r --notest '{data}'"
+            )
         if twin is not None:
             raise DataError(
                 f"class folder {name!r} of {data} is not a class of the run, but {twin!r} is (names are matched "

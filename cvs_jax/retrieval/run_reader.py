@@ -14,6 +14,7 @@ import functools
 import hashlib
 import os
 import re
+import unicodedata
 from typing import Any, Iterable, Sequence
 
 import jax
@@ -484,6 +485,9 @@ class Run:
         names = self.class_names
         if text in names:
             return names.index(text), text
+        spelled = same_name(text, names)
+        if spelled is not None:  # the same name to a reader: that class, under the name the run holds
+            return names.index(spelled), spelled
         number = parse_int(text)
         if number is not None and -1 <= number < len(names):
             return number, names[number] if number >= 0 else ""
@@ -504,14 +508,25 @@ NAME_MAX = 100  # characters of a new class's name (a folder name in a session's
 RESERVED_NAMES = ("train", "test")  # a folder of class folders would read them as its split folders
 
 
-def twin_class(name: str, known: list[str]) -> str | None:
-    """The known class ``name`` differs from only in case or spaces (``lemon`` for ``Lemon``), else None: such a
-    name is most likely that class mistyped, and as a class of its own a query of one counts the other's hits
-    as wrong (``check_new_class``; ``update``'s class folders)."""
+def same_name(name: str, known: list[str]) -> str | None:
+    """The known class whose name is ``name`` in another Unicode form, else None: ``é`` as one code point (NFC,
+    what a browser or a keyboard sends) or as ``e`` + a combining accent (NFD, how macOS wrote file names).
+    They read the same, so a label of either names that class; ``/add?label=`` in the other form made a
+    second class whose name looked identical."""
     if name in known:
         return None
-    folded = {n.strip().casefold(): n for n in known}
-    return folded.get(name.strip().casefold())
+    composed = {unicodedata.normalize("NFC", n): n for n in known}
+    return composed.get(unicodedata.normalize("NFC", name))
+
+
+def twin_class(name: str, known: list[str]) -> str | None:
+    """The known class ``name`` differs from only in case, spaces or Unicode form (``lemon`` for ``Lemon``),
+    else None: such a name is most likely that class mistyped, and as a class of its own a query of one counts
+    the other's hits as wrong (``check_new_class``; ``update``'s class folders)."""
+    if name in known:
+        return None
+    folded = {unicodedata.normalize("NFC", n.strip()).casefold(): n for n in known}
+    return folded.get(unicodedata.normalize("NFC", name.strip()).casefold())
 
 
 def check_new_class(name: str, known: list[str]) -> None:

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import unicodedata
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from cvs_jax.data import sources, stores, user_sessions
 from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.retrieval import run_reader
+from cvs_jax.rundir import paths
 from cvs_jax.testing.file_tree import checksums
 from cvs_jax.testing.image_folders import SESSIONS, folder_config, folder_image, write_folder
 
@@ -129,6 +131,22 @@ def test_a_class_folder_named_as_a_known_class_in_another_case_is_refused(run_co
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "class folder 'Ant' of" in err[0] and "rename the folder to 'ant'" in err[0], err
     assert checksums(run_copy) == before
+
+
+@pytest.mark.parametrize("run_form", ["NFC", "NFD"])
+def test_a_class_folder_in_another_unicode_form_is_refused_naming_the_runs_form(tmp_path, run_form):
+    """A folder ``crème`` whose accent is encoded the other way (NFC / NFD) reads as the run's class but is
+    another name: refused, with the ``convmv`` form that renames it to the run's."""
+    wd = tmp_path / "run"
+    known = unicodedata.normalize(run_form, "crème")
+    os.makedirs(os.path.dirname(paths.protocol_file(str(wd))), exist_ok=True)
+    with open(paths.protocol_file(str(wd)), "w") as f:
+        json.dump({"class_names": ["ant", known]}, f)
+    other = unicodedata.normalize("NFD" if run_form == "NFC" else "NFC", "crème")
+    with pytest.raises(DataError, match=f"--{run_form.lower()} -r") as refused:
+        update._check_class_names(str(wd), "/photos/day2", ["ant", other])
+    assert repr(known) in str(refused.value) and "\n" not in str(refused.value)
+    update._check_class_names(str(wd), "/photos/day2", ["ant", known, "gnu"])  # the run's own form: accepted
 
 
 def test_stored_updates_must_be_a_prefix(trained, tmp_path):

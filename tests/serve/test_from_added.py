@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import unicodedata
 
 import pytest
 from fastapi.testclient import TestClient
@@ -196,6 +197,25 @@ def test_search_add_takes_a_new_class_name_and_refuses_names_that_cannot_be_one(
     hit = json.loads(capsys.readouterr().out)[0]["hits"][0]  # the photo's own row
     assert hit["class_name"] == "dog" and hit["label"] == 3 and hit["source"].endswith("dog-0.png")
     assert Run(run_copy).label_of("dog") == 3  # a search's label= filter knows it too
+
+
+def test_a_label_in_another_unicode_form_names_the_same_class(run_copy, tmp_path, capsys):
+    """``crème`` composed (NFC, what a browser sends) and decomposed (NFD, ``e`` + a combining accent, as
+    macOS wrote file names) read the same: the second became a new class whose name looked identical."""
+    composed, decomposed = unicodedata.normalize("NFC", "crème"), unicodedata.normalize("NFD", "crème")
+    assert composed != decomposed
+    photos = _photos(tmp_path / "p", {"dog": 3})
+    assert search.search_or_add(run_copy, photos["dog"][:2], add=True, label=composed) == 0
+    capsys.readouterr()
+    assert search.search_or_add(run_copy, photos["dog"][2:], add=True, label=decomposed) == 0
+    assert "new class" not in capsys.readouterr().err
+    run = Run(run_copy)
+    assert run.class_names.count(composed) == 1 and decomposed not in run.class_names
+    assert run.label_of(decomposed) == run.label_of(composed) == 3
+    state = _state(run_copy)
+    assert search.search_or_add(run_copy, photos["dog"][2:], add=True, label=decomposed.upper(), force=True) == 2
+    assert f"but {composed!r} is" in capsys.readouterr().err  # a case twin in the other form is still refused
+    assert _state(run_copy) == state
 
 
 def test_rows_of_one_name_or_bytes_the_run_holds_no_longer_block_every_later_session(
