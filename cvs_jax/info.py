@@ -47,7 +47,7 @@ def format_info(info: dict) -> str:
     lines = [
         f"{info['workdir']}: {info['method']} on {info['dataset']} ({info['setup']}), "
         f"{done} of {len(info['sessions'])} session(s) completed, {_classes(info)}, "
-        f"gallery {info['gallery_rows']} rows ({info['added_rows']} added with search --add)",
+        f"gallery {info['gallery_rows']} rows ({info['added_rows']} added by search --add or the server's /add)",
     ]
     if info["model_problem"]:
         lines.append(
