@@ -51,6 +51,22 @@ def devices_line() -> str:
     )
 
 
+def _streamed(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """``config`` reading its images from the record stores on demand (the same pixels): a run on cached trunk
+    features reads only the images whose features are not cached yet, once, through the trunk.  Decoding them
+    all into memory first took 2.6 s of a 20 s ``update`` of the walkthrough's photo run (1,920 images, 360 MB),
+    and grows with the run."""
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.data.in_memory_limit_mb = 0.0
+    return c
+
+
+def _data_mode(config: ml_collections.ConfigDict, proto) -> str:
+    if features.cached(config):
+        return "read from its records only for trunk features not cached yet (data.in_memory_limit_mb unused)"
+    return sources.data_mode(proto.dataset, config.data.in_memory_limit_mb)
+
+
 def build_context(
     config: ml_collections.ConfigDict, workdir: str, log: RunLog, share: RunContext | None = None
 ) -> RunContext:
@@ -63,14 +79,14 @@ def build_context(
     if share is None:
         mesh = distributed.data_mesh()  # one "data" axis over every device of every process
         t0 = time.time()
-        proto = build_protocol(config)
+        proto = build_protocol(_streamed(config) if features.cached(config) else config)
         data_checks.check_plan(config, method, proto)
         plan = proto.plan
         log.print(
             f"data: {proto.dataset.name} {len(proto.dataset.train)} train / {len(proto.dataset.test)} test "
             f"images, setup={plan.setup}, {_plural(plan.num_sessions, 'session')}, "
             f"{_plural(plan.num_classes, 'class', 'classes')} "
-            f"({time.time() - t0:.1f}s), {sources.data_mode(proto.dataset, config.data.in_memory_limit_mb)}"
+            f"({time.time() - t0:.1f}s), {_data_mode(config, proto)}"
         )
         if warning := pretrained_warning(config):
             log.print(warning)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import traceback
 
 import jax
 import numpy as np
 import pytest
 
 from cvs_jax import update
+from cvs_jax.data import records
 from cvs_jax.engine import config_checks, features, runner
 from cvs_jax.errors import ConfigError
 from cvs_jax.models import networks as models
@@ -135,7 +137,7 @@ def folders(tmp_path_factory):
 
 
 @pytest.mark.parametrize("views", [1, 3])
-def test_frozen_vit_caches_resumes_exactly_and_updates(folders, tmp_path, views):
+def test_frozen_vit_caches_resumes_exactly_and_updates(folders, tmp_path, views, monkeypatch):
     """What the cache promises: the trunk sees each image once per view (the first run computes the cache; a
     killed and rerun run, and the uninterrupted one, read it); the rerun equals the uninterrupted run; an
     ``update`` puts only the new folder's images through the trunk; the trunk never changes. With 3 views
@@ -153,10 +155,17 @@ def test_frozen_vit_caches_resumes_exactly_and_updates(folders, tmp_path, views)
     assert len(train) == 1 and train[0].shape == ((72, *tokens) if views == 1 else (72, views, *tokens))
     if views > 1:  # each augmented view differs from the evaluation view (view 0)
         assert all(not np.allclose(train[0][:, v], train[0][:, 0]) for v in range(1, views))
-    before = trunk_images()
+    before, decoded, decode = trunk_images(), [], records.decode
+
+    def counted(*args):  # the images decoded for anything but the run page's sample pictures
+        decoded.extend([] if any(f.filename.endswith("run_page.py") for f in traceback.extract_stack()) else [1])
+        return decode(*args)
+
+    monkeypatch.setattr(records, "decode", counted)
     runner.run(c, live)  # resumes from step 2
     runner.run(c, ref)  # uninterrupted
     assert trunk_images() == before, "the cache was not used"
+    assert decoded == [], "a run on cached features decoded its images (before: every one, each run)"
     (got_res, got_metrics), (want_res, want_metrics) = mr.outcome(live), mr.outcome(ref)
     assert got_res == want_res and got_metrics == want_metrics
     got, want = run_reader.Run(live), run_reader.Run(ref)
@@ -168,8 +177,10 @@ def test_frozen_vit_caches_resumes_exactly_and_updates(folders, tmp_path, views)
     assert top["source"] == path and top["score"] > 0.99, top  # the store keeps a JPEG re-encode of the PNG
 
     before = trunk_images()
+    decoded.clear()
     assert update.update(live, folders[1]) == 0
     assert trunk_images() - before == 32 * views + 2 * 2  # SESSIONS[1]'s 32 train images and 4 test images
+    assert len(decoded) == 32 + 4  # the new folder's images, once, for the trunk
     assert_trunk_unchanged_top_trained(c, run_reader.Run(live).variables["params"]["net"])
 
 
