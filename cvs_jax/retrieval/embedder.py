@@ -115,8 +115,8 @@ class Embedder:
     def compile(self, variables: dict, image_shape: tuple[int, ...], sizes: Iterable[int]) -> None:
         """Compiles (or reads from the compile cache) the chunk shape each call of ``sizes`` images runs,
         without running the network (``variables`` as placed by ``place``): a served EfficientNet-Lite0
-        photo run ran 548 zero images through it to warm its 20 batch buckets, 15 of the 27 s its start
-        took with a warm cache on this 2-core host, and a switch ran them again.  Four shapes or more on
+        photo run ran 548 zero images through it to warm its 20 batch buckets, about 15 of the 30 s its
+        start took with a warm cache on this 2-core host, and a switch ran them again.  Four shapes or more on
         one device switch this embedder to ``one_trace_embed_fn``, which traces the network once for all."""
         devices, sizes = self._mesh.devices.size, sorted(set(sizes))
         if len(sizes) >= ONE_TRACE_MIN_SHAPES and devices == 1 and jax.process_count() == 1:
