@@ -50,8 +50,9 @@ class RunContext:
     trunk: FrozenTrunk | None = None  # a frozen pretrained trunk: what checkpoints leave out
     _cache: dict = dataclasses.field(default_factory=dict)
 
-    def initial_variables(self) -> dict:
-        """The whole network's (``self.model`` may be the top of a cached trunk, which takes features)."""
+    def initial_variables(self, *, abstract: bool = False) -> dict:
+        """The whole network's (``self.model`` may be the top of a cached trunk, which takes features);
+        ``abstract``: ``models.init_variables``'."""
         return models.init_variables(
             models.from_config(self.config),
             self.config,
@@ -60,16 +61,17 @@ class RunContext:
             self.init_key,
             self.head_key,
             head=self.head,
+            abstract=abstract,
         )
 
     def variables_template(self) -> dict:
         """``initial_variables()``'s shapes and dtypes, nothing drawn: what a session checkpoint is read into,
         which replaces every value (a resumed, updated or finished run). Drawing them compiled or read the
         draw's program and ran it for nothing: the rerun of a finished tiny run took 4.3 s of CPU with the draw,
-        3.1-3.8 s without. A run with a weight file still draws: its frozen trunk is the file's."""
-        if self.config.model.pretrained is not None:  # also every frozen trunk's run (``FrozenTrunk.of``)
-            return self.initial_variables()
-        return jax.eval_shape(self.initial_variables)
+        3.1-3.8 s without.  A weight file's leaves are read (a frozen trunk is the file's, not the checkpoint's):
+        such runs drew too, and an ``update`` of the walkthrough's EfficientNet-Lite0 photo run took 15.7-18.8 s
+        with the draw, 14.0-16.9 s without (4 alternated pairs, 2-core host)."""
+        return self.initial_variables(abstract=True)
 
     def cached(self, name: str, factory: Callable[[], Any]) -> Any:
         """A compiled helper built on first use (e.g. Rainbow's perturbed predictions)."""

@@ -1,6 +1,7 @@
 """Model zoo: ResNet, ViT and EfficientNet-Lite embedding networks and the growing cosine head."""
 
 import dataclasses
+import functools
 import os
 
 import jax
@@ -162,14 +163,21 @@ def _fresh(model, head, image_shape: tuple, num_classes: int, embed_dim: int, in
     return draw(model, head, image_shape, num_classes, embed_dim, init_key, head_key)
 
 
-def init_variables(model, config, image_shape, num_classes: int, init_key, head_key, head=None) -> dict:
+def init_variables(
+    model, config, image_shape, num_classes: int, init_key, head_key, head=None, *, abstract: bool = False
+) -> dict:
     """``{"params": {"net", <head's arrays>}, "batch_stats"}`` of a fresh run: the network (ImageNet
     weights merged in when ``model.pretrained`` names a file) and the head (``models.heads``; None: the
-    cosine head) with a row for every class."""
+    cosine head) with a row for every class.  ``abstract``: the drawn leaves as their shapes and dtypes
+    (``jax.eval_shape``: nothing compiled or run), the weight file's still read."""
     image_shape = input_shape(config, image_shape)
     head = CosineHead(config.train.temperature) if head is None else head
     shape = tuple(int(d) for d in image_shape)
-    init, arrays = _fresh(model, head, shape, int(num_classes), int(config.model.embed_dim), init_key, head_key)
+    sizes = (int(num_classes), int(config.model.embed_dim))
+    if abstract:
+        init, arrays = jax.eval_shape(functools.partial(_draw, model, head, shape, *sizes), init_key, head_key)
+    else:
+        init, arrays = _fresh(model, head, shape, *sizes, init_key, head_key)
     if config.model.pretrained is not None:  # refused early by config_checks when the file is absent or unfit
         init = merge_pretrained(init, load_pretrained(model, resolve(config.model.pretrained), image_shape))
     return {"params": {"net": init["params"], **arrays}, "batch_stats": init.get("batch_stats", {})}

@@ -162,6 +162,8 @@ def test_frozen_vit_caches_resumes_exactly_and_updates(folders, tmp_path, views,
         return decode(*args)
 
     monkeypatch.setattr(records, "decode", counted)
+    drawn, fresh = [], models._fresh
+    monkeypatch.setattr(models, "_fresh", lambda *a: drawn.append(1) or fresh(*a))
     runner.run(c, live)  # resumes from step 2
     runner.run(c, ref)  # uninterrupted
     assert trunk_images() == before, "the cache was not used"
@@ -177,8 +179,9 @@ def test_frozen_vit_caches_resumes_exactly_and_updates(folders, tmp_path, views,
     assert top["source"] == path and top["score"] > 0.99, top  # the store keeps a JPEG re-encode of the PNG
 
     before = trunk_images()
-    decoded.clear()
+    decoded.clear(), drawn.clear()
     assert update.update(live, folders[1]) == 0
+    assert drawn == [], "the update drew weights its checkpoint and weight file replace"
     assert trunk_images() - before == 32 * views + 2 * 2  # SESSIONS[1]'s 32 train images and 4 test images
     assert len(decoded) == 32 + 4  # the new folder's images, once, for the trunk
     assert_trunk_unchanged_top_trained(c, run_reader.Run(live).variables["params"]["net"])
