@@ -226,12 +226,6 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
 
     Image.MAX_IMAGE_PIXELS = fv.max_pixels  # Pillow's own guard, besides the header check of each upload
     make_index = index_factory(fv)
-    print(  # the start compiles the model for every batch size before it answers: say so, not nothing
-        f"loading {fv.workdir}: compiling its model for batches of 1 to {fv.max_batch} images before serving "
-        "(the first start on this machine compiles; later starts read the compile cache) ...",
-        file=sys.stderr,
-        flush=True,
-    )
     served = Served(
         fv.workdir,
         make_index=make_index,
@@ -240,6 +234,7 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
         poll_s=fv.poll_s,
         thresholds=gate.Thresholds(bc=fv.gate_bc, nfr=fv.gate_nfr, off=fv.gate == "off"),
         warm_all=True,
+        announce=lambda line: print(line, file=sys.stderr, flush=True),  # the compiles take a while: say so first
     )
     if fv.index != "exact":  # an approximate index says how close it is, on the gallery's own rows as queries
         print(f"index {fv.index}: recall@10 against exact search {recall_check(served):.3f}", file=sys.stderr)

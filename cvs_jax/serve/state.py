@@ -130,10 +130,12 @@ class Served:
         thresholds: gate.Thresholds = gate.Thresholds(),
         max_k: int = 100,
         warm_all: bool = False,
+        announce: Callable[[str], None] | None = None,
     ):
         """``make_index(dim, generation=...)``: the index (``index.registry.make_index``'s arguments);
         ``thresholds``: the compatibility gate on each switch; ``warm_all``: compile every k bucket up to
-        ``max_k`` (and the label path's) in a background thread, so that no request compiles."""
+        ``max_k`` (and the label path's) in a background thread, so that no request compiles; ``announce``:
+        told one line once the run is read, before the compiles (the command prints it)."""
         self.workdir = workdir
         self._workdir_abs = os.path.abspath(workdir)
         self.thresholds = thresholds
@@ -142,6 +144,12 @@ class Served:
         self._pin: int | None = None  # the pinned session (0-based), None: follow the newest through the gate
         self.read_only = _read_only(workdir)  # why this server may not write the run (then /add is off), or None
         self.run = self._first_run()  # restores a recorded pin
+        if announce is not None:
+            announce(
+                f"loading {workdir} (model of session {self.run.session + 1}): compiling it for batches of 1 to "
+                f"{max_batch} images before serving (the first start on this machine compiles; later starts read "
+                "the compile cache) ..."
+            )
         self.run.preload()
         self._record()
         self.dim = int(self.run.config.model.embed_dim)

@@ -48,3 +48,15 @@ def test_a_bad_option_is_one_line_before_the_run_is_read(tmp_path, capsys, monke
     assert command.main(argv, fv) == 2  # the workdir (no run) is never read: the option is refused first
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and named in err[0], err
+
+
+def test_a_workdir_that_holds_no_run_is_one_line(tmp_path, capsys, monkeypatch):
+    """The start's line about compiling comes once the run is read: a wrong --workdir printed it, then the error."""
+    monkeypatch.delenv(command.TOKEN_ENV, raising=False)
+    fv = flags.FlagValues()
+    command.define_flags(fv)
+    (tmp_path / "empty").mkdir()
+    argv = fv(["serve", "--workdir", str(tmp_path / "empty"), "--port", "8766"])
+    assert command.main(argv, fv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "holds no cvs_jax run" in err[0], err

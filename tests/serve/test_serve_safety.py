@@ -448,9 +448,11 @@ def test_every_batch_bucket_is_compiled_at_start_without_running_the_model(photo
     """The start compiles the model for each batch size a request can bring (1..``max_batch`` images) without
     running it (a pretrained photo run's start spent 15 of 27 s embedding zeros): no request of any size then
     lowers a program, and the network ran no row before the first request."""
-    served = Served(photo_runs[0], poll_s=0, max_batch=6)
+    said = []
+    served = Served(photo_runs[0], poll_s=0, max_batch=6, announce=said.append)
     client = TestClient(create_app(served))
     compiled = []
+    assert len(said) == 1 and "(model of session 1): compiling it for batches of 1 to 6 images" in said[0], said
 
     def listener(event, duration, **kwargs):
         if event == LOWERING:
