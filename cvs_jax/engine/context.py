@@ -52,7 +52,7 @@ class RunContext:
 
     def initial_variables(self, *, abstract: bool = False) -> dict:
         """The whole network's (``self.model`` may be the top of a cached trunk, which takes features);
-        ``abstract``: ``models.init_variables``'."""
+        ``abstract``: the drawn leaves' shapes only, as ``models.init_variables`` gives them."""
         return models.init_variables(
             models.from_config(self.config),
             self.config,
