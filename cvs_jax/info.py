@@ -28,6 +28,7 @@ from absl import flags
 
 from cvs_jax import cli
 from cvs_jax.errors import UserError
+from cvs_jax.reports import columns
 from cvs_jax.retrieval import compatibility, run_info, run_reader
 
 
@@ -59,11 +60,11 @@ def format_info(info: dict) -> str:
         "",
         "classes (gallery rows, session of first arrival):",
     ]
-    width = max([len(x["class_name"]) for x in c] + [5])
+    width = max([columns.width(x["class_name"]) for x in c] + [5])
     for x in c:
         first = x["first_session"] or "-"
         later = "" if run_info.learnt(x, done) else " (planned: not learnt yet)"
-        lines.append(f"  {x['class_name']:<{width}}  {x['gallery_rows']:>6}  {first}{later}")
+        lines.append(f"  {columns.pad(x['class_name'], width)}  {x['gallery_rows']:>6}  {first}{later}")
     lines += ["", "sessions:"]
     for s in info["sessions"]:
         recall = s["recall"] or {}

@@ -48,8 +48,8 @@ from absl import flags
 
 from cvs_jax import cli
 from cvs_jax.errors import NotWritableError, SearchError, UserError
+from cvs_jax.reports import columns, search_page
 from cvs_jax.reports import html as html_lib
-from cvs_jax.reports import search_page
 from cvs_jax.retrieval.run_reader import Run, check_is_run, load_each, load_images
 from cvs_jax.rundir import workdir as workdir_lib
 
@@ -67,10 +67,10 @@ _COLUMNS = (  # header, hit key, right-aligned
 def format_hits(query: str, run: Run, hits: list[dict]) -> str:
     """One query's hits as a table (sessions 1-based)."""
     cells = [[f"{h[key]:.4f}" if key == "score" else str(h[key]) for _, key, _ in _COLUMNS] for h in hits]
-    widths = [max([len(head)] + [len(row[i]) for row in cells]) for i, (head, _, _) in enumerate(_COLUMNS)]
+    widths = [max([len(head)] + [columns.width(row[i]) for row in cells]) for i, (head, _, _) in enumerate(_COLUMNS)]
 
     def line(values):
-        text = "  ".join(v.rjust(w) if right else v.ljust(w) for v, w, (_, _, right) in zip(values, widths, _COLUMNS))
+        text = "  ".join(columns.pad(v, w, right=right) for v, w, (_, _, right) in zip(values, widths, _COLUMNS))
         return "  " + text.rstrip()
 
     head = f"{query}  (model of session {run.session + 1}, gallery {len(run.rows)} rows)"

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import unicodedata
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from PIL import Image
 from cvs_jax import info, search, update
 from cvs_jax.engine import runner
 from cvs_jax.errors import UserError
-from cvs_jax.reports import run_page
+from cvs_jax.reports import columns, run_page
 from cvs_jax.retrieval import compatibility, run_reader, run_rows
 from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
@@ -97,6 +98,14 @@ def test_info_on_a_run_stopped_mid_protocol_says_the_classes_learnt_so_far(run, 
     planned = {line.split()[0] for line in text.splitlines() if line.endswith("(planned: not learnt yet)")}
     assert planned == {"dog", "kiwi"}
     assert "2 of 2 session(s) completed, 5 classes, gallery" in info.format_info(info.describe(run["workdir"]))
+
+
+def test_info_aligns_wide_and_combining_class_names(run):
+    got = info.describe(run["workdir"])
+    got["classes"][0]["class_name"], got["classes"][1]["class_name"] = "猫", unicodedata.normalize("NFD", "crème")
+    text = info.format_info(got).split("classes (gallery rows, session of first arrival):\n")[1].split("\n\n")[0]
+    ends = {columns.width(line) - columns.width(line.split()[-1]) for line in text.splitlines()}  # the rows column
+    assert len(ends) == 1, text
 
 
 def test_new_images_and_trained_on_are_named_apart(run, capsys):
