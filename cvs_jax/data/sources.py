@@ -32,6 +32,7 @@ import time
 import types
 from typing import Any
 
+import ml_collections
 import numpy as np
 
 from cvs_jax.data import parts, records, stores
@@ -113,6 +114,14 @@ def load_dataset(
         time.perf_counter() - start,
     )
     return dataset
+
+
+def streamed(config):
+    """A copy of the run ``config`` that reads its images from the record stores on demand (the same pixels,
+    nothing decoded ahead): for what needs labels only, or only some images."""
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.data.in_memory_limit_mb = 0.0
+    return c
 
 
 def load_run_dataset(data_config) -> ImageDataset:

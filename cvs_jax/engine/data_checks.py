@@ -9,7 +9,7 @@ import json
 import ml_collections
 import numpy as np
 
-from cvs_jax.data import splits, user_sessions
+from cvs_jax.data import sources, splits, user_sessions
 from cvs_jax.data.splits import SessionPlan
 from cvs_jax.engine.protocol import Protocol
 from cvs_jax.engine.protocol_builder import build_protocol
@@ -65,8 +65,7 @@ def check_entries(configs: list[ml_collections.ConfigDict]) -> None:
     whose files are missing is left to the first run, which reports it before it trains."""
     protocols: dict[str, Protocol] = {}
     for config in configs:
-        c = ml_collections.ConfigDict(config.to_dict())
-        c.data.in_memory_limit_mb = 0.0
+        c = sources.streamed(config)
         key = json.dumps([c.data.to_dict(), splits.split_seed(c), c.model.head_block], sort_keys=True, default=str)
         if key not in protocols:
             try:
@@ -83,8 +82,7 @@ def check_data(config: ml_collections.ConfigDict) -> None:
     their labels only); other datasets are checked when the run builds."""
     if config.data.name != "image_folder":
         return
-    c = ml_collections.ConfigDict(config.to_dict())
-    c.data.in_memory_limit_mb = 0.0
+    c = sources.streamed(config)
     proto = build_protocol(c)
     check_plan(c, get_method(c), proto)
     if head_name(config) == "simplex":

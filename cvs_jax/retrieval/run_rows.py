@@ -75,9 +75,7 @@ def train_split(config: ml_collections.ConfigDict):
     or None when its data is not on this machine: what thumbnails of gallery rows are read from."""
     from cvs_jax.data import sources  # the loader: imported only when images are shown
 
-    c = ml_collections.ConfigDict(config.to_dict())
-    c.data.in_memory_limit_mb = 0.0
     try:
-        return sources.load_run_dataset(c.data).train
+        return sources.load_run_dataset(sources.streamed(config).data).train
     except (UserError, OSError):
         return None
