@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from cvs_jax.retrieval import compatibility
+from cvs_jax.retrieval import compatibility, topk
 from cvs_jax.rundir.gallery import Gallery, GalleryPart
 
 SESSIONS, DIM = 3, 6
 
 
-def _gallery():
+def _gallery(repeat: int = 1):
     """Three sessions' parts whose classes overlap (class 1 in every session, class 2 in sessions 0 and 2),
-    each embedded at random; queries of every class embedded by each model at random."""
+    each embedded at random; queries of every class embedded by each model at random.  ``repeat``: each
+    part's labels that many times over (5 x ``repeat`` rows a part)."""
     rng = np.random.default_rng(7)
-    labels = [np.array([0, 0, 1, 1, 2]), np.array([1, 1, 3, 3, 3]), np.array([2, 1, 4, 4, 2])]
+    labels = [np.tile(lab, repeat) for lab in ([0, 0, 1, 1, 2], [1, 1, 3, 3, 3], [2, 1, 4, 4, 2])]
     parts = [
         GalleryPart(rng.normal(size=(len(lab), DIM)).astype(np.float32), lab.astype(np.int32), np.arange(len(lab)), s)
         for s, lab in enumerate(labels)
@@ -42,8 +44,9 @@ def _reference_matrix(gallery, queries, query_labels, rows_of):
     return m
 
 
-def test_matrix_column_j_is_session_j_rows_alone():
-    gallery, queries, query_labels = _gallery()
+@pytest.mark.parametrize("repeat", [1, 60])  # 5 and 300 rows a part (blocks of 128, 512 and 1,024 rows)
+def test_matrix_column_j_is_session_j_rows_alone(repeat):
+    gallery, queries, query_labels = _gallery(repeat)
     got = compatibility.compatibility_matrix(SESSIONS, gallery, lambda i: queries[i], query_labels)
     want = _reference_matrix(gallery, queries, query_labels, lambda s, j: s == j)
     np.testing.assert_allclose(got[np.tril_indices(SESSIONS)], want[np.tril_indices(SESSIONS)], atol=1e-6)
@@ -53,8 +56,9 @@ def test_matrix_column_j_is_session_j_rows_alone():
     assert not np.allclose(cumulative[np.tril_indices(SESSIONS)], want[np.tril_indices(SESSIONS)])
 
 
-def test_negative_flips_are_model_i_minus_1_vs_i_on_the_rows_before_i():
-    gallery, queries, query_labels = _gallery()
+@pytest.mark.parametrize("repeat", [1, 60])
+def test_negative_flips_are_model_i_minus_1_vs_i_on_the_rows_before_i(repeat):
+    gallery, queries, query_labels = _gallery(repeat)
     got = compatibility.negative_flips(SESSIONS, gallery, lambda i: queries[i], query_labels)
     for i in range(1, SESSIONS):
         parts = [p for p in gallery.parts if p.session < i]
@@ -63,3 +67,24 @@ def test_negative_flips_are_model_i_minus_1_vs_i_on_the_rows_before_i():
         keep = np.isin(query_labels, labels)
         old, new = (_top1(queries[s][keep], rows, labels) == query_labels[keep] for s in (i - 1, i))
         assert got[i - 1] == np.mean(old & ~new)
+
+
+def test_each_part_is_searched_with_a_block_fitted_to_its_rows(monkeypatch):
+    """The matrix and the flips search small galleries, (T + 1) T / 2 + T - 1 of them for T sessions: padded to
+    the default block (4,096 rows on a CPU) a 5-row part scored 4,096 rows (``compatibility.part_block``)."""
+    searched = []
+    real = topk.topk_indices
+
+    def spy(query_emb, gallery_emb, k, **kw):
+        searched.append((len(gallery_emb), kw["gallery_block"]))
+        return real(query_emb, gallery_emb, k, **kw)
+
+    monkeypatch.setattr(topk, "topk_indices", spy)
+    for repeat in (1, 60):
+        gallery, queries, query_labels = _gallery(repeat)
+        compatibility.compatibility_matrix(SESSIONS, gallery, lambda i: queries[i], query_labels)
+        compatibility.negative_flips(SESSIONS, gallery, lambda i: queries[i], query_labels)
+    # 6 matrix entries and 2 updates x 2 models per gallery
+    assert sorted(set(searched)) == [(5, 128), (10, 128), (300, 512), (600, 1024)]
+    assert len(searched) == 2 * (6 + 4)
+    assert compatibility.part_block(np.zeros((5000, 2))) == topk.default_block()
