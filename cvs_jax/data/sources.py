@@ -331,9 +331,10 @@ def _load_tfds(name: str, *, data_dir: str) -> ImageDataset:
     from tensorflow_datasets.core import registered as tfds_registered  # pylint: disable=g-import-not-at-top
 
     from cvs_jax.data.builders.tfds_builders import features_of  # pylint: disable=g-import-not-at-top
+    from cvs_jax.data.builders.tfds_tempdirs import tfds_builder  # pylint: disable=g-import-not-at-top
 
     try:
-        builder = tfds.builder(name, data_dir=data_dir)
+        builder = tfds_builder(name, data_dir)
     except tfds_registered.DatasetNotFoundError as e:
         raise DatasetNotFoundError(
             f"{name}: not one of our offline datasets ({', '.join(stores.SOURCES)}) nor a known TFDS dataset."

@@ -16,6 +16,7 @@ from unittest import mock
 import numpy as np
 
 from cvs_jax.config import fashion_mnist_general
+from cvs_jax.data.builders import tfds_tempdirs
 
 
 def _write_idx(path: str, array: np.ndarray) -> None:
@@ -200,7 +201,8 @@ def write_fake_tfds_source(
 
     FakeSource.name = name
     # builder_cls returns type[DatasetBuilder]: pyright sees its abstract methods and not the subclass's arguments
-    fake = FakeSource(data_dir=data_dir, file_format="array_record")  # pyright: ignore[reportAbstractUsage, reportCallIssue]
+    with tfds_tempdirs.no_stray_tempdirs():
+        fake = FakeSource(data_dir=data_dir, file_format="array_record")  # pyright: ignore[reportAbstractUsage, reportCallIssue]
     fake.download_and_prepare()
     return data_dir
 

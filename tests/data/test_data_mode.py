@@ -1,6 +1,9 @@
 """What a run says about its data and weights before it trains: the data mode (decoded in memory or
 streamed from the record store, and why) and a warning when a recipe meant for ImageNet weights has none."""
 
+import os
+import tempfile
+
 import pytest
 
 from cvs_jax.config import inat_general
@@ -37,12 +40,17 @@ def test_frozen_batchnorm_without_weights_warns_once():
     assert context_builder.pretrained_warning(c) is None
 
 
-def test_inat_without_its_source_says_where_the_files_are_today(tmp_path):
+def test_inat_without_its_source_says_where_the_files_are_today(tmp_path, monkeypatch):
+    """... and leaves no temporary folder: TFDS's builder of an unprepared dataset made an empty one and kept it."""
     from cvs_jax.data.builders import _tfds_source
     from cvs_jax.errors import DatasetNotFoundError
 
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     with pytest.raises(DatasetNotFoundError) as e:
         _tfds_source.describe_source("i_naturalist2017", str(tmp_path), ["train", "validation"], "inat_m")
     message = str(e.value)
     assert "https://ml-inat-competition-datasets.s3.amazonaws.com/2017/" in message
     assert "--manual_dir=FILES" in message and "\n" not in message
+    assert os.listdir(temp) == []

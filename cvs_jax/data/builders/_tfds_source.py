@@ -27,6 +27,7 @@ import numpy as np
 
 from cvs_jax.data.builders import resize
 from cvs_jax.data.builders._common import LocalSource, SourceInfo
+from cvs_jax.data.builders.tfds_tempdirs import tfds_builder
 from cvs_jax.errors import DatasetNotFoundError
 
 _INDEX_CHUNK = 256  # Records per read in the label pass (bounds memory).
@@ -72,10 +73,9 @@ def describe_source(source_name: str, data_dir: str, splits: Sequence[str], deri
     Raises:
       DatasetNotFoundError: not prepared, not in array_record, or a split missing.
     """
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  # the source is a TFDS dataset
     from tensorflow_datasets.core import file_adapters  # pylint: disable=g-import-not-at-top  # not seen by pyright
 
-    builder = tfds.builder(source_name, data_dir=data_dir)
+    builder = tfds_builder(source_name, data_dir)
     if not builder.is_prepared():
         raise DatasetNotFoundError(
             f"{derived_name}: it is made from the standard TFDS dataset"
@@ -125,7 +125,7 @@ def open_split(source_name: str, split: str, data_dir: str, key_feature: str) ->
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
 
-    builder = tfds.builder(source_name, data_dir=data_dir)
+    builder = tfds_builder(source_name, data_dir)
     # tfds's decorator hides as_data_source's parameters, and the generated protobuf module has no stubs
     raw_bytes = tfds.decode.DeserializeMethod.RAW_BYTES
     raw = builder.as_data_source(split=split, deserialize_method=raw_bytes)  # pyright: ignore[reportCallIssue]
