@@ -1,21 +1,24 @@
-"""Export a run's gallery and newest model for use outside cvs_jax (an ANN index, another service).
+"""Export a run's gallery and served model for use outside cvs_jax (an ANN index, another service).
 
-    python -m cvs_jax.export --workdir W --out DIR [--overwrite] [--format stablehlo]
+    python -m cvs_jax.export --workdir W --out DIR [--overwrite] [--format stablehlo] [--session N]
 
 Example: ``python -m cvs_jax.export --workdir workdirs/demo --out exports/demo`` (then, in Python,
 ``cvs_jax.export.load("exports/demo").embed(["query.png"])``).
 
-Writes, from the run's newest completed session (as ``search`` reads it):
+Writes the gallery of the run's newest completed session and the model ``search`` uses: the one a server of
+the run serves (``retrieval.gate.served_model``: the newest session's, unless the compatibility gate kept it
+out or a server pinned another, which a line on stderr then says), or ``--session N`` (1-based) / ``newest``:
 
 * ``embeddings.npy``: float32 [N, D], every gallery row in gallery order, then the ``--add`` rows,
   raw as stored (cosine search = inner product of the L2-normalised rows);
 * ``rows.csv``: ``row, id, path, label, class_name, arrival_session, model_session`` per row
   (sessions 1-based, as ``search`` prints them; ``id`` the row's stable id, as ``search --json`` and the
   server show it; ``path`` is the image's source);
-* ``model.msgpack``: the newest model's Flax variables (``flax.serialization.to_bytes``);
+* ``model.msgpack``: that model's Flax variables (``flax.serialization.to_bytes``);
 * ``query_maps.npz`` (a run with ``retrieval.query_map`` set): per model session j (1-based) ``matrix_<j>``
-  and ``bias_<j>``, the composed map q -> q @ matrix + bias that takes an L2-normalised query of the newest
-  model into the space of the rows model j made (``model_session`` in rows.csv); score those rows with it;
+  and ``bias_<j>``, the composed map q -> q @ matrix + bias that takes an L2-normalised query of the exported
+  model into the space of the rows model j made (``model_session`` in rows.csv; the identity for a model j
+  newer than it); score those rows with it;
 * with ``--format stablehlo``, ``embed.stablehlo`` and ``weights.safetensors``: the embedding function
   (preprocessing included) and its weights, run with jax alone (``retrieval.stablehlo_export`` says how);
 * ``config.json``: the run's config as the run is read now (``config.stored.recorded``): the folders of a
@@ -38,6 +41,7 @@ import csv
 import dataclasses
 import json
 import os
+import sys
 from typing import Any, Iterable, cast
 
 import flax.serialization
@@ -49,7 +53,7 @@ from absl import flags
 from cvs_jax import cli
 from cvs_jax.config import stored
 from cvs_jax.errors import UserError
-from cvs_jax.retrieval import query_maps, run_reader, stablehlo_export
+from cvs_jax.retrieval import gate, query_maps, run_reader, stablehlo_export
 from cvs_jax.rundir import workdir as workdir_lib
 
 FORMAT_VERSION = 1
@@ -64,7 +68,7 @@ class ExportError(UserError):
     """An export that cannot be written or read as asked."""
 
 
-def export(workdir: str, out: str, *, overwrite: bool = False, fmt: str = "flax") -> dict:
+def export(workdir: str, out: str, *, overwrite: bool = False, fmt: str = "flax", session: str | None = None) -> dict:
     """Writes the export of ``workdir`` into ``out``; returns what ``export.json`` holds.  ``fmt="stablehlo"``
     adds the model as StableHLO + safetensors (``retrieval.stablehlo_export``), runnable without cvs_jax."""
     if fmt not in FORMATS:
@@ -75,7 +79,11 @@ def export(workdir: str, out: str, *, overwrite: bool = False, fmt: str = "flax"
         raise ExportError(
             f"--out {out} exists and is not an empty folder; pass another --out, or --overwrite to replace it."
         )
-    run = run_reader.Run(workdir)
+    run_reader.check_is_run(workdir)
+    model, note = gate.model_for(workdir, session)
+    if note is not None:
+        print(note.replace("queries are embedded by", "the export holds"), file=sys.stderr)
+    run = run_reader.Run(workdir, model_session=model)
     variables = run.variables  # read before anything is written: unreadable weights leave --out as it was
     rows = run.rows
     os.makedirs(out, exist_ok=True)
@@ -185,6 +193,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         "stablehlo: also the model as StableHLO + safetensors, runnable without cvs_jax.",
         flag_values=flag_values,
     )
+    flags.DEFINE_string("session", None, gate.SESSION_HELP.format(what="is exported"), flag_values=flag_values)
     flags.mark_flags_as_required(["workdir", "out"], flag_values=flag_values)
 
 
@@ -195,7 +204,7 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     cli.quiet_logging()  # orbax logs every file it reads at INFO
     if len(argv) > 1:
         raise ExportError(f"unexpected arguments {' '.join(argv[1:])}; pass --workdir and --out.")
-    info = export(fv.workdir, fv.out, overwrite=fv.overwrite, fmt=fv.format)
+    info = export(fv.workdir, fv.out, overwrite=fv.overwrite, fmt=fv.format, session=fv.session)
     print(
         f"exported {info['rows']} gallery rows (embed_dim {info['embed_dim']}, model of session "
         f"{info['session']}) to {fv.out}: {', '.join(FILES)}"

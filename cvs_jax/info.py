@@ -17,7 +17,10 @@ not needed: when they cannot be read (damaged files), ``info`` still answers and
   NFR, and the AR@K so far;
 * the record stores its images are read from (what to keep when cleaning ``<data_dir>/cvs_records``).
 
-Sessions are numbered from 1.  A problem to fix ends with one ``error: ...`` line and exit status 2.
+When the model ``search``, ``export`` and a starting server use is not the newest session's (the compatibility
+gate kept later sessions out, or a server pinned it: ``retrieval.gate.served_model``), a ``note:`` line under the
+first says which and why.  Sessions are numbered from 1.  A problem to fix ends with one ``error: ...`` line
+and exit status 2.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from absl import flags
 from cvs_jax import cli
 from cvs_jax.errors import UserError
 from cvs_jax.reports import columns
-from cvs_jax.retrieval import compatibility, run_info, run_reader
+from cvs_jax.retrieval import compatibility, gate, run_info, run_reader
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -39,8 +42,16 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def describe(workdir: str) -> dict:
-    """What ``--json`` prints (``retrieval/run_info.py``, shared with the server's ``/info``)."""
-    return run_info.describe_run(run_reader.Run(workdir))
+    """What ``--json`` prints (``retrieval/run_info.py``, shared with the server's ``/info``), with the model
+    ``search``, ``export`` and a server starting on the run use (``served_model_session``, 1-based; its
+    ``served_model_note`` when that is not the newest session's)."""
+    run = run_reader.Run(workdir)
+    choice = gate.served_model(workdir, run.gallery_session)
+    return {
+        **run_info.describe_run(run),
+        "served_model_session": choice.model + 1,
+        "served_model_note": gate.note(choice, run.gallery_session),
+    }
 
 
 def format_info(info: dict) -> str:
@@ -50,12 +61,21 @@ def format_info(info: dict) -> str:
         f"{done} of {len(info['sessions'])} session(s) completed, {_classes(info)}, "
         f"gallery {info['gallery_rows']} rows ({info['added_rows']} added by search --add or the server's /add)",
     ]
-    if info["model_problem"]:
+    served = info.get("served_model_session", done)
+    if info["model_problem"] and served == done:
         lines.append(
             f"warning: the model of session {done} cannot be read, so python -m cvs_jax.search, export and serve "
             f"refuse this run until it is restored (the gallery and the results below are read without it): "
             f"{info['model_problem']}"
         )
+    elif info["model_problem"]:
+        lines.append(
+            f"warning: the model of session {done} cannot be read, so search and export refuse --session {done} "
+            f"until it is restored (by default they and serve use the model of session {served}, below): "
+            f"{info['model_problem']}"
+        )
+    if info.get("served_model_note"):
+        lines.append(info["served_model_note"].replace("queries are embedded by", "search, export and serve use"))
     lines += [
         "",
         "classes (gallery rows, session of first arrival):",

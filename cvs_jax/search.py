@@ -8,15 +8,17 @@ Example: ``python -m cvs_jax.search --workdir workdirs/demo --images query.png -
 (``--images`` takes the files after it, or repeat it: ``--images a.png --images b.jpg``; a folder
 stands for every image file below it, in name order: ``--images photos/day3/test``.)
 
-Queries are embedded by the newest session's selected model (the run's last
-completed session checkpoint) and searched by cosine similarity against the whole
-gallery: the rows of every session (each embedded by its own session's model,
+Queries are embedded by the model a server of the run serves (``retrieval.gate.served_model``): the
+newest completed session's, unless the compatibility gate kept that session out (``update``'s last
+line says so) or a server pinned another (a line on stderr then names the model and why);
+``--session N`` (1-based) or ``--session newest`` picks one.  They are searched by cosine similarity
+against the whole gallery of the newest session: the rows of every session (each embedded by its own session's model,
 never re-extracted) plus the rows added with ``--add``.  A query is prepared as the
 gallery images were stored (shorter side resized, centre crop) and embedded exactly as
 the gallery rows were.  Each hit shows its source file, class, the session in which its
 image arrived and the session whose model embedded it (sessions 1-based).
 
-``--add --label CLASS`` embeds the images with the newest model and appends them (under
+``--add --label CLASS`` embeds the images with that model and appends them (under
 ``checkpoints/additions``); it never changes the session checkpoints.  Without ``--label`` the rows
 are unlabelled (class ``?``); images whose bytes are already in the run are refused unless ``--force``.
 Searching reads a run at any time, also while it trains: it reads only finalized
@@ -50,6 +52,7 @@ from cvs_jax import cli
 from cvs_jax.errors import NotWritableError, SearchError, UserError
 from cvs_jax.reports import columns, search_page
 from cvs_jax.reports import html as html_lib
+from cvs_jax.retrieval import gate
 from cvs_jax.retrieval.run_reader import Run, check_is_run, load_each, load_images
 from cvs_jax.rundir import workdir as workdir_lib
 
@@ -135,6 +138,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         "Also write the hits as pictures to this HTML file (one self-contained page; opens from disk).",
         flag_values=flag_values,
     )
+    flags.DEFINE_string(
+        "session",
+        None,
+        gate.SESSION_HELP.format(what="embeds the queries (and --add's images)"),
+        flag_values=flag_values,
+    )
     flags.mark_flags_as_required(["workdir"], flag_values=flag_values)
 
 
@@ -146,6 +155,8 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     kwargs: dict[str, Any] = {"force": True} if fv.force else {}
     if fv.html is not None:
         kwargs["html"] = fv.html
+    if fv.session is not None:
+        kwargs["session"] = fv.session
     return search_or_add(
         fv.workdir,
         list(fv.images) + list(argv[1:]),
@@ -193,6 +204,7 @@ def search_or_add(
     label: str | None = None,
     as_json: bool = False,
     force: bool = False,
+    session: str | None = None,
     html: str | None = None,
 ) -> int:
     """The command: prints the hits (or adds the images); returns the exit status.  An unreadable query
@@ -207,10 +219,13 @@ def search_or_add(
             raise SearchError("--html shows search hits; it does not go with --add.")
         if html is not None and not os.path.isdir(os.path.dirname(os.path.abspath(html))):
             raise SearchError(f"--html {html}: its folder does not exist; create it or choose another path.")
+        check_is_run(workdir)  # before the lock, which would create the folder
+        model, note = gate.model_for(workdir, session)
+        if note is not None:
+            print(note, file=sys.stderr)
         if add:
-            check_is_run(workdir)  # before the lock, which would create the folder
             with workdir_lib.hold_additions(workdir):  # additions are written: one writer at a time
-                run = Run(workdir, for_add=True)
+                run = Run(workdir, for_add=True, model_session=model)
                 _, name = run.label_and_name(label, new=True)  # a new name is a new class
                 new_class = bool(name) and name not in run.class_names
                 images = load_images(paths, run.image_shape)
@@ -247,7 +262,7 @@ def search_or_add(
                     f"{run.session + 1}); gallery now {len(run.rows)} rows"
                 )
             return 0
-        run = Run(workdir)
+        run = Run(workdir, model_session=model)
         if html is not None and label is not None:
             run.label_of(label)  # an unknown class is refused before any work
         images, failed = load_each(paths, run.image_shape)

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import numpy as np
 
+from cvs_jax.errors import SearchError
 from cvs_jax.rundir import paths
 
 # Measured on the runs of docs/serve.md's table: every cvs switch of the demo (3 seeds) and the photo runs
@@ -103,3 +105,124 @@ def line(verdict: dict) -> str:
 
 def for_workdir(workdir: str, candidate: int, served: int | None, thresholds: Thresholds) -> dict:
     return evaluate(read_results(workdir), candidate, served, thresholds)
+
+
+def newest_session(workdir: str) -> int | None:
+    """The newest completed session (0-based), from a directory listing alone (orbax names a step's
+    folder by its number only once it is complete)."""
+    try:
+        names = os.listdir(paths.sessions_dir(workdir))
+    except FileNotFoundError:
+        return None
+    steps = [int(n) for n in names if n.isdigit()]
+    return max(steps) if steps else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The model that serves a run: ``model`` (0-based session), ``pin`` (0-based, None: none), the gate's
+    ``verdicts`` on the sessions taken through it (in order) and ``notes`` for a log."""
+
+    model: int
+    pin: int | None = None
+    verdicts: tuple[dict, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def _served_record(workdir: str) -> tuple[int, int, int | None] | None:
+    """``served.json``'s (model, gallery, pin) sessions, 0-based; None when no server recorded them."""
+    try:
+        with open(paths.served_file(workdir)) as f:
+            record = json.load(f)
+        pin = record.get("pinned_session")  # absent in a record written before pins were kept
+        return int(record["model_session"]), int(record["gallery_session"]), None if pin is None else int(pin)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def served_model(workdir: str, newest: int, thresholds: Thresholds = Thresholds()) -> Choice:
+    """The model that serves ``workdir`` once its ``newest`` (0-based) session completed: what ``serve`` starts
+    with and what ``search`` and ``export`` use unless told a session.
+
+    A server that served the run before recorded its model, the sessions it had seen and its pin
+    (``served.json``): a pin holds; otherwise each session completed since goes through the gate from its
+    model.  A run never served goes through the gate from session 1, as a server running since then would
+    have: a session the gate kept out is never served (``update`` prints that verdict).  A run without
+    scores (``results.json`` without the compatibility matrix: a ``main`` run not finished) serves the newest
+    model; so does a candidate's missing row (its session is being scored) where nothing else decides."""
+    results = read_results(workdir)
+    record = _served_record(workdir)
+    notes: tuple[str, ...] = ()
+    if record is not None:
+        model, seen, pin = record
+        if 0 <= model <= seen <= newest and (pin is None or 0 <= pin <= newest):
+            if pin is not None:
+                note = (
+                    f"the pin to the model of session {pin + 1} is kept (checkpoints/served.json): sessions "
+                    "completed since do not go through the gate; lift it with POST /model?session=newest"
+                )
+                return Choice(pin, pin, (), (note,))
+            return _through_gate(results, model, seen, newest, thresholds, notes)
+        if pin is not None:
+            notes = (f"served.json pins session {pin + 1}, which this run lacks: not pinned",)
+    if not results.get("compatibility_recall1"):
+        return Choice(newest, None, (), notes)
+    return _through_gate(results, 0, 0, newest, thresholds, notes)
+
+
+def _through_gate(results: dict, model: int, seen: int, newest: int, thresholds: Thresholds, notes) -> Choice:
+    verdicts = []
+    for candidate in range(seen + 1, newest + 1):
+        verdict = evaluate(results, candidate, model, thresholds)
+        if verdict["decision"] == "pending":
+            continue  # its scores are not written yet: the model stays
+        verdicts.append(verdict)
+        model = candidate if verdict["decision"] == "switched" else model
+    return Choice(model, None, tuple(verdicts), tuple(notes))
+
+
+def note(choice: Choice, newest: int) -> str | None:
+    """The line a command prints when the model it uses is not the newest session's (None when it is)."""
+    if choice.model == newest:
+        return None
+    if choice.pin is not None:
+        why = "a server pinned it (checkpoints/served.json; POST /model?session=newest lifts the pin)"
+    else:
+        kept = [v for v in choice.verdicts if v["decision"] == "kept" and v["candidate_session"] > choice.model + 1]
+        if kept:
+            names = ", ".join(str(v["candidate_session"]) for v in kept)
+            last = kept[-1]
+            why = (
+                f"the compatibility gate kept session{'s' if len(kept) > 1 else ''} {names} out (session "
+                f"{last['candidate_session']}: {last['reason'].split(':')[0]})"
+            )
+        else:
+            why = "the sessions after it have not been scored"
+        why += ", as a server of this run would"
+    return (
+        f"note: queries are embedded by the model of session {choice.model + 1}, not the newest ({newest + 1}): "
+        f"{why}; --session {newest + 1} uses the newest."
+    )
+
+
+SESSION_HELP = (
+    "The session (1-based) whose model {what}, or newest; default: the model a server of this run serves "
+    "(the compatibility gate's choice from session 1 on, or a server's pin)."
+)
+
+
+def model_for(workdir: str, session: str | None) -> tuple[int | None, str | None]:
+    """A command's ``--session``: the model's session (0-based; None: the run has no completed session, which
+    the run reader refuses) and the note to print when it is not the newest by default (``note``)."""
+    newest = newest_session(workdir)
+    if session is not None:
+        text = session.strip()
+        if text == "newest":
+            return newest, None
+        if not (text.isascii() and text.isdigit()) or int(text) < 1:
+            raise SearchError(f"--session {session!r}: pass a session number (1 is the first) or newest.")
+        return int(text) - 1, None
+    if newest is None:
+        return None, None
+    choice = served_model(workdir, newest)
+    return choice.model, note(choice, newest)

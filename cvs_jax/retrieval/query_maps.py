@@ -143,11 +143,13 @@ def chain(maps: Mapping[int, QueryMap], model_session: int, part_session: int, d
 
 
 def map_chains(maps: Mapping[int, QueryMap], model_session: int, part_sessions: Sequence[int]) -> dict:
-    """``{"matrix_<j+1>", "bias_<j+1>"}``: the composed chain to each part session j (what ``export`` writes)."""
+    """``{"matrix_<j+1>", "bias_<j+1>"}``: the composed chain to each part session j (what ``export`` writes);
+    a part newer than the model (an exported older model) takes the query as it is (the identity), as a server
+    pinned to that model searches it (``mapped_topk_indices``)."""
     d = next(iter(maps.values())).dim
     out = {}
     for j in part_sessions:
-        c = chain(maps, model_session, j, d)
+        c = identity(d) if j > model_session else chain(maps, model_session, j, d)
         out[f"matrix_{j + 1}"], out[f"bias_{j + 1}"] = c.matrix, c.bias
     return out
 

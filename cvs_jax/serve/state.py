@@ -77,17 +77,6 @@ class Answer:
     hits: list[list[dict]]  # per image, as ``search --json``
 
 
-def newest_session(workdir: str) -> int | None:
-    """The newest completed session (0-based), from a directory listing alone (orbax names a step's
-    folder by its number only once it is complete)."""
-    try:
-        names = os.listdir(paths.sessions_dir(workdir))
-    except FileNotFoundError:
-        return None
-    steps = [int(n) for n in names if n.isdigit()]
-    return max(steps) if steps else None
-
-
 def _extends(old: Gallery, new: Gallery) -> bool:
     """``new`` is ``old`` plus appended parts (not a ``joint`` re-embedding of everything)."""
     k = len(old.parts)
@@ -184,41 +173,19 @@ class Served:
             self._watcher.start()
 
     def _first_run(self) -> run_reader.Run:
-        """The run to serve at start: the newest session's model, unless ``served.json`` (a server of this
-        workdir before, e.g. one killed while ``POST /sessions``' child trained) says which model it
-        served and up to which session: then each session completed since goes through the gate, as the
-        watcher would have taken it, and a session it kept stays kept; a pin it records holds (its model
-        with the newest gallery, no gate) until ``POST /model?session=newest``."""
+        """The run to serve at start: the model ``gate.served_model`` chooses (a pin recorded in
+        ``served.json`` holds; otherwise the sessions completed since the model it records, or since
+        session 1 for a run never served, go through the gate), logged as the watcher logs its verdicts."""
         run = run_reader.Run(self.workdir)
-        try:
-            with open(paths.served_file(self.workdir)) as f:
-                record = json.load(f)
-            model, seen = int(record["model_session"]), int(record["gallery_session"])
-            pin = record.get("pinned_session")  # absent in a record written before pins were kept
-            pin = None if pin is None else int(pin)
-        except (OSError, ValueError, KeyError, TypeError):
-            return run  # never served (or an unreadable record): the newest model
-        if not 0 <= model <= seen <= run.gallery_session or not (pin is None or 0 <= pin <= run.gallery_session):
-            if pin is not None:
-                log.warning("at start, served.json pins session %d, which this run lacks: not pinned", pin + 1)
-            return run  # a record of another run (the workdir replaced)
-        if pin is not None:
-            self._pin = model = pin
-            log.warning(
-                "at start, the pin to the model of session %d is kept (checkpoints/served.json): sessions "
-                "completed since do not go through the gate; lift it with POST /model?session=newest",
-                pin + 1,
-            )
-            seen = run.gallery_session  # nothing goes through the gate
-        for candidate in range(seen + 1, run.gallery_session + 1):
-            verdict = gate.for_workdir(self.workdir, candidate, model, self.thresholds)
-            if verdict["decision"] == "pending":
-                continue  # its scores are not written: the model stays
+        choice = gate.served_model(self.workdir, run.gallery_session, self.thresholds)
+        for line in choice.notes:
+            log.warning("at start, %s", line)
+        for verdict in choice.verdicts:
             self.gate = verdict
             self.gate_counts[verdict["decision"]] += 1
             log.warning("at start, %s", gate.line(verdict))
-            model = candidate if verdict["decision"] == "switched" else model
-        return run if model == run.session else run_reader.Run(self.workdir, model_session=model)
+        self._pin = choice.pin
+        return run if choice.model == run.session else run_reader.Run(self.workdir, model_session=choice.model)
 
     def _record(self) -> None:
         """Writes ``served.json`` (the served model and gallery sessions and the pin, 0-based), replaced
@@ -444,7 +411,7 @@ class Served:
     def poll(self) -> None:
         """Takes a newer completed session through the gate (or at the pinned model), and the rows added
         by others (``search --add``)."""
-        newest = newest_session(self.workdir)
+        newest = gate.newest_session(self.workdir)
         if newest is not None and newest > self.run.gallery_session:
             with self._switching:
                 self._take(newest)
@@ -513,7 +480,7 @@ class Served:
         newest session again (through the gate).  Says how many rows a newer model than the served one
         embedded: those are searched across models (docs/serve.md has what that cost when measured)."""
         with self._switching:
-            newest = newest_session(self.workdir)
+            newest = gate.newest_session(self.workdir)
             if session is not None and (newest is None or session > newest):
                 raise SearchError(
                     f"session {session + 1} has not completed; pass one of 1 to {0 if newest is None else newest + 1}."

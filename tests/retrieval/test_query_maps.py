@@ -104,6 +104,19 @@ def test_each_gallery_part_gets_the_chain_down_to_its_session():
     assert per_part[0].dtype == np.float32
 
 
+def test_an_exported_older_model_takes_newer_parts_as_they_are():
+    """``export`` of a model older than the newest session (the gate kept the newest out): its chain to each
+    part it precedes, and the identity for the parts a newer model made, as a server pinned to it searches."""
+    d = 4
+    maps = _maps(d, 3, 8)
+    chains = query_maps.map_chains(maps, 1, [0, 1, 2])
+    q = np.random.default_rng(9).normal(size=(3, d))
+    np.testing.assert_allclose(q @ chains["matrix_1"] + chains["bias_1"], maps[1].apply(q), atol=1e-10)
+    for j in (2, 3):  # its own part, and part 2's rows of model 2
+        np.testing.assert_array_equal(chains[f"matrix_{j}"], np.eye(d))
+        np.testing.assert_array_equal(chains[f"bias_{j}"], np.zeros(d))
+
+
 def test_a_map_round_trips_through_npz(tmp_path):
     m = _maps(3, 2, 8)[1]
     path = str(tmp_path / "query_map_1.npz")

@@ -107,7 +107,8 @@ def test_gallery_image_finds_its_own_row_first(finished_run, train_images, tmp_p
     Image.fromarray(wide).save(tmp_path / "wide.png")
     paths.append(str(tmp_path / "wide.png"))
     rows.append(row)
-    assert _cli(["--workdir", wd, "--images", *paths, "--k", "3"]) == 0  # the README's form
+    # the README's form, with the newest model (the default is the gate's choice: tests/runs/test_served_model.py)
+    assert _cli(["--workdir", wd, "--images", *paths, "--k", "3", "--session", "newest"]) == 0
     out = capsys.readouterr().out
     hits = run.search(run_reader.load_images(paths, run.image_shape), k=3)
     for h, row in zip(hits, rows):
@@ -125,7 +126,7 @@ def test_hits_show_source_class_and_sessions(finished_run, train_images, tmp_pat
     Image.fromarray(train_images[src][..., 0]).save(path)
     names = [f"/data/train/{i:05d}.png" for i in range(len(train_images))]
     monkeypatch.setattr(stores, "source_names", lambda data, split: names if split == "train" else None)
-    assert _cli(["--workdir", wd, "--images", path, "--k", "4", "--json"]) == 0
+    assert _cli(["--workdir", wd, "--images", path, "--k", "4", "--json", "--session", "newest"]) == 0
     (answer,) = json.loads(capsys.readouterr().out)
     assert answer["query"] == path and answer["model_session"] == run.session + 1
     assert [h["rank"] for h in answer["hits"]] == [1, 2, 3, 4] and _own_row_first(answer["hits"], row)
@@ -178,7 +179,7 @@ def test_add_ingests_images_with_the_newest_model(run_copy, tmp_path, capsys, mo
     assert f"another add (pid {os.getpid()} on " in err and "nothing was added: rerun this add" in err, err
     assert "resume" not in err and "search.py" not in err  # not a run to resume; no command line (folders)
     with workdir_lib.hold(wd):  # a training run (update) holds the run's lock: rows are added meanwhile
-        assert _cli(["--workdir", wd, "--images", path, "--add", "--label", name]) == 0
+        assert _cli(["--workdir", wd, "--images", path, "--add", "--label", name, "--session", "newest"]) == 0
     after = run_reader.Run(wd)
     assert len(after.added) == 1 and after.added.labels[0] == 0
     assert after.added.sessions[0] == before.session
@@ -230,10 +231,10 @@ def test_added_rows_keep_the_session_of_their_model(run_copy, tmp_path):
     for i in range(3):
         paths.append(str(tmp_path / f"a{i}.png"))
         Image.fromarray(np.random.default_rng(i).integers(0, 256, (30, 28), dtype=np.uint8)).save(paths[-1])
-    assert search.search_or_add(wd, paths[:2], add=True) == 0
+    assert search.search_or_add(wd, paths[:2], add=True, session="newest") == 0
     shutil.move(tmp_path / "held", os.path.join(sessions, str(last)))  # the last session completes
     shutil.move(tmp_path / "results-held.json", results)
-    assert search.search_or_add(wd, paths[2:], add=True, label="0") == 0
+    assert search.search_or_add(wd, paths[2:], add=True, label="0", session="newest") == 0
     run = run_reader.Run(wd)
     n = len(run.gallery)
     assert [run.describe(n + j)["model_session"] for j in range(3)] == [last, last, last + 1]
@@ -330,10 +331,10 @@ def test_info_describes_a_run_whose_newest_weights_are_damaged_and_search_and_ex
     assert text[1].startswith(f"warning: the model of session {intact['sessions_completed']} cannot be read")
     query = str(tmp_path / "q.png")
     Image.fromarray(train_images[0][..., 0]).save(query)
-    assert _cli(["--workdir", run_copy, "--images", query]) == 2
+    assert _cli(["--workdir", run_copy, "--images", query, "--session", "newest"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: checkpoint {newest} cannot be read"), err
-    assert _command(export, "--workdir", run_copy, "--out", str(tmp_path / "exported")) == 2
+    assert _command(export, "--workdir", run_copy, "--out", str(tmp_path / "exported"), "--session", "newest") == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: checkpoint {newest} cannot be read"), err
     assert not os.path.exists(tmp_path / "exported")  # refused before writing (no half export to --out)

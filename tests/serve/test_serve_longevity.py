@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from fastapi.testclient import TestClient
 
-from cvs_jax.retrieval import additions
+from cvs_jax.retrieval import additions, gate
 from cvs_jax.retrieval.run_reader import ADDED_BASE, Run, load_images
 from cvs_jax.rundir import paths
 from cvs_jax.rundir import workdir as workdir_lib
@@ -185,7 +185,7 @@ def test_switching_models_back_and_forth_keeps_nothing(photo_runs, tmp_path):
     MiB) per switch on this run (``rundir/tensorstore_json.py``); the model switched away from is freed."""
     wd = str(tmp_path / "run")
     shutil.copytree(photo_runs[1], wd)  # two sessions
-    served = Served(wd, poll_s=0)
+    served = Served(wd, poll_s=0, thresholds=gate.Thresholds(off=True))  # starts on the newest model
     try:
         for session in (0, 1):  # first-use caches (orbax's, jax's, the compiles)
             served.pin(session)

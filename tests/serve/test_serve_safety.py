@@ -371,7 +371,8 @@ def test_a_pin_holds_across_restarts_until_it_is_lifted(photo_runs, run_copy, ca
     """A pin is recorded in served.json: a server restarted after session 2 completed serves the pinned
     model 1 with the newest gallery, where the gate (here off) would switch; ``session=newest`` lifts it,
     also in the record when the gate then keeps the model; a record without a pin (older servers wrote
-    none) is taken through the gate at restart, and a pin of a session the run lacks is dropped."""
+    none) is taken through the gate at restart, and a pin of a session the run lacks is dropped (the run then
+    goes through the gate as one never served)."""
     auth = {"authorization": "Bearer t"}
 
     def start(thresholds=OFF):
@@ -413,9 +414,12 @@ def test_a_pin_holds_across_restarts_until_it_is_lifted(photo_runs, run_copy, ca
         served.close()
     with open(paths.served_file(run_copy), "w") as f:  # a pin of another run (the workdir replaced)
         json.dump({"model_session": 0, "gallery_session": 0, "pinned_session": 2}, f)
-    served, _ = start(gate.Thresholds())
+    caplog.clear()
+    served, _ = start(gate.Thresholds())  # taken through the gate as a run never served: session 2 kept out
     try:
-        assert (served.model_session, served.status()["pinned_session"], served.gate) == (2, None, None)
+        assert (served.model_session, served.status()["pinned_session"]) == (1, None)
+        assert (served.gate["candidate_session"], served.gate["decision"]) == (2, "kept")
+        assert "served.json pins session 3, which this run lacks: not pinned" in caplog.text
     finally:
         served.close()
 
