@@ -9,6 +9,10 @@ T - 1 of the rows before each update.  The gallery here is synthetic (T sessions
 and flips, which the script checks.
 
     python benchmarks/compat_matrix.py --sessions 13 26 52 [--rows 40 --dim 64 --queries 6 --json out.json]
+    python benchmarks/compat_matrix.py --figures --sessions 25 60 120
+
+``--figures`` times, instead, drawing the matrix's two figures for T sessions (``compatibility.png``,
+``plots.compatibility``; the run page's heatmap, ``run_page.heatmap``, as a PNG data URI) on a random matrix.
 """
 
 from __future__ import annotations
@@ -65,8 +69,12 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=6, help="test queries per session (x sessions in all)")
     ap.add_argument("--repeats", type=int, default=3, help="best of this many timings of each")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--figures", action="store_true", help="time the matrix's two figures instead")
     args = ap.parse_args()
     print(_common.environment())
+    if args.figures:
+        figures(args.sessions)
+        return
     rows = []
     for t in args.sessions:
         gallery, embedded, labels = synthetic(t, args.rows, args.dim, args.queries)
@@ -111,6 +119,28 @@ def main() -> None:
     )
     if args.json:
         _common.write_json(args.json, rows, rows_per_session=args.rows, dim=args.dim, queries=args.queries)
+
+
+def figures(sessions) -> None:
+    import os
+    import tempfile
+
+    from cvs_jax.reports import html, plots, run_page
+
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for t in sessions:
+            m = np.random.default_rng(t).uniform(0, 1, (t, t))
+            m[np.triu_indices(t, 1)] = np.nan
+            start = time.perf_counter()
+            plots.compatibility(m, os.path.join(tmp, "m.png"), "t")
+            png = time.perf_counter() - start
+            start = time.perf_counter()
+            html.figure_uri(run_page.heatmap([[None if np.isnan(v) else v for v in row] for row in m], set()))
+            page = time.perf_counter() - start
+            out.append([t, round(png, 2), round(page, 2)])
+            print(f"T={t}: compatibility.png {png:.2f} s, page heatmap {page:.2f} s", flush=True)
+    print(_common.table(["sessions", "compatibility.png (s)", "page heatmap (s)"], out))
 
 
 if __name__ == "__main__":

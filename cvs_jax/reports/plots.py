@@ -78,11 +78,33 @@ def class_distribution(counts: np.ndarray, path: str, title: str) -> None:
     pyplot().close(fig)
 
 
+# A compatibility matrix's figure grows with the sessions up to this side (inches), and shows each cell's number
+# up to MATRIX_CELL_TEXT_MAX sessions (above, colours only: the page's table and results.json hold the numbers).
+# Grown at 0.6-0.75 inch a session, the figures of a run grown to 25 sessions by update took 1.7 s of each
+# update to draw (py-spy) and a 300-session run's would have been 22,000 px square (about 2 GB to draw).
+MATRIX_MAX_INCHES = 12.0
+MATRIX_CELL_TEXT_MAX = 20
+
+
+def matrix_side(n: int, base: float, per_session: float, least: float) -> float:
+    """A matrix figure's side for ``n`` sessions: ``base + per_session * n`` inches, at least ``least``, at most
+    ``MATRIX_MAX_INCHES``."""
+    return min(MATRIX_MAX_INCHES, max(least, base + per_session * n))
+
+
+def session_ticks(ax, n: int) -> None:
+    """Sessions 1..n on both axes of a matrix, at most about 20 labels each."""
+    ticks = list(range(0, n, max(1, -(-n // 20))))
+    ax.set_xticks(ticks, [str(j + 1) for j in ticks])
+    ax.set_yticks(ticks, [str(i + 1) for i in ticks])
+
+
 def compatibility(matrix: np.ndarray, path: str, title: str) -> None:
     n = matrix.shape[0]
-    fig, ax = pyplot().subplots(figsize=(max(5.5, 2.5 + 0.6 * n), max(4.5, 1.5 + 0.6 * n)))
+    side = matrix_side(n, 1.5, 0.6, 4.5)
+    fig, ax = pyplot().subplots(figsize=(side + 1.0, side))
     im = ax.imshow(100 * matrix, vmin=0, vmax=100, cmap="magma")
-    for i in range(n):
+    for i in range(n if n <= MATRIX_CELL_TEXT_MAX else 0):
         for j in range(n):
             if np.isfinite(matrix[i, j]):
                 ax.text(
@@ -94,8 +116,7 @@ def compatibility(matrix: np.ndarray, path: str, title: str) -> None:
                     color="white" if matrix[i, j] < 0.6 else "black",
                     fontsize=8,
                 )
-    ax.set_xticks(range(n), [str(j + 1) for j in range(n)])
-    ax.set_yticks(range(n), [str(i + 1) for i in range(n)])
+    session_ticks(ax, n)
     ax.set_xlabel("gallery rows made by session j")
     ax.set_ylabel("queries embedded by model i")
     ax.set_title(title, fontsize=10)

@@ -116,14 +116,14 @@ def _recall_section(results: dict | None) -> str:
 
 
 def heatmap(matrix, lost: set[tuple[int, int]]):
-    """The compatibility matrix in %, its numbers in each cell (dark text on light cells), lost cells
-    framed in red."""
+    """The compatibility matrix in %, its numbers in each cell up to ``plots.MATRIX_CELL_TEXT_MAX`` sessions (dark
+    text on light cells), lost cells framed in red; its side bounded (``plots.matrix_side``)."""
     m = np.asarray([[np.nan if v is None else 100 * v for v in row] for row in matrix], np.float64)
     n = m.shape[0]
-    side = max(3.6, 1.4 + 0.75 * n)
+    side = plots.matrix_side(n, 1.4, 0.75, 3.6)
     fig, ax = plots.pyplot().subplots(figsize=(side + 1.2, side))
     im = ax.imshow(m, vmin=0, vmax=100, cmap="viridis")
-    for i in range(n):
+    for i in range(n if n <= plots.MATRIX_CELL_TEXT_MAX else 0):
         for j in range(n):
             if np.isfinite(m[i, j]):
                 ax.text(
@@ -133,9 +133,9 @@ def heatmap(matrix, lost: set[tuple[int, int]]):
     from matplotlib.patches import Rectangle  # pylint: disable=g-import-not-at-top  # loaded with pyplot
 
     for i, j in lost:
-        ax.add_patch(Rectangle((j - 0.47, i - 0.47), 0.94, 0.94, fill=False, edgecolor="#ff3b30", linewidth=2.5))
-    ax.set_xticks(range(n), [str(j + 1) for j in range(n)])
-    ax.set_yticks(range(n), [str(i + 1) for i in range(n)])
+        edge = min(2.5, 50.0 / n)  # thinner as the cells get smaller
+        ax.add_patch(Rectangle((j - 0.47, i - 0.47), 0.94, 0.94, fill=False, edgecolor="#ff3b30", linewidth=edge))
+    plots.session_ticks(ax, n)
     ax.set_xlabel("gallery rows of session j (embedded by model j)")
     ax.set_ylabel("queries embedded by model of session i")
     fig.colorbar(im, ax=ax, label="recall@1 (%)", fraction=0.046, pad=0.04)
