@@ -80,9 +80,9 @@ def export(workdir: str, out: str, *, overwrite: bool = False, fmt: str = "flax"
             f"--out {out} exists and is not an empty folder; pass another --out, or --overwrite to replace it."
         )
     run_reader.check_is_run(workdir)
-    model, note = gate.model_for(workdir, session)
+    model, note = gate.model_for(workdir, session, subject="the export holds")
     if note is not None:
-        print(note.replace("queries are embedded by", "the export holds"), file=sys.stderr)
+        print(note, file=sys.stderr)
     run = run_reader.Run(workdir, model_session=model)
     variables = run.variables  # read before anything is written: unreadable weights leave --out as it was
     rows = run.rows

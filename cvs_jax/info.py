@@ -50,7 +50,7 @@ def describe(workdir: str) -> dict:
     return {
         **run_info.describe_run(run),
         "served_model_session": choice.model + 1,
-        "served_model_note": gate.note(choice, run.gallery_session),
+        "served_model_note": gate.note(choice, run.gallery_session, subject="search, export and serve use"),
     }
 
 
@@ -75,7 +75,7 @@ def format_info(info: dict) -> str:
             f"{info['model_problem']}"
         )
     if info.get("served_model_note"):
-        lines.append(info["served_model_note"].replace("queries are embedded by", "search, export and serve use"))
+        lines.append(info["served_model_note"])
     lines += [
         "",
         "classes (gallery rows, session of first arrival):",

@@ -12,6 +12,9 @@ For a candidate session c the gate reads, for each stored part j < c, BC_j = 100
 the run reports it) and NFR (% of the probe queries the update to c turns from right to wrong at top 1).
 It passes when BC >= -``bc`` and NFR <= ``nfr``.  Defaults (``DEFAULT_BC``, ``DEFAULT_NFR``): see
 docs/serve.md for the measurements they come from.
+
+``served_model`` applies it to a whole run: the model a server of the run serves, which ``serve`` starts
+with and ``search``, ``export`` and ``info`` use unless told a session (``--session``, ``model_for``).
 """
 
 from __future__ import annotations
@@ -147,9 +150,9 @@ def served_model(workdir: str, newest: int, thresholds: Thresholds = Thresholds(
     A server that served the run before recorded its model, the sessions it had seen and its pin
     (``served.json``): a pin holds; otherwise each session completed since goes through the gate from its
     model.  A run never served goes through the gate from session 1, as a server running since then would
-    have: a session the gate kept out is never served (``update`` prints that verdict).  A run without
-    scores (``results.json`` without the compatibility matrix: a ``main`` run not finished) serves the newest
-    model; so does a candidate's missing row (its session is being scored) where nothing else decides."""
+    have: a session the gate kept out is never served (``update`` prints that verdict).  A session whose
+    scores are not written yet (being scored) does not move the model.  A run without any scores
+    (``results.json`` without the compatibility matrix: a ``main`` run not finished) serves the newest model."""
     results = read_results(workdir)
     record = _served_record(workdir)
     notes: tuple[str, ...] = ()
@@ -181,8 +184,9 @@ def _through_gate(results: dict, model: int, seen: int, newest: int, thresholds:
     return Choice(model, None, tuple(verdicts), tuple(notes))
 
 
-def note(choice: Choice, newest: int) -> str | None:
-    """The line a command prints when the model it uses is not the newest session's (None when it is)."""
+def note(choice: Choice, newest: int, subject: str = "queries are embedded by") -> str | None:
+    """The line a command prints when the model it uses is not the newest session's (None when it is):
+    ``note: <subject> the model of session N, not the newest ...``."""
     if choice.model == newest:
         return None
     if choice.pin is not None:
@@ -200,7 +204,7 @@ def note(choice: Choice, newest: int) -> str | None:
             why = "the sessions after it have not been scored"
         why += ", as a server of this run would"
     return (
-        f"note: queries are embedded by the model of session {choice.model + 1}, not the newest ({newest + 1}): "
+        f"note: {subject} the model of session {choice.model + 1}, not the newest ({newest + 1}): "
         f"{why}; --session {newest + 1} uses the newest."
     )
 
@@ -211,7 +215,9 @@ SESSION_HELP = (
 )
 
 
-def model_for(workdir: str, session: str | None) -> tuple[int | None, str | None]:
+def model_for(
+    workdir: str, session: str | None, subject: str = "queries are embedded by"
+) -> tuple[int | None, str | None]:
     """A command's ``--session``: the model's session (0-based; None: the run has no completed session, which
     the run reader refuses) and the note to print when it is not the newest by default (``note``)."""
     newest = newest_session(workdir)
@@ -225,4 +231,4 @@ def model_for(workdir: str, session: str | None) -> tuple[int | None, str | None
     if newest is None:
         return None, None
     choice = served_model(workdir, newest)
-    return choice.model, note(choice, newest)
+    return choice.model, note(choice, newest, subject)
