@@ -391,7 +391,14 @@ def gate_line(workdir: str, results: dict) -> str:
     """The compatibility gate's verdict on the session just completed against the one before it, with the
     server's default thresholds (``retrieval.gate``): what a server would decide, for an operator without one."""
     candidate = len(results["per_session"]) - 1
-    return gate.line(gate.evaluate(results, candidate, candidate - 1 if candidate else None, gate.Thresholds()))
+    line = gate.line(gate.evaluate(results, candidate, candidate - 1 if candidate else None, gate.Thresholds()))
+    served = gate.served_model(workdir, candidate).model
+    if served != candidate:  # what search, export and a server starting now use (docs/serve.md)
+        line += (
+            f"; search, export and a new server use the model of session {served + 1} "
+            f"(--session {candidate + 1}: this one)"
+        )
+    return line
 
 
 @cli.command

@@ -436,6 +436,7 @@ def test_update_prints_the_gate_verdict(photo_runs):
     decision = "kept" if bc < -gate.DEFAULT_BC else "switched"
     assert line.startswith(f"gate: {decision} session 2 (BC {bc:+.2f} points"), line
     assert decision == "kept"  # the other tests here lean on the default gate keeping this run's session 2
+    assert line.endswith("; search, export and a new server use the model of session 1 (--session 2: this one)")
 
 
 def test_the_benchmark_sends_the_runs_photos_not_its_plots(photo_runs, tmp_path, benchmark_module):
