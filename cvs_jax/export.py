@@ -80,9 +80,7 @@ def export(workdir: str, out: str, *, overwrite: bool = False, fmt: str = "flax"
             f"--out {out} exists and is not an empty folder; pass another --out, or --overwrite to replace it."
         )
     run_reader.check_is_run(workdir)
-    model, note = gate.model_for(workdir, session, subject="the export holds")
-    if note is not None:
-        print(note, file=sys.stderr)
+    model, note = gate.model_for(workdir, session, subject="the export holds")  # said once it is written
     run = run_reader.Run(workdir, model_session=model)
     variables = run.variables  # read before anything is written: unreadable weights leave --out as it was
     rows = run.rows
@@ -130,6 +128,8 @@ def export(workdir: str, out: str, *, overwrite: bool = False, fmt: str = "flax"
             os.remove(os.path.join(out, name))
     with open(info_path, "w") as f:
         json.dump(info, f, indent=1)
+    if note is not None:
+        print(note, file=sys.stderr)
     return info
 
 

@@ -220,9 +220,7 @@ def search_or_add(
         if html is not None and not os.path.isdir(os.path.dirname(os.path.abspath(html))):
             raise SearchError(f"--html {html}: its folder does not exist; create it or choose another path.")
         check_is_run(workdir)  # before the lock, which would create the folder
-        model, note = gate.model_for(workdir, session)
-        if note is not None:
-            print(note, file=sys.stderr)
+        model, note = gate.model_for(workdir, session)  # said once the images are taken (one line for an error)
         if add:
             with workdir_lib.hold_additions(workdir):  # additions are written: one writer at a time
                 run = Run(workdir, for_add=True, model_session=model)
@@ -240,6 +238,8 @@ def search_or_add(
                     run.add(images, paths, label)
                 except NotWritableError as e:  # a full disk: the step is not taken, the previous one holds the rows
                     raise NotWritableError(f"{e} Nothing was added; the rows added before are kept.", e.cause) from e
+            if note is not None:
+                print(note, file=sys.stderr)
             if label is None:
                 print(
                     f"note: the {len(paths)} added rows are unlabelled (label -1, class ?); pass --label CLASS to "
@@ -266,6 +266,8 @@ def search_or_add(
         if html is not None and label is not None:
             run.label_of(label)  # an unknown class is refused before any work
         images, failed = load_each(paths, run.image_shape)
+        if note is not None and len(failed) < len(paths):
+            print(note, file=sys.stderr)
         answered = [p for p in paths if p not in failed]
         found = dict(zip(answered, run.search(images, k))) if answered else {}
         if html is not None:

@@ -78,6 +78,12 @@ def test_search_export_and_info_use_the_model_the_gate_keeps(photo_runs, run_cop
         assert answer["model_session"] == 2 and err == []
     answer, err = _search(run_copy, query, capsys, "--session", "1")
     assert answer["model_session"] == 1 and err == []
+    # a refusal is still its one error line, without the note
+    html = str(tmp_path / "hits.html")
+    assert search.search_or_add(run_copy, [query], label="no such class", html=html) == 2
+    assert search.search_or_add(run_copy, [str(tmp_path / "missing.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("error: ") for line in err), err
     for bad, says in (("0", "pass a session number"), ("two", "pass a session number"), ("3", "not a completed")):
         assert _command(search, "--workdir", run_copy, "--images", query, "--session", bad) == 2
         err = capsys.readouterr().err.strip().splitlines()
