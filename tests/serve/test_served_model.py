@@ -116,20 +116,19 @@ def test_search_export_and_info_use_the_model_the_gate_keeps(photo_runs, run_cop
     assert added.describe(len(added.gallery))["model_session"] == 1
 
 
-@pytest.mark.parametrize("passes", [True, None])
-def test_the_newest_model_when_the_gate_passes_it_or_nothing_scored_it(photo_runs, run_copy, capsys, passes):
-    _scores(run_copy, passes=passes)
-    answer, err = _search(run_copy, _query(photo_runs), capsys)
-    assert answer["model_session"] == 2 and err == []
-    decisions = [v["decision"] for v in gate.served_model(run_copy, 1).verdicts]
-    assert decisions == ([] if passes is None else ["switched"])  # nothing scored: no verdict, the newest
-
-
-def test_a_pin_a_server_recorded_holds_for_search(photo_runs, run_copy, capsys):
+def test_the_newest_model_when_the_gate_passes_it_or_nothing_scored_it_and_a_recorded_pin(photo_runs, run_copy, capsys):
+    query = _query(photo_runs)
+    for passes in (True, None):
+        _scores(run_copy, passes=passes)
+        answer, err = _search(run_copy, query, capsys)
+        assert answer["model_session"] == 2 and err == []
+        decisions = [v["decision"] for v in gate.served_model(run_copy, 1).verdicts]
+        assert decisions == ([] if passes is None else ["switched"])  # nothing scored: no verdict, the newest
+    # a pin a server recorded holds for search too, past a gate that would switch
     _scores(run_copy, passes=True)
     with open(paths.served_file(run_copy), "w") as f:
         json.dump({"model_session": 0, "gallery_session": 1, "pinned_session": 0}, f)
-    answer, err = _search(run_copy, _query(photo_runs), capsys)
+    answer, err = _search(run_copy, query, capsys)
     assert answer["model_session"] == 1 and len(err) == 1 and "a server pinned it" in err[0]
 
 
