@@ -5,6 +5,8 @@ inserts only the rows it lacks."""
 import functools
 import glob
 import os
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -24,10 +26,19 @@ def _queries(wd):
 
 
 def _hits(wd, make_index, k=5):
+    """``/search``'s hits for the run's queries, served from a copy of ``wd``: a server records what it serves in
+    the workdir (``served.json``), and the session's shared runs must stay as ``update`` left them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = os.path.join(tmp, "run")
+        shutil.copytree(wd, copy)
+        return _served_hits(copy, _queries(wd), make_index, k)
+
+
+def _served_hits(wd, queries, make_index, k):
     served = Served(wd, make_index=make_index, poll_s=0, max_wait_s=0.01)
     try:
         files = []
-        for p in _queries(wd):
+        for p in queries:
             with open(p, "rb") as f:
                 files.append(("file", (os.path.basename(p), f.read())))
         r = TestClient(create_app(served)).post("/search", params={"k": k}, files=files)

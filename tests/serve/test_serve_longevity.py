@@ -185,7 +185,9 @@ def test_switching_models_back_and_forth_keeps_nothing(photo_runs, tmp_path):
     MiB) per switch on this run (``rundir/tensorstore_json.py``); the model switched away from is freed."""
     wd = str(tmp_path / "run")
     shutil.copytree(photo_runs[1], wd)  # two sessions
-    served = Served(wd, poll_s=0, thresholds=gate.Thresholds(off=True))  # starts on the newest model
+    if os.path.exists(paths.served_file(wd)):  # never served: the gate, off, starts it on the newest model
+        os.remove(paths.served_file(wd))
+    served = Served(wd, poll_s=0, thresholds=gate.Thresholds(off=True))
     try:
         for session in (0, 1):  # first-use caches (orbax's, jax's, the compiles)
             served.pin(session)

@@ -31,6 +31,14 @@ def run_to_copy(photo_runs):
     return photo_runs[1]
 
 
+@pytest.fixture
+def never_served(run_copy):
+    """The copy as a run no server has served: without the record a test serving the shared run may have left."""
+    if os.path.exists(paths.served_file(run_copy)):
+        os.remove(paths.served_file(run_copy))
+    return run_copy
+
+
 def _scores(workdir: str, passes: bool | None) -> None:
     """Session 2's scores in results.json: within the gate's thresholds (``passes``), 60 points of recall@1
     lost on session 1's rows (not ``passes``), or none at all (None: a run whose end was never scored)."""
@@ -63,7 +71,8 @@ def _query(photo_runs):
     return os.path.join(photo_runs[2], "test", "dog", sorted(os.listdir(os.path.join(photo_runs[2], "test", "dog")))[0])
 
 
-def test_search_export_and_info_use_the_model_the_gate_keeps(photo_runs, run_copy, tmp_path, capsys):
+def test_search_export_and_info_use_the_model_the_gate_keeps(photo_runs, never_served, tmp_path, capsys):
+    run_copy = never_served
     query = _query(photo_runs)
     _scores(run_copy, passes=False)
     answer, err = _search(run_copy, query, capsys)
@@ -116,8 +125,10 @@ def test_search_export_and_info_use_the_model_the_gate_keeps(photo_runs, run_cop
     assert added.describe(len(added.gallery))["model_session"] == 1
 
 
-def test_the_newest_model_when_the_gate_passes_it_or_nothing_scored_it_and_a_recorded_pin(photo_runs, run_copy, capsys):
-    query = _query(photo_runs)
+def test_the_newest_model_when_the_gate_passes_it_or_nothing_scored_it_and_a_recorded_pin(
+    photo_runs, never_served, capsys
+):
+    query, run_copy = _query(photo_runs), never_served
     for passes in (True, None):
         _scores(run_copy, passes=passes)
         answer, err = _search(run_copy, query, capsys)
@@ -132,10 +143,10 @@ def test_the_newest_model_when_the_gate_passes_it_or_nothing_scored_it_and_a_rec
     assert answer["model_session"] == 1 and len(err) == 1 and "a server pinned it" in err[0]
 
 
-def test_a_server_started_on_a_run_never_served_serves_what_search_uses(photo_runs, run_copy, capsys):
+def test_a_server_started_on_a_run_never_served_serves_what_search_uses(photo_runs, never_served, capsys):
     """It served the newest model, kept out or not; now its first start takes session 2 through the gate, as
     ``search`` does, and answers as ``search --json`` does."""
-    query = _query(photo_runs)
+    query, run_copy = _query(photo_runs), never_served
     _scores(run_copy, passes=False)
     cli, _ = _search(run_copy, query, capsys)
     served = Served(run_copy, poll_s=0)
