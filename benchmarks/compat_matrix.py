@@ -18,6 +18,8 @@ and flips, which the script checks.
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 import time
 from unittest import mock
 
@@ -122,10 +124,7 @@ def main() -> None:
 
 
 def figures(sessions) -> None:
-    import os
-    import tempfile
-
-    from cvs_jax.reports import html, plots, run_page
+    from cvs_jax.reports import html, plots, run_page  # matplotlib, for this arm only
 
     out = []
     with tempfile.TemporaryDirectory() as tmp:

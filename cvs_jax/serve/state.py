@@ -176,8 +176,16 @@ class Served:
         """The run to serve at start: the model ``gate.served_model`` chooses (a pin recorded in
         ``served.json`` holds; otherwise the sessions completed since the model it records, or since
         session 1 for a run never served, go through the gate), logged as the watcher logs its verdicts."""
-        run = run_reader.Run(self.workdir)
-        choice = gate.served_model(self.workdir, run.gallery_session, self.thresholds)
+        newest = gate.newest_session(self.workdir)
+        if newest is None:
+            return run_reader.Run(self.workdir)  # refused, with the reader's one line
+        # decided from the listing, so the run (its gallery: one restore per session) is read once
+        choice = gate.served_model(self.workdir, newest, self.thresholds)
+        run = run_reader.Run(self.workdir, model_session=choice.model)
+        if run.gallery_session != newest:  # a session completed meanwhile: it goes through the gate too
+            choice = gate.served_model(self.workdir, run.gallery_session, self.thresholds)
+            if choice.model != run.session:
+                run = run_reader.Run(self.workdir, model_session=choice.model)
         for line in choice.notes:
             log.warning("at start, %s", line)
         for verdict in choice.verdicts:
@@ -185,7 +193,7 @@ class Served:
             self.gate_counts[verdict["decision"]] += 1
             log.warning("at start, %s", gate.line(verdict))
         self._pin = choice.pin
-        return run if choice.model == run.session else run_reader.Run(self.workdir, model_session=choice.model)
+        return run
 
     def _record(self) -> None:
         """Writes ``served.json`` (the served model and gallery sessions and the pin, 0-based), replaced
