@@ -52,7 +52,7 @@ from absl import flags
 from cvs_jax import cli
 from cvs_jax.config import recipe as session_recipe
 from cvs_jax.config import recorded
-from cvs_jax.data import records, sources, stores
+from cvs_jax.data import folder_inventory, records, sources, stores
 from cvs_jax.engine import determinism, runner
 from cvs_jax.errors import ConfigError, DataError, UserError
 from cvs_jax.retrieval import added_session, gate, run_reader
@@ -321,6 +321,7 @@ def _sessions_before(config: ml_collections.ConfigDict) -> int:
     return 1 if ds.train_sessions is None or not len(ds.train_sessions) else int(np.max(ds.train_sessions)) + 1
 
 
+@folder_inventory.scans_held()  # each folder scanned once by the checks, its store and the run
 def update(workdir: str, data: str, overrides: dict | None = None) -> int:
     """``overrides``: ``UPDATE_FIELDS`` values to apply (``--config.<field>``), e.g. ``{"data.on_corrupt": "skip"}``."""
     try:
@@ -364,6 +365,7 @@ def from_added_folder(workdir: str) -> tuple[str, bool, str]:
     return added_session.make_folder(workdir, done + 1, used, rows), True, what
 
 
+@folder_inventory.scans_held()
 def update_from_added(workdir: str, overrides: dict | None = None) -> int:
     """``update`` on the folder ``from_added_folder`` makes; a refused one is removed (nothing changes)."""
     parent = os.path.join(os.path.abspath(workdir), added_session.FOLDER)

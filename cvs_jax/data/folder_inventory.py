@@ -52,6 +52,7 @@ with a drawn split the test entries keep theirs, so a session can lose rows to t
 from __future__ import annotations
 
 import collections
+import contextlib
 import csv
 import dataclasses
 import hashlib
@@ -511,8 +512,31 @@ def _check_utf8(path: str) -> None:
         ) from None
 
 
+_HELD: dict | None = None  # (source, test_fraction, seed) -> Inventory while ``scans_held`` is open
+
+
+@contextlib.contextmanager
+def scans_held():
+    """Within it, each source is scanned once and its inventory reused (a command's view of its folders is the
+    one it started with). A photo ``main`` scanned its folder six times (the config check, the data check,
+    the protocol and each session's page): 0.26 s each for the walkthrough's 1,920-row manifest (2-core host),
+    about 135 us a row, so a 100,000-photo run read its list for over a minute more than once. Only commands open
+    it (``runner.run``, ``update``), never a server, whose folders may change under it. A refused scan is not
+    kept."""
+    global _HELD
+    outer = _HELD
+    if outer is None:
+        _HELD = {}
+    try:
+        yield
+    finally:
+        if outer is None:
+            _HELD = None
+
+
 def scan(source: str, *, test_fraction: float = 0.2, seed: int = 0) -> Inventory:
-    """Inventory of the labelled images at ``source`` (layouts and rules: module docstring).
+    """Inventory of the labelled images at ``source`` (layouts and rules: module docstring); once per
+    ``scans_held`` block.
 
     ``source``: a CSV manifest, or a directory holding ``manifest.csv`` (which then wins over any
     folders there), ``train/<class>/`` [+ ``test/<class>/``] folders, or ``<class>/`` folders.
@@ -525,6 +549,16 @@ def scan(source: str, *, test_fraction: float = 0.2, seed: int = 0) -> Inventory
     frac = _check_fraction(test_fraction)
     source = os.path.abspath(os.path.expanduser(os.fspath(source)))
     _check_utf8(source)
+    key = (source, frac, seed)
+    if _HELD is not None and key in _HELD:
+        return _HELD[key]
+    inventory = _scan(source, frac, seed)
+    if _HELD is not None:
+        _HELD[key] = inventory
+    return inventory
+
+
+def _scan(source: str, frac: Fraction, seed: int) -> Inventory:
     if os.path.isfile(source):
         if not source.lower().endswith(".csv"):
             raise DataError(

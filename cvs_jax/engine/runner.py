@@ -22,6 +22,7 @@ import ml_collections
 
 from cvs_jax import distributed
 from cvs_jax.config import recorded
+from cvs_jax.data import folder_inventory
 from cvs_jax.engine import comparison, config_checks, data_checks, phases, population, reporting
 from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.context_builder import build_context, devices_line
@@ -36,7 +37,13 @@ from cvs_jax.rundir.run_log import RunLog
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Runs (or resumes) the whole continual protocol; returns the contents of results.json (a
-    population, ``config.population > 1``: ``run_population``'s summary)."""
+    population, ``config.population > 1``: ``run_population``'s summary). A photo folder is scanned once
+    (``folder_inventory.scans_held``)."""
+    with folder_inventory.scans_held():
+        return _run(config, workdir)
+
+
+def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if config.population > 1:
         return run_population(config, workdir)
     distributed.maybe_initialize(config.distributed.multihost)  # before anything touches the devices

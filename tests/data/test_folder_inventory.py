@@ -422,3 +422,31 @@ def test_fingerprint(tmp_path):
 
     img(root / "a" / "00.png", (40, 40), (1, 2, 3))  # rewritten with another size
     assert fi.scan(str(root)).fingerprint()["sha256"] != base["sha256"]
+
+
+# ---------------------------------------------------------------- one scan per command
+def test_a_command_scans_each_source_once_and_sees_later_changes_only_after_it(tmp_path, monkeypatch):
+    """Within ``scans_held`` (``runner.run``, ``update``) a source is scanned once; outside it (a server) every
+    call scans, so a changed folder is seen; a refused scan is not kept, and another drawing is another scan."""
+    root = tmp_path / "photos"
+    img(root / "cat" / "a.png")
+    img(root / "dog" / "b.png")
+    scanned = []
+    real = fi._scan  # pylint: disable=protected-access
+    monkeypatch.setattr(fi, "_scan", lambda source, frac, seed: scanned.append(source) or real(source, frac, seed))
+    with fi.scans_held():
+        first = fi.scan(str(root))
+        with fi.scans_held():  # nested: the outer block's memory
+            assert fi.scan(str(root) + "/") is first
+        img(root / "cat" / "c.png")  # the command's view is the one it started with
+        assert fi.scan(str(root)) is first and len(first.train) + len(first.test) == 2
+        assert len(scanned) == 1
+        fi.scan(str(root), seed=1)  # another test split drawn: scanned for it
+        assert len(scanned) == 2
+        for _ in range(2):
+            with pytest.raises(DataError, match="does not exist"):
+                fi.scan(str(tmp_path / "absent"))
+        assert len(scanned) == 4
+    later = fi.scan(str(root))
+    assert len(later.train) + len(later.test) == 3 and fi.scan(str(root)) is not later
+    assert len(scanned) == 6

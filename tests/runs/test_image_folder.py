@@ -3,6 +3,7 @@ run whose sessions come from a manifest."""
 
 from __future__ import annotations
 
+import collections
 import csv
 import json
 import os
@@ -15,7 +16,7 @@ import pytest
 from PIL import Image
 
 from cvs_jax import update
-from cvs_jax.data import records, sources
+from cvs_jax.data import folder_inventory, records, sources
 from cvs_jax.data.builders import resize
 from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError, DataError
@@ -93,12 +94,17 @@ def _outcome(workdir):
     return res["per_session"], np.asarray(run.gallery.embeddings), run
 
 
-def test_main_then_two_updates_equal_one_manifest_run(folders, tmp_path):
+def test_main_then_two_updates_equal_one_manifest_run(folders, tmp_path, monkeypatch):
     live = str(tmp_path / "live")
     first = folder_config(tmp_path, folders[0])
     first.pictures = False  # compared by results and rows (updates keep it: the stored config's)
+    scanned = collections.Counter()  # a run and an update scan each folder once (folder_inventory.scans_held)
+    real = folder_inventory._scan  # pylint: disable=protected-access
+    monkeypatch.setattr(folder_inventory, "_scan", lambda s, *a: scanned.update([s]) or real(s, *a))
     runner.run(first, live)
+    assert scanned == {folders[0]: 1}, scanned
     assert update.update(live, folders[1]) == 0
+    assert scanned == {folders[0]: 2, folders[1]: 1}, scanned
     # the second update is killed mid-training (like kill -9) and rerun: it resumes exactly
     env = dict(os.environ, CVS_JAX_FAULT="step:3")
     cmd = [sys.executable, "-m", "cvs_jax.update", "--workdir", live, "--data", folders[2]]
