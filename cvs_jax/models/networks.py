@@ -194,7 +194,7 @@ def _pretrained_init(model, head, shape: tuple, sizes: tuple, image_shape, path:
     ``embedding``) with the head. Drawing all of EfficientNet-Lite0 to overwrite all but its last layer took
     2.7 s of CPU warm and 14.8 s on an empty compile cache (its program compiles every weight's hash); 0.9 and 1.5 s
     drawing only what the file lacks, with the same bits (2-core host; ``tests/models/test_pretrained_init.py``)."""
-    template, arrays_shape = jax.eval_shape(functools.partial(_draw, model, head, shape, *sizes), *keys)
+    template, _ = jax.eval_shape(functools.partial(_draw, model, head, shape, *sizes), *keys)
     weights = load_pretrained(model, path, image_shape)
     paths = tuple(_missing_paths(template, weights))
     draw = _DRAW_PART_ON_CPU if jax.default_backend() == "cpu" else _DRAW_PART_ELSEWHERE
@@ -205,7 +205,6 @@ def _pretrained_init(model, head, shape: tuple, sizes: tuple, image_shape, path:
         parent[p[-1]] = leaf
     init = merge_pretrained(init, weights)  # every other leaf from the file (or one clear error)
     assert not any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(init)), "an undrawn leaf"
-    assert jax.tree.structure(arrays) == jax.tree.structure(arrays_shape)
     return init, arrays
 
 
@@ -221,16 +220,15 @@ def init_variables(
     shape = tuple(int(d) for d in image_shape)
     sizes = (int(num_classes), int(config.model.embed_dim))
     # a weight file is refused early by config_checks when absent or unfit
-    if config.model.pretrained is not None and not abstract:
-        path = resolve(config.model.pretrained)
+    path = None if config.model.pretrained is None else resolve(config.model.pretrained)
+    if abstract:
+        init, arrays = jax.eval_shape(functools.partial(_draw, model, head, shape, *sizes), init_key, head_key)
+        if path is not None:
+            init = merge_pretrained(init, load_pretrained(model, path, image_shape))
+    elif path is not None:
         init, arrays = _pretrained_init(model, head, shape, sizes, image_shape, path, (init_key, head_key))
     else:
-        if abstract:
-            init, arrays = jax.eval_shape(functools.partial(_draw, model, head, shape, *sizes), init_key, head_key)
-        else:
-            init, arrays = _fresh(model, head, shape, *sizes, init_key, head_key)
-        if config.model.pretrained is not None:
-            init = merge_pretrained(init, load_pretrained(model, resolve(config.model.pretrained), image_shape))
+        init, arrays = _fresh(model, head, shape, *sizes, init_key, head_key)
     return {"params": {"net": init["params"], **arrays}, "batch_stats": init.get("batch_stats", {})}
 
 
