@@ -520,9 +520,9 @@ def scans_held():
     """Within it, each source is scanned once and its inventory reused (a command's view of its folders is the
     one it started with). A photo ``main`` scanned its folder six times (the config check, the data check,
     the protocol and each session's page): 0.26 s each for the walkthrough's 1,920-row manifest (2-core host),
-    about 135 us a row: at 100,000 photos, five scans more are over a minute. Only commands open
-    it (``runner.run``, ``update``), never a server, whose folders may change under it. A refused scan is not
-    kept."""
+    about 135 us a row: at 100,000 photos, five scans more are over a minute. Only commands open it
+    (``runner.run``, ``run_comparison``, ``update``), never a server, whose folders may change under it. A
+    refused scan is not kept."""
     global _HELD
     outer = _HELD
     if outer is None:

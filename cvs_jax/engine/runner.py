@@ -170,6 +170,7 @@ def _train(size: int, ctxs, states, views, consts) -> list[phases.Selection]:
     return population.train(ctxs, states, views, consts)
 
 
+@folder_inventory.scans_held()  # a photo folder scanned once for every entry's checks and runs
 def run_comparison(
     config,
     workdir: str,

@@ -137,3 +137,20 @@ def test_main_then_two_updates_equal_one_manifest_run(folders, tmp_path, monkeyp
     # the original command on an updated run is refused with the way forward
     with pytest.raises(ConfigError, match="cvs_jax.update"):
         runner.run(folder_config(tmp_path, folders[0]), live)
+
+
+def test_a_comparison_scans_its_photo_folder_once(folders, tmp_path, monkeypatch):
+    """``run_comparison`` checks every entry's config and plan, then runs them: one scan of the folder for all
+    (``folder_inventory.scans_held``); the runs are replaced by two more reads of it."""
+    scanned = collections.Counter()
+    real = folder_inventory._scan  # pylint: disable=protected-access
+    monkeypatch.setattr(folder_inventory, "_scan", lambda s, *a: scanned.update([s]) or real(s, *a))
+
+    def runs_that_read_the_folder(config, *args, **kwargs):
+        for _ in range(2):
+            sources.load_run_dataset(sources.streamed(config).data)
+        return []
+
+    monkeypatch.setattr(runner, "_compare", runs_that_read_the_folder)
+    runner.run_comparison(folder_config(tmp_path, folders[0]), str(tmp_path / "cmp"), ["finetune", "cvs"], [0])
+    assert scanned == {folders[0]: 1}, scanned
