@@ -549,12 +549,12 @@ def scan(source: str, *, test_fraction: float = 0.2, seed: int = 0) -> Inventory
     frac = _check_fraction(test_fraction)
     source = os.path.abspath(os.path.expanduser(os.fspath(source)))
     _check_utf8(source)
-    key = (source, frac, seed)
-    if _HELD is not None and key in _HELD:
-        return _HELD[key]
+    key, held = (source, frac, seed), _HELD  # read once: a drawing thread may scan as the block closes
+    if held is not None and key in held:
+        return held[key]
     inventory = _scan(source, frac, seed)
-    if _HELD is not None:
-        _HELD[key] = inventory
+    if held is not None:
+        held[key] = inventory
     return inventory
 
 
