@@ -191,9 +191,10 @@ def _missing_paths(tree, given, path: tuple = ()) -> list[tuple]:
 
 def _pretrained_init(model, head, shape: tuple, sizes: tuple, image_shape, path: str, keys) -> tuple[dict, dict]:
     """A fresh pretrained network: the weight file's leaves, and drawn only the leaves it lacks (the new
-    ``embedding``) with the head. Drawing all of EfficientNet-Lite0 to overwrite all but its last layer took
-    2.7 s of CPU warm and 14.8 s on an empty compile cache (its program compiles every weight's hash); 0.9 and 1.5 s
-    drawing only what the file lacks, with the same bits (2-core host; ``tests/models/test_pretrained_init.py``)."""
+    ``embedding``) with the head. Drawing all of EfficientNet-Lite0 to overwrite all but its last layer, the file's
+    read included, took 2.5-2.6 s of CPU warm and 11-13 s on an empty compile cache (its program compiles every
+    weight's hash); 1.2-1.5 and 1.9-2.1 s drawing only what the file lacks, with the same bits (2-core host;
+    ``python benchmarks/pretrained_init.py --cold``; ``tests/models/test_pretrained_init.py``)."""
     template, _ = jax.eval_shape(functools.partial(_draw, model, head, shape, *sizes), *keys)
     weights = load_pretrained(model, path, image_shape)
     paths = tuple(_missing_paths(template, weights))

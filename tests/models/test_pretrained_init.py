@@ -1,8 +1,9 @@
 """A fresh pretrained network draws only the leaves its weight file lacks (``networks._pretrained_init``), and
 its variables keep the bits of drawing the whole network and overwriting it with the file's.
 
-The whole draw of EfficientNet-Lite0 cost 2.7 s of CPU warm and 14.8 s on an empty compile cache, for weights
-the file then replaced; the draw of its new ``embedding`` layer and the head alone 0.9 and 1.5 s (2-core host).
+The whole draw of EfficientNet-Lite0 and the file's read cost 2.5-2.6 s of CPU warm and 11-13 s on an empty compile
+cache, for weights the file then replaced; with the draw of its new ``embedding`` layer and the head alone 1.2-1.5 and
+1.9-2.1 s (2-core host, ``python benchmarks/pretrained_init.py --cold``).
 """
 
 import os
