@@ -3,10 +3,10 @@
 import dataclasses
 import functools
 import os
-from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
+from flax import traverse_util
 
 from cvs_jax.errors import ConfigError
 from cvs_jax.models.efficientnet import LITE_ARCHITECTURES, EfficientNetLite
@@ -168,25 +168,12 @@ def _draw_part(model, head, image_shape: tuple, num_classes: int, embed_dim: int
     """``_draw``'s network leaves at ``paths`` (tuples of keys) and the head: XLA drops the draws of every other
     leaf, and each kept leaf has the bits of the whole draw (Flax derives a parameter's key from its path)."""
     net, arrays = _draw(model, head, image_shape, num_classes, embed_dim, init_key, head_key)
-    return [_at(net, p) for p in paths], arrays
+    flat = traverse_util.flatten_dict(net)
+    return [flat[p] for p in paths], arrays
 
 
 _DRAW_PART_ON_CPU = jax.jit(_draw_part, static_argnums=(0, 1, 2, 3, 4, 5), compiler_options=INIT_COMPILER_OPTIONS)
 _DRAW_PART_ELSEWHERE = jax.jit(_draw_part, static_argnums=(0, 1, 2, 3, 4, 5))
-
-
-def _at(tree, path: tuple):
-    for key in path:
-        tree = tree[key]
-    return tree
-
-
-def _missing_paths(tree, given, path: tuple = ()) -> list[tuple]:
-    """The leaf paths of ``tree`` that ``given`` (a weight file's variables) does not hold."""
-    if not isinstance(tree, Mapping):
-        return [] if isinstance(given, Mapping) or given is not None else [path]
-    sub = given if isinstance(given, Mapping) else {}
-    return [p for k, v in tree.items() for p in _missing_paths(v, sub.get(k), (*path, k))]
 
 
 def _pretrained_init(model, head, shape: tuple, sizes: tuple, image_shape, path: str, keys) -> tuple[dict, dict]:
@@ -197,14 +184,13 @@ def _pretrained_init(model, head, shape: tuple, sizes: tuple, image_shape, path:
     ``python benchmarks/pretrained_init.py --cold``; ``tests/models/test_pretrained_init.py``)."""
     template, _ = jax.eval_shape(functools.partial(_draw, model, head, shape, *sizes), *keys)
     weights = load_pretrained(model, path, image_shape)
-    paths = tuple(_missing_paths(template, weights))
+    flat, given = traverse_util.flatten_dict(template), traverse_util.flatten_dict(weights)
+    paths = tuple(p for p in flat if p not in given)
     draw = _DRAW_PART_ON_CPU if jax.default_backend() == "cpu" else _DRAW_PART_ELSEWHERE
     drawn, arrays = draw(model, head, shape, *sizes, paths, *keys)
-    init = jax.tree.map(lambda x: x, template)  # a copy whose drawn leaves are set below
-    for p, leaf in zip(paths, drawn):
-        parent = _at(init, p[:-1])
-        parent[p[-1]] = leaf
-    init = merge_pretrained(init, weights)  # every other leaf from the file (or one clear error)
+    flat.update(zip(paths, drawn))
+    # every other leaf from the file, or one clear error (a leaf the file lacks outside the new embedding)
+    init = merge_pretrained(traverse_util.unflatten_dict(flat), weights)
     assert not any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(init)), "an undrawn leaf"
     return init, arrays
 

@@ -59,6 +59,16 @@ def folder_config(tmp_path, manual_dir):
     return c
 
 
+def backbone_config(name: str, pretrained: str | None, **model):
+    """The image_folder config (its default variant) with ``model.name``, ``model.pretrained`` and any other
+    ``model`` fields set: what the backbone and weight-file tests build networks from."""
+    c = image_folder_general.get_config()
+    c.model.name, c.model.pretrained = name, pretrained
+    for k, v in model.items():
+        c.model[k] = v
+    return c
+
+
 PHOTO_RUN_SESSIONS = ({"ant": 16, "bee": 16, "cat": 16}, {"dog": 16, "ant": 4})
 
 

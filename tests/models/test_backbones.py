@@ -23,6 +23,7 @@ from cvs_jax.models.networks import init_variables
 from cvs_jax.models.pretrained import load_torchvision_resnet
 from cvs_jax.models.resnet import TorchvisionResNet
 from cvs_jax.models.vit import VisionTransformer
+from cvs_jax.testing.image_folders import backbone_config
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "backbones")
 TOL = 1e-4
@@ -120,20 +121,10 @@ def test_preprocessing_specs():
         backbones.preprocessing("resnet18")
 
 
-def _config(name, pretrained, **model):
-    from configs import image_folder_general
-
-    c = image_folder_general.get_config()
-    c.model.name, c.model.pretrained = name, pretrained
-    for k, v in model.items():
-        c.model[k] = v
-    return c
-
-
 def test_vit_from_config_takes_the_file_and_resamples(tmp_path):
     """model.name='vit': the architecture from the file's keys; pos_embed resampled to the input's grid."""
     path = os.path.join(FIXTURES, "dinov2_reg_patch14.safetensors")
-    config = _config("vit", path, embed_dim=16)
+    config = backbone_config("vit", path, embed_dim=16)
     config.augment.size = 56  # crops of 56 = 4x4 patches; the file's grid is 3x3
     model = model_from_config(config)
     assert isinstance(model, VisionTransformer) and model.spec.registers == 2 and model.spec.grid is None
@@ -171,14 +162,14 @@ def test_vit_from_config_takes_the_file_and_resamples(tmp_path):
     ],
 )
 def test_wrong_or_missing_file_is_one_line(name, file, message):
-    config = _config(name, os.path.join(FIXTURES, file))
+    config = backbone_config(name, os.path.join(FIXTURES, file))
     with pytest.raises(ConfigError) as e:
         backbones.check_pretrained(config)
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
 def test_refused_by_config_checks_before_any_work(tmp_path):
-    config = _config("vit_base_patch16", os.path.join(FIXTURES, "vit_patch16.safetensors"))
+    config = backbone_config("vit_base_patch16", os.path.join(FIXTURES, "vit_patch16.safetensors"))
     config.data.manual_dir = str(tmp_path)
     with pytest.raises(ConfigError, match="holds a ViT depth 2"):
         config_checks.check(config, num_devices=1)
@@ -186,14 +177,14 @@ def test_refused_by_config_checks_before_any_work(tmp_path):
 
 def test_a_named_vit_needs_no_file():
     """search and export rebuild a trained run's network from its config, after the weight file may be gone."""
-    model = model_from_config(_config("vit_small_patch14_reg4_dinov2", None))
+    model = model_from_config(backbone_config("vit_small_patch14_reg4_dinov2", None))
     assert (model.spec.registers, model.spec.no_embed_class, model.spec.patch, model.spec.width) == (4, True, 14, 384)
     with pytest.raises(ConfigError, match="model.name='vit' takes its architecture from model.pretrained"):
-        backbones.check_pretrained(_config("vit", None))
+        backbones.check_pretrained(backbone_config("vit", None))
 
 
 def test_input_side_must_be_whole_patches():
-    config = _config("vit_small_patch14_dinov2", None)
+    config = backbone_config("vit_small_patch14_dinov2", None)
     config.augment.size = 64
     with pytest.raises(ConfigError, match="augment.size=64 is not a multiple of the ViT's patch 14.*use 56 or 70"):
         backbones.check_pretrained(config)

@@ -12,21 +12,13 @@ import jax
 import numpy as np
 import pytest
 
-from cvs_jax.config import image_folder_general
 from cvs_jax.methods.registry import get_head
 from cvs_jax.models import networks
 from cvs_jax.models.pretrained import PretrainedWeightsError, merge_pretrained
 from cvs_jax.models.weight_packages import resolve
+from cvs_jax.testing.image_folders import backbone_config
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "backbones")
-
-
-def _config(name, pretrained, **model):
-    c = image_folder_general.get_config()
-    c.model.name, c.model.pretrained = name, pretrained
-    for k, v in model.items():
-        c.model[k] = v
-    return c
 
 
 def _whole_draw_then_file(model, config, image_shape, classes, keys, head):
@@ -47,7 +39,7 @@ def _whole_draw_then_file(model, config, image_shape, classes, keys, head):
 )
 def test_only_what_the_file_lacks_is_drawn_with_the_whole_draws_bits(monkeypatch, name, pretrained, image_shape, model):
     """At the suite's XLA level; also passed at the run's (``CVS_JAX_TEST_XLA_LEVEL=default``, 2026-12-07)."""
-    config = _config(name, pretrained, **model)
+    config = backbone_config(name, pretrained, **model)
     config.augment.size = image_shape[0]
     net, head = networks.from_config(config), get_head(config)
     keys = tuple(jax.random.split(jax.random.key(7)))
@@ -84,7 +76,7 @@ def test_only_what_the_file_lacks_is_drawn_with_the_whole_draws_bits(monkeypatch
 
 def test_a_file_that_lacks_a_trunk_leaf_is_still_one_error(monkeypatch):
     """The file is still checked leaf by leaf: a trunk leaf it lacks is refused, not drawn in silence."""
-    config = _config("vit", os.path.join(FIXTURES, "dinov2_reg_patch14.safetensors"), embed_dim=16)
+    config = backbone_config("vit", os.path.join(FIXTURES, "dinov2_reg_patch14.safetensors"), embed_dim=16)
     config.augment.size = 56
     net, head = networks.from_config(config), get_head(config)
     real = networks.load_pretrained

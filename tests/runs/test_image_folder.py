@@ -94,13 +94,19 @@ def _outcome(workdir):
     return res["per_session"], np.asarray(run.gallery.embeddings), run
 
 
+def _count_scans(monkeypatch) -> collections.Counter:
+    """How many times each folder is scanned from now on (``folder_inventory._scan`` counted)."""
+    scanned: collections.Counter = collections.Counter()
+    real = folder_inventory._scan  # pylint: disable=protected-access
+    monkeypatch.setattr(folder_inventory, "_scan", lambda s, *a: scanned.update([s]) or real(s, *a))
+    return scanned
+
+
 def test_main_then_two_updates_equal_one_manifest_run(folders, tmp_path, monkeypatch):
     live = str(tmp_path / "live")
     first = folder_config(tmp_path, folders[0])
     first.pictures = False  # compared by results and rows (updates keep it: the stored config's)
-    scanned = collections.Counter()  # a run and an update scan each folder once (folder_inventory.scans_held)
-    real = folder_inventory._scan  # pylint: disable=protected-access
-    monkeypatch.setattr(folder_inventory, "_scan", lambda s, *a: scanned.update([s]) or real(s, *a))
+    scanned = _count_scans(monkeypatch)  # a run and an update scan each folder once (folder_inventory.scans_held)
     runner.run(first, live)
     assert scanned == {folders[0]: 1}, scanned
     assert update.update(live, folders[1]) == 0
@@ -142,9 +148,7 @@ def test_main_then_two_updates_equal_one_manifest_run(folders, tmp_path, monkeyp
 def test_a_comparison_scans_its_photo_folder_once(folders, tmp_path, monkeypatch):
     """``run_comparison`` checks every entry's config and plan, then runs them: one scan of the folder for all
     (``folder_inventory.scans_held``); the runs are replaced by two more reads of it."""
-    scanned = collections.Counter()
-    real = folder_inventory._scan  # pylint: disable=protected-access
-    monkeypatch.setattr(folder_inventory, "_scan", lambda s, *a: scanned.update([s]) or real(s, *a))
+    scanned = _count_scans(monkeypatch)
 
     def runs_that_read_the_folder(config, *args, **kwargs):
         for _ in range(2):
