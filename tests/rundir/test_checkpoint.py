@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 
+import jax
 import numpy as np
 import pytest
 
@@ -95,6 +96,33 @@ def test_restore_gives_back_exactly_what_was_saved(saved):
     assert_tree_equal(older["variables"], tree(0))
     assert older["meta"] == meta(0)
     assert ck.restore_latest(TEMPLATES, steps=range(0, 1))[0] == 0
+    ck.close()
+
+
+def test_tree_metadata_is_read_once_per_version_of_its_file(saved, monkeypatch):
+    """A model's restore reads its stored tree's metadata once: ``stored_shape`` and the structure check share
+    the read, and orbax, given host arrays to fill, looks for no sharding there. A step written again (same
+    number, another head) is read again, never from what was read before."""
+    reads = []
+    real = checkpoint.ocp.StandardCheckpointHandler.metadata
+    monkeypatch.setattr(
+        checkpoint.ocp.StandardCheckpointHandler, "metadata", lambda self, d: reads.append(d.name) or real(self, d)
+    )
+    ck = open_ck(saved)
+    assert ck.stored_shape(1, "variables", "params/head/w") == (4, 2)
+    items = ck.restore(1, {"variables": template()})
+    assert reads == ["variables"]
+    assert_tree_equal(items["variables"], tree(1))
+    assert all(isinstance(x, (np.ndarray, np.generic)) for x in jax.tree.leaves(items["variables"]))
+    grown = tree(1)
+    grown["params"]["head"]["w"] = np.ones((4, 3), np.float32)
+    ck.remove([1])
+    ck.save(1, {"variables": grown}, meta(1))
+    assert ck.stored_shape(1, "variables", "params/head/w") == (4, 3)
+    with pytest.raises(CheckpointError, match=r"params/head/w: shape \(4, 3\) in the checkpoint, \(4, 2\)"):
+        ck.restore(1, {"variables": template()})
+    assert_tree_equal(ck.restore(1, {"variables": grown})["variables"], grown)
+    assert reads == ["variables"] * 2
     ck.close()
 
 
