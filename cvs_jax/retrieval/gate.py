@@ -106,6 +106,44 @@ def line(verdict: dict) -> str:
     )
 
 
+def lines(verdicts) -> list[str]:
+    """``line`` for each verdict, except that consecutive switches for the same reason become one line naming
+    their sessions and the worst BC and NFR among them: a server's first start on a run never served logged
+    one line per session (20 at a 21-session photo run), each "switched ... within the thresholds"."""
+    out, group = [], []
+
+    def flush() -> None:
+        if len(group) == 1:
+            out.append(line(group[0]))
+        elif group:
+            first, last, t = group[0], group[-1], group[0]["thresholds"]
+            worst = []
+            bcs = [v for v in group if v["bc"] is not None]
+            if bcs:
+                v = min(bcs, key=lambda v: v["bc"])
+                worst.append(f"lowest BC {v['bc']:+.2f} points (session {v['candidate_session']})")
+            nfrs = [v for v in group if v["nfr"] is not None]
+            if nfrs:
+                v = max(nfrs, key=lambda v: v["nfr"])
+                worst.append(f"highest NFR {v['nfr']:.2f} % (session {v['candidate_session']})")
+            out.append(
+                f"gate: switched sessions {first['candidate_session']}-{last['candidate_session']} "
+                f"({len(group)} sessions; thresholds BC >= {t['bc']:g}, NFR <= {t['nfr']:g}"
+                f"{', off' if t['off'] else ''}): each {last['reason']}" + (f"; {', '.join(worst)}" if worst else "")
+            )
+        group.clear()
+
+    for verdict in verdicts:
+        if verdict["decision"] != "switched" or (group and verdict["reason"] != group[-1]["reason"]):
+            flush()
+        if verdict["decision"] == "switched":
+            group.append(verdict)
+        else:
+            out.append(line(verdict))
+    flush()
+    return out
+
+
 def for_workdir(workdir: str, candidate: int, served: int | None, thresholds: Thresholds) -> dict:
     return evaluate(read_results(workdir), candidate, served, thresholds)
 

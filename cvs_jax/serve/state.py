@@ -191,7 +191,8 @@ class Served:
         for verdict in choice.verdicts:
             self.gate = verdict
             self.gate_counts[verdict["decision"]] += 1
-            log.warning("at start, %s", gate.line(verdict))
+        for text in gate.lines(choice.verdicts):
+            log.warning("at start, %s", text)
         self._pin = choice.pin
         return run
 
