@@ -129,7 +129,7 @@ def lines(verdicts) -> list[str]:
             out.append(
                 f"gate: switched sessions {first['candidate_session']}-{last['candidate_session']} "
                 f"({len(group)} sessions; thresholds BC >= {t['bc']:g}, NFR <= {t['nfr']:g}"
-                f"{', off' if t['off'] else ''}): each {last['reason']}" + (f"; {', '.join(worst)}" if worst else "")
+                f"{', off' if t['off'] else ''}): {last['reason']}" + (f"; {', '.join(worst)}" if worst else "")
             )
         group.clear()
 

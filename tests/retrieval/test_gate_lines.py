@@ -36,7 +36,7 @@ def test_switches_for_one_reason_are_one_line_and_a_kept_session_its_own():
         low = min(group, key=lambda v: v["bc"])
         high = max(group, key=lambda v: v["nfr"])
         assert text.startswith(f"gate: switched sessions {first}-{last} ({len(group)} sessions; ")
-        assert "thresholds BC >= -20, NFR <= 25): each within the thresholds" in text
+        assert "thresholds BC >= -20, NFR <= 25): within the thresholds" in text
         assert f"lowest BC {low['bc']:+.2f} points (session {low['candidate_session']})" in text
         assert f"highest NFR {high['nfr']:.2f} % (session {high['candidate_session']})" in text
 
@@ -48,5 +48,5 @@ def test_a_lone_switch_and_the_gate_off_read_as_before():
     off = verdicts(results(4, broken=2), gate.Thresholds(off=True))
     (text,) = gate.lines(off)
     assert text.startswith("gate: switched sessions 2-4 (3 sessions; thresholds BC >= -20, NFR <= 25, off)")
-    assert "each the gate is off (--gate off)" in text and "lowest BC -" in text
+    assert "off): the gate is off (--gate off)" in text and "lowest BC -" in text
     assert gate.lines([]) == []
