@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 
 import jax
 import numpy as np
 
-from cvs_jax.engine import features
+from cvs_jax.engine import compat_counts, features
 from cvs_jax.engine.context import RunContext
 from cvs_jax.engine.run_state import RunState, restore_variables
 from cvs_jax.reports import plots, run_page
@@ -20,10 +19,8 @@ from cvs_jax.retrieval.compatibility import (
     average_compatibility,
     average_compatibility_rules,
     average_multimodel_accuracy,
-    compatibility_matrix,
     format_matrix,
     mean_drop,
-    negative_flips,
 )
 from cvs_jax.retrieval.run_rows import Rows
 from cvs_jax.rundir import paths
@@ -101,17 +98,11 @@ def finish(ctx: RunContext, state: RunState) -> dict:
         "average_map": average_map(per_session),
         "query_map": c.retrieval.query_map,
     }
-    last_test = ctx.proto.test_queries(plan.num_sessions - 1)
-
-    @functools.cache  # the matrix and the flips read each model's queries: embedded once (T x Q x D floats)
-    def embed_queries(i):
-        variables = restore_variables(ctx.sessions, i, state.variables, ctx.trunk)
-        return ctx.embed(variables, ctx.proto.test_images(last_test))
-
     # with query maps, model i's queries reach part j's rows through the chain i -> ... -> j
-    compat = compatibility_matrix(
-        plan.num_sessions, state.gallery, embed_queries, ctx.proto.test_labels[last_test], maps=state.query_maps or None
+    compat, flips, counted = compat_counts.count(
+        ctx, state, lambda i: restore_variables(ctx.sessions, i, state.variables, ctx.trunk)
     )
+    ctx.log.print(counted)
     results["compatibility_recall1"] = [[None if np.isnan(v) else float(v) for v in row] for row in compat]
     drop = mean_drop(results["compatibility_recall1"])
     results[BC_KEY] = None if drop is None else 100 * drop  # points, as shown
@@ -119,9 +110,7 @@ def finish(ctx: RunContext, state: RunState) -> dict:
     results["compatibility_ac_ties_pass"] = average_compatibility_rules(results["compatibility_recall1"])["ties_pass"]
     results["compatibility_am"] = average_multimodel_accuracy(results["compatibility_recall1"])
     # entry i-1: the update from model i-1 to model i (top-1 of the same queries on the rows before session i)
-    results["negative_flip_rate"] = negative_flips(
-        plan.num_sessions, state.gallery, embed_queries, ctx.proto.test_labels[last_test], maps=state.query_maps or None
-    )
+    results["negative_flip_rate"] = flips
     # where forgetting shows
     ctx.log.print(format_matrix(results["compatibility_recall1"], results["negative_flip_rate"]))
     flips = [f"{100 * v:.1f}" if v is not None else "-" for v in results["negative_flip_rate"]]

@@ -30,6 +30,44 @@ def part_block(rows) -> int:
     return min(topk.default_block(), topk.pow2(max(len(rows), MIN_PART_BLOCK)))
 
 
+def _part_rows(gallery: Gallery, sessions) -> tuple[RowConcat, np.ndarray] | None:
+    """The rows (and their labels) of the parts made in ``sessions``, or None when there are none."""
+    parts = [p for p in gallery.parts if p.session in sessions]
+    if not parts:
+        return None
+    return RowConcat([p.embeddings for p in parts]), np.concatenate([p.labels for p in parts])
+
+
+def scored(gallery: Gallery, i: int, query_labels: np.ndarray) -> bool:
+    """Whether model i's row of the matrix scores any of these queries (a part j <= i holds their class)."""
+    for j in range(i + 1):
+        found = _part_rows(gallery, {j})
+        if found is not None and np.isin(query_labels, np.unique(found[1])).any():
+            return True
+    return False
+
+
+def row_counts(
+    i: int, gallery: Gallery, queries: np.ndarray, query_labels: np.ndarray, maps: Mapping[int, QueryMap] | None = None
+) -> dict[int, tuple[int, int]]:
+    """Model i's row of the matrix as counts, ``{j: (queries right at top 1, queries scored)}`` for each part
+    j <= i that holds a class of the queries: ``queries`` are model i's embeddings of ``query_labels``' images.
+    Counts of disjoint sets of queries add up to the counts of their union (``engine.compat_counts``)."""
+    out = {}
+    for j in range(i + 1):
+        found = _part_rows(gallery, {j})
+        if found is None:
+            continue
+        rows, labels = found
+        keep = np.isin(query_labels, np.unique(labels))
+        if not keep.any():
+            continue
+        qj = queries if maps is None else query_maps.map_queries(maps, queries, i, [j])[j]
+        top = topk.topk_labels(qj[keep], rows, labels, 1, gallery_bucket=part_block(rows))[:, 0]
+        out[j] = (int(np.sum(top == query_labels[keep])), int(keep.sum()))
+    return out
+
+
 def compatibility_matrix(
     num_sessions: int,
     gallery: Gallery,
@@ -41,21 +79,9 @@ def compatibility_matrix(
     (``query_maps``, by session): model i's queries reach part j through the chain i -> ... -> j."""
     m = np.full((num_sessions, num_sessions), np.nan)
     for i in range(num_sessions):
-        q = None
-        for j in range(i + 1):
-            parts = [p for p in gallery.parts if p.session == j]
-            if not parts:
-                continue
-            labels = np.concatenate([p.labels for p in parts])
-            keep = np.isin(query_labels, np.unique(labels))
-            if not keep.any():
-                continue
-            q = embed_queries(i) if q is None else q
-            qj = q if maps is None else query_maps.map_queries(maps, q, i, [j])[j]
-            rows = RowConcat([p.embeddings for p in parts])
-            m[i, j] = topk.recall_at_k(
-                qj[keep], query_labels[keep], rows, labels, ks=(1,), gallery_block=part_block(rows)
-            )[1]
+        if scored(gallery, i, query_labels):
+            for j, (hits, n) in row_counts(i, gallery, embed_queries(i), query_labels, maps).items():
+                m[i, j] = hits / n
     return m
 
 
@@ -150,6 +176,35 @@ def negative_flip_rate(old_correct, new_correct) -> float:
     return float(np.mean(old & ~new))
 
 
+def flip_counts(
+    i: int,
+    gallery: Gallery,
+    old: np.ndarray,
+    new: np.ndarray,
+    query_labels: np.ndarray,
+    maps: Mapping[int, QueryMap] | None = None,
+) -> tuple[int, int] | None:
+    """The update from model i-1 to model i as counts, ``(queries right before and wrong after, queries
+    scored)``: ``old`` and ``new`` are the two models' embeddings of ``query_labels``' images, searched against
+    the rows before session i (parts of sessions < i, each embedded by its own model), the queries whose
+    class has such rows.  None: no such query.  Counts of disjoint sets of queries add up."""
+    found = _part_rows(gallery, set(range(i)))
+    if found is None:
+        return None
+    rows, labels = found
+    keep = np.isin(query_labels, np.unique(labels))
+    if not keep.any():
+        return None
+    if maps is None:
+        block = part_block(rows)
+        top = [topk.topk_labels(q[keep], rows, labels, 1, gallery_bucket=block)[:, 0] for q in (old, new)]
+    else:
+        before = Gallery([p for p in gallery.parts if p.session < i], gallery.embed_dim)
+        top = [query_maps.mapped_topk_labels(q[keep], before, maps, s, 1)[:, 0] for q, s in ((old, i - 1), (new, i))]
+    right = [t == query_labels[keep] for t in top]
+    return int(np.sum(right[0] & ~right[1])), int(keep.sum())
+
+
 def negative_flips(
     num_sessions: int,
     gallery: Gallery,
@@ -159,31 +214,17 @@ def negative_flips(
 ) -> list[float | None]:
     """NFR of each update, entry i-1 for models i-1 -> i: top-1 correctness of the queries whose class has
     rows in the gallery as it stood before session i (parts of sessions < i, each embedded by its own
-    model), searched by model i-1 and then by model i against those same rows. None: no such query.
-    ``maps`` (``query_maps``, by session): each model's queries reach part j through its chain to j."""
+    model), searched by model i-1 and then by model i against those same rows (``negative_flip_rate``).
+    None: no such query.  ``maps`` (``query_maps``, by session): each model's queries reach part j through
+    its chain to j."""
     out: list[float | None] = []
     for i in range(1, num_sessions):
-        parts = [p for p in gallery.parts if p.session < i]
-        if not parts:
+        found = _part_rows(gallery, set(range(i)))
+        if found is None or not np.isin(query_labels, np.unique(found[1])).any():
             out.append(None)
             continue
-        labels = np.concatenate([p.labels for p in parts])
-        keep = np.isin(query_labels, np.unique(labels))
-        if not keep.any():
-            out.append(None)
-            continue
-        rows = RowConcat([p.embeddings for p in parts])
-        if maps is None:
-            block = part_block(rows)
-            top = [
-                topk.topk_labels(embed_queries(s)[keep], rows, labels, 1, gallery_bucket=block)[:, 0]
-                for s in (i - 1, i)
-            ]
-        else:
-            before = Gallery(parts, gallery.embed_dim)
-            top = [query_maps.mapped_topk_labels(embed_queries(s)[keep], before, maps, s, 1)[:, 0] for s in (i - 1, i)]
-        correct = [t == query_labels[keep] for t in top]
-        out.append(negative_flip_rate(*correct))
+        counts = flip_counts(i, gallery, embed_queries(i - 1), embed_queries(i), query_labels, maps)
+        out.append(None if counts is None else counts[0] / counts[1])
     return out
 
 

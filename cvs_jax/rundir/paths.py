@@ -53,6 +53,7 @@ QUERY_MAPS = os.path.join(CHECKPOINTS, "query_maps")
 ADDITIONS_LOCK = os.path.join(CHECKPOINTS, "additions.lock")
 ADDITIONS_CHAIN = os.path.join(CHECKPOINTS, "additions.json")
 SERVED = os.path.join(CHECKPOINTS, "served.json")
+COMPAT_COUNTS = os.path.join(CHECKPOINTS, "compatibility_counts.json")
 SHARED_SESSION = os.path.join(CHECKPOINTS, "shared_session.json")
 UPLOADS = "uploads"
 FROM_ADDED = "from_added"
@@ -86,6 +87,9 @@ additions_lock = _under_workdir(ADDITIONS_LOCK, doc="The lock of the additions' 
 served_file = _under_workdir(SERVED, doc="The model, gallery and pinned sessions a server last served (its restart).")
 shared_session_file = _under_workdir(
     SHARED_SESSION, doc="compare's mark of a session 1 copied from another entry (an entry without config.json yet)."
+)
+compat_counts_file = _under_workdir(
+    COMPAT_COUNTS, doc="The compatibility matrix's and flips' counts so far, by model (``engine.compat_counts``)."
 )
 uploads_dir = _under_workdir(UPLOADS, doc="Images added through the server, named by their SHA-256.")
 profile_dir = _under_workdir(PROFILE, doc="The jax.profiler trace of ``--config.profile_steps``.")

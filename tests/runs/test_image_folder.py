@@ -21,6 +21,7 @@ from cvs_jax.data.builders import resize
 from cvs_jax.engine import runner
 from cvs_jax.errors import ConfigError, DataError
 from cvs_jax.retrieval import run_reader
+from cvs_jax.rundir import paths
 from cvs_jax.testing.image_folders import SESSIONS, folder_config, write_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -91,7 +92,7 @@ def _outcome(workdir):
     for r in res["per_session"]:
         r.pop("seconds")
     run = run_reader.Run(workdir)
-    return res["per_session"], np.asarray(run.gallery.embeddings), run
+    return res["per_session"], np.asarray(run.gallery.embeddings), run, res
 
 
 def _count_scans(monkeypatch) -> collections.Counter:
@@ -127,6 +128,11 @@ def test_main_then_two_updates_equal_one_manifest_run(folders, tmp_path, monkeyp
     assert got[0] == want[0]
     np.testing.assert_array_equal(got[1], want[1])
     assert got[2].protocol["class_names"] == want[2].protocol["class_names"]
+    # the updates' compatibility counts, read from the earlier finishes and added to, are the ones counted from
+    # scratch (engine.compat_counts)
+    for key in ("compatibility_recall1", "negative_flip_rate"):
+        assert got[3][key] == want[3][key], key
+    assert os.path.exists(paths.compat_counts_file(live))
 
     # search shows the files the gallery rows came from
     hits = got[2].search(
