@@ -104,9 +104,9 @@ def model_digest(variables: dict, trunk, maps: Mapping | None, i: int) -> str:
     items: list[Any] = [trunk.digest if trunk is not None else "no trunk"]
     for path, leaf in leaves:
         items += [jax.tree_util.keystr(path), np.asarray(leaf)]
-    for k in sorted(maps or {}):
+    for k, m in sorted((maps or {}).items()):
         if k <= i:
-            items += [f"map {k} {maps[k].kind}", maps[k].matrix, maps[k].bias]
+            items += [f"map {k} {m.kind}", m.matrix, m.bias]
     return digest(*items)
 
 
@@ -165,7 +165,7 @@ class _Model:
         return np.concatenate(out)
 
 
-def _entry(stored: dict, key: dict, prefix: list[str]) -> tuple[int, Any]:
+def _entry(stored: Any, key: dict, prefix: list[str]) -> tuple[int, Any]:
     """``(arrivals counted, counts)`` of a stored entry whose digests all match ``key`` and whose queries are
     the first arrivals of now; ``(0, None)`` (count from the start) otherwise."""
     if not isinstance(stored, dict) or any(stored.get(k) != v for k, v in key.items()):
