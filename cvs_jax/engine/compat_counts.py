@@ -85,12 +85,14 @@ def prefixes(chunks: list[Arrival]) -> list[str]:
 
 def parts_digests(gallery, last: int) -> list[str]:
     """``out[i]``: the digest of the parts made in sessions <= i (the rows model i's row of the matrix
-    scores, and the update to model i + 1 flips on)."""
+    scores, and the update to model i + 1 flips on), in the dtypes a checkpoint stores: a session's part fresh in
+    memory holds its labels as the dataset's int64, restored as int32, and the next finish must match it."""
     out, acc = [], digest("parts")
     for i in range(last + 1):
         for p in gallery.parts:
             if p.session == i:
-                acc = digest(acc, str(p.session), str(p.replaces), p.embeddings, p.labels)
+                stored = p.as_dict()
+                acc = digest(acc, str(p.session), str(p.replaces), stored["embeddings"], stored["labels"])
         out.append(acc)
     return out
 

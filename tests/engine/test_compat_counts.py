@@ -129,7 +129,11 @@ def test_an_update_embeds_only_what_arrived_since_with_the_earlier_models(tmp_pa
     proto, parts, weights, query_maps = _world(maps=maps)
     last = proto.plan.num_sessions - 1
     earlier = _at(proto, last)
-    got = _count(tmp_path, earlier, parts, weights, query_maps)
+    # the newest part as a session leaves it in memory (the dataset's int64 labels; a checkpoint stores int32)
+    fresh = parts[: last - 1] + [
+        GalleryPart(p.embeddings, p.labels.astype(np.int64), p.source_ids, p.session) for p in parts[last - 1 :]
+    ]
+    got = _count(tmp_path, earlier, fresh, weights, query_maps)
     _check(got, _from_scratch(earlier, parts, weights, {k: m for k, m in query_maps.items() if k < last}))
     assert got[2] == last * len(earlier.test_queries(last - 1))  # from scratch: every model, every query
 
