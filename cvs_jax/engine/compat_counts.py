@@ -249,7 +249,8 @@ def count(ctx, state, restore) -> tuple[np.ndarray, list[float | None], str]:
     embedded += prev.rows if prev is not None else 0
     unstored = _stored_or_why(path, out) if cached and jax.process_index() == 0 else ""
     total = sum(len(c.idx) for c in chunks)
-    read_from = f"the counts of {reused} models read from" if reused else "no stored counts used from"
+    models = f"{reused} model{'s' * (reused != 1)}"
+    read_from = f"the counts of {models} read from" if reused else "no stored counts used from"
     said = (
         f"compatibility: {total} probe queries x {last + 1} models; {embedded} query embeddings, "
         f"{read_from} {os.path.relpath(path, ctx.workdir)}{unstored}"

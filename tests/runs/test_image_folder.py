@@ -103,7 +103,7 @@ def _count_scans(monkeypatch) -> collections.Counter:
     return scanned
 
 
-def test_main_then_two_updates_equal_one_manifest_run(folders, tmp_path, monkeypatch):
+def test_main_then_two_updates_equal_one_manifest_run(folders, tmp_path, monkeypatch, capsys):
     live = str(tmp_path / "live")
     first = folder_config(tmp_path, folders[0])
     first.pictures = False  # compared by results and rows (updates keep it: the stored config's)
@@ -117,7 +117,11 @@ def test_main_then_two_updates_equal_one_manifest_run(folders, tmp_path, monkeyp
     cmd = [sys.executable, "-m", "cvs_jax.update", "--workdir", live, "--data", folders[2]]
     killed = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -9, killed.stderr[-2000:]
+    capsys.readouterr()
     assert update.update(live, folders[2]) == 0
+    # the two earlier models' counts were read, as the first update stored them (engine.compat_counts)
+    said = capsys.readouterr().out.split("compatibility: ")[1].split("\n")[0]
+    assert "x 3 models; " in said and "the counts of 2 models read" in said, said
 
     ref = str(tmp_path / "ref")
     manifest = folder_config(tmp_path, _manifest(folders, tmp_path / "manifest.csv"))
