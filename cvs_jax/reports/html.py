@@ -19,6 +19,10 @@ from PIL import Image
 from cvs_jax.reports import plots
 
 THUMB = 112  # thumbnail side in pixels: every thumbnail of a page has this size
+# zlib's default level, not ``optimize=True``: that tried every level and strategy, 12.6 ms per 64-px photo's
+# thumbnail against 1.5 ms, for 1.6 % fewer bytes; a run's page shows 8 a session and is written after every
+# session (BENCHMARKS.md, "The run page's thumbnails")
+PNG_OPTIONS: dict = {}
 
 _STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 24px; color: #222;
@@ -101,7 +105,7 @@ def thumbnail_uri(image: np.ndarray, side: int = THUMB) -> str:
     im = im.resize((side, side), Image.Resampling.NEAREST if small else Image.Resampling.BILINEAR)
     buf = io.BytesIO()
     if small:
-        im.save(buf, format="PNG", optimize=True)
+        im.save(buf, format="PNG", **PNG_OPTIONS)
         return _uri(buf.getvalue(), "image/png")
     im.convert("RGB").save(buf, format="JPEG", quality=85)
     return _uri(buf.getvalue(), "image/jpeg")
