@@ -185,27 +185,45 @@ def _labels(chunks: list[Arrival]) -> np.ndarray:
     return np.concatenate([c.labels for c in chunks]) if chunks else np.zeros(0, np.int32)
 
 
-def _row(i: int, gallery, model: _Model, chunks, maps, stored) -> dict[int, tuple[int, int]]:
+class _FirstParts:
+    """The first session whose gallery part holds each class: whether a part made in sessions <= i holds any of
+    some queries' classes, in O(queries): looking through every earlier part for each model
+    (``compatibility.scored``) is O(T^2) per finish, 1.97-2.11 s against 5-6 ms for 365 sessions of three classes
+    whose newest arrival holds only new ones (a one-off timing on this 2-core host, same answers)."""
+
+    def __init__(self, gallery):
+        labels = np.concatenate([p.labels for p in gallery.parts] or [np.zeros(0, np.int64)]).astype(np.int64)
+        sessions = np.concatenate([np.full(len(p), p.session) for p in gallery.parts] or [np.zeros(0, np.int64)])
+        self._first = np.full(int(labels.max(initial=-1)) + 1, np.iinfo(np.int64).max)
+        np.minimum.at(self._first, labels[labels >= 0], sessions[labels >= 0])
+
+    def any_by(self, labels: np.ndarray, i: int) -> bool:
+        """Whether a part of a session <= i holds a class of ``labels``."""
+        labels = np.asarray(labels, np.int64)
+        known = labels[(labels >= 0) & (labels < len(self._first))]
+        return bool((self._first[known] <= i).any())
+
+
+def _row(i: int, gallery, model: _Model, chunks, maps, stored, first: _FirstParts) -> dict[int, tuple[int, int]]:
     """Model i's counts per part: the stored ones (``(through, counts)``) plus the arrivals after them."""
     through, counts = stored
     out = {int(j): (int(h), int(n)) for j, (h, n) in (counts or {}).items()} if through else {}
-    new = chunks[through:]
+    new = [c for c in chunks[through:] if first.any_by(c.labels, i)]  # an arrival no part scores adds nothing
     labels = _labels(new)
-    if new and compatibility.scored(gallery, i, labels):
+    if new:
         for j, (hits, n) in compatibility.row_counts(i, gallery, model.embed(new), labels, maps).items():
             old = out.get(j, (0, 0))
             out[j] = (old[0] + hits, old[1] + n)
     return out
 
 
-def _flips(i: int, gallery, prev: _Model, model: _Model, chunks, maps, stored) -> tuple[int, int]:
+def _flips(i: int, gallery, prev: _Model, model: _Model, chunks, maps, stored, first: _FirstParts) -> tuple[int, int]:
     """The update to model i's ``(queries flipped, queries scored)``: the stored ones plus the new arrivals'."""
     through, counts = stored
     flipped, n = (int(counts[0]), int(counts[1])) if through else (0, 0)
-    new = chunks[through:]
+    new = [c for c in chunks[through:] if first.any_by(c.labels, i - 1)]
     labels = _labels(new)
-    before = [p.labels for p in gallery.parts if p.session < i]
-    if new and before and np.isin(labels, np.concatenate(before)).any():
+    if new:
         got = compatibility.flip_counts(i, gallery, prev.embed(new), model.embed(new), labels, maps)
         if got is not None:
             flipped, n = flipped + got[0], n + got[1]
@@ -219,7 +237,7 @@ def count(ctx, state, restore) -> tuple[np.ndarray, list[float | None], str]:
     last = ctx.proto.plan.num_sessions - 1
     gallery, maps = state.gallery, state.query_maps or None
     chunks = arrivals(ctx.proto, last)
-    prefix, parts = prefixes(chunks), parts_digests(gallery, last)
+    prefix, parts, first = prefixes(chunks), parts_digests(gallery, last), _FirstParts(gallery)
     path = paths.compat_counts_file(ctx.workdir)
     cached = jax.process_count() == 1
     stored = read(path) if cached else {}
@@ -233,7 +251,7 @@ def count(ctx, state, restore) -> tuple[np.ndarray, list[float | None], str]:
         key = {"model": model.digest, "parts": parts[i]}
         stored_row = _entry(rows_in.get(str(i)), key, prefix)
         reused += stored_row[0] > 0
-        row = _row(i, gallery, model, chunks, maps, stored_row)
+        row = _row(i, gallery, model, chunks, maps, stored_row, first)
         out["rows"][str(i)] = dict(
             key, through=len(chunks), queries=prefix[-1], counts={str(j): list(v) for j, v in row.items()}
         )
@@ -241,7 +259,7 @@ def count(ctx, state, restore) -> tuple[np.ndarray, list[float | None], str]:
             matrix[i, j] = hits / n
         if prev is not None:
             key = {"models": [prev.digest, model.digest], "parts": parts[i - 1]}
-            flipped, n = _flips(i, gallery, prev, model, chunks, maps, _entry(flips_in.get(str(i)), key, prefix))
+            flipped, n = _flips(i, gallery, prev, model, chunks, maps, _entry(flips_in.get(str(i)), key, prefix), first)
             out["flips"][str(i)] = dict(key, through=len(chunks), queries=prefix[-1], counts=[flipped, n])
             flips.append(flipped / n if n else None)
             embedded += prev.rows

@@ -51,16 +51,17 @@ class _Proto:
         return self._images[idx]
 
 
-def _world(seed=0, sessions=4, maps=False):
+def _world(seed=0, sessions=4, maps=False, returning=True):
     """A run of ``sessions``: 2 new classes a session (class 0 returns in every session), 3 test images of
-    each class a session from its first; each model a random matrix, each part embedded by its model."""
+    each class a session from its first (``returning=False``: in its first session only); each model a random
+    matrix, each part embedded by its model."""
     rng = np.random.default_rng(seed)
     classes = 2 * sessions
     first_class_session = np.arange(classes) // 2
     test_labels, test_sessions = [], []
     for s in range(sessions):
         for c in range(classes):
-            if first_class_session[c] <= s:
+            if first_class_session[c] == s or (returning and first_class_session[c] < s):
                 test_labels += [c] * 3
                 test_sessions += [s] * 3
     test_labels, test_sessions = np.asarray(test_labels, np.int32), np.asarray(test_sessions)
@@ -152,6 +153,18 @@ def test_an_update_embeds_only_what_arrived_since_with_the_earlier_models(tmp_pa
     again = _count(tmp_path, proto, parts, weights, query_maps)  # nothing new: nothing embedded
     _check(again, got)
     assert again[2] == 0 and f"the counts of {last + 1} models read" in again[3]
+
+
+def test_earlier_models_embed_nothing_when_only_new_classes_arrive(tmp_path):
+    """Session 4 brings test images of its new classes only: no part the earlier models score holds them."""
+    proto, parts, weights, query_maps = _world(seed=7, returning=False)
+    last = proto.plan.num_sessions - 1
+    _count(tmp_path, _at(proto, last), parts, weights, query_maps)
+    got = _count(tmp_path, proto, parts, weights, query_maps)
+    _check(got, _from_scratch(proto, parts, weights, query_maps))
+    queries, arrived = len(proto.test_queries(last)), len(proto.test_queries(last)) - len(proto.test_queries(last - 1))
+    # the new model all of them; the one before it, for the new update's flips, those of the classes it had
+    assert arrived > 0 and got[2] == queries + (queries - arrived)
 
 
 def test_a_model_trained_again_is_counted_again(tmp_path):
