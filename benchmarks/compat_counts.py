@@ -7,8 +7,8 @@ Works on a copy of the run in ``--workdir`` (left as it was).  Each round, inter
 * **before**: ``compatibility.compatibility_matrix`` and ``negative_flips`` with every model's embeddings of
   all probe queries (restored and embedded once per model), as ``reporting.finish`` did;
 * **an update**: the counts stored as the finish before the newest session wrote them (the run's newest
-  arrival left out, the newest model's row and update dropped), then ``compat_counts.count``: what an
-  ``update`` that brought the newest session does;
+  arrival left out, the newest model's row and update dropped; the model before it's embeddings of the other
+  arrivals), then ``compat_counts.count``: what an ``update`` that brought the newest session does;
 * **nothing new**: ``count`` again, as a finished run's ``main`` does.
 
 The three must give the same matrix and flips, which the script checks.
@@ -67,6 +67,12 @@ def stored_before_the_newest_session(ctx, state, restore) -> None:
     stored["rows"].pop(newest, None)
     stored["flips"].pop(newest, None)
     compat_counts.write(path, stored)
+    # and the embeddings that finish's newest model (the one before the newest now) stored
+    last = ctx.proto.plan.num_sessions - 1
+    chunks = compat_counts.arrivals(ctx.proto, last)[:-1]
+    model = compat_counts._Model(ctx, state.query_maps or None, last - 1, restore)  # noqa: SLF001
+    model.embed(chunks)
+    compat_counts.write_embeddings(paths.compat_queries_file(ctx.workdir), model.digest, model.embedded, chunks)
 
 
 def main() -> None:

@@ -9,8 +9,11 @@ change once they exist.  So the counts (per model i and part j: queries right at
 per update: queries flipped and scored) are kept in ``checkpoints/compatibility_counts.json`` with digests
 of what they were counted from: model i's weights and query maps, the rows of the parts it scores, and the
 queries through the last arrival counted.  A finish embeds with an earlier model only the queries that
-arrived since, and counts again from the start whatever a digest no longer matches (a session trained
-again, a gallery part that changed, a file damaged or deleted: it is only a cache).
+arrived since (of classes its parts hold), and counts again from the start whatever a digest no longer
+matches (a session trained again, a gallery part that changed, a file damaged or deleted: it is only a
+cache).  The newest model's embeddings of the queries are kept too (``checkpoints/compatibility_queries.npz``,
+one model's worth): at the next finish that model is the one before the new one, and the new update's flips
+need its answers to every query.
 
 Each arrival's queries are embedded in a call of their own whether they are counted now or were counted
 at an earlier finish, so the embeddings are the same bits; queries counted at different finishes are
@@ -25,6 +28,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import zipfile
 from typing import Any, Mapping
 
 import jax
@@ -132,15 +136,48 @@ def write(path: str, counts: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _stored_or_why(path: str, counts: dict) -> str:
-    """``write``, or why not: a cache not written costs the next finish time, never the run's results."""
+def _stored_or_why(path: str, write_file) -> str:
+    """``write_file(path)``, or why not: a cache not written costs the next finish time, never the run's results."""
     try:
-        write(path, counts)
+        write_file(path)
     except OSError as e:
         if os.path.isfile(path + ".tmp"):
             os.remove(path + ".tmp")
         return f" (not stored: {e.strerror or e})"
     return ""
+
+
+def read_embeddings(path: str, model: str, chunks: list[Arrival]) -> dict[int, np.ndarray]:
+    """``{arrival session: embeddings}`` stored by ``write_embeddings`` for the model with digest ``model``, of the
+    arrivals whose digest still matches; none when the file is missing, damaged or of another model."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            if "model" not in f.files or str(f["model"]) != model:
+                return {}
+            out = {}
+            for c in chunks:
+                key = f"arrival_{c.session}"
+                if key in f.files and str(f[f"digest_{c.session}"]) == c.digest:
+                    emb = np.asarray(f[key], np.float32)
+                    if emb.ndim == 2 and emb.shape[0] == len(c.idx):
+                        out[c.session] = emb
+            return out
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return {}
+
+
+def write_embeddings(path: str, model: str, embedded: dict[int, np.ndarray], chunks: list[Arrival]) -> None:
+    """The newest model's embeddings of each arrival, for the next finish: that model is then the one before the
+    new one, whose update's flips need its answers to every query."""
+    arrays: dict[str, Any] = {"model": np.asarray(model)}
+    for c in chunks:
+        if c.session in embedded:
+            arrays[f"arrival_{c.session}"] = embedded[c.session]
+            arrays[f"digest_{c.session}"] = np.asarray(c.digest)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(path + ".tmp", path)
 
 
 class _Model:
@@ -153,6 +190,16 @@ class _Model:
         self._placed = None
         self._embedded: dict[int, np.ndarray] = {}
         self.rows = 0  # queries embedded
+        self.loaded = 0  # queries whose embeddings were read (``read_embeddings``)
+
+    def load(self, embedded: dict[int, np.ndarray]) -> None:
+        """Embeddings of arrivals by this model read back (the same bits: one call per arrival either way)."""
+        self._embedded.update(embedded)
+        self.loaded += sum(len(e) for e in embedded.values())
+
+    @property
+    def embedded(self) -> dict[int, np.ndarray]:
+        return dict(self._embedded)
 
     def embed(self, chunks: list[Arrival]) -> np.ndarray:
         out = []
@@ -233,21 +280,25 @@ def _flips(i: int, gallery, prev: _Model, model: _Model, chunks, maps, stored, f
 def count(ctx, state, restore) -> tuple[np.ndarray, list[float | None], str]:
     """``(matrix, flips, a line saying what was counted)`` of the run in ``state``: the values of
     ``compatibility.compatibility_matrix`` and ``negative_flips`` on its probe queries, from the stored
-    counts and the arrivals they lack (``restore(i)``: the variables of model i).  Writes the counts."""
+    counts and the arrivals they lack (``restore(i)``: the variables of model i).  Writes the counts, and the
+    newest model's embeddings of the queries for the next finish's flips."""
     last = ctx.proto.plan.num_sessions - 1
     gallery, maps = state.gallery, state.query_maps or None
     chunks = arrivals(ctx.proto, last)
     prefix, parts, first = prefixes(chunks), parts_digests(gallery, last), _FirstParts(gallery)
-    path = paths.compat_counts_file(ctx.workdir)
+    path, queries_path = paths.compat_counts_file(ctx.workdir), paths.compat_queries_file(ctx.workdir)
     cached = jax.process_count() == 1
     stored = read(path) if cached else {}
     rows_in, flips_in = ({} if not isinstance(stored.get(k), dict) else stored[k] for k in ("rows", "flips"))
     out: dict[str, Any] = {"version": VERSION, "rows": {}, "flips": {}}
     matrix = np.full((last + 1, last + 1), np.nan)
     flips: list[float | None] = []
-    embedded, reused, prev = 0, 0, None
+    embedded, loaded, reused, prev = 0, 0, 0, None
     for i in range(last + 1):
         model = _Model(ctx, maps, i, restore)
+        if cached and i == last - 1:  # the newest model of the finish before: its embeddings, if it stored them
+            model.load(read_embeddings(queries_path, model.digest, chunks))
+            loaded = model.loaded
         key = {"model": model.digest, "parts": parts[i]}
         stored_row = _entry(rows_in.get(str(i)), key, prefix)
         reused += stored_row[0] > 0
@@ -264,13 +315,20 @@ def count(ctx, state, restore) -> tuple[np.ndarray, list[float | None], str]:
             flips.append(flipped / n if n else None)
             embedded += prev.rows
         prev = model
-    embedded += prev.rows if prev is not None else 0
-    unstored = _stored_or_why(path, out) if cached and jax.process_index() == 0 else ""
+    unstored = ""
+    if prev is not None:
+        embedded += prev.rows
+        if cached and jax.process_index() == 0:
+            newest = prev
+            unstored = _stored_or_why(path, lambda p: write(p, out)) or _stored_or_why(
+                queries_path, lambda p: write_embeddings(p, newest.digest, newest.embedded, chunks)
+            )
     total = sum(len(c.idx) for c in chunks)
     models = f"{reused} model{'s' * (reused != 1)}"
     read_from = f"the counts of {models} read from" if reused else "no stored counts used from"
     said = (
-        f"compatibility: {total} probe queries x {last + 1} models; {embedded} query embeddings, "
+        f"compatibility: {total} probe queries x {last + 1} models; {embedded} query embeddings"
+        f"{f' ({loaded} more read from {os.path.basename(queries_path)})' if loaded else ''}, "
         f"{read_from} {os.path.relpath(path, ctx.workdir)}{unstored}"
     )
     return matrix, flips, said

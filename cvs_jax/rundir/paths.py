@@ -54,6 +54,7 @@ ADDITIONS_LOCK = os.path.join(CHECKPOINTS, "additions.lock")
 ADDITIONS_CHAIN = os.path.join(CHECKPOINTS, "additions.json")
 SERVED = os.path.join(CHECKPOINTS, "served.json")
 COMPAT_COUNTS = os.path.join(CHECKPOINTS, "compatibility_counts.json")
+COMPAT_QUERIES = os.path.join(CHECKPOINTS, "compatibility_queries.npz")
 SHARED_SESSION = os.path.join(CHECKPOINTS, "shared_session.json")
 UPLOADS = "uploads"
 FROM_ADDED = "from_added"
@@ -90,6 +91,9 @@ shared_session_file = _under_workdir(
 )
 compat_counts_file = _under_workdir(
     COMPAT_COUNTS, doc="The compatibility matrix's and flips' counts so far, by model (``engine.compat_counts``)."
+)
+compat_queries_file = _under_workdir(
+    COMPAT_QUERIES, doc="The newest model's embeddings of the probe queries, by arrival (``engine.compat_counts``)."
 )
 uploads_dir = _under_workdir(UPLOADS, doc="Images added through the server, named by their SHA-256.")
 profile_dir = _under_workdir(PROFILE, doc="The jax.profiler trace of ``--config.profile_steps``.")

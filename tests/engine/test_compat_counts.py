@@ -142,13 +142,14 @@ def test_an_update_embeds_only_what_arrived_since_with_the_earlier_models(tmp_pa
     _check(got, _from_scratch(proto, parts, weights, query_maps))
     queries = proto.test_queries(last)
     arrived = len(queries) - len(earlier.test_queries(last - 1))
-    # the new model and the one before it (the new update's flips) embed them all, the others the new arrival
-    assert arrived > 0 and got[2] == (last - 1) * arrived + 2 * len(queries)
+    # the new model embeds them all, the earlier ones the new arrival; the one before the new model reads back
+    # its embeddings of the others, which the finish before stored, for the new update's flips
+    assert arrived > 0 and got[2] == last * arrived + len(queries)
+    assert f"({len(queries) - arrived} more read from compatibility_queries.npz)" in got[3]
     assert not np.isnan(got[0][last - 1]).all()
 
-    assert (
-        f"{len(queries)} probe queries x {last + 1} models; {got[2]} query embeddings, the counts of {last} " in got[3]
-    )
+    assert f"{len(queries)} probe queries x {last + 1} models; {got[2]} query embeddings (" in got[3]
+    assert f"the counts of {last} models read" in got[3]
 
     again = _count(tmp_path, proto, parts, weights, query_maps)  # nothing new: nothing embedded
     _check(again, got)
@@ -163,8 +164,8 @@ def test_earlier_models_embed_nothing_when_only_new_classes_arrive(tmp_path):
     got = _count(tmp_path, proto, parts, weights, query_maps)
     _check(got, _from_scratch(proto, parts, weights, query_maps))
     queries, arrived = len(proto.test_queries(last)), len(proto.test_queries(last)) - len(proto.test_queries(last - 1))
-    # the new model all of them; the one before it, for the new update's flips, those of the classes it had
-    assert arrived > 0 and got[2] == queries + (queries - arrived)
+    # the new model all of them; the one before it reads back the others for the new update's flips
+    assert arrived > 0 and got[2] == queries and f"({queries - arrived} more read from" in got[3]
 
 
 def test_a_model_trained_again_is_counted_again(tmp_path):
@@ -204,7 +205,10 @@ def test_queries_that_arrive_otherwise_are_counted_again(tmp_path):
     moved._arrive[np.flatnonzero(moved._arrive == 1)[:4]] = last
     got = _count(tmp_path, moved, parts, weights, query_maps)
     _check(got, _from_scratch(moved, parts, weights, query_maps))
-    assert got[2] == 4 * len(moved.test_queries(last))  # nothing read: every model embeds every query
+    # no count read: every model embeds every query, but the one before the new model reads back its embeddings
+    # of the arrivals that did not change (sessions 0 and 2)
+    same = sum(len(c.idx) for c in compat_counts.arrivals(moved, last) if c.session in (0, 2))
+    assert got[2] == 4 * len(moved.test_queries(last)) - same and f"({same} more read from" in got[3]
 
 
 @pytest.mark.parametrize(
@@ -242,3 +246,32 @@ def test_counts_that_cannot_be_stored_are_said_and_change_nothing(tmp_path):
     _check(got, _from_scratch(proto, parts, weights, query_maps))
     assert "(not stored: " in got[3]
     assert os.listdir(os.path.dirname(blocked)) == [os.path.basename(blocked)]  # no temporary file left
+
+
+def test_stored_embeddings_are_read_only_for_their_model_and_whole(tmp_path):
+    """The newest model's embeddings that a finish stores are read back by the next one for that model alone
+    (its weights' digest), and only from a whole file: a model trained again since, or a damaged file, embeds
+    its queries anew."""
+    proto, parts, weights, query_maps = _world(seed=8)
+    last = proto.plan.num_sessions - 1
+    want = _from_scratch(proto, parts, weights, query_maps)
+    read = tmp_path / "read"  # the file is read: wrong embeddings under the right digests give other flips
+    _count(read, _at(proto, last), parts, weights, query_maps)
+    with np.load(paths.compat_queries_file(str(read))) as f:
+        stored = {k: -v if k.startswith("arrival_") else v for k, v in f.items()}
+    with open(paths.compat_queries_file(str(read)), "wb") as f:
+        np.savez(f, **stored)
+    assert _count(read, proto, parts, weights, query_maps)[1] != want[1]
+
+    for case in ("retrained", "damaged"):
+        d = tmp_path / case
+        _count(d, _at(proto, last), parts, weights, query_maps)
+        other = list(weights)
+        if case == "retrained":
+            other[last - 1] = np.random.default_rng(9).normal(size=weights[last - 1].shape)
+        else:
+            with open(paths.compat_queries_file(str(d)), "r+b") as f:
+                f.truncate(100)
+        got = _count(d, proto, parts, other, query_maps)
+        _check(got, _from_scratch(proto, parts, other, query_maps))
+        assert "more read from" not in got[3], case
