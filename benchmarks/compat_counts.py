@@ -70,7 +70,7 @@ def stored_before_the_newest_session(ctx, state, restore) -> None:
     # and the embeddings that finish's newest model (the one before the newest now) stored
     last = ctx.proto.plan.num_sessions - 1
     chunks = compat_counts.arrivals(ctx.proto, last)[:-1]
-    model = compat_counts._Model(ctx, state.query_maps or None, last - 1, restore)  # noqa: SLF001
+    model = compat_counts.ModelQueries(ctx, state.query_maps or None, last - 1, restore)
     model.embed(chunks)
     compat_counts.write_embeddings(paths.compat_queries_file(ctx.workdir), model.digest, model.embedded, chunks)
 

@@ -180,7 +180,7 @@ def write_embeddings(path: str, model: str, embedded: dict[int, np.ndarray], chu
     os.replace(path + ".tmp", path)
 
 
-class _Model:
+class ModelQueries:
     """Model i, restored once, and its embeddings of each arrival (one call per arrival)."""
 
     def __init__(self, ctx, maps, i: int, restore):
@@ -251,7 +251,7 @@ class _FirstParts:
         return bool((self._first[known] <= i).any())
 
 
-def _row(i: int, gallery, model: _Model, chunks, maps, stored, first: _FirstParts) -> dict[int, tuple[int, int]]:
+def _row(i: int, gallery, model: ModelQueries, chunks, maps, stored, first: _FirstParts) -> dict[int, tuple[int, int]]:
     """Model i's counts per part: the stored ones (``(through, counts)``) plus the arrivals after them."""
     through, counts = stored
     out = {int(j): (int(h), int(n)) for j, (h, n) in (counts or {}).items()} if through else {}
@@ -264,7 +264,9 @@ def _row(i: int, gallery, model: _Model, chunks, maps, stored, first: _FirstPart
     return out
 
 
-def _flips(i: int, gallery, prev: _Model, model: _Model, chunks, maps, stored, first: _FirstParts) -> tuple[int, int]:
+def _flips(
+    i: int, gallery, prev: ModelQueries, model: ModelQueries, chunks, maps, stored, first: _FirstParts
+) -> tuple[int, int]:
     """The update to model i's ``(queries flipped, queries scored)``: the stored ones plus the new arrivals'."""
     through, counts = stored
     flipped, n = (int(counts[0]), int(counts[1])) if through else (0, 0)
@@ -295,7 +297,7 @@ def count(ctx, state, restore) -> tuple[np.ndarray, list[float | None], str]:
     flips: list[float | None] = []
     embedded, loaded, reused, prev = 0, 0, 0, None
     for i in range(last + 1):
-        model = _Model(ctx, maps, i, restore)
+        model = ModelQueries(ctx, maps, i, restore)
         if cached and i == last - 1:  # the newest model of the finish before: its embeddings, if it stored them
             model.load(read_embeddings(queries_path, model.digest, chunks))
             loaded = model.loaded

@@ -41,14 +41,14 @@ class _Proto:
 
     def __init__(self, sessions, test_labels, test_sessions, images, first_class_session):
         self.plan = types.SimpleNamespace(num_sessions=sessions)
-        self.test_labels, self._arrive, self._images = test_labels, test_sessions, images
-        self._seen = first_class_session
+        self.test_labels, self.arrive, self.images = test_labels, test_sessions, images
+        self.seen = first_class_session
 
     def test_queries(self, s):
-        return np.flatnonzero((self._arrive <= s) & (self._seen[self.test_labels] <= s))
+        return np.flatnonzero((self.arrive <= s) & (self.seen[self.test_labels] <= s))
 
     def test_images(self, idx):
-        return self._images[idx]
+        return self.images[idx]
 
 
 def _world(seed=0, sessions=4, maps=False, returning=True):
@@ -95,7 +95,7 @@ def _restore(weights):
 
 def _at(proto, sessions):
     """The run as it stood after ``sessions`` sessions (the queries and classes of those sessions)."""
-    return _Proto(sessions, proto.test_labels, proto._arrive, proto._images, proto._seen)
+    return _Proto(sessions, proto.test_labels, proto.arrive, proto.images, proto.seen)
 
 
 def _from_scratch(proto, parts, weights, query_maps):
@@ -201,8 +201,8 @@ def test_queries_that_arrive_otherwise_are_counted_again(tmp_path):
     proto, parts, weights, query_maps = _world(seed=3)
     last = proto.plan.num_sessions - 1
     _count(tmp_path, _at(proto, last), parts, weights, query_maps)
-    moved = _Proto(proto.plan.num_sessions, proto.test_labels, proto._arrive.copy(), proto._images, proto._seen)
-    moved._arrive[np.flatnonzero(moved._arrive == 1)[:4]] = last
+    moved = _Proto(proto.plan.num_sessions, proto.test_labels, proto.arrive.copy(), proto.images, proto.seen)
+    moved.arrive[np.flatnonzero(moved.arrive == 1)[:4]] = last
     got = _count(tmp_path, moved, parts, weights, query_maps)
     _check(got, _from_scratch(moved, parts, weights, query_maps))
     # no count read: every model embeds every query, but the one before the new model reads back its embeddings
