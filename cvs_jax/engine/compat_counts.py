@@ -223,6 +223,8 @@ def _entry(stored: Any, key: dict, prefix: list[str]) -> tuple[int, Any]:
     if not isinstance(through, int) or not 0 < through < len(prefix) or stored.get("queries") != prefix[through]:
         return 0, None
     pairs = list(counts.values()) if isinstance(counts, dict) else [counts]
+    if isinstance(counts, dict) and not all(isinstance(j, str) and j.isdigit() for j in counts):
+        return 0, None
     if not all(isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v) for v in pairs):
         return 0, None  # damaged: counted again
     return through, counts

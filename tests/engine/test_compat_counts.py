@@ -225,12 +225,13 @@ def test_a_damaged_file_is_counted_again(tmp_path, damage):
     path = paths.compat_counts_file(str(tmp_path))
     with open(path) as f:
         stored = json.load(f)
-    for entry in stored["rows"].values():  # digests that match and counts of the wrong shape
-        entry["counts"] = {j: [1] for j in entry["counts"]}
-    with open(path, "w") as f:
-        json.dump(stored, f)
-    got = _count(tmp_path, proto, parts, weights, query_maps)
-    _check(got, want[:2])
+    for wrong in ({"0": [1]}, {"x": [1, 1]}):  # digests that match and counts of the wrong shape
+        for entry in stored["rows"].values():
+            entry["counts"] = wrong
+        with open(path, "w") as f:
+            json.dump(stored, f)
+        got = _count(tmp_path, proto, parts, weights, query_maps)
+        _check(got, want[:2])
     with open(path, "w") as f:
         damage(f)
     got = _count(tmp_path, proto, parts, weights, query_maps)
