@@ -35,7 +35,8 @@ import jax
 import numpy as np
 
 from cvs_jax.retrieval import compatibility
-from cvs_jax.rundir import paths
+from cvs_jax.retrieval.compatibility import FirstParts
+from cvs_jax.rundir import paths, run_files
 
 VERSION = 1
 
@@ -129,20 +130,16 @@ def read(path: str) -> dict:
 
 
 def write(path: str, counts: dict) -> None:
-    """Writes the counts whole (a temporary file renamed over the old one: a kill leaves one or the other)."""
+    """Writes the counts whole (``run_files.write_whole``: a kill leaves the old file or the new one)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(counts, f, separators=(",", ":"))
-    os.replace(path + ".tmp", path)
+    run_files.write_whole(path, lambda f: json.dump(counts, f, separators=(",", ":")))
 
 
-def _stored_or_why(path: str, write_file) -> str:
-    """``write_file(path)``, or why not: a cache not written costs the next finish time, never the run's results."""
+def _stored_or_why(store) -> str:
+    """``store()``, or why not: a cache not written costs the next finish time, never the run's results."""
     try:
-        write_file(path)
+        store()
     except OSError as e:
-        if os.path.isfile(path + ".tmp"):
-            os.remove(path + ".tmp")
         return f" (not stored: {e.strerror or e})"
     return ""
 
@@ -175,9 +172,7 @@ def write_embeddings(path: str, model: str, embedded: dict[int, np.ndarray], chu
             arrays[f"arrival_{c.session}"] = embedded[c.session]
             arrays[f"digest_{c.session}"] = np.asarray(c.digest)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(path + ".tmp", path)
+    run_files.write_whole(path, lambda f: np.savez(f, **arrays), binary=True)
 
 
 class ModelQueries:
@@ -234,26 +229,7 @@ def _labels(chunks: list[Arrival]) -> np.ndarray:
     return np.concatenate([c.labels for c in chunks]) if chunks else np.zeros(0, np.int32)
 
 
-class _FirstParts:
-    """The first session whose gallery part holds each class: whether a part made in sessions <= i holds any of
-    some queries' classes, in O(queries): looking through every earlier part for each model
-    (``compatibility.scored``) is O(T^2) per finish, 1.97-2.11 s against 5-6 ms for 365 sessions of three classes
-    whose newest arrival holds only new ones (a one-off timing on this 2-core host, same answers)."""
-
-    def __init__(self, gallery):
-        labels = np.concatenate([p.labels for p in gallery.parts] or [np.zeros(0, np.int64)]).astype(np.int64)
-        sessions = np.concatenate([np.full(len(p), p.session) for p in gallery.parts] or [np.zeros(0, np.int64)])
-        self._first = np.full(int(labels.max(initial=-1)) + 1, np.iinfo(np.int64).max)
-        np.minimum.at(self._first, labels[labels >= 0], sessions[labels >= 0])
-
-    def any_by(self, labels: np.ndarray, i: int) -> bool:
-        """Whether a part of a session <= i holds a class of ``labels``."""
-        labels = np.asarray(labels, np.int64)
-        known = labels[(labels >= 0) & (labels < len(self._first))]
-        return bool((self._first[known] <= i).any())
-
-
-def _row(i: int, gallery, model: ModelQueries, chunks, maps, stored, first: _FirstParts) -> dict[int, tuple[int, int]]:
+def _row(i: int, gallery, model: ModelQueries, chunks, maps, stored, first: FirstParts) -> dict[int, tuple[int, int]]:
     """Model i's counts per part: the stored ones (``(through, counts)``) plus the arrivals after them."""
     through, counts = stored
     out = {int(j): (int(h), int(n)) for j, (h, n) in (counts or {}).items()} if through else {}
@@ -267,7 +243,7 @@ def _row(i: int, gallery, model: ModelQueries, chunks, maps, stored, first: _Fir
 
 
 def _flips(
-    i: int, gallery, prev: ModelQueries, model: ModelQueries, chunks, maps, stored, first: _FirstParts
+    i: int, gallery, prev: ModelQueries, model: ModelQueries, chunks, maps, stored, first: FirstParts
 ) -> tuple[int, int]:
     """The update to model i's ``(queries flipped, queries scored)``: the stored ones plus the new arrivals'."""
     through, counts = stored
@@ -289,7 +265,7 @@ def count(ctx, state, restore) -> tuple[np.ndarray, list[float | None], str]:
     last = ctx.proto.plan.num_sessions - 1
     gallery, maps = state.gallery, state.query_maps or None
     chunks = arrivals(ctx.proto, last)
-    prefix, parts, first = prefixes(chunks), parts_digests(gallery, last), _FirstParts(gallery)
+    prefix, parts, first = prefixes(chunks), parts_digests(gallery, last), FirstParts(gallery)
     path, queries_path = paths.compat_counts_file(ctx.workdir), paths.compat_queries_file(ctx.workdir)
     cached = jax.process_count() == 1
     stored = read(path) if cached else {}
@@ -324,8 +300,8 @@ def count(ctx, state, restore) -> tuple[np.ndarray, list[float | None], str]:
         embedded += prev.rows
         if cached and jax.process_index() == 0:
             newest = prev
-            unstored = _stored_or_why(path, lambda p: write(p, out)) or _stored_or_why(
-                queries_path, lambda p: write_embeddings(p, newest.digest, newest.embedded, chunks)
+            unstored = _stored_or_why(lambda: write(path, out)) or _stored_or_why(
+                lambda: write_embeddings(queries_path, newest.digest, newest.embedded, chunks)
             )
     total = sum(len(c.idx) for c in chunks)
     models = f"{reused} model{'s' * (reused != 1)}"

@@ -6,14 +6,14 @@ kind of value or lacking a field its readers need is one ``error:`` line naming 
 it and what to do (``DamagedFileError``, a ``UserError``), never a traceback; what to do depends on the file
 (``_FIXES``).  ``metrics.jsonl`` is a log a crash may leave with a last line cut short: its readers skip the
 lines that do not decode.  ``write_json`` replaces a file whole, so that a kill while writing leaves the
-previous file, not a truncated one.
+previous file, not a truncated one (``write_whole``, which ``write_json`` uses, for any file).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterable
+from typing import IO, Any, Callable, Iterable
 
 from cvs_jax.errors import UserError, not_writable
 from cvs_jax.rundir import paths
@@ -115,9 +115,20 @@ def read_metrics(path: str) -> list[dict]:
     return out
 
 
-def write_json(path: str, value: Any, indent: int | None = None) -> None:
-    """Writes ``path`` whole (a temporary file, then a rename): a kill while writing leaves the previous file."""
+def write_whole(path: str, fill: Callable[[IO], None], binary: bool = False) -> None:
+    """Writes ``path`` whole: ``fill`` writes a temporary file, then a rename puts it in place, so a kill while
+    writing leaves the previous file; a write or rename that fails removes the temporary file."""
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=indent)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb" if binary else "w") as f:
+            fill(f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.isfile(tmp):
+            os.remove(tmp)
+        raise
+
+
+def write_json(path: str, value: Any, indent: int | None = None) -> None:
+    """Writes ``path`` whole (``write_whole``): a kill while writing leaves the previous file."""
+    write_whole(path, lambda f: json.dump(value, f, indent=indent))
